@@ -1,0 +1,1 @@
+"""engine.core: see docs/architecture.md."""

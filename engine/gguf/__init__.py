@@ -1,0 +1,1 @@
+"""engine.gguf: see docs/architecture.md."""

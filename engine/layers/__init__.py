@@ -1,0 +1,1 @@
+"""engine.layers: see docs/architecture.md."""

@@ -1,0 +1,1 @@
+"""engine.models: see docs/architecture.md."""

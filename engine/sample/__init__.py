@@ -1,0 +1,1 @@
+"""engine.sample: see docs/architecture.md."""

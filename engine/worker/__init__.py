@@ -1,0 +1,1 @@
+"""engine.worker: see docs/architecture.md."""

@@ -1,0 +1,1 @@
+"""Triton kernels (GPU path); each file: launcher, _kernel, torch reference."""
