@@ -38,4 +38,5 @@ class EngineConfig:
         if self.max_num_seqs < 1:
             raise InvalidArgumentError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.block_size not in (8, 16, 32, 64, 128):
-            raise InvalidArgumentError(f"block_size must be one of 8,16,32,64,128, got {self.block_size}")
+            raise InvalidArgumentError(
+                f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")

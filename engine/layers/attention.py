@@ -1,0 +1,83 @@
+"""Paged attention layer and its per-step metadata (torch reference path).
+
+Mirrors vllm/attention/layer.py (Attention) and the metadata shape of
+vllm/v1/attention/backends/*: one flat batch of query tokens from many requests,
+a slot mapping that says where each new K/V goes in the paged cache, and a block
+table per request. The GPU path replaces `_paged_attention` with Triton kernels
+(kernels/); this reference stays as their test oracle and the CPU path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class AttentionMetadata:
+    num_actual_tokens: int
+    slot_mapping: torch.Tensor  # [num_tokens] int64: block_id * block_size + offset
+    query_start_loc: list[int]  # [num_reqs + 1] cumulative query lengths (host)
+    seq_lens: list[int]  # [num_reqs] context length incl. this step's tokens (host)
+    block_table: torch.Tensor  # [num_reqs, max_num_blocks] int32
+
+
+class Attention(nn.Module):
+    """Writes this step's K/V into the paged cache, then attends causally over it."""
+
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads
+        # [2, num_blocks, block_size, num_kv_heads, head_size], bound by the model runner
+        self.kv_cache: torch.Tensor | None = None
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata
+    ) -> torch.Tensor:
+        # q: [num_tokens, nq * hd]; k, v: [num_tokens, nkv * hd] -> [num_tokens, nq * hd]
+        n = q.shape[0]
+        k = k.view(n, self.num_kv_heads, self.head_size)
+        v = v.view(n, self.num_kv_heads, self.head_size)
+        reshape_and_cache(k, v, self.kv_cache, md.slot_mapping)
+        out = paged_attention_ref(q.view(n, self.num_heads, self.head_size), self.kv_cache, md,
+                                  self.scale)
+        return out.reshape(n, self.num_heads * self.head_size)
+
+
+def reshape_and_cache(
+    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    # k, v: [num_tokens, nkv, hd]; kv_cache: [2, num_blocks, block_size, nkv, hd]
+    flat = kv_cache.view(2, -1, *kv_cache.shape[3:])  # [2, num_slots, nkv, hd]
+    flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
+    flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+
+
+def paged_attention_ref(
+    q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    # q: [num_tokens, nq, hd] -> [num_tokens, nq, hd]; one SDPA call per request
+    block_size = kv_cache.shape[2]
+    out = torch.empty_like(q)
+    for i, seq_len in enumerate(md.seq_lens):
+        start, end = md.query_start_loc[i], md.query_start_loc[i + 1]
+        q_len = end - start
+        nblocks = (seq_len + block_size - 1) // block_size
+        blocks = md.block_table[i, :nblocks].long()
+        kc = kv_cache[0, blocks].flatten(0, 1)[:seq_len]  # [seq_len, nkv, hd]
+        vc = kv_cache[1, blocks].flatten(0, 1)[:seq_len]
+        # query j sits at absolute position seq_len - q_len + j and sees keys <= it
+        qpos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+        mask = torch.arange(seq_len, device=q.device)[None, :] <= qpos[:, None]
+        o = F.scaled_dot_product_attention(
+            q[start:end].transpose(0, 1), kc.transpose(0, 1).to(q.dtype),
+            vc.transpose(0, 1).to(q.dtype), attn_mask=mask, scale=scale, enable_gqa=True,
+        )  # [nq, q_len, hd]
+        out[start:end] = o.transpose(0, 1)
+    return out

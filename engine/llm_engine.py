@@ -1,0 +1,189 @@
+"""LLMEngine: the synchronous engine the C ABI drives, as vllm/v1/engine/llm_engine.py.
+
+add_request (input processing + validation) -> Scheduler.schedule -> ModelRunner ->
+Scheduler.update_from_output -> OutputProcessor (detokenize, stop strings) ->
+RequestOutput list from step(). Everything runs in-process; the engine-core process
+split of vLLM v1 arrives with the background loop (ABI issue).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.chat_template import render_chat_template
+from engine.config import EngineConfig
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.scheduler import Scheduler
+from engine.errors import InvalidArgumentError, NotFoundError, OutOfResourcesError
+from engine.model_loader import load_model
+from engine.models.config import ModelArchConfig
+from engine.output_processor import OutputProcessor
+from engine.outputs import RequestOutput
+from engine.request import Request, RequestStatus
+from engine.sampling_params import SamplingParams
+from engine.tokenizer import Tokenizer
+from engine.worker.model_runner import ModelRunner
+
+_CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ModelInfo:
+    architecture: str
+    name: str
+    vocab_size: int
+    max_model_len: int
+    bos_token_id: int  # -1: none
+    eos_token_id: int  # -1: none
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, model: torch.nn.Module, arch: ModelArchConfig,
+                 tokenizer: Tokenizer, device: torch.device, dtype: torch.dtype) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.device = device
+        self.max_model_len = config.max_model_len or arch.max_position_embeddings
+        if self.max_model_len > arch.max_position_embeddings:
+            raise InvalidArgumentError(
+                f"max_model_len ({self.max_model_len}) is greater than the model's context "
+                f"length ({arch.max_position_embeddings})")
+        if not config.max_num_batched_tokens:
+            config.max_num_batched_tokens = 8192 if config.enable_chunked_prefill else max(
+                self.max_model_len, 2048)
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
+            raise InvalidArgumentError(
+                f"max_num_batched_tokens ({config.max_num_batched_tokens}) is smaller than "
+                f"max_model_len ({self.max_model_len}) with chunked prefill disabled")
+        num_blocks = self._num_kv_blocks(arch, dtype)
+        shape = (2, num_blocks, config.block_size, arch.num_key_value_heads, arch.head_dim)
+        kv_caches = [torch.empty(shape, dtype=dtype, device=device)
+                     for _ in range(arch.num_hidden_layers)]
+        kv = KVCacheManager(num_blocks, config.block_size, self.max_model_len,
+                            config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, kv, self.max_model_len)
+        self.model_runner = ModelRunner(model, kv_caches, device, config.block_size)
+        self.output_processor = OutputProcessor(tokenizer)
+        self._pending_outputs: list[RequestOutput] = []
+        self.model_info = ModelInfo(
+            arch.architecture, config.served_model_name or arch.name, arch.vocab_size,
+            self.max_model_len, _or_neg(tokenizer.bos_token_id), _or_neg(tokenizer.eos_token_id))
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLMEngine:
+        device = torch.device("cuda" if config.device == "cuda" or (
+            config.device == "auto" and torch.cuda.is_available()) else "cpu")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise InvalidArgumentError("device 'cuda' requested but CUDA is not available")
+        dtype = _DTYPES.get(config.dtype) or (
+            torch.bfloat16 if device.type == "cuda" else torch.float32)
+        torch.manual_seed(config.seed)
+        model, arch, reader = load_model(config.model)
+        tokenizer = Tokenizer.from_gguf_metadata(reader.metadata)
+        reader.close()
+        model = model.to(device=device, dtype=dtype)
+        return cls(config, model, arch, tokenizer, device, dtype)
+
+    def _num_kv_blocks(self, arch: ModelArchConfig, dtype: torch.dtype) -> int:
+        bs = self.config.block_size
+        block_bytes = (2 * arch.num_hidden_layers * bs * arch.num_key_value_heads
+                       * arch.head_dim * torch.finfo(dtype).bits // 8)
+        budget = self.config.kv_cache_memory_bytes
+        if not budget:
+            if self.device.type == "cuda":
+                budget = int(torch.cuda.mem_get_info(self.device)[0] * 0.8)
+            else:  # the CPU default, capped at what max_num_seqs full contexts need
+                need = self.config.max_num_seqs * (-(-self.max_model_len // bs) + 1) * block_bytes
+                budget = min(_CPU_KV_CACHE_BYTES, need)
+        num_blocks = budget // block_bytes  # one of them is the null block
+        need_blocks = -(-self.max_model_len // bs)
+        if num_blocks - 1 < need_blocks:
+            gib = 1 << 30
+            est = (num_blocks - 1) * bs
+            raise OutOfResourcesError(
+                f"To serve at least one request with the model's max seq len "
+                f"({self.max_model_len}), {need_blocks * block_bytes / gib:.3f} GiB KV cache "
+                f"is needed, which is larger than the available KV cache memory "
+                f"({budget / gib:.3f} GiB). Based on the available memory, the estimated "
+                f"maximum model length is {max(est, 0)}. Try increasing the KV cache memory "
+                f"or decreasing `max_model_len` when initializing the engine.")
+        return num_blocks
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
+        if not self.tokenizer.chat_template:
+            raise InvalidArgumentError("the model has no chat template")
+        return render_chat_template(
+            self.tokenizer.chat_template, messages, add_generation_prompt=add_generation_prompt,
+            bos_token=self.tokenizer.bos_token or "", eos_token=self.tokenizer.eos_token or "",
+            tools=tools)
+
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    params: SamplingParams) -> None:
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidArgumentError("request_id must be a non-empty string")
+        if request_id in self.scheduler.requests or \
+                request_id in self.output_processor.request_states:
+            raise InvalidArgumentError(f"request id {request_id!r} is already in use")
+        if params.n != 1:
+            raise InvalidArgumentError("n > 1 is not supported by LLMEngine.add_request yet")
+        text = prompt if isinstance(prompt, str) else None
+        ids = self.tokenizer.encode(prompt) if text is not None else list(prompt)
+        self._validate_prompt(ids)
+        params.all_stop_token_ids.update(
+            [] if self.tokenizer.eos_token_id is None else [self.tokenizer.eos_token_id])
+        if params.max_tokens is None:
+            params.max_tokens = self.max_model_len - len(ids)
+        req = Request(request_id, ids, params, self.tokenizer.eos_token_id, time.time(),
+                      self.config.block_size)
+        self.output_processor.add_request(req, text)
+        self.scheduler.add_request(req)
+
+    def _validate_prompt(self, ids: list[int]) -> None:
+        if not ids:
+            raise InvalidArgumentError("The decoder prompt cannot be empty")
+        vocab = self.model_info.vocab_size
+        bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidArgumentError(f"Token id {bad} is out of vocabulary")
+        if len(ids) >= self.max_model_len:
+            raise InvalidArgumentError(
+                f"The decoder prompt (length {len(ids)}) is longer than the maximum model "
+                f"length of {self.max_model_len}. Make sure that `max_model_len` is no smaller "
+                f"than the number of text tokens plus the generated tokens.")
+
+    def abort_request(self, request_id: str) -> None:
+        if request_id not in self.output_processor.request_states:
+            raise NotFoundError(f"no running request with id {request_id!r}")
+        done = self.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
+        self._pending_outputs.extend(self.output_processor.abort_requests(done))
+
+    def step(self) -> list[RequestOutput]:
+        outputs, self._pending_outputs = self._pending_outputs, []
+        if not self.scheduler.has_unfinished_requests():
+            return outputs
+        sched_out = self.scheduler.schedule()
+        runner_out = self.model_runner.execute_model(sched_out)
+        results = self.scheduler.update_from_output(sched_out, runner_out)
+        new_outputs, stopped = self.output_processor.process_outputs(results)
+        self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        return outputs + new_outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._pending_outputs) or self.scheduler.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.scheduler.get_num_unfinished_requests()
+
+    def shutdown(self) -> None:
+        for req_id in list(self.output_processor.request_states):
+            self.abort_request(req_id)
+        self._pending_outputs = []
+
+
+def _or_neg(v: int | None) -> int:
+    return -1 if v is None else v
