@@ -43,17 +43,17 @@ class FreeKVCacheBlockQueue:
 
     def __init__(self, blocks: list[KVCacheBlock]) -> None:
         self.num_free_blocks = len(blocks)
-        self._head = KVCacheBlock(-1)
-        self._tail = KVCacheBlock(-1)
-        prev = self._head
+        self.fake_free_list_head = KVCacheBlock(-1)
+        self.fake_free_list_tail = KVCacheBlock(-1)
+        prev = self.fake_free_list_head
         for b in blocks:
             prev.next_free_block, b.prev_free_block = b, prev
             prev = b
-        prev.next_free_block, self._tail.prev_free_block = self._tail, prev
+        prev.next_free_block, self.fake_free_list_tail.prev_free_block = self.fake_free_list_tail, prev
 
     def popleft(self) -> KVCacheBlock:
-        b = self._head.next_free_block
-        if b is self._tail:
+        b = self.fake_free_list_head.next_free_block
+        if b is self.fake_free_list_tail:
             raise ValueError("No free blocks available")
         self.remove(b)
         return b
@@ -65,14 +65,14 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks -= 1
 
     def append(self, b: KVCacheBlock) -> None:
-        last = self._tail.prev_free_block
+        last = self.fake_free_list_tail.prev_free_block
         last.next_free_block, b.prev_free_block = b, last
-        b.next_free_block, self._tail.prev_free_block = self._tail, b
+        b.next_free_block, self.fake_free_list_tail.prev_free_block = self.fake_free_list_tail, b
         self.num_free_blocks += 1
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
-        out, b = [], self._head.next_free_block
-        while b is not self._tail:
+        out, b = [], self.fake_free_list_head.next_free_block
+        while b is not self.fake_free_list_tail:
             out.append(b)
             b = b.next_free_block
         return out
