@@ -38,7 +38,6 @@ class SamplingParams:
     max_tokens: int | None = 16
     min_tokens: int = 0
     skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Filled by the engine: eos + stop_token_ids (vLLM's _all_stop_token_ids).

@@ -27,6 +27,12 @@ logger = logging.getLogger(__name__)
 
 TOKEN_TYPE_CONTROL = 3  # llama.cpp LLAMA_TOKEN_TYPE_CONTROL
 TOKEN_TYPE_USER_DEFINED = 4  # llama.cpp LLAMA_TOKEN_TYPE_USER_DEFINED
+_SPECIAL_ID_KEYS = {
+    "bos": "tokenizer.ggml.bos_token_id",
+    "eos": "tokenizer.ggml.eos_token_id",
+    "unk": "tokenizer.ggml.unknown_token_id",
+    "pad": "tokenizer.ggml.padding_token_id",
+}
 
 # Split regexes, as in llama-vocab.cpp (llm_tokenizer_bpe) / the models' tokenizer.json.
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -47,8 +53,11 @@ _GPT4O = (
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-_LLAMA3_PRES = ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
-                "lfm2", "dbrx", "smaug-bpe")
+# llama.cpp looks a whole pre-token up in the vocab before merging, and adds BOS unless the
+# file says otherwise, for these.
+_LLAMA3_PRES = frozenset(
+    ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2")
+)
 # tokenizer.ggml.pre -> the regexes applied in turn (each splits the pieces of the last).
 _PRE_SPLITS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("gpt-2", "gpt2", "phi-2", "mpt", "olmo", "jais", "exaone4"), (_GPT2,)),
@@ -56,21 +65,21 @@ _PRE_SPLITS: dict[str, tuple[str, ...]] = {
         ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"),
         (_DIGIT, _GPT2),
     ),
-    **dict.fromkeys(_LLAMA3_PRES, (_LLAMA3,)),
+    **dict.fromkeys((*_LLAMA3_PRES, "dbrx", "smaug-bpe"), (_LLAMA3,)),
     **dict.fromkeys(
         ("qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan"), (_QWEN2,)
     ),
     **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2"), (_GPT4O,)),
 }
-# llama.cpp looks a whole pre-token up in the vocab before merging, and adds BOS unless the
-# file says otherwise, for these.
-_IGNORE_MERGES_PRES = frozenset(_LLAMA3_PRES[:8])
 
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table (the byte-level BPE alphabet)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     table = {b: chr(b) for b in printable}
     extra = 0
     for b in range(256):
@@ -91,11 +100,15 @@ def _byte_level(token: str) -> str:
     return "".join(_BYTE_CHARS[b] for b in token.encode("utf-8"))
 
 
-def _get(md: dict, key: str, kind: type | tuple[type, ...], default: object = None) -> object:
-    value = md.get(key, default)
-    if value is not default and (not isinstance(value, kind) or isinstance(value, bool)
-                                 and kind is int):
-        raise ModelLoadError(f"GGUF metadata {key} has type {type(value).__name__}")
+def _get(md: dict, key: str, kind: type, default: object = None) -> object:
+    """md[key] checked to be a `kind` (a bool is not an int here), or `default` if absent."""
+    if key not in md:
+        return default
+    value = md[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ModelLoadError(
+            f"GGUF metadata {key} is a {type(value).__name__}, not {kind.__name__}"
+        )
     return value
 
 
@@ -112,14 +125,14 @@ def _token_types(md: dict, n_tokens: int) -> list[int]:
         return [1] * n_tokens
     if len(types) != n_tokens:
         raise ModelLoadError(
-            f"GGUF tokenizer.ggml.token_type has {len(types)} entries for {n_tokens} tokens")
+            f"GGUF tokenizer.ggml.token_type has {len(types)} entries for {n_tokens} tokens"
+        )
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in types):
         raise ModelLoadError("GGUF metadata tokenizer.ggml.token_type must be an array of ints")
     return types
 
 
-def _token_id(md: dict, name: str, n_tokens: int) -> int | None:
-    key = f"tokenizer.ggml.{name}_token_id"
+def _token_id(md: dict, key: str, n_tokens: int) -> int | None:
     token_id = _get(md, key, int)
     if token_id is not None and not 0 <= token_id < n_tokens:
         raise ModelLoadError(f"GGUF {key} = {token_id} is outside the {n_tokens}-token vocab")
@@ -135,14 +148,15 @@ def _merges(md: dict) -> list[tuple[str, str]]:
         cut = merge.find(" ", 1)  # llama.cpp: the first space after the first character
         if cut == -1:
             raise ModelLoadError(f"GGUF merge {merge!r} is not two tokens separated by a space")
-        pairs.append((merge[:cut], merge[cut + 1:]))
+        pairs.append((merge[:cut], merge[cut + 1 :]))
     return pairs
 
 
-def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+def _pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
+    """Regex splits for `pre`, then bytes -> the byte-level alphabet."""
     splits = _PRE_SPLITS.get(pre)
-    if splits is None:
-        logger.warning("unknown tokenizer.ggml.pre %r: splitting text like GPT-2", pre)
+    if splits is None:  # llama.cpp warns and falls back too; transformers uses GPT-2's split
+        logger.warning("missing or unknown tokenizer.ggml.pre %r: splitting text like GPT-2", pre)
         splits = (_GPT2,)
     return pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
@@ -150,24 +164,26 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     )
 
 
-def _post_processor(bos: tuple[str, int] | None,
-                    eos: tuple[str, int] | None) -> processors.PostProcessor | None:
+def _post_processor(
+    bos: tuple[str, int] | None, eos: tuple[str, int] | None
+) -> processors.PostProcessor | None:
+    """Adds BOS before / EOS after the text when the file asks for them."""
     if bos is None and eos is None:
         return None
-    special = [t for t in (bos, eos) if t is not None]
-    single = " ".join([*(["$bos"] if bos else []), "$A", *(["$eos"] if eos else [])])
-    single = single.replace("$bos", bos[0] if bos else "").replace("$eos", eos[0] if eos else "")
-    return processors.TemplateProcessing(single=single, special_tokens=special)
+    single = [*(bos[:1] if bos else ()), "$A", *(eos[:1] if eos else ())]
+    return processors.TemplateProcessing(
+        single=single, special_tokens=[t for t in (bos, eos) if t is not None]
+    )
 
 
-def _build_backend(tokens: list[str], types: list[int], merges: list[tuple[str, str]],
-                   pre: str) -> HFTokenizer:
+def _build_backend(
+    tokens: list[str], types: list[int], merges: list[tuple[str, str]], pre: str | None
+) -> HFTokenizer:
     vocab = {_byte_level(t): i for i, t in enumerate(tokens)}
     if len(vocab) != len(tokens):
         raise ModelLoadError("GGUF tokenizer.ggml.tokens has duplicate tokens")
     try:
-        model = BPE(vocab=vocab, merges=merges, fuse_unk=False,
-                    ignore_merges=pre in _IGNORE_MERGES_PRES)
+        model = BPE(vocab=vocab, merges=merges, fuse_unk=False, ignore_merges=pre in _LLAMA3_PRES)
     except Exception as exc:  # tokenizers raises a bare Exception for bad merges
         raise ModelLoadError(f"GGUF tokenizer merges do not fit the vocab: {exc}") from exc
     backend = HFTokenizer(model)
@@ -175,22 +191,34 @@ def _build_backend(tokens: list[str], types: list[int], merges: list[tuple[str, 
     backend.decoder = decoders.ByteLevel()
     # A control token spelled outside the byte alphabet would get a fresh id: skip it (as
     # transformers does); user-defined tokens are added only when their spelling is in the vocab.
-    backend.add_special_tokens([
-        AddedToken(t, normalized=False, special=True)
-        for t, ty in zip(tokens, types) if ty == TOKEN_TYPE_CONTROL and set(t) <= _ALPHABET
-    ])
-    backend.add_tokens([
-        AddedToken(t, normalized=False, special=False)
-        for t, ty in zip(tokens, types) if ty == TOKEN_TYPE_USER_DEFINED and t in vocab
-    ])
+    backend.add_special_tokens(
+        [
+            AddedToken(t, normalized=False, special=True)
+            for t, ty in zip(tokens, types)
+            if ty == TOKEN_TYPE_CONTROL and set(t) <= _ALPHABET
+        ]
+    )
+    backend.add_tokens(
+        [
+            AddedToken(t, normalized=False, special=False)
+            for t, ty in zip(tokens, types)
+            if ty == TOKEN_TYPE_USER_DEFINED and t in vocab
+        ]
+    )
     return backend
 
 
 class Tokenizer:
     """Encode/decode with the GGUF's vocabulary; `backend` is the `tokenizers.Tokenizer`."""
 
-    def __init__(self, backend: HFTokenizer, tokens: list[str], types: list[int],
-                 special_ids: dict[str, int | None], chat_template: str | None) -> None:
+    def __init__(
+        self,
+        backend: HFTokenizer,
+        tokens: list[str],
+        types: list[int],
+        special_ids: dict[str, int | None],
+        chat_template: str | None,
+    ) -> None:
         self.backend = backend
         self._tokens = tokens
         self.vocab_size = len(tokens)
@@ -212,17 +240,16 @@ class Tokenizer:
             hint = " (SentencePiece 'llama' vocabularies come later)" if model == "llama" else ""
             raise UnsupportedError(
                 f"tokenizer.ggml.model {model!r} is not supported{hint}; only 'gpt2' "
-                "(byte-level BPE) is")
+                "(byte-level BPE) is"
+            )
         tokens = _str_list(md, "tokenizer.ggml.tokens")
         if not tokens:
             raise ModelLoadError("GGUF tokenizer.ggml.tokens is missing or empty")
         types = _token_types(md, len(tokens))
-        pre = _get(md, "tokenizer.ggml.pre", str, "default")
-        special_ids = {n: _token_id(md, n, len(tokens))
-                       for n in ("bos", "eos", "unk", "padding")}
-        special_ids["pad"] = special_ids.pop("padding")
+        pre = _get(md, "tokenizer.ggml.pre", str)
+        special_ids = {n: _token_id(md, key, len(tokens)) for n, key in _SPECIAL_ID_KEYS.items()}
         backend = _build_backend(tokens, types, _merges(md), pre)
-        add_bos = _get(md, "tokenizer.ggml.add_bos_token", bool, pre in _IGNORE_MERGES_PRES)
+        add_bos = _get(md, "tokenizer.ggml.add_bos_token", bool, pre in _LLAMA3_PRES)
         add_eos = _get(md, "tokenizer.ggml.add_eos_token", bool, False)
         ends = []
         for name, wanted in (("bos", add_bos), ("eos", add_eos)):
@@ -264,4 +291,5 @@ class Tokenizer:
             raise InvalidArgumentError(f"token id must be an int, got {type(token_id).__name__}")
         if not 0 <= token_id < self.vocab_size:
             raise InvalidArgumentError(
-                f"token id {token_id} is outside the vocab [0, {self.vocab_size})")
+                f"token id {token_id} is outside the vocab [0, {self.vocab_size})"
+            )

@@ -49,7 +49,8 @@ class FreeKVCacheBlockQueue:
         for b in blocks:
             prev.next_free_block, b.prev_free_block = b, prev
             prev = b
-        prev.next_free_block, self.fake_free_list_tail.prev_free_block = self.fake_free_list_tail, prev
+        tail = self.fake_free_list_tail
+        prev.next_free_block, tail.prev_free_block = tail, prev
 
     def popleft(self) -> KVCacheBlock:
         b = self.fake_free_list_head.next_free_block

@@ -75,9 +75,10 @@ def paged_attention_ref(
         # query j sits at absolute position seq_len - q_len + j and sees keys <= it
         qpos = torch.arange(seq_len - q_len, seq_len, device=q.device)
         mask = torch.arange(seq_len, device=q.device)[None, :] <= qpos[:, None]
-        o = F.scaled_dot_product_attention(
-            q[start:end].transpose(0, 1), kc.transpose(0, 1).to(q.dtype),
-            vc.transpose(0, 1).to(q.dtype), attn_mask=mask, scale=scale, enable_gqa=True,
-        )  # [nq, q_len, hd]
+        group = q.shape[1] // kc.shape[1]  # GQA: each KV head serves `group` query heads
+        kc = kc.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)  # [nq, seq, hd]
+        vc = vc.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)
+        o = F.scaled_dot_product_attention(q[start:end].transpose(0, 1), kc, vc, attn_mask=mask,
+                                           scale=scale)  # [nq, q_len, hd]
         out[start:end] = o.transpose(0, 1)
     return out
