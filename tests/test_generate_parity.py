@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.errors import OutOfResourcesError
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
@@ -89,12 +90,32 @@ def test_seeded_sampling_is_reproducible_in_any_batch(engine, chat_prompts):
     assert mixed[0] == alone
 
 
+BLOCK_BYTES = 2 * 30 * 16 * 3 * 64 * 4  # K+V, 30 layers, 16 tokens, 3 kv heads x 64, fp32
+
+
 @pytest.mark.parametrize("overrides", [
     {"enable_prefix_caching": False},
     {"max_num_batched_tokens": 16},  # chunked prefill: prompts split across steps
-    {"kv_cache_memory_bytes": 30 * 2 * 30 * 16 * 3 * 64 * 4},  # 30 blocks: preemption
+    {"kv_cache_memory_bytes": 10 * BLOCK_BYTES, "max_model_len": 128},  # forces preemption
 ])
 def test_greedy_invariant_under_engine_settings(model_path, engine, chat_prompts, overrides):
     ref = _run(engine, chat_prompts, [_greedy(24) for _ in chat_prompts])
-    other = LLMEngine.from_config(EngineConfig(model=model_path, max_model_len=256, **overrides))
+    cfg = {"max_model_len": 256, **overrides}
+    other = LLMEngine.from_config(EngineConfig(model=model_path, **cfg))
     assert _run(other, chat_prompts, [_greedy(24) for _ in chat_prompts]) == ref
+    if "kv_cache_memory_bytes" in overrides:
+        assert other.scheduler.num_preemptions > 0
+
+
+def test_kv_budget_too_small_for_max_model_len_fails_fast(model_path):
+    with pytest.raises(OutOfResourcesError, match="max seq len"):
+        LLMEngine.from_config(EngineConfig(model=model_path, max_model_len=1024,
+                                           kv_cache_memory_bytes=10 * BLOCK_BYTES))
+
+
+def test_repeated_prompt_hits_prefix_cache(engine, chat_prompts):
+    kv = engine.scheduler.kv_cache_manager
+    _run(engine, chat_prompts[:1], [_greedy(2)])
+    hits = kv.prefix_cache_hits
+    _run(engine, chat_prompts[:1], [_greedy(2)])
+    assert kv.prefix_cache_hits - hits == (len(chat_prompts[0]) - 1) // 16 * 16

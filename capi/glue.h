@@ -1,0 +1,54 @@
+/*
+ * capi/glue.h - the boundary between the C shims (capi/libvllm.c) and Python.
+ *
+ * GLUE_PYTHON: functions implemented in Python by capi/glue.py (@ffi.def_extern).
+ *   capi/build.py declares them to cffi as `extern "Python+C"`; cffi generates their
+ *   C bodies, which enter the interpreter. The shims call them only after they have
+ *   checked their arguments and started the runtime. Each returns a vllm_status and
+ *   sets the thread's last error on failure.
+ * GLUE_C: helpers written in C (capi/libvllm.c) that the Python side calls.
+ *
+ * Engines cross the boundary as their registry key (the handle's integer value).
+ * Nothing here is exported from libvllm.so (-fvisibility=hidden).
+ */
+
+#ifndef LIBVLLM_GLUE_H
+#define LIBVLLM_GLUE_H
+
+#include "vllm.h"
+
+/* GLUE_PYTHON_BEGIN */
+vllm_status glue_init(void);
+vllm_status glue_shutdown(void);
+vllm_status glue_engine_create(const char *model_path, const vllm_engine_params *params,
+                               uint64_t *engine);
+vllm_status glue_engine_free(uint64_t engine);
+vllm_status glue_engine_model_info(uint64_t engine, vllm_model_info *out);
+vllm_status glue_tokenize(uint64_t engine, const char *text, int32_t add_special_tokens,
+                          int32_t *tokens, size_t capacity, size_t *n_tokens);
+vllm_status glue_detokenize(uint64_t engine, const int32_t *tokens, size_t n_tokens,
+                            int32_t skip_special_tokens, char *buf, size_t capacity,
+                            size_t *n_bytes);
+vllm_status glue_chat_template_apply(uint64_t engine, const char *messages_json,
+                                     int32_t add_generation_prompt, char **out);
+vllm_status glue_request_add(uint64_t engine, const char *request_id, const char *prompt,
+                             const int32_t *prompt_token_ids, size_t n_prompt_token_ids,
+                             const vllm_sampling_params *params);
+vllm_status glue_request_abort(uint64_t engine, const char *request_id);
+vllm_status glue_engine_step(uint64_t engine, const vllm_request_output **outputs,
+                             size_t *n_outputs);
+vllm_status glue_engine_num_unfinished(uint64_t engine, size_t *n);
+/* GLUE_PYTHON_END */
+
+/* GLUE_C_BEGIN */
+/* Sets this thread's last error (vllm_last_error). */
+void glue_set_error(const char *message);
+/* Records why the Python side could not start (called by the start-up code). */
+void glue_set_start_error(const char *message);
+/* 1 if libvllm started the interpreter, 0 if the host process runs Python itself. */
+int glue_owns_interpreter(void);
+/* A malloc'd NUL-terminated copy of data[0..size), for vllm_string_free; NULL if OOM. */
+char *glue_strndup(const char *data, size_t size);
+/* GLUE_C_END */
+
+#endif /* LIBVLLM_GLUE_H */

@@ -1,0 +1,422 @@
+/*
+ * examples/cli/vllm-cli.c - a command-line client of include/vllm.h and nothing else.
+ *
+ *   vllm-cli generate -m MODEL -p PROMPT [options]   stream the completion of a raw prompt
+ *   vllm-cli chat -m MODEL [options]                 multi-turn chat, one message per line
+ *   vllm-cli chat -m MODEL --prompt TEXT             one chat turn, then exit
+ *
+ * Chat keeps the conversation as OpenAI-style messages JSON, renders it with the
+ * model's chat template (vllm_chat_template_apply), tokenizes it without adding
+ * special tokens, adds the request by token ids and streams it with vllm_engine_step.
+ * Exit status: 0 done, 1 an error reported by the library, 2 a usage error.
+ */
+
+#define _POSIX_C_SOURCE 200809L /* getline, clock_gettime, isatty */
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "vllm.h"
+
+static const char usage_text[] =
+    "usage: vllm-cli generate -m MODEL -p PROMPT [options]\n"
+    "       vllm-cli chat -m MODEL [-p PROMPT] [options]\n"
+    "\n"
+    "commands:\n"
+    "  generate                 stream the completion of a raw prompt (no chat template)\n"
+    "  chat                     chat with the model: one user message per line on stdin,\n"
+    "                           /exit or end of input quits; with --prompt, answer that\n"
+    "                           one message and exit\n"
+    "\n"
+    "options:\n"
+    "  -m, --model PATH         GGUF model file (required)\n"
+    "  -p, --prompt TEXT        generate: the prompt; chat: a single user message\n"
+    "  -s, --system TEXT        chat: the system prompt\n"
+    "  -n, --max-tokens N       most tokens per answer (default 256)\n"
+    "      --temp, --temperature T\n"
+    "                           sampling temperature; 0 is greedy, so answers are\n"
+    "                           reproducible (default 0)\n"
+    "      --top-p P            keep the smallest token set whose probability is >= P,\n"
+    "                           in (0, 1] (default 1)\n"
+    "      --top-k K            keep the K most likely tokens; 0 is off (default 0)\n"
+    "      --seed N             sampling seed (default: random)\n"
+    "      --max-model-len N    context length in tokens (default 2048)\n"
+    "  -h, --help               show this help and exit\n"
+    "\n"
+    "After each answer, stderr gets a line\n"
+    "  [prompt tokens: N, completion tokens: M, X tok/s]\n"
+    "with X measured from adding the request to its last token.\n";
+
+typedef struct {
+    const char *command;
+    const char *model;
+    const char *prompt;
+    const char *system;
+    long max_tokens;
+    double temperature;
+    double top_p;
+    long top_k;
+    long long seed;
+    int has_seed;
+    long max_model_len;
+} options;
+
+enum { EXIT_LIBRARY_ERROR = 1, EXIT_USAGE = 2 };
+
+/* ------------------------------------------------------------------------- */
+/* Errors and small utilities                                                 */
+/* ------------------------------------------------------------------------- */
+
+/* Reports the library's last error; returns -1 for the caller to pass up. */
+static int library_error(vllm_status status) {
+    const char *message = vllm_last_error();
+    fprintf(stderr, "vllm-cli: error: %s\n", message[0] ? message : vllm_status_string(status));
+    return -1;
+}
+
+static int usage_error(const char *message, const char *detail) {
+    fprintf(stderr, "vllm-cli: error: %s%s\nTry 'vllm-cli --help'.\n", message, detail);
+    return EXIT_USAGE;
+}
+
+static void *xrealloc(void *ptr, size_t size) {
+    void *grown = realloc(ptr, size);
+    if (grown == NULL) {
+        fputs("vllm-cli: error: out of memory\n", stderr);
+        exit(EXIT_LIBRARY_ERROR);
+    }
+    return grown;
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A growing NUL-terminated string. */
+typedef struct {
+    char *data;
+    size_t len;
+    size_t cap;
+} buffer;
+
+static void buffer_append(buffer *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        b->cap = (b->len + n + 1) * 2;
+        b->data = xrealloc(b->data, b->cap);
+    }
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+}
+
+static void buffer_puts(buffer *b, const char *s) { buffer_append(b, s, strlen(s)); }
+
+/* s as a JSON string literal (UTF-8 passes through). */
+static void buffer_json_string(buffer *b, const char *s) {
+    buffer_puts(b, "\"");
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        char escaped[8];
+        switch (c) {
+        case '"': buffer_puts(b, "\\\""); break;
+        case '\\': buffer_puts(b, "\\\\"); break;
+        case '\n': buffer_puts(b, "\\n"); break;
+        case '\r': buffer_puts(b, "\\r"); break;
+        case '\t': buffer_puts(b, "\\t"); break;
+        default:
+            if (c < 0x20) {
+                snprintf(escaped, sizeof escaped, "\\u%04x", c);
+                buffer_puts(b, escaped);
+            } else {
+                buffer_append(b, s, 1);
+            }
+        }
+    }
+    buffer_puts(b, "\"");
+}
+
+/* ------------------------------------------------------------------------- */
+/* Command line                                                               */
+/* ------------------------------------------------------------------------- */
+
+typedef enum {
+    OPT_MODEL, OPT_PROMPT, OPT_SYSTEM, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_TOP_K,
+    OPT_SEED, OPT_MAX_MODEL_LEN
+} option_id;
+
+static const struct {
+    const char *short_name, *long_name, *alias;
+    option_id id;
+} flags[] = {
+    {"-m", "--model", NULL, OPT_MODEL},
+    {"-p", "--prompt", NULL, OPT_PROMPT},
+    {"-s", "--system", NULL, OPT_SYSTEM},
+    {"-n", "--max-tokens", NULL, OPT_MAX_TOKENS},
+    {NULL, "--temperature", "--temp", OPT_TEMPERATURE},
+    {NULL, "--top-p", NULL, OPT_TOP_P},
+    {NULL, "--top-k", NULL, OPT_TOP_K},
+    {NULL, "--seed", NULL, OPT_SEED},
+    {NULL, "--max-model-len", NULL, OPT_MAX_MODEL_LEN},
+};
+
+static int same(const char *a, const char *b) { return a != NULL && strcmp(a, b) == 0; }
+
+static int find_flag(const char *name) {
+    size_t i;
+    for (i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        if (same(flags[i].short_name, name) || same(flags[i].long_name, name) ||
+            same(flags[i].alias, name))
+            return (int)i;
+    return -1;
+}
+
+static int parse_integer(const char *text, long long min, long long max, long long *out) {
+    char *end;
+    long long value;
+    errno = 0;
+    value = strtoll(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || value < min || value > max) return -1;
+    *out = value;
+    return 0;
+}
+
+static int parse_number(const char *text, double *out) {
+    char *end;
+    errno = 0;
+    *out = strtod(text, &end);
+    return errno != 0 || end == text || *end != '\0' ? -1 : 0;
+}
+
+/* Stores one flag's value; -1 if it is not a valid number. */
+static int set_option(options *o, option_id id, const char *value) {
+    long long n = 0;
+    switch (id) {
+    case OPT_MODEL: o->model = value; return 0;
+    case OPT_PROMPT: o->prompt = value; return 0;
+    case OPT_SYSTEM: o->system = value; return 0;
+    case OPT_TEMPERATURE: return parse_number(value, &o->temperature);
+    case OPT_TOP_P: return parse_number(value, &o->top_p);
+    case OPT_SEED:
+        o->has_seed = 1;
+        return parse_integer(value, INT64_MIN, INT64_MAX, &o->seed);
+    case OPT_MAX_TOKENS:
+        if (parse_integer(value, INT32_MIN, INT32_MAX, &n) != 0) return -1;
+        o->max_tokens = (long)n;
+        return 0;
+    case OPT_TOP_K:
+        if (parse_integer(value, INT32_MIN, INT32_MAX, &n) != 0) return -1;
+        o->top_k = (long)n;
+        return 0;
+    case OPT_MAX_MODEL_LEN:
+        if (parse_integer(value, 0, INT32_MAX, &n) != 0) return -1;
+        o->max_model_len = (long)n;
+        return 0;
+    }
+    return -1;
+}
+
+/* Fills *o from argv. Returns -1 to go on, else the exit status (0 after --help). */
+static int parse_args(int argc, char **argv, options *o) {
+    int i;
+    memset(o, 0, sizeof *o);
+    o->max_tokens = 256;
+    o->top_p = 1.0;
+    o->max_model_len = 2048;
+    for (i = 1; i < argc; i++) {
+        char name[64];
+        const char *arg = argv[i], *value, *eq = strchr(arg, '=');
+        int flag;
+        if (same(arg, "-h") || same(arg, "--help")) {
+            fputs(usage_text, stdout);
+            return 0;
+        }
+        if (arg[0] != '-' && o->command == NULL) {
+            o->command = arg;
+            continue;
+        }
+        if (arg[0] != '-') return usage_error("unexpected argument: ", arg);
+        snprintf(name, sizeof name, "%.*s", (int)(eq && arg[1] == '-' ? eq - arg : 63), arg);
+        if ((flag = find_flag(name)) < 0) return usage_error("unknown option: ", arg);
+        if (eq != NULL && arg[1] == '-')
+            value = eq + 1;
+        else if (i + 1 < argc)
+            value = argv[++i];
+        else
+            return usage_error("missing value for ", arg);
+        if (set_option(o, flags[flag].id, value) != 0)
+            return usage_error("not a valid number: ", arg);
+    }
+    if (o->command == NULL) return usage_error("missing command (generate or chat)", "");
+    if (!same(o->command, "generate") && !same(o->command, "chat"))
+        return usage_error("unknown command: ", o->command);
+    if (o->model == NULL) return usage_error("missing --model", "");
+    if (same(o->command, "generate") && o->prompt == NULL)
+        return usage_error("generate needs --prompt", "");
+    return -1;
+}
+
+static vllm_sampling_params sampling_params(const options *o) {
+    vllm_sampling_params sp;
+    vllm_sampling_params_init(&sp);
+    sp.max_tokens = (int32_t)o->max_tokens;
+    sp.temperature = (float)o->temperature;
+    sp.top_p = (float)o->top_p;
+    sp.top_k = (int32_t)o->top_k;
+    sp.seed = (int64_t)o->seed;
+    sp.has_seed = o->has_seed;
+    return sp;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Generation                                                                 */
+/* ------------------------------------------------------------------------- */
+
+/* Adds one request (text prompt or token ids), streams its text to stdout and, if
+ * answer is not NULL, into it; then prints the token counts to stderr. */
+static int stream_request(vllm_engine *engine, const char *prompt, const int32_t *ids,
+                          size_t n_ids, const vllm_sampling_params *sp, buffer *answer) {
+    static unsigned long counter;
+    char request_id[32];
+    int32_t n_prompt = 0, n_output = 0;
+    int finished = 0;
+    double start = now_seconds(), elapsed;
+    vllm_status status;
+    snprintf(request_id, sizeof request_id, "cli-%lu", ++counter);
+    if ((status = vllm_request_add(engine, request_id, prompt, ids, n_ids, sp)) != VLLM_OK)
+        return library_error(status);
+    while (!finished) {
+        const vllm_request_output *outputs;
+        size_t n, k;
+        if ((status = vllm_engine_step(engine, &outputs, &n)) != VLLM_OK)
+            return library_error(status);
+        for (k = 0; k < n; k++) {
+            if (strcmp(outputs[k].request_id, request_id) != 0) continue;
+            fputs(outputs[k].text, stdout);
+            fflush(stdout);
+            if (answer != NULL) buffer_puts(answer, outputs[k].text);
+            n_prompt = outputs[k].num_prompt_tokens;
+            n_output = outputs[k].num_output_tokens;
+            finished = outputs[k].finished;
+        }
+    }
+    elapsed = now_seconds() - start;
+    fputc('\n', stdout);
+    fflush(stdout);
+    fprintf(stderr, "[prompt tokens: %d, completion tokens: %d, %.1f tok/s]\n", n_prompt,
+            n_output, elapsed > 0 ? n_output / elapsed : 0.0);
+    return 0;
+}
+
+static int generate(vllm_engine *engine, const options *o) {
+    vllm_sampling_params sp = sampling_params(o);
+    return stream_request(engine, o->prompt, NULL, 0, &sp, NULL);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Chat                                                                       */
+/* ------------------------------------------------------------------------- */
+
+/* history holds a JSON array of messages without its closing ']'. */
+static void add_message(buffer *history, const char *role, const char *content) {
+    buffer_puts(history, history->len > 1 ? ",{\"role\":" : "{\"role\":");
+    buffer_json_string(history, role);
+    buffer_puts(history, ",\"content\":");
+    buffer_json_string(history, content);
+    buffer_puts(history, "}");
+}
+
+/* The rendered conversation as token ids (malloc'd into *ids). */
+static int render_tokens(vllm_engine *engine, buffer *history, int32_t **ids, size_t *n) {
+    char *prompt = NULL;
+    vllm_status status;
+    buffer_puts(history, "]");
+    status = vllm_chat_template_apply(engine, history->data, 1, &prompt);
+    history->data[--history->len] = '\0';
+    if (status != VLLM_OK) return library_error(status);
+    status = vllm_tokenize(engine, prompt, 0, NULL, 0, n);
+    if (status == VLLM_ERR_BUFFER_TOO_SMALL) {
+        *ids = xrealloc(NULL, *n * sizeof **ids);
+        status = vllm_tokenize(engine, prompt, 0, *ids, *n, n);
+    }
+    vllm_string_free(prompt);
+    return status == VLLM_OK ? 0 : library_error(status);
+}
+
+static int chat_turn(vllm_engine *engine, buffer *history, const char *message,
+                     const vllm_sampling_params *sp) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    buffer answer = {NULL, 0, 0};
+    int rc;
+    add_message(history, "user", message);
+    rc = render_tokens(engine, history, &ids, &n);
+    if (rc == 0) rc = stream_request(engine, NULL, ids, n, sp, &answer);
+    if (rc == 0) add_message(history, "assistant", answer.data != NULL ? answer.data : "");
+    free(ids);
+    free(answer.data);
+    return rc;
+}
+
+/* Reads user messages from stdin until /exit or end of input. */
+static int chat_loop(vllm_engine *engine, buffer *history, const vllm_sampling_params *sp) {
+    char *line = NULL;
+    size_t size = 0;
+    ssize_t len = 0;
+    int interactive = isatty(STDIN_FILENO), rc = 0;
+    for (;;) {
+        if (interactive) {
+            fputs("> ", stdout);
+            fflush(stdout);
+        }
+        if ((len = getline(&line, &size, stdin)) < 0) break;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
+        if (same(line, "/exit")) break;
+        if (len == 0) continue;
+        if ((rc = chat_turn(engine, history, line, sp)) != 0) break;
+    }
+    if (interactive && len < 0) fputc('\n', stdout);
+    free(line);
+    return rc;
+}
+
+static int chat(vllm_engine *engine, const options *o) {
+    vllm_sampling_params sp = sampling_params(o);
+    buffer history = {NULL, 0, 0};
+    int rc;
+    buffer_puts(&history, "[");
+    if (o->system != NULL) add_message(&history, "system", o->system);
+    if (o->prompt != NULL)
+        rc = chat_turn(engine, &history, o->prompt, &sp);
+    else
+        rc = chat_loop(engine, &history, &sp);
+    free(history.data);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+    options o;
+    vllm_engine_params params;
+    vllm_engine *engine = NULL;
+    vllm_status status;
+    int rc = parse_args(argc, argv, &o);
+    if (rc >= 0) return rc;
+    vllm_engine_params_init(&params);
+    params.max_model_len = (int32_t)o.max_model_len;
+    if ((status = vllm_engine_create(o.model, &params, &engine)) != VLLM_OK)
+        rc = library_error(status);
+    else if (same(o.command, "generate"))
+        rc = generate(engine, &o);
+    else
+        rc = chat(engine, &o);
+    vllm_engine_free(engine);
+    vllm_shutdown();
+    return rc == 0 ? 0 : EXIT_LIBRARY_ERROR;
+}

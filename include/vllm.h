@@ -1,0 +1,277 @@
+/*
+ * vllm.h - the public C API of libvllm, a vLLM-class LLM inference engine.
+ *
+ * Every capability of libvllm is a function of this header, exported from
+ * libvllm.so (SONAME libvllm.so.<ABI major>). Link with `-lvllm`; nothing else.
+ *
+ * Conventions
+ *   - Functions that can fail return a vllm_status (0 = VLLM_OK). On failure,
+ *     vllm_last_error() describes what went wrong.
+ *   - Handles are opaque. A handle used after it was freed returns
+ *     VLLM_ERR_INVALID_HANDLE; it never crashes. vllm_*_free(NULL) is a no-op.
+ *   - Pointer and count out-parameters are set to NULL / 0 on entry, so they are
+ *     NULL / 0 on failure.
+ *   - Parameter structs start with `uint32_t struct_size` and are filled with
+ *     defaults by their *_init() function; the library reads
+ *     min(struct_size, sizeof(struct)) bytes, so fields can be appended in later
+ *     minor versions without breaking older callers.
+ *   - Memory the library returns says who owns it and for how long it stays valid.
+ *     Strings the caller owns are freed with vllm_string_free().
+ *   - Strings are UTF-8 and NUL-terminated.
+ *
+ * Thread safety (ABI 0.1)
+ *   - vllm_version, vllm_abi_version, vllm_status_string, vllm_last_error,
+ *     vllm_last_error_copy and the *_init functions may be called from any thread
+ *     at any time; they never start the Python runtime.
+ *   - Calls on one engine must be serialized by the caller. Different engines may be
+ *     used from different threads (calls into the runtime take a global lock).
+ *     Multi-threaded streaming comes with a later minor version.
+ *
+ * Lifecycle
+ *   The first call that needs the engine runtime starts it (a few seconds: it
+ *   imports torch). vllm_init() does that at a time of your choice. Call
+ *   vllm_shutdown() before the process exits: the embedded runtime has no exit hooks.
+ */
+
+#ifndef VLLM_H
+#define VLLM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#    define VLLM_API __attribute__((visibility("default")))
+#    define VLLM_DEPRECATED(decl, hint) decl __attribute__((deprecated(hint)))
+#else
+#    define VLLM_API
+#    define VLLM_DEPRECATED(decl, hint) decl
+#endif
+
+/* ABI version: the major changes on any incompatible change (and with it the SONAME). */
+#define VLLM_ABI_VERSION_MAJOR 0
+#define VLLM_ABI_VERSION_MINOR 1
+#define VLLM_ABI_VERSION ((VLLM_ABI_VERSION_MAJOR << 16) | VLLM_ABI_VERSION_MINOR)
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* VLLM_API_BEGIN */
+
+/* ------------------------------------------------------------------------- */
+/* Types                                                                      */
+/* ------------------------------------------------------------------------- */
+
+/* Status codes. The numbers are frozen: new codes are only ever appended. */
+typedef int32_t vllm_status;
+enum vllm_status_code {
+    VLLM_OK = 0,
+    VLLM_ERR_INVALID_ARGUMENT = 1,  /* a NULL pointer, a value out of range, bad JSON */
+    VLLM_ERR_BUFFER_TOO_SMALL = 2,  /* two-call sizing: the required size was returned */
+    VLLM_ERR_MODEL_LOAD = 3,        /* model path missing, unreadable or malformed */
+    VLLM_ERR_UNSUPPORTED = 4,       /* well-formed input that is not implemented */
+    VLLM_ERR_NOT_FOUND = 5,         /* unknown request id */
+    VLLM_ERR_INVALID_HANDLE = 6,    /* a handle that was freed or never existed */
+    VLLM_ERR_OUT_OF_RESOURCES = 7,  /* KV cache or memory cannot hold what was asked */
+    VLLM_ERR_RUNTIME_INIT = 8,      /* the embedded Python runtime could not start */
+    VLLM_ERR_INTERNAL = 9           /* a bug: please report vllm_last_error() */
+};
+
+/* Why a request finished (vllm_request_output.finish_reason). */
+enum vllm_finish_reason {
+    VLLM_FINISH_NONE = 0,    /* still running */
+    VLLM_FINISH_STOP = 1,    /* EOS or a stop token */
+    VLLM_FINISH_LENGTH = 2,  /* max_tokens or the context length reached */
+    VLLM_FINISH_ABORT = 3    /* vllm_request_abort() */
+};
+
+/* An engine: one loaded model, its KV cache and its requests. */
+struct vllm_engine;
+typedef struct vllm_engine vllm_engine;
+
+/* Engine configuration (vLLM's EngineArgs). 0 means "derive from the model or machine". */
+typedef struct vllm_engine_params {
+    uint32_t struct_size;            /* sizeof(vllm_engine_params), set by _init */
+    int32_t max_model_len;           /* context length; 0: the model's */
+    const char *device;              /* "auto" (or NULL), "cpu", "cuda" */
+    const char *dtype;               /* "auto" (or NULL), "float32", "bfloat16", "float16" */
+    int32_t max_num_seqs;            /* max requests in one batch; default 256 */
+    int32_t max_num_batched_tokens;  /* token budget of one step; 0: derived */
+    int32_t block_size;              /* KV cache block size in tokens; default 16 */
+    int32_t enable_prefix_caching;   /* reuse KV blocks of shared prefixes; default 1 */
+    int64_t kv_cache_memory_bytes;   /* KV cache size; 0: derived from device memory */
+    int64_t seed;                    /* engine seed; default 0 */
+    int32_t enable_chunked_prefill;  /* split long prompts over steps; default 1 */
+    int32_t enforce_eager;           /* 1: no CUDA graphs; default 0 */
+} vllm_engine_params;
+
+/* What vllm_engine_model_info() reports. */
+typedef struct vllm_model_info {
+    uint32_t struct_size;       /* set by the caller to sizeof(vllm_model_info) */
+    int32_t vocab_size;
+    int32_t max_model_len;      /* the engine's context length */
+    int32_t bos_token_id;       /* -1: none */
+    int32_t eos_token_id;       /* -1: none */
+    const char *architecture;   /* e.g. "llama"; valid until the engine is freed */
+    const char *name;           /* the model's name; valid until the engine is freed */
+} vllm_model_info;
+
+/* Per-request generation controls (vLLM's SamplingParams; same defaults and checks). */
+typedef struct vllm_sampling_params {
+    uint32_t struct_size;            /* sizeof(vllm_sampling_params), set by _init */
+    int32_t max_tokens;              /* default 16; < 0: until the context is full */
+    float temperature;               /* default 1.0; 0: greedy */
+    float top_p;                     /* default 1.0 */
+    int32_t top_k;                   /* default 0 (off) */
+    float min_p;                     /* default 0.0 (off) */
+    int64_t seed;                    /* per-request seed, used when has_seed != 0 */
+    int32_t has_seed;                /* default 0 */
+    int32_t ignore_eos;              /* default 0 */
+    const int32_t *stop_token_ids;   /* extra stop tokens (copied); may be NULL when n is 0 */
+    size_t n_stop_token_ids;
+    int32_t skip_special_tokens;     /* default 1: leave special tokens out of the text */
+} vllm_sampling_params;
+
+/* One request's progress in one step. Owned by the engine (see vllm_engine_step). */
+typedef struct vllm_request_output {
+    const char *request_id;
+    const int32_t *token_ids;   /* tokens new this step; may be NULL when n_token_ids is 0 */
+    size_t n_token_ids;
+    const char *text;           /* text new this step, UTF-8 (may be "") */
+    int32_t finished;           /* 1 on the request's last output, else 0 */
+    int32_t finish_reason;      /* enum vllm_finish_reason */
+    int32_t num_prompt_tokens;
+    int32_t num_output_tokens;  /* cumulative, including this step */
+} vllm_request_output;
+
+/* ------------------------------------------------------------------------- */
+/* Version and errors (pure C: these never start the runtime)                 */
+/* ------------------------------------------------------------------------- */
+
+/* The library version, e.g. "0.1.0". Static string. */
+VLLM_API const char *vllm_version(void);
+
+/* The ABI version of the loaded library: (major << 16) | minor. Compare with
+ * VLLM_ABI_VERSION: the majors must be equal, the library's minor >= yours. */
+VLLM_API uint32_t vllm_abi_version(void);
+
+/* A static English name of a status code, e.g. "VLLM_ERR_MODEL_LOAD". */
+VLLM_API const char *vllm_status_string(vllm_status status);
+
+/* The message of the last failed call on this thread, "" if none. Valid until the
+ * next vllm_* call on this thread. */
+VLLM_API const char *vllm_last_error(void);
+
+/* Copies the last error of this thread into buf (truncated, always NUL-terminated
+ * when size > 0) and returns its full length in bytes. For callers that may hop
+ * threads between calls (Go) do the failing call and the copy in one locked region. */
+VLLM_API size_t vllm_last_error_copy(char *buf, size_t size);
+
+/* ------------------------------------------------------------------------- */
+/* Lifecycle                                                                  */
+/* ------------------------------------------------------------------------- */
+
+/* Starts the runtime and imports the engine now (optional; otherwise the first
+ * engine call does it). VLLM_ERR_RUNTIME_INIT if the runtime cannot start. */
+VLLM_API vllm_status vllm_init(void);
+
+/* Frees every engine and stops the library's threads and child processes. Call it
+ * before the process exits. Safe to call twice; engines can be created again later. */
+VLLM_API void vllm_shutdown(void);
+
+/* ------------------------------------------------------------------------- */
+/* Engine                                                                     */
+/* ------------------------------------------------------------------------- */
+
+/* Fills *params with the defaults (pure C). */
+VLLM_API void vllm_engine_params_init(vllm_engine_params *params);
+
+/* Loads the model at model_path (a GGUF file) and creates an engine.
+ * params: NULL for the defaults. *out: the engine, NULL on failure.
+ * VLLM_ERR_MODEL_LOAD: missing, unreadable or malformed model file.
+ * VLLM_ERR_UNSUPPORTED: an architecture or quantization not implemented. */
+VLLM_API vllm_status vllm_engine_create(const char *model_path,
+                                        const vllm_engine_params *params,
+                                        vllm_engine **out);
+
+/* Frees the engine, its requests and everything it returned. NULL: no-op. */
+VLLM_API void vllm_engine_free(vllm_engine *engine);
+
+/* Fills *out (set out->struct_size first). The strings stay valid until the engine
+ * is freed. */
+VLLM_API vllm_status vllm_engine_model_info(vllm_engine *engine, vllm_model_info *out);
+
+/* ------------------------------------------------------------------------- */
+/* Tokenizer                                                                  */
+/* ------------------------------------------------------------------------- */
+
+/* Tokenizes text. Two-call sizing: *n_tokens is always set to the number of tokens;
+ * if capacity < *n_tokens it returns VLLM_ERR_BUFFER_TOO_SMALL and writes nothing
+ * (tokens may be NULL when capacity is 0).
+ * add_special_tokens: 1 to add the model's BOS etc. (as HF tokenizers), 0 not to. */
+VLLM_API vllm_status vllm_tokenize(vllm_engine *engine, const char *text,
+                                   int32_t add_special_tokens, int32_t *tokens,
+                                   size_t capacity, size_t *n_tokens);
+
+/* Turns tokens back into text. Two-call sizing: *n_bytes is always set to the text's
+ * length in bytes, without the NUL; buf needs capacity >= *n_bytes + 1, else
+ * VLLM_ERR_BUFFER_TOO_SMALL (buf may be NULL when capacity is 0). */
+VLLM_API vllm_status vllm_detokenize(vllm_engine *engine, const int32_t *tokens,
+                                     size_t n_tokens, int32_t skip_special_tokens,
+                                     char *buf, size_t capacity, size_t *n_bytes);
+
+/* ------------------------------------------------------------------------- */
+/* Chat template                                                              */
+/* ------------------------------------------------------------------------- */
+
+/* Renders a conversation with the model's chat template into a prompt string.
+ * messages_json: an OpenAI-style JSON array, e.g.
+ *   [{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]
+ * add_generation_prompt: 1 to end with the assistant's turn header.
+ * *out: a string the caller frees with vllm_string_free(); NULL on failure.
+ * Tokenize the result with add_special_tokens = 0: the template adds them. */
+VLLM_API vllm_status vllm_chat_template_apply(vllm_engine *engine, const char *messages_json,
+                                              int32_t add_generation_prompt, char **out);
+
+/* Frees a string returned by the library. NULL: no-op. */
+VLLM_API void vllm_string_free(char *str);
+
+/* ------------------------------------------------------------------------- */
+/* Requests                                                                   */
+/* ------------------------------------------------------------------------- */
+
+/* Fills *params with vLLM's defaults (pure C). */
+VLLM_API void vllm_sampling_params_init(vllm_sampling_params *params);
+
+/* Adds a request. Give exactly one of prompt (text, tokenized with special tokens)
+ * or prompt_token_ids (n_prompt_token_ids > 0). params: NULL for the defaults.
+ * request_id: unique among the engine's unfinished requests (copied).
+ * VLLM_ERR_INVALID_ARGUMENT with vLLM's message for invalid sampling params. */
+VLLM_API vllm_status vllm_request_add(vllm_engine *engine, const char *request_id,
+                                      const char *prompt, const int32_t *prompt_token_ids,
+                                      size_t n_prompt_token_ids,
+                                      const vllm_sampling_params *params);
+
+/* Aborts an unfinished request: its last output (finish_reason VLLM_FINISH_ABORT)
+ * comes with the next vllm_engine_step. VLLM_ERR_NOT_FOUND if no such request. */
+VLLM_API vllm_status vllm_request_abort(vllm_engine *engine, const char *request_id);
+
+/* Runs one engine step (schedule, forward, sample) and returns what each request
+ * produced. *outputs is an array of *n_outputs entries owned by the engine; it and
+ * every pointer in it stay valid until the next vllm_engine_step or vllm_engine_free
+ * of this engine. With no unfinished request it returns VLLM_OK and 0 outputs.
+ * Each request gets exactly one output with finished = 1. */
+VLLM_API vllm_status vllm_engine_step(vllm_engine *engine,
+                                      const vllm_request_output **outputs,
+                                      size_t *n_outputs);
+
+/* The number of requests whose last output has not been returned yet. */
+VLLM_API vllm_status vllm_engine_num_unfinished(vllm_engine *engine, size_t *n);
+
+/* VLLM_API_END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* VLLM_H */

@@ -1,0 +1,73 @@
+"""Shared pytest fixtures: the test model, the built library and CLI, C compilation.
+
+model_path: env VLLM_TEST_MODEL, else the model `make run` fetches; skips if absent.
+built: runs `make -s build/libvllm.so build/vllm-cli` once per session.
+child_env / compile_c: run C programs as a user would (PYTHONUNBUFFERED unset: it
+would hide lost output of the embedded interpreter).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = Path.home() / ".cache/libvllm/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+C_FLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"]
+
+
+@pytest.fixture(scope="session")
+def model_path() -> str:
+    path = Path(os.environ.get("VLLM_TEST_MODEL") or DEFAULT_MODEL)
+    if not path.is_file():
+        pytest.skip(f"test model {path} is absent (make run fetches it; or set VLLM_TEST_MODEL)")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def built() -> Path:
+    """The build directory, with libvllm.so and vllm-cli up to date."""
+    make = subprocess.run(
+        ["make", "-s", "build/libvllm.so", "build/vllm-cli"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert make.returncode == 0, f"make failed:\n{make.stdout}\n{make.stderr}"
+    return ROOT / "build"
+
+
+@pytest.fixture(scope="session")
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONUNBUFFERED", None)
+    return env
+
+
+@pytest.fixture(scope="session")
+def compile_c(built, tmp_path_factory):
+    """compile_c(source, *extra_flags) -> path of a program linked with -lvllm."""
+    out_dir = tmp_path_factory.mktemp("c")
+
+    def compile_program(source: Path, *extra: str) -> Path:
+        exe = out_dir / source.stem
+        cmd = [
+            "cc",
+            *C_FLAGS,
+            f"-I{ROOT / 'include'}",
+            str(source),
+            "-o",
+            str(exe),
+            f"-L{built}",
+            "-lvllm",
+            f"-Wl,-rpath,{built}",
+            *extra,
+        ]
+        cc = subprocess.run(cmd, capture_output=True, text=True)
+        assert cc.returncode == 0, f"{' '.join(cmd)}\n{cc.stderr}"
+        return exe
+
+    return compile_program

@@ -1,0 +1,174 @@
+"""build/vllm-cli end to end on the real model: chat (one turn and interactive),
+generate, --help, usage errors, and clear one-line errors for bad model paths."""
+
+from __future__ import annotations
+
+import re
+import struct
+import subprocess
+
+import pytest
+
+pytestmark = [pytest.mark.capi, pytest.mark.slow]
+
+STATS = re.compile(r"^\[prompt tokens: \d+, completion tokens: \d+, \d+\.\d tok/s\]$", re.M)
+FLAGS = [
+    "-m",
+    "--model",
+    "-p",
+    "--prompt",
+    "-s",
+    "--system",
+    "-n",
+    "--max-tokens",
+    "--temp",
+    "--temperature",
+    "--top-p",
+    "--top-k",
+    "--seed",
+    "--max-model-len",
+    "-h",
+    "--help",
+]
+
+
+@pytest.fixture(scope="module")
+def cli(built, child_env):
+    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(built / "vllm-cli"), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=child_env,
+            timeout=300,
+        )
+
+    return run
+
+
+def test_chat_one_turn_answers_paris(cli, model_path):
+    run = cli("chat", "-m", model_path, "--prompt", "What is the capital of France?", "-n", "32")
+    assert run.returncode == 0, run.stderr
+    assert "Paris" in run.stdout
+    assert len(STATS.findall(run.stderr)) == 1, run.stderr
+
+
+def test_chat_interactive_two_turns(cli, model_path):
+    turns = "What is the capital of France?\n\nAnd what is 2+2?\n/exit\nnot read\n"
+    run = cli("chat", "-m", model_path, "-n", "24", "-s", 'Answer "briefly".', stdin=turns)
+    assert run.returncode == 0, run.stderr
+    assert "Paris" in run.stdout
+    assert len(STATS.findall(run.stderr)) == 2, run.stderr
+
+
+def test_chat_ends_at_end_of_input(cli, model_path):
+    run = cli("chat", "-m", model_path, "-n", "4", stdin="Hi\n")
+    assert run.returncode == 0, run.stderr
+    assert len(STATS.findall(run.stderr)) == 1, run.stderr
+
+
+def test_generate_streams_a_completion(cli, model_path):
+    run = cli(
+        "generate",
+        "-m",
+        model_path,
+        "-p",
+        "The capital of France is",
+        "-n",
+        "8",
+        "--temp",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--top-k",
+        "40",
+        "--seed",
+        "7",
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip()
+    stats = STATS.findall(run.stderr)
+    assert len(stats) == 1 and "completion tokens: 8," in stats[0], run.stderr
+
+
+def test_help_lists_every_flag(cli):
+    run = cli("--help")
+    assert run.returncode == 0
+    for flag in FLAGS:
+        assert re.search(rf"(^|[\s,]){re.escape(flag)}([\s,=]|$)", run.stdout, re.M), flag
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["chat"],
+        ["serve", "-m", "x"],
+        ["chat", "-m", "x", "--bogus"],
+        ["chat", "-m"],
+        ["generate", "-m", "x"],
+        ["chat", "-m", "x", "-n", "many"],
+    ],
+)
+def test_usage_errors_exit_2(cli, args):
+    run = cli(*args)
+    assert run.returncode == 2
+    assert "error:" in run.stderr and "--help" in run.stderr
+
+
+def test_library_error_exits_1(cli, model_path):
+    run = cli("chat", "-m", model_path, "-p", "Hi", "--temp", "5")
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-1] == (
+        "vllm-cli: error: temperature must be in [0, 2], got 5.0."
+    )
+
+
+def _truncated(model: str, path) -> None:
+    with open(model, "rb") as f:
+        path.write_bytes(f.read(1 << 20))
+
+
+def _bad_magic(model: str, path) -> None:
+    _truncated(model, path)
+    data = bytearray(path.read_bytes())
+    data[0] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _huge_tensor_count(model: str, path) -> None:
+    _truncated(model, path)
+    data = bytearray(path.read_bytes())
+    data[8:16] = struct.pack("<Q", 1 << 62)  # after magic and version
+    path.write_bytes(bytes(data))
+
+
+def _dir_without_model(model: str, path) -> None:
+    path.mkdir()
+    (path / "README.txt").write_text("no model here\n")
+
+
+@pytest.mark.parametrize(
+    "make_bad",
+    [
+        None,
+        "empty_dir",
+        _dir_without_model,
+        _truncated,
+        _bad_magic,
+        _huge_tensor_count,
+    ],
+    ids=["missing", "empty_dir", "dir_without_model", "truncated", "bad_magic", "huge_count"],
+)
+def test_bad_model_is_a_one_line_error(cli, model_path, tmp_path, make_bad):
+    bad = tmp_path / "bad.gguf"
+    if make_bad == "empty_dir":
+        bad.mkdir()
+    elif make_bad is not None:
+        make_bad(model_path, bad)
+    run = cli("chat", "-m", str(bad), "-p", "Hi")
+    assert run.returncode == 1
+    assert run.stdout == ""
+    assert run.stderr.startswith("vllm-cli: error: ") and run.stderr.count("\n") == 1, run.stderr
+    assert "Traceback" not in run.stderr
