@@ -96,7 +96,9 @@ BLOCK_BYTES = 2 * 30 * 16 * 3 * 64 * 4  # K+V, 30 layers, 16 tokens, 3 kv heads 
 @pytest.mark.parametrize("overrides", [
     {"enable_prefix_caching": False},
     {"max_num_batched_tokens": 16},  # chunked prefill: prompts split across steps
-    {"kv_cache_memory_bytes": 10 * BLOCK_BYTES, "max_model_len": 128},  # forces preemption
+    # 8 usable blocks, no sharing: 3 requests of ~5 blocks each force preemption
+    {"kv_cache_memory_bytes": 9 * BLOCK_BYTES, "max_model_len": 128,
+     "enable_prefix_caching": False},
 ])
 def test_greedy_invariant_under_engine_settings(model_path, engine, chat_prompts, overrides):
     ref = _run(engine, chat_prompts, [_greedy(24) for _ in chat_prompts])
