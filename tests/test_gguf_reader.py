@@ -4,8 +4,11 @@ Oracles: (a) files written by gguf.GGUFWriter and read back by gguf.GGUFReader (
 values, tensor offsets/shapes/bytes) with gguf.quants.dequantize for tensor values; (b) the
 real SmolLM2-135M Q4_1 model (VLLM_TEST_MODEL or ~/.cache/libvllm/models/), same oracles;
 (c) hand-built malformed files (struct-packed here), each of which must raise ModelLoadError
-naming the problem, never another exception and never a hang; plus truncation at every cut
-point and random byte corruption of a small valid file.
+naming the problem, never another exception and never a hang (the caps, general.alignment's
+UINT32 type and packed, in-order tensor data are llama.cpp gguf.cpp's rules); plus truncation at
+every cut point and random byte corruption of a small valid file. Mirrors llama.cpp
+tests/test-gguf.cpp (handcrafted_file_type: bad magic/version/counts/alignment/offsets, not
+enough data); tests/test_gguf_fuzz.py mutates real headers at scale.
 """
 
 import os
@@ -253,8 +256,16 @@ MALFORMED = {
     "huge key length": (build([struct.pack("<Q", 2**60) + bytes(16)]), "exceeds the limit"),
     "key past end": (build([struct.pack("<Q", 1000) + b"abc"]), "truncated"),
     "huge string value": (build([kv("k", STR, struct.pack("<Q", HUGE))]), "exceeds the limit"),
-    "huge array length": (build([kv("k", ARR, arr(U32, 2**61))]), "cannot fit"),
-    "huge string array": (build([kv("k", ARR, arr(STR, 2**40))]), "cannot fit"),
+    "huge array length": (build([kv("k", ARR, arr(U32, 2**61))]), "metadata limit"),
+    "huge string array": (build([kv("k", ARR, arr(STR, 2**40))]), "metadata limit"),
+    "array past end": (build([kv("k", ARR, arr(U32, 1000))]), "cannot fit"),
+    "string array past end": (build([kv("k", ARR, arr(STR, 1000))]), "cannot fit"),
+    "arrays over the element limit": (
+        build([kv("a", ARR, arr(U8, 2**21, bytes(2**21))), kv("b", ARR, arr(U8, 2**21 + 1))]),
+        "metadata limit",
+    ),
+    "tensor count over the limit": (build(n_tensors=2**16 + 1), "exceeds the limit of 65536"),
+    "kv count over the limit": (build(n_kv=2**16 + 1), "exceeds the limit of 65536"),
     "bad value type": (build([kv("k", 13, b"")]), "unknown value type 13"),
     "bad array element type": (build([kv("k", ARR, arr(99, 1))]), "unknown value type 99"),
     "arrays nested 3 deep": (build([kv("k", ARR, arr(ARR, 1, arr(ARR, 1, arr(U8, 0))))]), "nested"),
@@ -265,11 +276,25 @@ MALFORMED = {
     "alignment 0": (build([kv("general.alignment", U32, u32(0))]), "power of two"),
     "alignment 48": (build([kv("general.alignment", U32, u32(48))]), "power of two"),
     "alignment string": (build([kv("general.alignment", STR, s("32"))]), "power of two"),
+    "alignment UINT64": (build([kv("general.alignment", U64, struct.pack("<Q", 32))]), "UINT32"),
     "n_dims 5": (build(tensors=[tinfo("w", [1, 1, 1, 1, 1])]), "5 dims"),
     "dims 2^42": (build(tensors=[tinfo("w", [2**42, 2**42])]), "overflow"),
     "dim 2^64-1": (build(tensors=[tinfo("w", [2**64 - 1])]), "overflow"),
     "zero dim": (build(tensors=[tinfo("w", [4, 0])]), "zero dimension"),
-    "offset past end": (build(tensors=[tinfo("w", [4], offset=2**40)], data=VALID_DATA), "past"),
+    "offset far past end": (build(tensors=[tinfo("w", [4], offset=2**40)], data=VALID_DATA), "0"),
+    "gap before data": (build(tensors=[tinfo("w", [4], offset=32)], data=bytes(64)), "not 0"),
+    "overlapping tensors": (
+        build(tensors=[tinfo("a", [4]), tinfo("b", [4])], data=bytes(64)),
+        "'b' data offset 0 is not 32",
+    ),
+    "tensors out of order": (
+        build(tensors=[tinfo("a", [4], offset=32), tinfo("b", [4])], data=bytes(64)),
+        "'a' data offset 32 is not 0",
+    ),
+    "second tensor past end": (
+        build(tensors=[tinfo("a", [4]), tinfo("b", [4], offset=32)], data=bytes(40)),
+        "'b' data \\[.*past the end",
+    ),
     "data past end": (build(tensors=[VALID_TENSOR], data=VALID_DATA[:15]), "past the end"),
     "misaligned offset": (build(tensors=[tinfo("w", [4], offset=4)], data=bytes(64)), "alignment"),
     "duplicate tensor": (build(tensors=[VALID_TENSOR] * 2, data=bytes(64)), "duplicate tensor"),

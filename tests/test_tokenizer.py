@@ -1,4 +1,4 @@
-"""engine.tokenizer: a Tokenizer built from GGUF tokenizer metadata.
+"""engine.tokenizers: a Tokenizer built from GGUF byte-level BPE (gpt2) tokenizer metadata.
 
 Oracles: (a) transformers' own GGUF tokenizer (`AutoTokenizer.from_pretrained(dir,
 gguf_file=...)`) on the real SmolLM2-135M model (VLLM_TEST_MODEL or ~/.cache/libvllm/models/):
@@ -219,7 +219,7 @@ def test_llama3_pre_adds_bos_when_unsaid():
 
 
 def test_unknown_pre_falls_back_to_gpt2_with_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="engine.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="engine.tokenizers.gguf_bpe"):
         tok = Tokenizer.from_gguf_metadata(tiny_metadata(**{"tokenizer.ggml.pre": "martian"}))
     assert "martian" in caplog.text
     ref = Tokenizer.from_gguf_metadata(tiny_metadata())
@@ -227,9 +227,7 @@ def test_unknown_pre_falls_back_to_gpt2_with_warning(caplog):
 
 
 def test_unsupported_tokenizer_models():
-    with pytest.raises(UnsupportedError, match="'llama'.*SentencePiece"):
-        Tokenizer.from_gguf_metadata(tiny_metadata(**{"tokenizer.ggml.model": "llama"}))
-    with pytest.raises(UnsupportedError, match="'bert'"):
+    with pytest.raises(UnsupportedError, match="'bert'.*'gpt2'.*'llama'"):
         Tokenizer.from_gguf_metadata(tiny_metadata(**{"tokenizer.ggml.model": "bert"}))
 
 
@@ -274,3 +272,25 @@ def test_duplicate_tokens_rejected():
     md["tokenizer.ggml.merges"] = ["Ġ t", "h e"]
     with pytest.raises(ModelLoadError, match="duplicate"):
         Tokenizer.from_gguf_metadata(md)
+
+
+def test_template_syntax_in_bos_eos_text():
+    """BOS/EOS texts that read as TemplateProcessing syntax ("$A", "a:b") are still added."""
+    md = tiny_metadata(
+        **{"tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True}
+    )
+    tokens = list(md["tokenizer.ggml.tokens"])
+    tokens[1], tokens[2] = "$A", "a:b"
+    md["tokenizer.ggml.tokens"] = tokens
+    tok = Tokenizer.from_gguf_metadata(md)
+    assert tok.encode("x") == [1, tok.backend.token_to_id("x"), 2]
+    assert (tok.bos_token, tok.eos_token) == ("$A", "a:b")
+
+
+def test_id_to_bytes_round_trips_text(tok):
+    """llama_token_to_piece: the pieces' bytes concatenate to the UTF-8 text, even where one
+    character spans tokens."""
+    for text in CORPUS:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert b"".join(tok.id_to_bytes(i) for i in ids) == text.encode(), text
+    assert tok.id_to_bytes(216) == b" " and tok.id_to_bytes(1) == b"<|im_start|>"

@@ -3,8 +3,12 @@
 Mirrors llama.cpp ggml/src/gguf.cpp (gguf_init_from_file_impl) and its validation rules,
 tightened because the file is treated as hostile: every count, length, shape, offset and
 alignment is checked against hard caps and against the bytes actually left in the file
-before anything is allocated or sliced. The file is memory-mapped, never read whole; tensor
-data is handed out as zero-copy views of the mapping. Any malformed input raises
+before anything is allocated or sliced. As in llama.cpp, general.alignment is a UINT32 power
+of two and tensor data is packed: each tensor starts where the previous one's aligned data
+ends, in table order, so no two tensors overlap and no byte is unaccounted for. Caps bound
+the Python objects a header can ask for (tensors, keys, array elements in all), whatever the
+file size. The file is memory-mapped, never read whole; tensor data is handed out as
+zero-copy views of the mapping. Any malformed input raises
 ModelLoadError("<path>: <what> at offset N").
 """
 
@@ -38,6 +42,11 @@ SUPPORTED_VERSIONS = (2, 3)
 MAX_STRING_BYTES = 1 << 26
 MAX_ARRAY_DEPTH = 2  # an array may hold arrays, which may not hold arrays
 MAX_ELEMENTS = 1 << 62  # per tensor
+MAX_TENSORS = 1 << 16  # real models: a few thousand at most
+MAX_KV = 1 << 16  # real models: under a hundred keys
+# Array elements in all of the metadata (Gemma 3: 262144 tokens x 3 arrays); each becomes a
+# Python object, so this bounds memory and time whatever the file size.
+MAX_METADATA_ELEMENTS = 1 << 22
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -76,6 +85,7 @@ class _Parser:
         self.buf = buf
         self.size = len(buf)
         self.pos = 0
+        self.elements_left = MAX_METADATA_ELEMENTS
 
     def error(self, what: str, at: int | None = None) -> ModelLoadError:
         return ModelLoadError(f"{self.path}: {what} at offset {self.pos if at is None else at}")
@@ -138,6 +148,13 @@ class _Parser:
             raise self.error(f"{what}: arrays nested deeper than {MAX_ARRAY_DEPTH} levels", at)
         etype = self.value_type(f"{what} element")
         count = self.u64(f"{what} element count")
+        if count > self.elements_left:
+            raise self.error(
+                f"{what}: array of {count} elements exceeds the metadata limit of "
+                f"{MAX_METADATA_ELEMENTS} array elements in all",
+                at,
+            )
+        self.elements_left -= count
         if count > self.left // _MIN_ELEMENT_BYTES[etype]:
             raise self.error(
                 f"{what}: array of {count} {etype.name} elements cannot fit in the "
@@ -173,11 +190,15 @@ class _Parser:
             hint = " (GGUFv1 is obsolete: re-convert the model)" if version == 1 else ""
             raise self.error(f"unsupported GGUF version {version}{hint}", 4)
         n_tensors = self.u64("tensor count")
+        if n_tensors > MAX_TENSORS:
+            raise self.error(f"tensor count {n_tensors} exceeds the limit of {MAX_TENSORS}", 8)
         if n_tensors > self.left // _MIN_TENSOR_INFO_BYTES:
-            raise self.error(f"tensor count {n_tensors} cannot fit in the file", self.pos - 8)
+            raise self.error(f"tensor count {n_tensors} cannot fit in the file", 8)
         n_kv = self.u64("metadata count")
+        if n_kv > MAX_KV:
+            raise self.error(f"metadata count {n_kv} exceeds the limit of {MAX_KV}", 16)
         if n_kv > self.left // _MIN_KV_BYTES:
-            raise self.error(f"metadata count {n_kv} cannot fit in the file", self.pos - 8)
+            raise self.error(f"metadata count {n_kv} cannot fit in the file", 16)
         return version, n_tensors, n_kv
 
     def metadata(self, n_kv: int) -> tuple[dict[str, object], int]:
@@ -189,10 +210,14 @@ class _Parser:
             key = self.string("metadata key")
             if key in metadata:
                 raise self.error(f"duplicate metadata key {key!r}", at)
-            metadata[key] = value = self.value(self.value_type(repr(key)), repr(key))
+            vtype = self.value_type(repr(key))
+            metadata[key] = value = self.value(vtype, repr(key))
             if key == GGUF_ALIGNMENT_KEY:
-                if type(value) is not int or value <= 0 or value & (value - 1):
-                    raise self.error(f"{key} must be a nonzero power of two, got {value!r}", at)
+                if vtype != GGUFValueType.UINT32 or value <= 0 or value & (value - 1):
+                    raise self.error(
+                        f"{key} must be a UINT32 nonzero power of two, got {vtype.name} {value!r}",
+                        at,
+                    )
                 alignment = value
         return metadata, alignment
 
@@ -251,7 +276,15 @@ class _Parser:
             entries.append(entry)
         data_start = -(-self.pos // alignment) * alignment
         tensors: dict[str, GGUFTensorInfo] = {}
+        packed = 0  # where the next tensor must start, relative to data_start
         for name, shape, ggml_type, offset, nbytes in entries:
+            if offset != packed:  # llama.cpp: "tensor has offset X, expected Y"
+                raise self.error(
+                    f"tensor {name!r} data offset {offset} is not {packed}: tensor data must be "
+                    "packed in table order, each tensor aligned right after the previous one",
+                    data_start + offset,
+                )
+            packed += -(-nbytes // alignment) * alignment
             start = data_start + offset
             if start + nbytes > self.size:
                 raise self.error(
