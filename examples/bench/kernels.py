@@ -1,0 +1,339 @@
+"""Check every Triton kernel against its torch reference and time it on a CUDA device.
+
+    python examples/bench/kernels.py [--sweep [SECTION ...]] [--only SECTION ...] [--out DIR]
+
+Shapes are Llama-3.1-8B's (hidden 4096, 32 q / 8 kv heads of 128, MLP 14336, bf16
+activations, block size 16). Times are CUDA-graph replays (no launch overhead) over enough
+distinct input copies that the data does not sit in the 50 MB L2, as a model's layers do
+not. Each row: time per call, bytes moved or FLOPs, the ratio to the H200 ceilings measured
+in ../shared/device/README.md (4.28 TB/s copy, 799 TFLOP/s bf16), and the max relative
+error against the reference. --sweep also times other launch configs of the attention,
+GEMV, dequantize and fused GEMM kernels (sections: small decode prefill gguf gemm). Prints
+a table last; writes kernels.json to --out (default $OUT or .).
+"""
+# ruff: noqa: B023  (every lambda is timed inside the loop iteration that defines it)
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType  # noqa: E402
+from kernels import gguf_gemm as gg  # noqa: E402
+from kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
+from kernels.paged_attention import (  # noqa: E402
+    paged_attention_decode,
+    paged_attention_decode_ref,
+    paged_attention_prefill,
+    paged_attention_prefill_ref,
+)
+from kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref  # noqa: E402
+from kernels.rms_norm import fused_add_rms_norm, rms_norm_ref  # noqa: E402
+from kernels.rotary import rotary_embedding, rotary_embedding_ref  # noqa: E402
+
+BW, PEAK = 4.28e12, 799e12  # measured H200 ceilings: copy B/s, bf16 FLOP/s
+H, NQ, NKV, HD, FF, BS = 4096, 32, 8, 128, 14336, 16
+L2_BYTES = 256 << 20  # spread each timing over at least this many bytes of inputs
+BF16 = torch.bfloat16
+DEV = "cuda"
+ROWS: list[dict] = []
+
+
+def gpu_time(fn) -> float:
+    """Seconds per fn() call, from CUDA-graph replays (fn may launch several kernels)."""
+    fn()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    reps, g = 1, None
+    for _ in range(2):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(reps):
+                fn()
+        times = []
+        for _ in range(7):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        t = sorted(times)[3] / reps
+        if reps > 1 or t * reps > 2e-3:
+            return t
+        reps = max(1, min(200, math.ceil(2e-3 / t)))
+    return t
+
+
+def copies(nbytes: int) -> int:
+    return max(1, min(16, math.ceil(L2_BYTES / max(nbytes, 1))))
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
+
+
+def row(kernel: str, shape: str, t: float, nbytes: float = 0, flops: float = 0,
+        err: float | None = None, note: str = "") -> None:
+    r = {"kernel": kernel, "shape": shape, "us": t * 1e6, "GB/s": nbytes / t / 1e9,
+         "pct_bw": 100 * nbytes / t / BW, "TFLOP/s": flops / t / 1e12,
+         "pct_peak": 100 * flops / t / PEAK, "max_rel_err": err, "note": note}
+    ROWS.append(r)
+    print(f"  {kernel:<22} {shape:<34} {r['us']:9.2f} us  {r['GB/s']:7.0f} GB/s "
+          f"{r['pct_bw']:5.1f}%  {r['TFLOP/s']:6.1f} TF {r['pct_peak']:5.1f}%  "
+          f"err {err if err is not None else float('nan'):.1e} {note}", flush=True)
+
+
+def bench_small() -> None:
+    for t in (1, 256, 8192):
+        xs = [torch.randn(t, H, dtype=BF16, device=DEV) for _ in range(copies(4 * t * H * 2))]
+        res = [torch.randn_like(x) for x in xs]
+        w = torch.randn(H, dtype=BF16, device=DEV)
+        ref, ref_res = rms_norm_ref(xs[0], w, 1e-5, res[0])
+        x0, r0 = xs[0].clone(), res[0].clone()
+        fused_add_rms_norm(x0, r0, w, 1e-5)
+        err = max(rel_err(x0, ref), rel_err(r0, ref_res))
+        tt = gpu_time(lambda: [fused_add_rms_norm(x, r, w, 1e-5) for x, r in zip(xs, res)])
+        row("fused_add_rms_norm", f"T={t} H={H}", tt / len(xs), 4 * t * H * 2, err=err)
+
+        gu = [torch.randn(t, 2 * FF, dtype=BF16, device=DEV) for _ in range(copies(6 * t * FF))]
+        err = rel_err(silu_and_mul(gu[0]), silu_and_mul_ref(gu[0]))
+        tt = gpu_time(lambda: [silu_and_mul(x) for x in gu])
+        row("silu_and_mul", f"T={t} d={FF}", tt / len(gu), 6 * t * FF, err=err)
+
+        nb = 2 * t * (NQ + NKV) * HD * 2
+        qk = [torch.randn(t, (NQ + NKV) * HD, dtype=BF16, device=DEV) for _ in range(copies(nb))]
+        table = torch.randn(131072, HD, device=DEV)
+        pos = torch.randint(0, 131072, (t,), device=DEV)
+        q0, k0 = qk[0][:, : NQ * HD].clone(), qk[0][:, NQ * HD :].clone()
+        rq, rk = rotary_embedding_ref(pos, q0, k0, table, HD)
+        rotary_embedding(pos, q0, k0, table, HD)
+        err = max(rel_err(q0, rq), rel_err(k0, rk))
+        tt = gpu_time(lambda: [rotary_embedding(pos, x[:, : NQ * HD], x[:, NQ * HD :], table, HD)
+                               for x in qk])
+        row("rotary_embedding", f"T={t} q={NQ}x{HD} k={NKV}x{HD}", tt / len(qk), nb, err=err)
+
+        kv = torch.zeros(2, 8192 + t // BS + 1, BS, NKV, HD, dtype=BF16, device=DEV)
+        k = torch.randn(t, NKV, HD, dtype=BF16, device=DEV)
+        v = torch.randn_like(k)
+        slots = torch.randperm(kv.shape[1] * BS, device=DEV)[:t]
+        ref_kv = kv.clone()
+        reshape_and_cache_ref(k, v, ref_kv, slots)
+        reshape_and_cache(k, v, kv, slots)
+        err = float((kv != ref_kv).sum())
+        tt = gpu_time(lambda: reshape_and_cache(k, v, kv, slots))
+        row("reshape_and_cache", f"T={t} kv={NKV}x{HD}", tt, 4 * t * NKV * HD * 2, err=err,
+            note="err = mismatched elements")
+
+
+def _attn_case(seq, q_lens):
+    """seq: context lengths; q_lens: new tokens each -> q, kv, qsl, lens, bt."""
+    nblk = [math.ceil(s / BS) for s in seq]
+    kv = torch.randn(2, sum(nblk) + 1, BS, NKV, HD, dtype=BF16, device=DEV)
+    bt = torch.zeros(len(seq), max(nblk), dtype=torch.int32, device=DEV)
+    perm = torch.randperm(sum(nblk), device=DEV).to(torch.int32)
+    at = 0
+    for i, n in enumerate(nblk):
+        bt[i, :n] = perm[at : at + n]
+        at += n
+    q = torch.randn(sum(q_lens), NQ, HD, dtype=BF16, device=DEV)
+    qsl = torch.tensor([0, *q_lens], device=DEV).cumsum(0).to(torch.int32)
+    return q, kv, qsl, torch.tensor(seq, dtype=torch.int32, device=DEV), bt
+
+
+def bench_decode(sweep: bool) -> None:
+    for b, ctx in ((1, 4096), (1, 32768), (64, 1024), (256, 1024)):
+        kv_bytes = b * ctx * NKV * HD * 2 * 2
+        cases = [_attn_case([ctx] * b, [1] * b) for _ in range(copies(kv_bytes))]
+        q, kv, _, lens, bt = cases[0]
+        err = rel_err(paged_attention_decode(q, kv, bt, lens, HD**-0.5),
+                      paged_attention_decode_ref(q, kv, bt, lens, HD**-0.5))
+        configs = [{}]
+        if sweep:
+            configs += [dict(tile_n=tn, num_warps=w, num_stages=s)
+                        for tn, w, s in ((32, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 3))]
+            configs += [dict(num_splits=ns) for ns in (1, 8, 64) if ns * b * NKV <= 8192]
+        for cfg in configs:
+            tt = gpu_time(lambda cfg=cfg: [paged_attention_decode(c[0], c[1], c[4], c[3],
+                                                                  HD**-0.5, **cfg)
+                                           for c in cases])
+            row("paged_attention_decode", f"B={b} ctx={ctx}", tt / len(cases), kv_bytes,
+                err=err if not cfg else None, note=json.dumps(cfg) if cfg else "default")
+
+
+def bench_prefill(sweep: bool) -> None:
+    for name, seq, ql in (("1x8192 new", [8192], [8192]), ("8x1024 new", [1024] * 8, [1024] * 8),
+                          ("4x512 over 3584 cached", [4096] * 4, [512] * 4)):
+        case = _attn_case(seq, ql)
+        q, kv, qsl, lens, bt = case
+        flops = sum(4 * NQ * HD * sum(s - n + j + 1 for j in range(n)) for s, n in zip(seq, ql))
+        err = rel_err(paged_attention_prefill(q, kv, qsl, lens, bt, HD**-0.5),
+                      paged_attention_prefill_ref(q, kv, qsl, lens, bt, HD**-0.5))
+        configs = [{}]
+        if sweep:
+            configs += [dict(block_m=m, tile_n=n, num_warps=w, num_stages=s)
+                        for m, n, w, s in ((64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 2),
+                                           (128, 128, 8, 2), (64, 128, 4, 2))]
+        for cfg in configs:
+            tt = gpu_time(lambda cfg=cfg: paged_attention_prefill(q, kv, qsl, lens, bt,
+                                                                  HD**-0.5, **cfg))
+            row("paged_attention_prefill", name, tt, flops=flops, err=err if not cfg else None,
+                note=json.dumps(cfg) if cfg else "default")
+
+
+def random_weight(qtype: int, n: int, k: int) -> torch.Tensor:
+    block, size = GGML_TYPE_TRAITS[GGMLType(qtype)]
+    w = torch.randint(0, 256, (n * k // block, size), dtype=torch.uint8, device=DEV)
+    for at in {GGMLType.Q6_K: (208,), GGMLType.Q8_0: (0,), GGMLType.Q4_0: (0,)}.get(qtype,
+                                                                                      (0, 2)):
+        s = (torch.randn(w.shape[0], device=DEV) * 0.01).half()
+        w[:, at : at + 2] = s.view(torch.uint8).view(-1, 2)
+    return w.view(n, -1)
+
+
+LLAMA_LINEARS = {"qkv": (6144, H), "o": (H, H), "gate_up": (2 * FF, H), "down": (H, FF)}
+# (BLOCK_N, blocks per step, warps) tried per type by --sweep, besides gemv_config's
+GEMV_SWEEP = {
+    GGMLType.Q4_K: [(1, 2, 1), (2, 2, 1), (8, 2, 1), (4, 4, 1), (4, 4, 2), (2, 4, 1)],
+    GGMLType.Q6_K: [(1, 4, 1), (2, 4, 1), (8, 4, 1), (4, 8, 1), (4, 8, 2), (2, 8, 1)],
+    GGMLType.Q8_0: [(1, 8, 1), (2, 8, 1), (8, 8, 1), (4, 16, 1), (4, 16, 2), (2, 16, 1)],
+    GGMLType.Q4_0: [(1, 16, 1), (2, 16, 1), (8, 16, 1), (4, 32, 1), (4, 32, 2), (2, 32, 1)],
+}
+
+
+def bench_gguf(sweep: bool) -> None:
+    per_token = {}
+    for qtype in (GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K):
+        per_token[qtype.name] = 0.0
+        for lin, (n, k) in LLAMA_LINEARS.items():
+            w0 = random_weight(qtype, n, k)
+            ws = [w0] + [random_weight(qtype, n, k) for _ in range(copies(w0.numel()) - 1)]
+            x = torch.randn(1, k, dtype=BF16, device=DEV)
+            err = rel_err(gg.gguf_gemv(x, w0, qtype), gg.gguf_gemm_ref(x.float(), w0, qtype))
+            nbytes = w0.numel() + 2 * (k + n)
+            configs = [None]
+            if sweep:
+                configs += [c for c in GEMV_SWEEP[qtype] if c != gg.gemv_config(qtype, n)]
+            best = None
+            for cfg in configs:
+                tt = gpu_time(lambda cfg=cfg: [gg.gguf_gemv(x, w, qtype, config=cfg) for w in ws])
+                tt /= len(ws)
+                best = tt if best is None else min(best, tt)
+                row(f"gguf_gemv {qtype.name}", f"{lin} {n}x{k} M=1", tt, nbytes,
+                    err=err if cfg is None else None,
+                    note=str(cfg) if cfg else f"default {gg.gemv_config(qtype, n)}")
+            per_token[qtype.name] += 32 * (best or 0)
+    for lin, (n, k) in LLAMA_LINEARS.items():
+        dense = [torch.randn(n, k, dtype=BF16, device=DEV) for _ in range(copies(2 * n * k))]
+        x = torch.randn(1, k, dtype=BF16, device=DEV)
+        tt = gpu_time(lambda: [x @ d.T for d in dense]) / len(dense)
+        row("torch bf16 GEMV", f"{lin} {n}x{k} M=1", tt, 2 * n * k, note="cuBLAS baseline")
+    for name, t in per_token.items():
+        print(f"  Llama-3.1-8B {name} linear layers (32 x qkv+o+gate_up+down, best config): "
+              f"{t * 1e3:.3f} ms per token")
+    ROWS.append({"kernel": "llama8b_linears_per_token_ms", "values": {k: v * 1e3 for k, v in
+                                                                      per_token.items()}})
+
+
+MMQ_SWEEP = [(16, 64, 4, 2), (32, 64, 4, 2), (64, 128, 4, 3), (128, 128, 8, 3), (16, 128, 4, 3)]
+
+
+def bench_gguf_gemm(sweep: bool) -> None:
+    for qtype in (GGMLType.Q4_K, GGMLType.Q8_0):
+        n, k = 2 * FF, H
+        w = random_weight(qtype, n, k)
+        deq_err = rel_err(gg.gguf_dequantize(w, qtype, BF16), gg.gguf_dequantize_ref(w, qtype,
+                                                                                      BF16))
+        nb = 8 if qtype == GGMLType.Q8_0 else 1
+        for cfg in [None] + ([(16, nb, 2), (64, nb, 8), (8, nb, 1), (32, 2 * nb, 4),
+                              (16, 2 * nb, 4)] if sweep else []):
+            tt = gpu_time(lambda cfg=cfg: gg.gguf_dequantize(w, qtype, BF16, cfg))
+            row(f"gguf_dequantize {qtype.name}", f"{n}x{k}", tt, w.numel() + 2 * n * k,
+                err=deq_err if cfg is None else None, note=str(cfg) if cfg else "default")
+        for m in (1, 2, 4, 8, 16, 64, 256, 1024, 4096):
+            x = torch.randn(m, k, dtype=BF16, device=DEV)
+            ref = gg.gguf_gemm_ref(x.float(), w, qtype)
+            flops = 2 * m * n * k
+            paths = {"gguf_gemm dispatch": lambda x=x: gg.gguf_gemm(x, w, qtype),
+                     "dequant+cuBLAS": lambda x=x: x @ gg.gguf_dequantize(w, qtype, BF16).T}
+            if m <= 256:
+                paths["mmq"] = lambda x=x: gg.gguf_mmq(x, w, qtype)
+            if m <= 16:
+                paths["gemv"] = lambda x=x, m=m: gg.gguf_gemv(x, w, qtype, block_m=min(4, m))
+            if sweep and 16 <= m <= 256:
+                for cfg in MMQ_SWEEP:
+                    paths[f"mmq {cfg}"] = lambda x=x, c=cfg: gg.gguf_mmq(x, w, qtype, c)
+            for path, fn in paths.items():
+                err = rel_err(fn(), ref)
+                row(f"gguf_gemm {qtype.name}", f"{n}x{k} M={m}", gpu_time(fn), w.numel(),
+                    flops, err=err, note=path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", nargs="*", help="sections whose launch configs to sweep "
+                    "(no names: all)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--only", nargs="*", default=["small", "decode", "prefill", "gguf", "gemm"])
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    start = time.time()
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
+          f"triton {__import__('triton').__version__}", flush=True)
+    sweep = {n for n in ("decode", "prefill", "gguf", "gemm")
+             if args.sweep is not None and (not args.sweep or n in args.sweep)}
+    steps = {"small": lambda: bench_small(),
+             "decode": lambda: bench_decode("decode" in sweep),
+             "prefill": lambda: bench_prefill("prefill" in sweep),
+             "gguf": lambda: bench_gguf("gguf" in sweep),
+             "gemm": lambda: bench_gguf_gemm("gemm" in sweep)}
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d"),
+            "command": " ".join(sys.argv)}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    for name in args.only:
+        print(f"[{name}] {time.time() - start:.0f}s", flush=True)
+        try:
+            steps[name]()
+        except Exception:  # report and go on: one broken kernel must not hide the others
+            traceback.print_exc()
+            ROWS.append({"kernel": name, "error": traceback.format_exc(limit=3)})
+        meta["seconds"] = time.time() - start
+        (Path(args.out) / "kernels.json").write_text(json.dumps({"meta": meta, "rows": ROWS},
+                                                                indent=1))
+    summary()
+
+
+def summary() -> None:
+    """One line per (kernel, shape): the default config and, if swept, the fastest one."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in ROWS:
+        if "us" in r:
+            groups.setdefault((r["kernel"], r["shape"]), []).append(r)
+    print(f"\n{'kernel':<24}{'shape':<30}{'us':>9}{'%BW':>6}{'%pk':>6}{'err':>9}  "
+          f"best (us, config) when swept")
+    for (kernel, shape), rs in groups.items():
+        d = rs[0]
+        best = min(rs, key=lambda r: r["us"])
+        err = d["max_rel_err"]
+        alt = f"{best['us']:.2f} {best['note']}" if best is not d else ""
+        print(f"{kernel:<24}{shape:<30}{d['us']:9.2f}{d['pct_bw']:6.1f}{d['pct_peak']:6.1f}"
+              f"{err if err is not None else float('nan'):9.1e}  {d['note']} {alt}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,359 @@
+"""Paged attention over the engine's KV cache in Triton: decode (split-KV) and prefill/extend.
+
+Mirrors vllm/v1/attention/ops/triton_decode_attention.py (grouped split-KV decode, stage 1 +
+stage 2 reduction) and triton_unified_attention.py (varlen queries found by a binary search
+over query_start_loc in q-block units, GQA query heads packed into the rows of one tile,
+causal over a cached prefix). Own code; the layout and metadata are the engine's
+(engine/layers/attention.py): kv_cache [2, num_blocks, block_size, num_kv_heads, head_size],
+block_table [num_reqs, max_blocks] int32, seq_lens [num_reqs] (context incl. this step's
+tokens), query_start_loc [num_reqs + 1]; query token j of request i sits at position
+seq_len - q_len + j and sees keys <= it. All metadata stays on the device: no host sync.
+
+Precondition: block_table entries of the first cdiv(seq_len, block_size) columns are valid
+block ids (the KV cache manager owns them). A request with seq_len 0 yields zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.layers.attention import AttentionMetadata, paged_attention_ref
+from kernels._common import check, check_float, check_same_device
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_tiles(
+    q, acc, m_i, l_i, k_ptr, v_ptr, bt_ptr, kv_off, qpos, seq_len, t_begin, t_end,
+    stride_block, stride_slot, qk_scale, head_size, window,
+    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr,
+    CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """Online softmax of q [BLOCK_M, HEAD_PAD] over KV tiles [t_begin, t_end) of TILE_N keys.
+
+    acc [BLOCK_M, HEAD_PAD], m_i / l_i [BLOCK_M] (base-2 running max / sum), all fp32.
+    qpos [BLOCK_M]: each row's position; with USE_WINDOW a row sees keys > qpos - window.
+    """
+    d = tl.arange(0, HEAD_PAD)
+    offs_n = tl.arange(0, TILE_N)
+    for t in range(t_begin, t_end):
+        kpos = t * TILE_N + offs_n  # [TILE_N]
+        kmask = kpos < seq_len
+        blk = tl.load(bt_ptr + kpos // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
+        row = blk * stride_block + (kpos % BLOCK_SIZE) * stride_slot + kv_off  # [TILE_N] int64
+        ld_mask = kmask[:, None] & (d[None, :] < head_size)
+        k = tl.load(k_ptr + row[:, None] + d[None, :], mask=ld_mask, other=0.0)  # [TILE_N, HP]
+        v = tl.load(v_ptr + row[:, None] + d[None, :], mask=ld_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * qk_scale
+        mask = kmask[None, :]
+        if CAUSAL:
+            mask = mask & (kpos[None, :] <= qpos[:, None])
+        if USE_WINDOW:
+            mask = mask & (kpos[None, :] > qpos[:, None] - window)
+        s = tl.where(mask, s, float("-inf"))  # [BLOCK_M, TILE_N]
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _paged_attention_decode_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+    stride_qt: tl.int64, stride_qh, stride_bt: tl.int64, stride_block: tl.int64,
+    stride_slot: tl.int64, stride_head, stride_ot: tl.int64, stride_oh,
+    num_q_heads, head_size, group, qk_scale, num_splits, window,
+    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr,
+    BLOCK_H: tl.constexpr, SPLIT: tl.constexpr, USE_WINDOW: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    # program (request, kv head, split): the `group` query heads of one kv head, one token
+    req = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + req)
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, HEAD_PAD)
+    heads = kvh * group + h  # [BLOCK_H]
+    qmask = (h < group)[:, None] & (d < head_size)[None, :]
+    q = tl.load(q_ptr + req * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=qmask,
+                other=0.0)  # [BLOCK_H, HEAD_PAD]
+    n_tiles = tl.cdiv(seq_len, TILE_N)
+    t_first = 0
+    if USE_WINDOW:
+        t_first = tl.maximum(seq_len - window, 0) // TILE_N
+    per_split = tl.cdiv(n_tiles - t_first, num_splits)
+    t_begin = t_first + split * per_split
+    t_end = tl.minimum(t_begin + per_split, n_tiles)
+    acc = tl.zeros([BLOCK_H, HEAD_PAD], dtype=tl.float32)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc, m_i, l_i = _attend_tiles(
+        q, acc, m_i, l_i, k_ptr, v_ptr, bt_ptr + req * stride_bt, kvh * stride_head,
+        tl.zeros([BLOCK_H], dtype=tl.int32) + seq_len - 1, seq_len, t_begin, t_end,
+        stride_block, stride_slot, qk_scale, head_size, window,
+        BLOCK_SIZE, TILE_N, HEAD_PAD, False, USE_WINDOW, DOT_PREC)
+    if SPLIT:
+        # partials: acc [reqs, nq, splits, HEAD_PAD], (m, l) [reqs, nq, splits, 2]
+        ph = (req * num_q_heads + heads) * num_splits + split  # [BLOCK_H]
+        tl.store(part_acc_ptr + ph[:, None] * HEAD_PAD + d[None, :], acc,
+                 mask=(h < group)[:, None])
+        tl.store(part_ml_ptr + ph * 2, m_i, mask=h < group)
+        tl.store(part_ml_ptr + ph * 2 + 1, l_i, mask=h < group)
+    else:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(out_ptr + req * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=qmask)
+
+
+@triton.jit
+def _paged_attention_decode_reduce_kernel(
+    part_acc_ptr, part_ml_ptr, out_ptr, stride_ot: tl.int64, stride_oh, num_q_heads,
+    head_size, num_splits, HEAD_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+):
+    # program (request, query head): merge the splits' partial softmax states
+    req = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    sp = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, HEAD_PAD)
+    base = (req * num_q_heads + head) * num_splits + sp  # [SPLITS_PAD]
+    smask = sp < num_splits
+    m = tl.load(part_ml_ptr + base * 2, mask=smask, other=float("-inf"))
+    ll = tl.load(part_ml_ptr + base * 2 + 1, mask=smask, other=0.0)
+    acc = tl.load(part_acc_ptr + base[:, None] * HEAD_PAD + d[None, :], mask=smask[:, None],
+                  other=0.0)  # [SPLITS_PAD, HEAD_PAD]
+    m_max = tl.max(m, 0)
+    w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # [SPLITS_PAD]
+    denom = tl.sum(ll * w, 0)
+    out = tl.sum(acc * w[:, None], 0) / tl.where(denom == 0.0, 1.0, denom)
+    tl.store(out_ptr + req * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty),
+             mask=d < head_size)
+
+
+@triton.jit
+def _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
+    """Largest i with query_start_loc[i] // BLOCK_Q + i <= q_block (vLLM's find_seq_idx)."""
+    lo: tl.int32 = 0
+    hi = num_reqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(qsl_ptr + mid) // BLOCK_Q + mid <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _paged_attention_prefill_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr, num_reqs,
+    stride_qt: tl.int64, stride_qh, stride_bt: tl.int64, stride_block: tl.int64,
+    stride_slot: tl.int64, stride_head, stride_ot: tl.int64, stride_oh,
+    head_size, group, qk_scale, window,
+    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, USE_WINDOW: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    # program (q block, kv head): BLOCK_Q query tokens x `group` heads = rows of one tile
+    q_block = tl.program_id(0)
+    kvh = tl.program_id(1)
+    req = _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q)
+    q_start = tl.load(qsl_ptr + req)
+    q_len = tl.load(qsl_ptr + req + 1) - q_start
+    local = q_block - (q_start // BLOCK_Q + req)
+    if local * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    ctx = seq_len - q_len  # cached prefix length
+    r = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, HEAD_PAD)
+    tok = local * BLOCK_Q + r // group  # [BLOCK_M] index within the request's query
+    heads = kvh * group + r % group
+    rmask = (r < BLOCK_Q * group) & (tok < q_len)
+    qmask = rmask[:, None] & (d < head_size)[None, :]
+    row = (q_start + tok).to(tl.int64)
+    q = tl.load(q_ptr + row[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                mask=qmask, other=0.0)  # [BLOCK_M, HEAD_PAD]
+    kv_end = tl.minimum(seq_len, ctx + (local + 1) * BLOCK_Q)  # keys the last row can see
+    t_begin = 0
+    if USE_WINDOW:  # keys the first row can see start at its position - window + 1
+        t_begin = tl.maximum(ctx + local * BLOCK_Q - window + 1, 0) // TILE_N
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m_i, l_i = _attend_tiles(
+        q, acc, m_i, l_i, k_ptr, v_ptr, bt_ptr + req.to(tl.int64) * stride_bt,
+        kvh * stride_head, ctx + tok, seq_len, t_begin, tl.cdiv(kv_end, TILE_N), stride_block,
+        stride_slot, qk_scale, head_size, window, BLOCK_SIZE, TILE_N, HEAD_PAD, True,
+        USE_WINDOW, DOT_PREC)
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(out_ptr + row[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=qmask)
+
+
+def _check_cache(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                 seq_lens: torch.Tensor, num_reqs: int) -> tuple[int, int, int]:
+    """Validate the shared arguments; -> (block_size, num_kv_heads, group)."""
+    check_float("q", q)
+    check(q.dim() == 3 and q.stride(2) == 1, f"q must be [num_tokens, num_heads, head_size] "
+          f"with a contiguous last dimension, got {tuple(q.shape)}")
+    check(kv_cache.dim() == 5 and kv_cache.shape[0] == 2 and kv_cache.shape[4] == q.shape[2]
+          and kv_cache.stride(4) == 1, "kv_cache must be [2, num_blocks, block_size, "
+          f"num_kv_heads, {q.shape[2]}] with a contiguous last dimension, got "
+          f"{tuple(kv_cache.shape)}")
+    check_float("kv_cache", kv_cache)
+    nkv = kv_cache.shape[3]
+    check(q.shape[1] % nkv == 0, f"num_heads {q.shape[1]} must be a multiple of num_kv_heads "
+          f"{nkv}")
+    check(block_table.dim() == 2 and block_table.shape[0] >= num_reqs
+          and block_table.dtype == torch.int32 and block_table.stride(1) == 1,
+          f"block_table must be [>= {num_reqs}, max_blocks] int32, got "
+          f"{tuple(block_table.shape)} {block_table.dtype}")
+    check(seq_lens.dim() == 1 and seq_lens.shape[0] == num_reqs and seq_lens.dtype == torch.int32,
+          f"seq_lens must be [{num_reqs}] int32, got {tuple(seq_lens.shape)} {seq_lens.dtype}")
+    check_same_device(q=q, kv_cache=kv_cache, block_table=block_table, seq_lens=seq_lens)
+    return kv_cache.shape[2], nkv, q.shape[1] // nkv
+
+
+def _out(q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    if out is None:
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+    check(out.shape == q.shape and out.dtype == q.dtype and out.stride(2) == 1,
+          f"out must match q: {tuple(q.shape)} {q.dtype}")
+    return out
+
+
+def _check_window(sliding_window: int | None) -> None:
+    check(sliding_window is None or (isinstance(sliding_window, int) and sliding_window > 0),
+          f"sliding_window must be a positive int or None, got {sliding_window!r}")
+
+
+def _tile_n(tile_n: int, head_pad: int) -> int:
+    """KV tile rows: a power of two >= 16 (tl.dot's K), at most 32 for heads over 128 lanes."""
+    check(tile_n >= 16 and tile_n & (tile_n - 1) == 0, f"tile_n must be a power of 2 >= 16, "
+          f"got {tile_n}")
+    return min(tile_n, 32) if head_pad > 128 else tile_n
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the Triton interpreter on CPU: keep test grids small
+
+
+def paged_attention_decode(
+    q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+    seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
+    sliding_window: int | None = None, num_splits: int | None = None, tile_n: int = 64,
+    num_warps: int = 4, num_stages: int = 2,
+) -> torch.Tensor:
+    """One query token per request. q: [num_reqs, nq, hd] -> out [num_reqs, nq, hd].
+
+    sliding_window: each query sees its last `sliding_window` positions (None: all).
+    num_splits: KV splits per (request, kv head) (flash-decoding); default fills the SMs.
+    """
+    _check_window(sliding_window)
+    n, nq, hd = q.shape
+    block_size, nkv, group = _check_cache(q, kv_cache, block_table, seq_lens, n)
+    out = _out(q, out)
+    if n == 0:
+        return out
+    if num_splits is None:  # flash-decoding only while (request, kv head) pairs leave SMs idle
+        sms = _num_sms(q.device)
+        num_splits = 1 if n * nkv >= sms else min(64, triton.cdiv(4 * sms, n * nkv))
+    check(1 <= num_splits <= 256, f"num_splits must be in [1, 256], got {num_splits}")
+    head_pad = max(16, triton.next_power_of_2(hd))
+    tile_n = _tile_n(tile_n, head_pad)
+    split = num_splits > 1
+    part_acc = torch.empty(n, nq, num_splits, head_pad, dtype=torch.float32, device=q.device)
+    part_ml = torch.empty(n, nq, num_splits, 2, dtype=torch.float32, device=q.device)
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    _paged_attention_decode_kernel[(n, nkv, num_splits)](
+        q, kv_cache[0], kv_cache[1], block_table, seq_lens, out, part_acc, part_ml,
+        q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(1), kv_cache.stride(2),
+        kv_cache.stride(3), out.stride(0), out.stride(1), nq, hd, group, scale * LOG2E,
+        num_splits, sliding_window or 0, BLOCK_SIZE=block_size, TILE_N=tile_n,
+        HEAD_PAD=head_pad, BLOCK_H=max(16, triton.next_power_of_2(group)), SPLIT=split,
+        USE_WINDOW=sliding_window is not None, DOT_PREC=prec,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if split:
+        _paged_attention_decode_reduce_kernel[(n, nq)](
+            part_acc, part_ml, out, out.stride(0), out.stride(1), nq, hd, num_splits,
+            HEAD_PAD=head_pad, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+        )
+    return out
+
+
+def paged_attention_prefill(
+    q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor, block_table: torch.Tensor, scale: float,
+    out: torch.Tensor | None = None, sliding_window: int | None = None, block_m: int = 64,
+    tile_n: int = 64, num_warps: int | None = None, num_stages: int = 2,
+) -> torch.Tensor:
+    """Varlen causal attention over cached prefixes. q: [num_tokens, nq, hd] -> same shape.
+
+    Any query lengths (1 included), so a mixed prefill + decode batch can use it whole.
+    """
+    _check_window(sliding_window)
+    num_reqs = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
+    check(query_start_loc.dim() == 1 and query_start_loc.shape[0] == num_reqs + 1
+          and query_start_loc.dtype == torch.int32,
+          f"query_start_loc must be [num_reqs + 1] int32, got {tuple(query_start_loc.shape)} "
+          f"{query_start_loc.dtype}")
+    n, nq, hd = q.shape
+    block_size, nkv, group = _check_cache(q, kv_cache, block_table, seq_lens, num_reqs)
+    check_same_device(q=q, query_start_loc=query_start_loc)
+    out = _out(q, out)
+    if n == 0 or num_reqs == 0:
+        return out
+    block_m = max(block_m, 16, triton.next_power_of_2(group))
+    block_q = block_m // group
+    head_pad = max(16, triton.next_power_of_2(hd))
+    tile_n = _tile_n(tile_n, head_pad)
+    _paged_attention_prefill_kernel[(n // block_q + num_reqs, nkv)](
+        q, kv_cache[0], kv_cache[1], block_table, seq_lens, query_start_loc, out, num_reqs,
+        q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(1), kv_cache.stride(2),
+        kv_cache.stride(3), out.stride(0), out.stride(1), hd, group, scale * LOG2E,
+        sliding_window or 0, BLOCK_SIZE=block_size, TILE_N=tile_n,
+        HEAD_PAD=head_pad, BLOCK_M=block_m, BLOCK_Q=block_q,
+        USE_WINDOW=sliding_window is not None,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps or (4 if head_pad <= 128 else 8), num_stages=num_stages,
+    )
+    return out
+
+
+def paged_attention_prefill_ref(
+    q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor, block_table: torch.Tensor, scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """The engine's paged_attention_ref (engine/layers/attention.py) on the same metadata."""
+    qsl, lens = query_start_loc.tolist(), seq_lens.tolist()
+    out = torch.zeros_like(q)  # a request with seq_len 0 has nothing to attend to: zeros
+    for i, seq_len in enumerate(lens):
+        s, e = qsl[i], qsl[i + 1]
+        if seq_len > 0 and e > s:
+            md = AttentionMetadata(num_actual_tokens=e - s, slot_mapping=torch.empty(0),
+                                   query_start_loc=[0, e - s], seq_lens=[seq_len],
+                                   block_table=block_table[i : i + 1])
+            out[s:e] = paged_attention_ref(q[s:e], kv_cache, md, scale, sliding_window)
+    return out
+
+
+def paged_attention_decode_ref(
+    q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+    seq_lens: torch.Tensor, scale: float, sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Decode is prefill with one query token per request."""
+    qsl = torch.arange(q.shape[0] + 1, dtype=torch.int32)
+    return paged_attention_prefill_ref(q, kv_cache, qsl, seq_lens, block_table, scale,
+                                       sliding_window)

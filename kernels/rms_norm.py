@@ -1,0 +1,92 @@
+"""RMSNorm and fused residual-add + RMSNorm in Triton, one program per token row.
+
+Mirrors vllm/model_executor/layers/layernorm.py (RMSNorm.forward_cuda: ops.rms_norm and the
+in-place ops.fused_add_rms_norm of csrc/layernorm_kernels.cu) with the engine's rounding
+(engine/layers/layernorm.py): the residual sum is rounded to the activation dtype first,
+statistics and the weight product are in fp32, the result is rounded once. weight_offset=1
+gives GemmaRMSNorm's x * (1 + w).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.layers.layernorm import GemmaRMSNorm, RMSNorm
+from kernels._common import check, check_float, check_same_device
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, hidden, stride_x, stride_res, stride_out, eps, weight_offset,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # one program: one row of `hidden` values; x, res, out rows: [hidden]; w: [hidden]
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded like torch's x + r
+        tl.store(res_ptr + row * stride_res + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, axis=0) / hidden
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + weight_offset
+    y = xf * tl.math.rsqrt(var + eps) * w
+    tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch(x, residual, weight, out, eps, weight_offset):
+    check_float("x", x)
+    check(x.dim() == 2 and x.stride(1) == 1, f"x must be [num_tokens, hidden] with a contiguous "
+          f"last dimension, got {tuple(x.shape)} strides {x.stride()}")
+    n, h = x.shape
+    check(weight.shape == (h,) and weight.is_contiguous(), f"weight must be [{h}], got "
+          f"{tuple(weight.shape)}")
+    check_float("weight", weight)
+    check_same_device(x=x, weight=weight)
+    check(weight_offset in (0.0, 1.0), f"weight_offset must be 0 or 1, got {weight_offset}")
+    if residual is not None:
+        check(residual.shape == x.shape and residual.dtype == x.dtype
+              and residual.stride(1) == 1, "residual must match x's shape and dtype")
+        check_same_device(x=x, residual=residual)
+    if n == 0:
+        return
+    block = triton.next_power_of_2(h)
+    check(block <= 65536, f"hidden size {h} is larger than this kernel's 65536 limit")
+    _rms_norm_kernel[(n,)](
+        x, residual if residual is not None else x, weight, out, h, x.stride(0),
+        residual.stride(0) if residual is not None else 0, out.stride(0), float(eps),
+        float(weight_offset),
+        HAS_RESIDUAL=residual is not None, BLOCK=block,
+        num_warps=min(16, max(1, block // 512)),
+    )
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0
+) -> torch.Tensor:
+    """x: [num_tokens, hidden], weight: [hidden] -> new [num_tokens, hidden] in x's dtype."""
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _launch(x, None, weight, out, eps, weight_offset)
+    return out
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+    weight_offset: float = 0.0,
+) -> None:
+    """In place, as vLLM's op: residual <- x + residual; x <- rms_norm(residual) * weight."""
+    _launch(x, residual, weight, x, eps, weight_offset)
+
+
+def rms_norm_ref(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+    weight_offset: float = 0.0,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The engine's RMSNorm / GemmaRMSNorm forward (engine/layers/layernorm.py)."""
+    norm = (GemmaRMSNorm if weight_offset == 1.0 else RMSNorm)(x.shape[-1], eps)
+    norm.weight.data = weight
+    return norm(x) if residual is None else norm(x, residual)

@@ -1,0 +1,67 @@
+"""Shared setup of the kernel tests (tests/test_kernels_*.py) and kernels/_common.py's checks.
+
+The kernel tests run on CUDA when a device is present; otherwise on CPU under the Triton
+interpreter (TRITON_INTERPRET=1, set here before any kernels/ module defines its
+@triton.jit functions), on small shapes and in fp32/fp16 (the interpreter rounds bf16 by
+truncation, the GPU to nearest). Tests marked gpu need CUDA: large and Llama-shaped inputs,
+64-bit offsets. Oracle for every kernel: its *_ref, which runs the engine's torch path.
+Mirrors vLLM 0.33 tests/kernels/allclose_default.py (default tolerances).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+ON_CUDA = torch.cuda.is_available()
+if not ON_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton", reason="kernels/ need triton (pip install triton); issue 7")
+
+from engine.errors import InvalidArgumentError  # noqa: E402
+from kernels._common import check, check_float, check_same_device  # noqa: E402
+from kernels.activation import _silu_and_mul_kernel  # noqa: E402
+
+DEVICE = "cuda" if ON_CUDA else "cpu"
+if not ON_CUDA and type(_silu_and_mul_kernel).__name__ != "InterpretedFunction":
+    pytest.skip("no CUDA device and kernels/ were compiled without TRITON_INTERPRET=1",
+                allow_module_level=True)
+# dtypes the kernels are tested in on this machine
+DTYPES = [torch.float16, torch.bfloat16, torch.float32] if ON_CUDA else [torch.float32,
+                                                                         torch.float16]
+
+
+def gpu(fn):
+    """Mark a test gpu and skip it without a CUDA device."""
+    return pytest.mark.gpu(pytest.mark.skipif(not ON_CUDA, reason="needs a CUDA device")(fn))
+
+
+
+ATOL = {torch.float16: 1e-3, torch.bfloat16: 1e-3, torch.float32: 1e-5}
+RTOL = {torch.float16: 1e-3, torch.bfloat16: 1.6e-2, torch.float32: 1.3e-6}
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float | None = None,
+                 rtol: float | None = None) -> None:
+    torch.testing.assert_close(actual, expected, atol=ATOL[expected.dtype] if atol is None
+                               else atol, rtol=RTOL[expected.dtype] if rtol is None else rtol)
+
+
+def test_check_raises_invalid_argument() -> None:
+    check(True, "unused")
+    with pytest.raises(InvalidArgumentError, match="bad shape"):
+        check(False, "bad shape")
+
+
+def test_check_float_names_the_dtype() -> None:
+    check_float("x", torch.zeros(1, dtype=torch.bfloat16))
+    with pytest.raises(InvalidArgumentError, match="x must be float32.*torch.int64"):
+        check_float("x", torch.zeros(1, dtype=torch.int64))
+
+
+def test_check_same_device() -> None:
+    check_same_device(a=torch.zeros(1), b=torch.zeros(1))
+    with pytest.raises(InvalidArgumentError, match="a, b must be on one device"):
+        check_same_device(a=torch.zeros(1), b=torch.zeros(1, device="meta"))

@@ -1,0 +1,138 @@
+"""kernels/gguf_gemm.py: dequantize, GEMV, fused GEMM and the M dispatch over raw GGUF blocks.
+
+Oracle: engine/gguf/dequant.py dequantize (bit-exact vs the gguf package, see
+tests/test_gguf_dequant.py) then an fp32 matmul (gguf_gemm_ref). Inputs: random block bytes
+(every bit pattern) with finite fp16 scale fields, as tests/test_gguf_dequant.py builds them.
+Mirrors vLLM 0.33 tests/kernels/quantization/test_ggml.py / vllm-gguf-plugin's kernel tests
+(dequantize, mul_mat_vec, mul_mat per type against a dequantized reference).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_kernels_common import DEVICE, gpu
+
+from engine.errors import InvalidArgumentError, UnsupportedError
+from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
+from kernels.gguf_gemm import (
+    gguf_dequantize,
+    gguf_dequantize_ref,
+    gguf_gemm,
+    gguf_gemm_ref,
+    gguf_gemv,
+    gguf_mmq,
+)
+
+TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
+         GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
+# byte offsets of the fp16 scale fields of each block
+FP16_FIELDS = {GGMLType.Q4_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_0: (0,),
+               GGMLType.Q5_1: (0, 2), GGMLType.Q8_0: (0,), GGMLType.Q4_K: (0, 2),
+               GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
+
+
+def random_weight(qtype: GGMLType, n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """[n, row_bytes] uint8 of random blocks whose fp16 scales are finite (~N(0, 0.05))."""
+    g = torch.Generator().manual_seed(seed)
+    block, size = GGML_TYPE_TRAITS[qtype]
+    blocks = torch.randint(0, 256, (n * k // block, size), dtype=torch.uint8, generator=g)
+    for at in FP16_FIELDS[qtype]:
+        scale = (torch.randn(blocks.shape[0], generator=g) * 0.05).half()
+        blocks[:, at : at + 2] = scale.view(torch.uint8).view(-1, 2)
+    return blocks.view(n, -1).to(DEVICE)
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_dequantize_matches_engine(qtype: GGMLType) -> None:
+    w = random_weight(qtype, 5, 512 + 256)  # 3 super-blocks / 24 blocks per row
+    out = gguf_dequantize(w, qtype, torch.float32)
+    # the interpreter does the engine's float ops in its order; GPU code may fuse a mul-add
+    assert _rel_err(out, gguf_dequantize_ref(w, qtype, torch.float32)) <= 1e-6
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("m,block_m", [(1, 1), (3, 4)])
+def test_gemv_matches_engine(qtype: GGMLType, m: int, block_m: int) -> None:
+    w = random_weight(qtype, 19, 512, seed=1)  # 19 rows: a partial BLOCK_N
+    x = torch.randn(m, 512, device=DEVICE)
+    assert _rel_err(gguf_gemv(x, w, qtype, block_m=block_m), gguf_gemm_ref(x, w, qtype)) < 1e-5
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_mmq_matches_engine(qtype: GGMLType) -> None:
+    w = random_weight(qtype, 20, 512, seed=2)
+    x = torch.randn(17, 512, device=DEVICE)  # partial BLOCK_M
+    assert _rel_err(gguf_mmq(x, w, qtype, config=(16, 16, 4, 2)), gguf_gemm_ref(x, w, qtype)) < 1e-5
+
+
+@pytest.mark.parametrize("k", [32 * 18, 32 * 3])  # SmolLM2's 576; fewer blocks than a step
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_1, GGMLType.Q8_0])
+def test_rows_that_end_inside_a_step(qtype: GGMLType, k: int) -> None:
+    w = random_weight(qtype, 9, k, seed=3)
+    x = torch.randn(2, k, device=DEVICE)
+    ref = gguf_gemm_ref(x, w, qtype)
+    assert _rel_err(gguf_gemv(x, w, qtype, block_m=2), ref) < 1e-5
+    assert _rel_err(gguf_mmq(x, w, qtype, config=(16, 16, 4, 2)), ref) < 1e-5
+    assert _rel_err(gguf_dequantize(w, qtype, torch.float32), gguf_dequantize_ref(w, qtype,
+                    torch.float32)) <= 1e-6
+
+
+@pytest.mark.parametrize("m", [0, 1, 5, 300])
+def test_gemm_dispatch_by_token_count(m: int) -> None:
+    w = random_weight(GGMLType.Q4_K, 8, 256, seed=4)
+    x = torch.randn(m, 256, device=DEVICE)
+    y = gguf_gemm(x, w, GGMLType.Q4_K)
+    assert y.shape == (m, 8)
+    if m:
+        assert _rel_err(y, gguf_gemm_ref(x, w, GGMLType.Q4_K)) < 1e-5
+
+
+def test_bad_weights_are_rejected_before_launch() -> None:
+    w = random_weight(GGMLType.Q4_K, 4, 256)
+    x = torch.randn(1, 256, device=DEVICE)
+    with pytest.raises(UnsupportedError, match="do not support type Q2_K"):
+        gguf_gemv(x, w, GGMLType.Q2_K)
+    with pytest.raises(InvalidArgumentError, match="not a whole number of 144-byte blocks"):
+        gguf_gemv(x, w[:, :100], GGMLType.Q4_K)
+    with pytest.raises(InvalidArgumentError, match=r"x must be \[num_tokens, 256\]"):
+        gguf_gemm(torch.randn(1, 512, device=DEVICE), w, GGMLType.Q4_K)
+    with pytest.raises(InvalidArgumentError, match="qweight must be"):
+        gguf_dequantize(w.view(-1), GGMLType.Q4_K)
+    with pytest.raises(InvalidArgumentError, match="qweight must be"):
+        gguf_mmq(x, w.float(), GGMLType.Q4_K)
+
+
+LLAMA_SHAPES = [(14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096)]  # (N, K)
+
+
+@gpu
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K])
+@pytest.mark.parametrize("n,k", LLAMA_SHAPES)
+@pytest.mark.parametrize("m", [1, 4, 64, 512])
+def test_llama_shapes_bf16(qtype: GGMLType, n: int, k: int, m: int) -> None:
+    w = random_weight(qtype, n, k, seed=5)
+    x = torch.randn(m, k, dtype=torch.bfloat16, device=DEVICE)
+    ref = (x.float() @ gguf_dequantize_ref(w, qtype, torch.float32).T)
+    # bf16 inputs/outputs; the fused GEMM also rounds the weights to bf16
+    assert _rel_err(gguf_gemm(x, w, qtype), ref) < 2e-2
+
+
+@gpu
+def test_weights_over_2gb_use_64bit_offsets() -> None:
+    # Q8_0 4096-wide rows are 4352 bytes: 500k rows = 2.18 GB > 2^31 bytes (CVE-2026-53923)
+    n, k = 500_000, 4096
+    w = torch.zeros(n, 4352, dtype=torch.uint8, device=DEVICE)
+    tail = random_weight(GGMLType.Q8_0, 64, k, seed=6)
+    w[-64:] = tail
+    x = torch.randn(1, k, device=DEVICE)
+    y = gguf_gemv(x, w, GGMLType.Q8_0)
+    assert _rel_err(y[:, -64:], gguf_gemm_ref(x, tail, GGMLType.Q8_0)) < 1e-5
+    assert not y[:, :-64].any()
+    d = gguf_dequantize(w, GGMLType.Q8_0, torch.bfloat16)
+    assert torch.equal(d[-64:], gguf_dequantize_ref(tail, GGMLType.Q8_0, torch.bfloat16))
+

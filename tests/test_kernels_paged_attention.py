@@ -1,0 +1,135 @@
+"""kernels/paged_attention.py decode and prefill/extend against the engine's paged attention.
+
+Oracle: paged_attention_{prefill,decode}_ref = engine/layers/attention.py paged_attention_ref
+(one SDPA per request over the gathered blocks, causal over the cached prefix, GQA,
+sliding window). Mirrors vLLM 0.33 tests/kernels/attention/test_triton_unified_attention.py
+(varlen (query_len, kv_len) sets, head pairs (4, 4) (8, 2) (5, 1), random block tables,
+sliding windows, tolerance 2e-2 in bf16) and test_triton_decode_attention.py (split-KV).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_kernels_common import DEVICE, ON_CUDA, gpu
+
+from engine.errors import InvalidArgumentError
+from kernels.paged_attention import (
+    paged_attention_decode,
+    paged_attention_decode_ref,
+    paged_attention_prefill,
+    paged_attention_prefill_ref,
+)
+
+NUM_HEADS = [(4, 4), (8, 2), (5, 1)]
+TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def _case(seq_lens, nq, nkv, hd, bs, dtype, num_blocks=None, seed=0):
+    """-> q [T, nq, hd], kv_cache, query_start_loc, seq_lens, block_table (random blocks)."""
+    torch.manual_seed(seed)
+    q_lens = [q for q, _ in seq_lens]
+    kv_lens = [k for _, k in seq_lens]
+    max_blocks = max(1, max((k + bs - 1) // bs for k in kv_lens))
+    num_blocks = num_blocks or len(seq_lens) * max_blocks + 3
+    q = torch.randn(sum(q_lens), nq, hd, dtype=dtype, device=DEVICE)
+    kv = torch.randn(2, num_blocks, bs, nkv, hd, dtype=dtype, device=DEVICE)
+    qsl = torch.tensor([0, *q_lens], device=DEVICE).cumsum(0).to(torch.int32)
+    lens = torch.tensor(kv_lens, dtype=torch.int32, device=DEVICE)
+    bt = torch.randint(0, num_blocks, (len(seq_lens), max_blocks), dtype=torch.int32,
+                       device=DEVICE)
+    return q, kv, qsl, lens, bt
+
+
+def _close(out, ref, dtype):
+    torch.testing.assert_close(out.float(), ref.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+SMALL_SEQS = [[(1, 13), (5, 18), (9, 9)], [(1, 5), (1, 1), (1, 33)], [(7, 7)]]
+
+
+@pytest.mark.parametrize("seq_lens", SMALL_SEQS)
+@pytest.mark.parametrize("nq,nkv", NUM_HEADS)
+@pytest.mark.parametrize("hd,bs,window,dtype", [
+    (32, 4, None, torch.float32),  # head_size 40 pads to 64 lanes; block 16 > tile rows
+    (40, 16, 5, torch.float16 if not ON_CUDA else torch.bfloat16),
+])
+def test_prefill_matches_engine(seq_lens, nq, nkv, hd, bs, window, dtype) -> None:
+    q, kv, qsl, lens, bt = _case(seq_lens, nq, nkv, hd, bs, dtype)
+    out = paged_attention_prefill(q, kv, qsl, lens, bt, hd**-0.5, sliding_window=window,
+                                  block_m=16, tile_n=16)
+    _close(out, paged_attention_prefill_ref(q, kv, qsl, lens, bt, hd**-0.5, window), dtype)
+
+
+@pytest.mark.parametrize("kv_lens", [[13, 1, 40], [0, 7]])
+@pytest.mark.parametrize("nq,nkv", NUM_HEADS)
+@pytest.mark.parametrize("num_splits,window", [(1, None), (3, 6)])
+def test_decode_matches_engine(kv_lens, nq, nkv, num_splits, window) -> None:
+    dtype = torch.float32 if not ON_CUDA else torch.bfloat16
+    q, kv, _, lens, bt = _case([(1, k) for k in kv_lens], nq, nkv, 32, 4, dtype)
+    out = paged_attention_decode(q, kv, bt, lens, 32**-0.5, sliding_window=window,
+                                 num_splits=num_splits, tile_n=16)
+    _close(out, paged_attention_decode_ref(q, kv, bt, lens, 32**-0.5, window), dtype)
+
+
+def test_decode_equals_prefill_with_one_token_per_request() -> None:
+    q, kv, qsl, lens, bt = _case([(1, 21), (1, 3)], 8, 2, 32, 4, torch.float32)
+    a = paged_attention_decode(q, kv, bt, lens, 0.2, num_splits=2, tile_n=16)
+    b = paged_attention_prefill(q, kv, qsl, lens, bt, 0.2, block_m=16, tile_n=16)
+    _close(a, b, torch.float32)
+
+
+def test_attention_rejects_bad_metadata() -> None:
+    q, kv, qsl, lens, bt = _case([(2, 5)], 4, 2, 16, 4, torch.float32)
+    with pytest.raises(InvalidArgumentError, match="must be a multiple of num_kv_heads"):
+        paged_attention_prefill(q[:, :3], kv, qsl, lens, bt, 1.0)
+    with pytest.raises(InvalidArgumentError, match="block_table must be"):
+        paged_attention_prefill(q, kv, qsl, lens, bt.long(), 1.0)
+    with pytest.raises(InvalidArgumentError, match="query_start_loc must be"):
+        paged_attention_prefill(q, kv, qsl[:1], lens, bt, 1.0)
+    with pytest.raises(InvalidArgumentError, match="seq_lens must be"):
+        paged_attention_decode(q[:1], kv, bt, lens.long(), 1.0)
+    with pytest.raises(InvalidArgumentError, match="sliding_window must be"):
+        paged_attention_decode(q[:1], kv, bt, lens, 1.0, sliding_window=0)
+    with pytest.raises(InvalidArgumentError, match="kv_cache must be"):
+        paged_attention_decode(q[:1], kv[..., :8], bt, lens, 1.0)
+    with pytest.raises(InvalidArgumentError, match="tile_n must be a power of 2 >= 16"):
+        paged_attention_decode(q[:1], kv, bt, lens, 1.0, tile_n=8)
+
+
+UPSTREAM_SEQS = [[(1, 1328), (5, 18), (129, 463)], [(1, 523), (1, 37), (1, 2011)]]
+
+
+@gpu
+@pytest.mark.parametrize("seq_lens", UPSTREAM_SEQS)
+@pytest.mark.parametrize("nq,nkv", NUM_HEADS)
+@pytest.mark.parametrize("hd", [128, 256])
+@pytest.mark.parametrize("window", [None, 64, 256])
+def test_prefill_upstream_shapes(seq_lens, nq, nkv, hd, window) -> None:
+    q, kv, qsl, lens, bt = _case(seq_lens, nq, nkv, hd, 16, torch.bfloat16, num_blocks=2048)
+    out = paged_attention_prefill(q, kv, qsl, lens, bt, hd**-0.5, sliding_window=window)
+    ref = paged_attention_prefill_ref(q, kv, qsl, lens, bt, hd**-0.5, window)
+    _close(out, ref, torch.bfloat16)
+
+
+@gpu
+@pytest.mark.parametrize("batch,kv_len", [(1, 32768), (7, 1000), (64, 1024)])
+def test_decode_llama_shapes(batch: int, kv_len: int) -> None:
+    q, kv, _, lens, bt = _case([(1, kv_len - i) for i in range(batch)], 32, 8, 128, 16,
+                               torch.bfloat16)
+    out = paged_attention_decode(q, kv, bt, lens, 128**-0.5)
+    _close(out, paged_attention_decode_ref(q, kv, bt, lens, 128**-0.5), torch.bfloat16)
+
+
+@gpu
+def test_attention_64bit_cache_offsets() -> None:
+    # a cache of 2 * 66000 * 16 * 8 * 128 > 2^31 elements; the blocks used sit at its end
+    q, kv, qsl, lens, bt = _case([(3, 40), (1, 20)], 32, 8, 128, 16, torch.bfloat16,
+                                 num_blocks=66000)
+    assert kv.numel() > 2**31
+    bt = torch.randint(65990, 66000, bt.shape, dtype=torch.int32, device=DEVICE)
+    out = paged_attention_prefill(q, kv, qsl, lens, bt, 0.1)
+    _close(out, paged_attention_prefill_ref(q, kv, qsl, lens, bt, 0.1), torch.bfloat16)
+    dq = q[[2, 3]]
+    out = paged_attention_decode(dq, kv, bt, lens, 0.1)
+    _close(out, paged_attention_decode_ref(dq, kv, bt, lens, 0.1), torch.bfloat16)
