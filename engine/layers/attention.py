@@ -3,8 +3,12 @@
 Mirrors vllm/attention/layer.py (Attention) and the metadata shape of
 vllm/v1/attention/backends/*: one flat batch of query tokens from many requests,
 a slot mapping that says where each new K/V goes in the paged cache, and a block
-table per request. The GPU path replaces `_paged_attention` with Triton kernels
+table per request. The GPU path replaces `paged_attention_ref` with Triton kernels
 (kernels/); this reference stays as their test oracle and the CPU path.
+
+Sliding window (vLLM's `per_layer_sliding_window`): a query at position p sees keys at
+positions p - window + 1 .. p, as flash-attention's window (window - 1, 0) and
+transformers' sliding-window mask. The KV cache still keeps every block.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ class AttentionMetadata:
 class Attention(nn.Module):
     """Writes this step's K/V into the paged cache, then attends causally over it."""
 
-    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
+                 per_layer_sliding_window: int | None = None) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = scale
         self.num_kv_heads = num_kv_heads
+        self.sliding_window = per_layer_sliding_window  # None: full causal attention
         # [2, num_blocks, block_size, num_kv_heads, head_size], bound by the model runner
         self.kv_cache: torch.Tensor | None = None
 
@@ -46,7 +52,7 @@ class Attention(nn.Module):
         v = v.view(n, self.num_kv_heads, self.head_size)
         reshape_and_cache(k, v, self.kv_cache, md.slot_mapping)
         out = paged_attention_ref(q.view(n, self.num_heads, self.head_size), self.kv_cache, md,
-                                  self.scale)
+                                  self.scale, self.sliding_window)
         return out.reshape(n, self.num_heads * self.head_size)
 
 
@@ -60,7 +66,8 @@ def reshape_and_cache(
 
 
 def paged_attention_ref(
-    q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float
+    q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     # q: [num_tokens, nq, hd] -> [num_tokens, nq, hd]; one SDPA call per request
     block_size = kv_cache.shape[2]
@@ -74,7 +81,10 @@ def paged_attention_ref(
         vc = kv_cache[1, blocks].flatten(0, 1)[:seq_len]
         # query j sits at absolute position seq_len - q_len + j and sees keys <= it
         qpos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-        mask = torch.arange(seq_len, device=q.device)[None, :] <= qpos[:, None]
+        kpos = torch.arange(seq_len, device=q.device)[None, :]
+        mask = kpos <= qpos[:, None]  # [q_len, seq_len]
+        if sliding_window is not None:
+            mask &= kpos > qpos[:, None] - sliding_window
         group = q.shape[1] // kc.shape[1]  # GQA: each KV head serves `group` query heads
         kc = kc.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)  # [nq, seq, hd]
         vc = vc.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)

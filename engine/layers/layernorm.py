@@ -1,7 +1,9 @@
-"""RMSNorm with the fused residual-add form, as vllm/model_executor/layers/layernorm.py.
+"""RMSNorm and GemmaRMSNorm with the fused residual-add form, as
+vllm/model_executor/layers/layernorm.py.
 
 `forward(x, residual)` returns (norm(x + residual), x + residual) so a decoder layer
 carries the residual stream without extra adds (the GPU path fuses this in a kernel).
+GemmaRMSNorm scales by (1 + w) in fp32 and casts once at the end, as Gemma's reference.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
         self.variance_epsilon = eps
 
+    def _scale(self) -> torch.Tensor:
+        return self.weight.float()
+
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [num_tokens, hidden]; statistics in fp32 whatever the activation dtype
+        # x: [..., hidden]; statistics in fp32 whatever the activation dtype
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return (xf * self.weight.float()).to(x.dtype)
+        return (xf * self._scale()).to(x.dtype)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -29,3 +34,14 @@ class RMSNorm(nn.Module):
             return self._norm(x)
         x = x + residual
         return self._norm(x), x
+
+
+class GemmaRMSNorm(RMSNorm):
+    """x * (1 + w): checkpoints store w around 0 (GGUF stores 1 + w; the loader undoes it)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__(hidden_size, eps)
+        self.weight.data.zero_()
+
+    def _scale(self) -> torch.Tensor:
+        return self.weight.float() + 1.0

@@ -1,65 +1,96 @@
-"""Llama decoder-only model, structured as vllm/model_executor/models/llama.py.
+"""Llama (and Mistral) decoder-only model, structured as vllm/model_executor/models/llama.py.
 
-Fused projections as vLLM stacks them (qkv_proj, gate_up_proj); weights arrive as a
-dict of Hugging Face names from a loader (GGUF or safetensors) via `load_weights`.
+LlamaForCausalLM = LlamaModel (embed -> decoder layers -> norm) + lm_head. Fused projections
+as vLLM stacks them (qkv_proj, gate_up_proj); Llama 3 rope scaling and GGUF rope_freqs come
+through get_rope. Sliding window: per layer from `layer_types`, else the config's
+`sliding_window` on every layer (Mistral), as vLLM's cache_config.sliding_window.
+LlamaModel takes the decoder layer class so Qwen2/Qwen3/Mixtral reuse the skeleton, as
+vLLM's LlamaModel(layer_type=...) and Qwen2Model(decoder_layer_type=...).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from engine.errors import ModelLoadError
-from engine.layers.activation import SiluAndMul
+from engine.layers.activation import get_act_and_mul_fn
 from engine.layers.attention import Attention, AttentionMetadata
 from engine.layers.layernorm import RMSNorm
-from engine.layers.rotary_embedding import RotaryEmbedding
+from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from engine.layers.logits_processor import LogitsProcessor
+from engine.layers.rotary_embedding import get_rope
+from engine.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from engine.models.config import ModelArchConfig
-
-
-def _param(*shape: int) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+from engine.models.utils import load_weights
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str,
+                 bias: bool = False) -> None:
         super().__init__()
-        self.gate_up_proj = _param(2 * intermediate_size, hidden_size)
-        self.down_proj = _param(hidden_size, intermediate_size)
-        self.act_fn = SiluAndMul()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2,
+                                                       bias=bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
+        self.act_fn = get_act_and_mul_fn(hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.act_fn(F.linear(x, self.gate_up_proj)), self.down_proj)
+        # x: [num_tokens, hidden] -> [num_tokens, hidden]
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelArchConfig) -> None:
+    def __init__(self, cfg: ModelArchConfig, layer_idx: int, bias: bool = False,
+                 bias_o_proj: bool = False) -> None:
         super().__init__()
-        hd = cfg.head_dim
-        self.q_size = cfg.num_attention_heads * hd
-        self.kv_size = cfg.num_key_value_heads * hd
-        self.qkv_proj = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size)
-        self.o_proj = _param(cfg.hidden_size, self.q_size)
-        self.rotary_emb = RotaryEmbedding(hd, hd, cfg.max_position_embeddings, cfg.rope_theta)
-        self.attn = Attention(cfg.num_attention_heads, hd, hd**-0.5, cfg.num_key_value_heads)
+        hd = self.head_dim = cfg.head_dim
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.q_size = self.num_heads * hd
+        self.kv_size = self.num_kv_heads * hd
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, hd, self.num_heads, self.num_kv_heads,
+                                          bias=bias)
+        self.o_proj = RowParallelLinear(self.q_size, cfg.hidden_size, bias=bias_o_proj)
+        self.rotary_emb = get_rope(hd, cfg.max_position_embeddings,
+                                   cfg.layer_rope_parameters(layer_idx))
+        self.attn = Attention(self.num_heads, hd, self._scaling(cfg), self.num_kv_heads,
+                              per_layer_sliding_window=cfg.layer_sliding_window(layer_idx))
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, md: AttentionMetadata):
-        qkv = F.linear(x, self.qkv_proj)  # [num_tokens, q_size + 2 * kv_size]
+    def _scaling(self, cfg: ModelArchConfig) -> float:
+        return self.head_dim**-0.5
+
+    def _qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return q, k  # Qwen3 / Gemma 3 normalize each head here
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
+                md: AttentionMetadata) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden_states)  # [num_tokens, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self._qk_norm(q, k)
         q, k = self.rotary_emb(positions, q, k)
-        return F.linear(self.attn(q, k, v, md), self.o_proj)
+        return self.o_proj(self.attn(q, k, v, md))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelArchConfig) -> None:
+    def __init__(self, cfg: ModelArchConfig, layer_idx: int) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(cfg)
-        self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.self_attn = self._make_attn(cfg, layer_idx)
+        self.mlp = self._make_mlp(cfg, layer_idx)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, positions, hidden_states, residual, md: AttentionMetadata):
+    def _make_attn(self, cfg: ModelArchConfig, layer_idx: int) -> nn.Module:
+        return LlamaAttention(cfg, layer_idx, bias=cfg.attention_bias,
+                              bias_o_proj=cfg.attention_bias)
+
+    def _make_mlp(self, cfg: ModelArchConfig, layer_idx: int) -> nn.Module:
+        return LlamaMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act,
+                        bias=cfg.mlp_bias)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
+                residual: torch.Tensor | None, md: AttentionMetadata
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)
@@ -70,73 +101,52 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden_states), residual
 
 
-class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelArchConfig) -> None:
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelArchConfig, layer_type: type[nn.Module] = LlamaDecoderLayer,
+                 norm_type: type[RMSNorm] = RMSNorm) -> None:
         super().__init__()
-        self.config = cfg
-        self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else _param(
-            cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(layer_type(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = norm_type(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 md: AttentionMetadata) -> torch.Tensor:
         # input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden]
-        hidden_states = F.embedding(input_ids, self.embed_tokens)
+        hidden_states = self.embed_input_ids(input_ids)
         residual = None
         for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, residual, md)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
+
+class LlamaForCausalLM(nn.Module):
+    model_cls: type[nn.Module] = LlamaModel
+    layer_cls: type[nn.Module] = LlamaDecoderLayer
+
+    def __init__(self, cfg: ModelArchConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = self._make_model(cfg)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
+        self.logits_processor = LogitsProcessor(cfg.vocab_size)
+
+    def _make_model(self, cfg: ModelArchConfig) -> nn.Module:
+        return self.model_cls(cfg, self.layer_cls)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                md: AttentionMetadata) -> torch.Tensor:
+        return self.model(input_ids, positions, md)
+
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # [num_seqs, hidden] -> [num_seqs, vocab] in fp32
-        return F.linear(hidden_states, self.lm_head).float()
+        return self.logits_processor(self.lm_head, hidden_states)
 
-    # HF name -> (our parameter, shard offset in rows) for stacked parameters
-    _STACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-                "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy HF-named tensors into parameters; every parameter must be covered."""
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        for hf_name, w in weights.items():
-            name = hf_name.removeprefix("model.")
-            if name == "lm_head.weight" and self.config.tie_word_embeddings:
-                continue
-            parts = name.split(".")
-            stacked = self._STACKED.get(parts[-2]) if len(parts) >= 2 else None
-            if stacked:
-                target = ".".join(parts[:-2] + [stacked[0]])
-                self._copy_shard(params, target, stacked[1], w, hf_name)
-            else:
-                target = name if name in params else name.removesuffix(".weight")
-                self._copy_full(params, target, w, hf_name)
-            loaded.add(target)
-        missing = set(params) - loaded
-        if missing:
-            raise ModelLoadError(f"checkpoint is missing weights: {sorted(missing)[:5]}")
-
-    def _copy_full(self, params, target, w, hf_name) -> None:
-        p = params.get(target)
-        if p is None or p.shape != w.shape:
-            want = None if p is None else tuple(p.shape)
-            raise ModelLoadError(f"unexpected weight {hf_name} {tuple(w.shape)} (want {want})")
-        p.data = w.to(p.dtype).contiguous()
-
-    def _copy_shard(self, params, target, shard, w, hf_name) -> None:
-        p = params.get(target)
-        if p is None:
-            raise ModelLoadError(f"unexpected weight {hf_name}")
-        if target.endswith("qkv_proj"):
-            a = self.layers[0].self_attn
-            sizes = [a.q_size, a.kv_size, a.kv_size]
-        else:
-            sizes = [p.shape[0] // 2] * 2
-        start = sum(sizes[:shard])
-        if w.shape != (sizes[shard], p.shape[1]):
-            raise ModelLoadError(f"weight {hf_name} has shape {tuple(w.shape)}, "
-                                 f"want {(sizes[shard], p.shape[1])}")
-        p.data[start:start + sizes[shard]] = w.to(p.dtype)
+        return load_weights(self, weights)

@@ -1,0 +1,89 @@
+"""Linear layers with shard-aware weight loaders, as vllm/model_executor/layers/linear.py.
+
+Single-device forms of vLLM's classes, same names so tensor parallelism can slot in:
+ReplicatedLinear / RowParallelLinear (one weight), MergedColumnParallelLinear (gate_up:
+several outputs stacked on dim 0) and QKVParallelLinear (q, k, v stacked). Each parameter
+carries a `weight_loader(param, loaded, shard_id=None)` that checks the checkpoint shape
+before copying; forward returns the output tensor only (vLLM also returns the bias).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.errors import ModelLoadError
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    """Copy a whole tensor into `param`; a shape mismatch is a ModelLoadError."""
+    if tuple(param.shape) != tuple(loaded.shape):
+        raise ModelLoadError(f"weight has shape {tuple(loaded.shape)}, want {tuple(param.shape)}")
+    param.data.copy_(loaded.to(param.dtype))
+
+
+def _new_param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+class ReplicatedLinear(nn.Module):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.weight = _new_param(output_size, input_size)  # [out, in]
+        self.bias = _new_param(output_size) if bias else None
+        for p in (self.weight, self.bias):
+            if p is not None:
+                p.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
+                      shard_id: int | str | None = None) -> None:
+        default_weight_loader(param, loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [num_tokens, in] -> [num_tokens, out]
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(ReplicatedLinear):
+    pass
+
+
+class MergedColumnParallelLinear(ReplicatedLinear):
+    """Outputs of several projections stacked on dim 0; shard_id is the index."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+        self.output_sizes = list(output_sizes)
+        super().__init__(input_size, sum(output_sizes), bias)
+
+    def _shard_index(self, shard_id: int | str) -> int:
+        return int(shard_id)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
+                      shard_id: int | str | None = None) -> None:
+        if shard_id is None:
+            return default_weight_loader(param, loaded)
+        i = self._shard_index(shard_id)
+        start, size = sum(self.output_sizes[:i]), self.output_sizes[i]
+        want = (size, *param.shape[1:])
+        if tuple(loaded.shape) != want:
+            raise ModelLoadError(f"shard {shard_id!r} has shape {tuple(loaded.shape)}, "
+                                 f"want {want}")
+        param.data[start:start + size].copy_(loaded.to(param.dtype))
+
+
+class QKVParallelLinear(MergedColumnParallelLinear):
+    """q, k, v projections stacked: shard ids "q", "k", "v"."""
+
+    def __init__(self, hidden_size: int, head_size: int, total_num_heads: int,
+                 total_num_kv_heads: int, bias: bool = False) -> None:
+        self.head_size = head_size
+        self.num_heads = total_num_heads
+        self.num_kv_heads = total_num_kv_heads
+        q, kv = total_num_heads * head_size, total_num_kv_heads * head_size
+        super().__init__(hidden_size, [q, kv, kv], bias)
+
+    def _shard_index(self, shard_id: int | str) -> int:
+        return {"q": 0, "k": 1, "v": 2}[shard_id]

@@ -1,0 +1,29 @@
+"""LogitsProcessor: hidden states -> fp32 logits, as vllm/model_executor/layers/
+logits_processor.py (scale, then optional tanh soft cap: Gemma's final_logit_softcapping).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+
+class LogitsProcessor(nn.Module):
+    def __init__(self, vocab_size: int, soft_cap: float | None = None, scale: float = 1.0):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.soft_cap = soft_cap
+        self.scale = scale
+
+    def forward(self, lm_head: VocabParallelEmbedding, hidden_states: torch.Tensor
+                ) -> torch.Tensor:
+        # hidden_states: [num_seqs, hidden] -> [num_seqs, vocab] fp32
+        logits = F.linear(hidden_states, lm_head.weight).float()
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        if self.soft_cap is not None:
+            logits = torch.tanh(logits / self.soft_cap) * self.soft_cap
+        return logits

@@ -1,0 +1,72 @@
+"""Model loading: resolve a path, read a GGUF file or a Hugging Face directory, build the
+model and load its weights.
+
+Mirrors vllm/model_executor/model_loader/__init__.py (get_model_loader / load_model):
+a path is a .gguf file (or a directory holding exactly one), else a directory with
+config.json and safetensors files. Before any parameter memory is allocated, the model
+is built on the meta device and its parameter count checked against the elements the
+checkpoint actually holds, so a hostile config cannot ask for a giant allocation.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from engine.errors import ModelLoadError
+from engine.gguf.reader import GGUFReader
+from engine.model_loader import gguf_loader
+from engine.model_loader.safetensors_loader import load_hf_model
+from engine.models.config import ModelArchConfig
+from engine.models.registry import resolve_model_cls
+
+
+def resolve_model_path(path: str) -> tuple[str, str]:
+    """("gguf", file) or ("hf", directory) for `path`."""
+    if not os.path.exists(path):
+        raise ModelLoadError(f"model path does not exist: {path}")
+    if os.path.isfile(path):
+        return "gguf", path
+    ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
+    if len(ggufs) == 1:
+        return "gguf", os.path.join(path, ggufs[0])
+    if len(ggufs) > 1:
+        raise ModelLoadError(f"{path}: several .gguf files, pass one of them: {ggufs}")
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return "hf", path
+    raise ModelLoadError(f"{path}: no model found (expected a .gguf file or config.json)")
+
+
+def build_model(cls: type[nn.Module], cfg: ModelArchConfig, checkpoint_numel: int
+                ) -> nn.Module:
+    """`cls(cfg)` once its parameters are known to fit in what the checkpoint holds."""
+    with torch.device("meta"):
+        need = sum(p.numel() for p in cls(cfg).parameters())
+    if need > 2 * checkpoint_numel + (1 << 20):
+        raise ModelLoadError(f"the config describes {need} parameters but the checkpoint "
+                             f"holds {checkpoint_numel} values")
+    return cls(cfg)
+
+
+def load_model(path: str) -> tuple[nn.Module, ModelArchConfig, GGUFReader | str]:
+    """(model in eval mode, its config, tokenizer source).
+
+    The tokenizer source is the open GGUFReader (its metadata holds the vocabulary; the
+    caller closes it) or, for a Hugging Face directory, the directory path.
+    """
+    kind, resolved = resolve_model_path(path)
+    if kind == "hf":
+        model, cfg = load_hf_model(resolved, build_model)
+        return model.eval(), cfg, resolved
+    reader = GGUFReader(resolved)
+    try:
+        cfg = gguf_loader.arch_config_from_gguf(reader)
+        cls, _ = resolve_model_cls(list(cfg.architectures))
+        model = build_model(cls, cfg, gguf_loader.checkpoint_numel(reader))
+        model.load_weights(gguf_loader.gguf_weights_iterator(reader, cfg))
+    except BaseException:
+        reader.close()
+        raise
+    return model.eval(), cfg, reader

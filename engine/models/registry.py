@@ -1,0 +1,50 @@
+"""ModelRegistry: HF architecture name -> model class, as
+vllm/model_executor/models/registry.py (_TEXT_GENERATION_MODELS, resolve_model_cls).
+
+Model files are imported lazily, only when their architecture is asked for. Mistral is
+served by the Llama file, as in vLLM. GGUF files name their architecture differently
+(general.architecture); GGUF_ARCHITECTURES maps those names to the HF ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from torch import nn
+
+from engine.errors import UnsupportedError
+
+# HF architecture -> (module under engine.models, class name)
+_TEXT_GENERATION_MODELS = {
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+    "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
+}
+
+# GGUF general.architecture -> HF architecture
+GGUF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+}
+
+
+def get_supported_archs() -> list[str]:
+    return list(_TEXT_GENERATION_MODELS)
+
+
+def resolve_model_cls(architectures: list[str]) -> tuple[type[nn.Module], str]:
+    """The class of the first supported architecture in `architectures`, and its name."""
+    if not architectures:
+        raise UnsupportedError("No model architectures are specified")
+    for arch in architectures:
+        if arch in _TEXT_GENERATION_MODELS:
+            module, cls = _TEXT_GENERATION_MODELS[arch]
+            return getattr(importlib.import_module(f"engine.models.{module}"), cls), arch
+    raise UnsupportedError(f"Model architectures {list(architectures)} are not supported for "
+                           f"now. Supported architectures: {get_supported_archs()}")

@@ -1,0 +1,70 @@
+"""Checkpoint-name -> parameter weight loading shared by every model file.
+
+Mirrors vllm/model_executor/models/utils.py (AutoWeightsLoader) and the load_weights loops
+of vLLM's model files: a checkpoint tensor goes to an expert shard (FusedMoE mapping), a
+stacked shard (q/k/v -> qkv_proj, gate/up -> gate_up_proj) or a whole parameter, through the
+parameter's `weight_loader`. Unknown or duplicate names, wrong shapes and parameters left
+(partly) unloaded are ModelLoadErrors naming the tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from engine.errors import ModelLoadError
+from engine.layers.linear import default_weight_loader
+
+# (param fragment, checkpoint fragment, shard id), as vLLM's stacked_params_mapping
+STACKED_PARAMS_MAPPING = [
+    (".qkv_proj", ".q_proj", "q"),
+    (".qkv_proj", ".k_proj", "k"),
+    (".qkv_proj", ".v_proj", "v"),
+    (".gate_up_proj", ".gate_proj", 0),
+    (".gate_up_proj", ".up_proj", 1),
+]
+
+
+def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                 expert_params_mapping: list[tuple[str, str, int, str]] | None = None
+                 ) -> set[str]:
+    """Load (checkpoint name, tensor) pairs into `model`; returns the parameter names."""
+    params = dict(model.named_parameters())
+    filled = dict.fromkeys(params, 0)  # elements written per parameter
+    seen: set[tuple[str, tuple]] = set()
+    tied = model.config.tie_word_embeddings
+    for name, w in weights:
+        if "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight"):
+            continue
+        target, args, shard = _route(name, expert_params_mapping or [])
+        param = params.get(target)
+        if param is None:
+            raise ModelLoadError(f"unexpected weight {name!r} for {type(model).__name__}")
+        if (target, shard) in seen:
+            raise ModelLoadError(f"duplicate weight {name!r}")
+        seen.add((target, shard))
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        try:
+            loader(param, w, *args)
+        except ModelLoadError as e:
+            raise ModelLoadError(f"{name}: {e}") from None
+        filled[target] += w.numel()
+    partial = [n for n, p in params.items() if filled[n] != p.numel()]
+    if partial:
+        raise ModelLoadError(f"checkpoint is missing weights: {sorted(partial)[:5]}")
+    return set(params)
+
+
+def _route(name: str, expert_mapping: list[tuple[str, str, int, str]]
+           ) -> tuple[str, tuple, tuple]:
+    """Parameter name, extra weight_loader arguments and shard key for checkpoint `name`."""
+    for param_frag, weight_frag, expert_id, shard_id in expert_mapping:
+        if weight_frag in name:
+            return (name.replace(weight_frag, param_frag), (name, shard_id, expert_id),
+                    (shard_id, expert_id))
+    for param_frag, weight_frag, shard_id in STACKED_PARAMS_MAPPING:
+        if weight_frag in name:
+            return name.replace(weight_frag, param_frag), (shard_id,), (shard_id,)
+    return name, (), ()
