@@ -1,7 +1,9 @@
 # Makefile: the two documented entry points and the steps behind them.
-#   make run    set up .venv, fetch the default model, build, one chat turn
-#   make test   the same setup plus test extras, then ruff and pytest
-#   make clean  remove build/
+#   make run      set up .venv, fetch the default model, build, one chat turn
+#   make test     the same setup plus test extras (and Go for examples/go), then ruff and pytest
+#   make install  PREFIX=/usr/local: lib/libvllm.so.<major>, include/vllm.h,
+#                 lib/pkgconfig/libvllm.pc, bin/vllm-cli (DESTDIR is honoured)
+#   make clean    remove build/
 # build/libvllm.so is rebuilt only when C sources or the header change: it imports
 # capi/ and engine/ from this source tree at run time.
 
@@ -14,15 +16,33 @@ MODEL ?= $(DEFAULT_MODEL)
 MODEL_PACKAGE_VERSION := 0.1.2
 TORCH := torch==2.13.0
 CLI_CFLAGS := -std=c11 -O2 -Wall -Wextra -Werror -pedantic -Iinclude
+PREFIX ?= /usr/local
+ABI_MAJOR := $(shell sed -n 's/^\#define VLLM_ABI_VERSION_MAJOR \([0-9]*\)$$/\1/p' include/vllm.h)
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
 
-.PHONY: run test clean
+.PHONY: run test clean install go-toolchain
 
 run: build/vllm-cli $(MODEL)
 	build/vllm-cli chat -m $(MODEL) --prompt "What is the capital of France?"
 
-test: $(VENV)/.stamp-test build/libvllm.so build/vllm-cli $(DEFAULT_MODEL)
+test: $(VENV)/.stamp-test build/libvllm.so build/vllm-cli $(DEFAULT_MODEL) go-toolchain
 	$(VENV)/bin/ruff check .
 	$(VPY) -m pytest
+
+# examples/go needs a Go toolchain: Debian's golang-go when `go` is absent (as root).
+go-toolchain:
+	@command -v go >/dev/null 2>&1 || apt-get install -y -q golang-go >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null 2>&1 && apt-get install -y -q golang-go >/dev/null 2>&1; } || \
+		echo "warning: no Go toolchain; the Go example test will be skipped" >&2
+
+install: build/libvllm.so build/vllm-cli
+	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin
+	install -m 755 build/libvllm.so.$(ABI_MAJOR) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libvllm.so.$(ABI_MAJOR) $(DESTDIR)$(PREFIX)/lib/libvllm.so
+	install -m 644 include/vllm.h $(DESTDIR)$(PREFIX)/include/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' capi/libvllm.pc.in \
+		> $(DESTDIR)$(PREFIX)/lib/pkgconfig/libvllm.pc
+	install -m 755 build/vllm-cli $(DESTDIR)$(PREFIX)/bin/
 
 clean:
 	rm -rf build
@@ -51,4 +71,4 @@ build/libvllm.so: include/vllm.h capi/build.py capi/header.py $(wildcard capi/*.
 	$(VPY) capi/build.py
 
 build/vllm-cli: examples/cli/vllm-cli.c include/vllm.h build/libvllm.so
-	$(CC) $(CLI_CFLAGS) $< -o $@ -Lbuild -lvllm -Wl,-rpath,'$$ORIGIN'
+	$(CC) $(CLI_CFLAGS) $< -o $@ -Lbuild -lvllm -Wl,-rpath,'$$ORIGIN:$$ORIGIN/../lib'

@@ -7,9 +7,9 @@ C program needs no environment variable to run it (overrides: LIBVLLM_PYTHON,
 LIBVLLM_SOURCE_DIR). The library imports capi/ and engine/ from the source tree
 at run time: only C and header changes need a rebuild.
 
-Layout of the generated C file (cffi): cffi's support code, then capi/libvllm.c
-(every vllm.h function), then the cffi-generated bodies of the glue_* functions
-of capi/glue.h, which call into capi/glue.py.
+Layout of the generated C file (cffi): cffi's support code, then C_SOURCES (every
+vllm.h function), then the cffi-generated bodies of the glue_* functions of
+capi/glue.h, which call into capi/glue.py and the modules it imports.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from capi.header import GLUE_HEADER, ROOT, abi_version, api_cdef, cdef_source, r
 
 BUILD = ROOT / "build"
 MODULE = "_libvllm"
+C_SOURCES = ["libvllm.c", "shims.c", "stream_shims.c"]  # one translation unit, in order
 SONAME = f"libvllm.so.{abi_version()[0]}"
 
 # Runs inside the embedded interpreter on the first Python-backed call. Failures
@@ -83,7 +84,7 @@ def make_ffi() -> cffi.FFI:
     preamble = (
         f"#define VLLM_LIB_VERSION {c_string(project_version())}\n"
         f"#define VLLM_BUILD_PYTHON {c_string(build_python())}\n"
-        + (ROOT / "capi" / "libvllm.c").read_text(encoding="utf-8")
+        + "\n".join((ROOT / "capi" / name).read_text(encoding="utf-8") for name in C_SOURCES)
     )
     ffi.set_source(MODULE, preamble)
     return ffi

@@ -8,7 +8,8 @@
  *   sets the thread's last error on failure.
  * GLUE_C: helpers written in C (capi/libvllm.c) that the Python side calls.
  *
- * Engines cross the boundary as their registry key (the handle's integer value).
+ * Handles (engines, requests, OpenAI streams) cross the boundary as their registry key
+ * (the handle's integer value).
  * Nothing here is exported from libvllm.so (-fvisibility=hidden).
  */
 
@@ -38,6 +39,27 @@ vllm_status glue_request_abort(uint64_t engine, const char *request_id);
 vllm_status glue_engine_step(uint64_t engine, const vllm_request_output **outputs,
                              size_t *n_outputs);
 vllm_status glue_engine_num_unfinished(uint64_t engine, size_t *n);
+vllm_status glue_log_configure(void);
+vllm_status glue_token_to_piece(uint64_t engine, int32_t token, int32_t special, char *buf,
+                                size_t capacity, size_t *n_bytes);
+vllm_status glue_chat_template_render(uint64_t engine, const char *messages_json,
+                                      const char *tools_json, int32_t add_generation_prompt,
+                                      char **out);
+vllm_status glue_engine_metrics(uint64_t engine, vllm_metrics *out);
+vllm_status glue_engine_start_loop(uint64_t engine);
+vllm_status glue_request_submit(uint64_t engine, const char *request_id, const char *prompt,
+                                const int32_t *prompt_token_ids, size_t n_prompt_token_ids,
+                                const vllm_sampling_params *params, vllm_event_callback callback,
+                                void *user_data, uint64_t *request);
+vllm_status glue_request_next(uint64_t request, int32_t timeout_ms, const vllm_event **event);
+vllm_status glue_request_cancel(uint64_t request);
+vllm_status glue_request_free(uint64_t request);
+vllm_status glue_openai_request(uint64_t engine, const char *method, const char *endpoint,
+                                const char *body, int32_t *http_status, char **response_json,
+                                uint64_t *stream);
+vllm_status glue_openai_stream_next(uint64_t stream, int32_t timeout_ms, char **chunk_json);
+vllm_status glue_openai_stream_cancel(uint64_t stream);
+vllm_status glue_openai_stream_free(uint64_t stream);
 /* GLUE_PYTHON_END */
 
 /* GLUE_C_BEGIN */
@@ -49,6 +71,13 @@ void glue_set_start_error(const char *message);
 int glue_owns_interpreter(void);
 /* A malloc'd NUL-terminated copy of data[0..size), for vllm_string_free; NULL if OOM. */
 char *glue_strndup(const char *data, size_t size);
+/* The log callback's minimum level, or -1 when none is set (vllm_log_set). */
+int32_t glue_log_level(void);
+/* Hands one message to the log callback if it is set and level is high enough. */
+void glue_log(int32_t level, const char *message);
+/* Call a caller's callback (cffi releases the GIL around these calls). */
+void glue_emit_event(vllm_event_callback callback, const vllm_event *event, void *user_data);
+void glue_emit_progress(vllm_progress_callback callback, float progress, void *user_data);
 /* GLUE_C_END */
 
 #endif /* LIBVLLM_GLUE_H */

@@ -8,9 +8,13 @@
  *     buffer), start the runtime once, then call the Python side through the
  *     glue_* functions of capi/glue.h.
  *
- * This file is not compiled on its own: capi/build.py pastes it into the C file
- * that cffi generates (after Python.h and cffi's embedding support, which provides
- * cffi_start_python()), with VLLM_LIB_VERSION and VLLM_BUILD_PYTHON defined.
+ * The C files are not compiled on their own: capi/build.py pastes capi/libvllm.c
+ * (this file: last error, pure-C functions, callbacks, starting the runtime),
+ * capi/shims.c (the engine, tokenizer, chat template and caller-driven request
+ * shims) and capi/stream_shims.c (background loop, streaming, OpenAI layer), in this
+ * order, into the C file that cffi generates (after Python.h and cffi's embedding
+ * support, which provides cffi_start_python()), with VLLM_LIB_VERSION and
+ * VLLM_BUILD_PYTHON defined.
  */
 
 #include <pthread.h>
@@ -31,6 +35,10 @@
 
 static _Thread_local char *tls_error;
 static _Thread_local size_t tls_error_capacity;
+static pthread_key_t error_key; /* frees a thread's message when the thread exits */
+static pthread_once_t error_key_once = PTHREAD_ONCE_INIT;
+
+static void make_error_key(void) { (void)pthread_key_create(&error_key, free); }
 
 static void set_error(const char *message) {
     size_t n = strlen(message);
@@ -39,6 +47,8 @@ static void set_error(const char *message) {
         if (grown != NULL) {
             tls_error = grown;
             tls_error_capacity = n + 1;
+            pthread_once(&error_key_once, make_error_key);
+            (void)pthread_setspecific(error_key, grown);
         } else if (tls_error_capacity == 0) {
             return;
         } else {
@@ -103,6 +113,9 @@ VLLM_API const char *vllm_status_string(vllm_status status) {
         "VLLM_ERR_OUT_OF_RESOURCES",
         "VLLM_ERR_RUNTIME_INIT",
         "VLLM_ERR_INTERNAL",
+        "VLLM_ERR_TIMEOUT",
+        "VLLM_END_OF_STREAM",
+        "VLLM_ERR_INVALID_STATE",
     };
     if (status < 0 || (size_t)status >= sizeof names / sizeof names[0]) return "VLLM_ERR_UNKNOWN";
     return names[status];
@@ -141,15 +154,69 @@ VLLM_API void vllm_sampling_params_init(vllm_sampling_params *params) {
     params->skip_special_tokens = 1;
 }
 
-/* Copies a caller's params struct of struct_size bytes over defaults of size bytes. */
-static vllm_status copy_params(void *dst, size_t size, const void *src, const char *function) {
+/* The sizes of the structs as their first ABI version defined them: a caller built
+ * against that header passes this struct_size. */
+#define ENGINE_PARAMS_V0_1_SIZE offsetof(vllm_engine_params, served_model_name)
+#define SAMPLING_PARAMS_V0_1_SIZE sizeof(vllm_sampling_params)
+#define MODEL_INFO_V0_1_SIZE sizeof(vllm_model_info)
+#define METRICS_V0_2_SIZE sizeof(vllm_metrics)
+
+/* Copies the first min(struct_size, size) bytes of a caller's params struct over
+ * defaults of size bytes; struct_size below min_size (no header had it) is an error. */
+static vllm_status copy_params(void *dst, size_t size, size_t min_size, const void *src,
+                               const char *function) {
     uint32_t given = *(const uint32_t *)src;
-    if (given < size)
+    if (given < min_size)
         return fail(VLLM_ERR_INVALID_ARGUMENT,
                     "%s: params->struct_size is %u, expected at least %zu (call the *_init function)",
-                    function, (unsigned)given, size);
-    memcpy(dst, src, size);
+                    function, (unsigned)given, min_size);
+    memcpy(dst, src, given < size ? given : size);
+    *(uint32_t *)dst = (uint32_t)size; /* every params struct starts with struct_size */
     return VLLM_OK;
+}
+
+/* Checks an out struct's struct_size; the caller then copies min(struct_size, size). */
+static vllm_status check_out_size(uint32_t given, size_t min_size, const char *function) {
+    if (given < min_size)
+        return fail(VLLM_ERR_INVALID_ARGUMENT,
+                    "%s: out->struct_size is %u, expected at least %zu", function,
+                    (unsigned)given, min_size);
+    return VLLM_OK;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Callbacks (log, load progress, request events)                             */
+/* ------------------------------------------------------------------------- */
+
+static pthread_mutex_t log_mutex = PTHREAD_MUTEX_INITIALIZER;
+static vllm_log_callback log_callback;
+static void *log_user_data;
+static int32_t log_min_level = VLLM_LOG_WARNING;
+
+int32_t glue_log_level(void) {
+    int32_t level;
+    pthread_mutex_lock(&log_mutex);
+    level = log_callback != NULL ? log_min_level : -1;
+    pthread_mutex_unlock(&log_mutex);
+    return level;
+}
+
+void glue_log(int32_t level, const char *message) {
+    vllm_log_callback callback;
+    void *user_data;
+    pthread_mutex_lock(&log_mutex);
+    callback = level >= log_min_level ? log_callback : NULL;
+    user_data = log_user_data;
+    pthread_mutex_unlock(&log_mutex);
+    if (callback != NULL) callback(level, message, user_data);
+}
+
+void glue_emit_event(vllm_event_callback callback, const vllm_event *event, void *user_data) {
+    callback(event, user_data);
+}
+
+void glue_emit_progress(vllm_progress_callback callback, float progress, void *user_data) {
+    callback(progress, user_data);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -273,180 +340,13 @@ static vllm_status ensure_runtime(void) {
 
 static int runtime_started(void) { return __atomic_load_n(&runtime_ready, __ATOMIC_ACQUIRE); }
 
-/* ------------------------------------------------------------------------- */
-/* Shims                                                                      */
-/* ------------------------------------------------------------------------- */
-
-static uint64_t engine_key(const vllm_engine *engine) { return (uint64_t)(uintptr_t)engine; }
-
-VLLM_API vllm_status vllm_init(void) {
-    vllm_status status;
+/* Pure C, but it tells a running runtime at once. */
+VLLM_API void vllm_log_set(int32_t min_level, vllm_log_callback callback, void *user_data) {
     clear_error();
-    if ((status = ensure_runtime()) != VLLM_OK) return status;
-    return glue_init();
-}
-
-VLLM_API void vllm_shutdown(void) {
-    clear_error();
-    if (runtime_started()) (void)glue_shutdown();
-}
-
-VLLM_API vllm_status vllm_engine_create(const char *model_path, const vllm_engine_params *params,
-                                        vllm_engine **out) {
-    vllm_engine_params copy;
-    uint64_t key = 0;
-    vllm_status status;
-    clear_error();
-    if (out == NULL) return null_argument(__func__, "out");
-    *out = NULL;
-    if (model_path == NULL) return null_argument(__func__, "model_path");
-    vllm_engine_params_init(&copy);
-    if (params != NULL && (status = copy_params(&copy, sizeof copy, params, __func__)) != VLLM_OK)
-        return status;
-    if ((status = ensure_runtime()) != VLLM_OK) return status;
-    status = glue_engine_create(model_path, &copy, &key);
-    if (status == VLLM_OK) *out = (vllm_engine *)(uintptr_t)key;
-    return status;
-}
-
-VLLM_API void vllm_engine_free(vllm_engine *engine) {
-    clear_error();
-    if (engine != NULL && runtime_started()) (void)glue_engine_free(engine_key(engine));
-}
-
-VLLM_API vllm_status vllm_engine_model_info(vllm_engine *engine, vllm_model_info *out) {
-    vllm_model_info info;
-    uint32_t size;
-    vllm_status status;
-    clear_error();
-    if (engine == NULL) return null_argument(__func__, "engine");
-    if (out == NULL) return null_argument(__func__, "out");
-    size = out->struct_size;
-    if (size < sizeof info)
-        return fail(VLLM_ERR_INVALID_ARGUMENT,
-                    "%s: out->struct_size is %u, expected at least %zu", __func__,
-                    (unsigned)size, sizeof info);
-    memset(&info, 0, sizeof info);
-    if ((status = ensure_runtime()) != VLLM_OK) return status;
-    if ((status = glue_engine_model_info(engine_key(engine), &info)) != VLLM_OK) return status;
-    memcpy(out, &info, sizeof info);
-    out->struct_size = size;
-    return VLLM_OK;
-}
-
-VLLM_API vllm_status vllm_tokenize(vllm_engine *engine, const char *text,
-                                   int32_t add_special_tokens, int32_t *tokens, size_t capacity,
-                                   size_t *n_tokens) {
-    vllm_status status;
-    clear_error();
-    if (n_tokens == NULL) return null_argument(__func__, "n_tokens");
-    *n_tokens = 0;
-    if (engine == NULL) return null_argument(__func__, "engine");
-    if (text == NULL) return null_argument(__func__, "text");
-    if (tokens == NULL && capacity > 0)
-        return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: tokens is NULL but capacity is %zu",
-                    __func__, capacity);
-    if ((status = ensure_runtime()) != VLLM_OK) return status;
-    return glue_tokenize(engine_key(engine), text, add_special_tokens, tokens, capacity,
-                         n_tokens);
-}
-
-VLLM_API vllm_status vllm_detokenize(vllm_engine *engine, const int32_t *tokens, size_t n_tokens,
-                                     int32_t skip_special_tokens, char *buf, size_t capacity,
-                                     size_t *n_bytes) {
-    vllm_status status;
-    clear_error();
-    if (n_bytes == NULL) return null_argument(__func__, "n_bytes");
-    *n_bytes = 0;
-    if (engine == NULL) return null_argument(__func__, "engine");
-    if (tokens == NULL && n_tokens > 0)
-        return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: tokens is NULL but n_tokens is %zu",
-                    __func__, n_tokens);
-    if (buf == NULL && capacity > 0)
-        return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: buf is NULL but capacity is %zu", __func__,
-                    capacity);
-    if ((status = ensure_runtime()) != VLLM_OK) return status;
-    return glue_detokenize(engine_key(engine), tokens, n_tokens, skip_special_tokens, buf,
-                           capacity, n_bytes);
-}
-
-VLLM_API vllm_status vllm_chat_template_apply(vllm_engine *engine, const char *messages_json,
-                                              int32_t add_generation_prompt, char **out) {
-    vllm_status status;
-    clear_error();
-    if (out == NULL) return null_argument(__func__, "out");
-    *out = NULL;
-    if (engine == NULL) return null_argument(__func__, "engine");
-    if (messages_json == NULL) return null_argument(__func__, "messages_json");
-    if ((status = ensure_runtime()) != VLLM_OK) return status;
-    return glue_chat_template_apply(engine_key(engine), messages_json, add_generation_prompt, out);
-}
-
-/* Exactly one of a text prompt or a non-empty token array. */
-static vllm_status check_prompt(const char *prompt, const int32_t *ids, size_t n_ids,
-                                const char *function) {
-    if (ids == NULL && n_ids > 0)
-        return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: prompt_token_ids is NULL but "
-                    "n_prompt_token_ids is %zu", function, n_ids);
-    if (prompt == NULL && n_ids == 0)
-        return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: give a prompt or prompt_token_ids",
-                    function);
-    if (prompt != NULL && n_ids > 0)
-        return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: give a prompt or prompt_token_ids, not both",
-                    function);
-    return VLLM_OK;
-}
-
-VLLM_API vllm_status vllm_request_add(vllm_engine *engine, const char *request_id,
-                                      const char *prompt, const int32_t *prompt_token_ids,
-                                      size_t n_prompt_token_ids,
-                                      const vllm_sampling_params *params) {
-    vllm_sampling_params copy;
-    vllm_status status;
-    clear_error();
-    if (engine == NULL) return null_argument(__func__, "engine");
-    if (request_id == NULL) return null_argument(__func__, "request_id");
-    if ((status = check_prompt(prompt, prompt_token_ids, n_prompt_token_ids, __func__)) != VLLM_OK)
-        return status;
-    vllm_sampling_params_init(&copy);
-    if (params != NULL && (status = copy_params(&copy, sizeof copy, params, __func__)) != VLLM_OK)
-        return status;
-    if (copy.stop_token_ids == NULL && copy.n_stop_token_ids > 0)
-        return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: params->stop_token_ids is NULL but "
-                    "n_stop_token_ids is %zu", __func__, copy.n_stop_token_ids);
-    if ((status = ensure_runtime()) != VLLM_OK) return status;
-    return glue_request_add(engine_key(engine), request_id, prompt, prompt_token_ids,
-                            n_prompt_token_ids, &copy);
-}
-
-VLLM_API vllm_status vllm_request_abort(vllm_engine *engine, const char *request_id) {
-    vllm_status status;
-    clear_error();
-    if (engine == NULL) return null_argument(__func__, "engine");
-    if (request_id == NULL) return null_argument(__func__, "request_id");
-    if ((status = ensure_runtime()) != VLLM_OK) return status;
-    return glue_request_abort(engine_key(engine), request_id);
-}
-
-VLLM_API vllm_status vllm_engine_step(vllm_engine *engine, const vllm_request_output **outputs,
-                                      size_t *n_outputs) {
-    vllm_status status;
-    clear_error();
-    if (outputs == NULL) return null_argument(__func__, "outputs");
-    *outputs = NULL;
-    if (n_outputs == NULL) return null_argument(__func__, "n_outputs");
-    *n_outputs = 0;
-    if (engine == NULL) return null_argument(__func__, "engine");
-    if ((status = ensure_runtime()) != VLLM_OK) return status;
-    return glue_engine_step(engine_key(engine), outputs, n_outputs);
-}
-
-VLLM_API vllm_status vllm_engine_num_unfinished(vllm_engine *engine, size_t *n) {
-    vllm_status status;
-    clear_error();
-    if (n == NULL) return null_argument(__func__, "n");
-    *n = 0;
-    if (engine == NULL) return null_argument(__func__, "engine");
-    if ((status = ensure_runtime()) != VLLM_OK) return status;
-    return glue_engine_num_unfinished(engine_key(engine), n);
+    pthread_mutex_lock(&log_mutex);
+    log_callback = callback;
+    log_user_data = user_data;
+    log_min_level = min_level;
+    pthread_mutex_unlock(&log_mutex);
+    if (runtime_started()) (void)glue_log_configure();  /* else the start-up reads it */
 }

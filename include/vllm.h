@@ -19,13 +19,23 @@
  *     Strings the caller owns are freed with vllm_string_free().
  *   - Strings are UTF-8 and NUL-terminated.
  *
- * Thread safety (ABI 0.1)
+ * Thread safety (since 0.2)
  *   - vllm_version, vllm_abi_version, vllm_status_string, vllm_last_error,
- *     vllm_last_error_copy and the *_init functions may be called from any thread
- *     at any time; they never start the Python runtime.
- *   - Calls on one engine must be serialized by the caller. Different engines may be
- *     used from different threads (calls into the runtime take a global lock).
- *     Multi-threaded streaming comes with a later minor version.
+ *     vllm_last_error_copy, vllm_log_set and the *_init functions may be called from
+ *     any thread at any time; they never start the Python runtime.
+ *   - Every other function may be called from any thread, also concurrently on one
+ *     engine: the library serializes engine work internally. Three rules remain:
+ *     the outputs of vllm_engine_step are invalidated by the engine's next step (from
+ *     any thread); vllm_request_next / vllm_request_free on one request, and
+ *     vllm_openai_stream_next / _free on one stream, must not overlap; and
+ *     vllm_shutdown must not race with other calls.
+ *
+ * Two ways to drive an engine (since 0.2; mixing them is VLLM_ERR_INVALID_STATE)
+ *   - caller-driven: vllm_request_add + vllm_engine_step on the caller's thread,
+ *     deterministic and single-threaded, like llama_decode;
+ *   - background loop: vllm_engine_start_loop, then vllm_request_submit with a push
+ *     callback or pulled with vllm_request_next, and the OpenAI layer
+ *     (vllm_openai_request).
  *
  * Lifecycle
  *   The first call that needs the engine runtime starts it (a few seconds: it
@@ -49,7 +59,7 @@
 
 /* ABI version: the major changes on any incompatible change (and with it the SONAME). */
 #define VLLM_ABI_VERSION_MAJOR 0
-#define VLLM_ABI_VERSION_MINOR 1
+#define VLLM_ABI_VERSION_MINOR 2
 #define VLLM_ABI_VERSION ((VLLM_ABI_VERSION_MAJOR << 16) | VLLM_ABI_VERSION_MINOR)
 
 #ifdef __cplusplus
@@ -74,7 +84,11 @@ enum vllm_status_code {
     VLLM_ERR_INVALID_HANDLE = 6,    /* a handle that was freed or never existed */
     VLLM_ERR_OUT_OF_RESOURCES = 7,  /* KV cache or memory cannot hold what was asked */
     VLLM_ERR_RUNTIME_INIT = 8,      /* the embedded Python runtime could not start */
-    VLLM_ERR_INTERNAL = 9           /* a bug: please report vllm_last_error() */
+    VLLM_ERR_INTERNAL = 9,          /* a bug: please report vllm_last_error() */
+    VLLM_ERR_TIMEOUT = 10,          /* since 0.2: nothing arrived within timeout_ms */
+    VLLM_END_OF_STREAM = 11,        /* since 0.2: the stream already ended (not an error) */
+    VLLM_ERR_INVALID_STATE = 12     /* since 0.2: not allowed now (e.g. a step while the
+                                       background loop runs, a call after shutdown) */
 };
 
 /* Why a request finished (vllm_request_output.finish_reason). */
@@ -82,8 +96,25 @@ enum vllm_finish_reason {
     VLLM_FINISH_NONE = 0,    /* still running */
     VLLM_FINISH_STOP = 1,    /* EOS or a stop token */
     VLLM_FINISH_LENGTH = 2,  /* max_tokens or the context length reached */
-    VLLM_FINISH_ABORT = 3    /* vllm_request_abort() */
+    VLLM_FINISH_ABORT = 3,   /* vllm_request_abort(), vllm_request_cancel() */
+    VLLM_FINISH_ERROR = 4    /* since 0.2: the engine failed; see vllm_event.status */
 };
+
+/* Log levels (the Python logging levels of the engine). Since 0.2. */
+enum vllm_log_level {
+    VLLM_LOG_DEBUG = 10,
+    VLLM_LOG_INFO = 20,
+    VLLM_LOG_WARNING = 30,
+    VLLM_LOG_ERROR = 40
+};
+
+/* Receives one log message (UTF-8, no trailing newline, valid during the call). Runs
+ * on the thread that logged, also library threads: it must be thread-safe. Since 0.2. */
+typedef void (*vllm_log_callback)(int32_t level, const char *message, void *user_data);
+
+/* Model loading progress in [0, 1], called on the thread of vllm_engine_create;
+ * 1 comes once, when the weights are in place. Since 0.2. */
+typedef void (*vllm_progress_callback)(float progress, void *user_data);
 
 /* An engine: one loaded model, its KV cache and its requests. */
 struct vllm_engine;
@@ -103,6 +134,14 @@ typedef struct vllm_engine_params {
     int64_t seed;                    /* engine seed; default 0 */
     int32_t enable_chunked_prefill;  /* split long prompts over steps; default 1 */
     int32_t enforce_eager;           /* 1: no CUDA graphs; default 0 */
+    /* since 0.2 */
+    const char *served_model_name;   /* the model's name in model info and the OpenAI
+                                        layer; NULL: the GGUF's name (model info) and the
+                                        model path (OpenAI), as vLLM */
+    const char *chat_template;       /* NULL: the model's; else a file path or the
+                                        template text itself (vLLM's --chat-template) */
+    vllm_progress_callback progress_callback;  /* NULL: none */
+    void *progress_callback_user_data;
 } vllm_engine_params;
 
 /* What vllm_engine_model_info() reports. */
@@ -144,6 +183,53 @@ typedef struct vllm_request_output {
     int32_t num_output_tokens;  /* cumulative, including this step */
 } vllm_request_output;
 
+/* A request streamed by the background loop (since 0.2). */
+struct vllm_request;
+typedef struct vllm_request vllm_request;
+
+/* One step of a streamed request (since 0.2). Always passed by pointer and never in
+ * arrays: the library may append fields; struct_size is the library's size. */
+typedef struct vllm_event {
+    uint32_t struct_size;
+    int32_t finished;           /* 1 on the request's last event (exactly one), else 0 */
+    const char *request_id;
+    const int32_t *token_ids;   /* tokens new in this event; NULL when n_token_ids is 0 */
+    size_t n_token_ids;
+    const char *text;           /* text new in this event, UTF-8 (may be "") */
+    int32_t finish_reason;      /* enum vllm_finish_reason */
+    int32_t num_prompt_tokens;
+    int32_t num_output_tokens;  /* cumulative, including this event */
+    int32_t num_cached_tokens;  /* prompt tokens served from the prefix cache */
+    vllm_status status;         /* VLLM_OK; on a last event with VLLM_FINISH_ERROR, why */
+    const char *error;          /* "" unless status != VLLM_OK */
+} vllm_event;
+
+/* Receives the events of one request, in order, on the engine's loop thread. The event
+ * and its pointers are valid during the call only. It may call libvllm functions
+ * (vllm_request_cancel, vllm_request_submit, ...); while it runs the engine waits. */
+typedef void (*vllm_event_callback)(const vllm_event *event, void *user_data);
+
+/* The engine's counters and gauges, named after vLLM's Prometheus metrics (since 0.2). */
+typedef struct vllm_metrics {
+    uint32_t struct_size;             /* set by the caller to sizeof(vllm_metrics) */
+    int32_t num_requests_running;     /* vllm:num_requests_running */
+    int32_t num_requests_waiting;     /* vllm:num_requests_waiting */
+    double kv_cache_usage_perc;       /* vllm:kv_cache_usage_perc, 0..1 */
+    int64_t prefix_cache_queries;     /* vllm:prefix_cache_queries (tokens) */
+    int64_t prefix_cache_hits;        /* vllm:prefix_cache_hits (tokens) */
+    int64_t num_preemptions;          /* vllm:num_preemptions */
+    int64_t prompt_tokens;            /* vllm:prompt_tokens */
+    int64_t generation_tokens;        /* vllm:generation_tokens */
+    int64_t request_success_stop;     /* vllm:request_success{finished_reason="stop"} */
+    int64_t request_success_length;   /* ... "length" */
+    int64_t request_success_abort;    /* ... "abort" */
+    int64_t request_success_error;    /* ... "error" */
+} vllm_metrics;
+
+/* A streamed OpenAI response (since 0.2). */
+struct vllm_openai_stream;
+typedef struct vllm_openai_stream vllm_openai_stream;
+
 /* ------------------------------------------------------------------------- */
 /* Version and errors (pure C: these never start the runtime)                 */
 /* ------------------------------------------------------------------------- */
@@ -166,6 +252,11 @@ VLLM_API const char *vllm_last_error(void);
  * when size > 0) and returns its full length in bytes. For callers that may hop
  * threads between calls (Go) do the failing call and the copy in one locked region. */
 VLLM_API size_t vllm_last_error_copy(char *buf, size_t size);
+
+/* Routes the engine's log messages of level >= min_level to callback (NULL: back to
+ * the default, warnings and errors on stderr). Pure C; takes effect at once, also
+ * before the runtime starts. Since 0.2. */
+VLLM_API void vllm_log_set(int32_t min_level, vllm_log_callback callback, void *user_data);
 
 /* ------------------------------------------------------------------------- */
 /* Lifecycle                                                                  */
@@ -220,6 +311,15 @@ VLLM_API vllm_status vllm_detokenize(vllm_engine *engine, const int32_t *tokens,
                                      size_t n_tokens, int32_t skip_special_tokens,
                                      char *buf, size_t capacity, size_t *n_bytes);
 
+/* The bytes of one token, as llama_token_to_piece: byte-level pieces decoded to raw
+ * bytes, which may be part of a UTF-8 sequence (concatenate pieces before printing).
+ * special: 1 to spell special tokens (e.g. "<|im_end|>"), 0 to give "" for them.
+ * Two-call sizing as vllm_detokenize (*n_bytes without the NUL; a piece may contain
+ * a zero byte, so use *n_bytes). VLLM_ERR_INVALID_ARGUMENT: token outside the vocab.
+ * Since 0.2. */
+VLLM_API vllm_status vllm_token_to_piece(vllm_engine *engine, int32_t token, int32_t special,
+                                         char *buf, size_t capacity, size_t *n_bytes);
+
 /* ------------------------------------------------------------------------- */
 /* Chat template                                                              */
 /* ------------------------------------------------------------------------- */
@@ -232,6 +332,13 @@ VLLM_API vllm_status vllm_detokenize(vllm_engine *engine, const int32_t *tokens,
  * Tokenize the result with add_special_tokens = 0: the template adds them. */
 VLLM_API vllm_status vllm_chat_template_apply(vllm_engine *engine, const char *messages_json,
                                               int32_t add_generation_prompt, char **out);
+
+/* As vllm_chat_template_apply, with tool definitions: tools_json is an OpenAI-style
+ * JSON array ([{"type":"function","function":{"name":...,"parameters":{...}}}]) passed
+ * to the template as `tools`, or NULL. Since 0.2. */
+VLLM_API vllm_status vllm_chat_template_render(vllm_engine *engine, const char *messages_json,
+                                               const char *tools_json,
+                                               int32_t add_generation_prompt, char **out);
 
 /* Frees a string returned by the library. NULL: no-op. */
 VLLM_API void vllm_string_free(char *str);
@@ -253,7 +360,8 @@ VLLM_API vllm_status vllm_request_add(vllm_engine *engine, const char *request_i
                                       const vllm_sampling_params *params);
 
 /* Aborts an unfinished request: its last output (finish_reason VLLM_FINISH_ABORT)
- * comes with the next vllm_engine_step. VLLM_ERR_NOT_FOUND if no such request. */
+ * comes with the next vllm_engine_step (background loop: as its last event).
+ * VLLM_ERR_NOT_FOUND if no such request is unfinished. */
 VLLM_API vllm_status vllm_request_abort(vllm_engine *engine, const char *request_id);
 
 /* Runs one engine step (schedule, forward, sample) and returns what each request
@@ -265,8 +373,86 @@ VLLM_API vllm_status vllm_engine_step(vllm_engine *engine,
                                       const vllm_request_output **outputs,
                                       size_t *n_outputs);
 
-/* The number of requests whose last output has not been returned yet. */
+/* The number of requests whose last output (or last event) has not been returned yet. */
 VLLM_API vllm_status vllm_engine_num_unfinished(vllm_engine *engine, size_t *n);
+
+/* Fills *out (set out->struct_size first; a smaller struct of an older header gets
+ * its fields only). Works in both modes, from any thread. Since 0.2. */
+VLLM_API vllm_status vllm_engine_metrics(vllm_engine *engine, vllm_metrics *out);
+
+/* ------------------------------------------------------------------------- */
+/* Background loop and streaming (since 0.2)                                  */
+/* ------------------------------------------------------------------------- */
+
+/* Starts the engine's loop thread: from now on it steps whenever a request is
+ * unfinished and sleeps otherwise. vllm_engine_step and vllm_request_add then give
+ * VLLM_ERR_INVALID_STATE; so does this call while requests added with
+ * vllm_request_add are unfinished. Calling it twice is VLLM_OK. The loop ends with
+ * vllm_engine_free (which aborts what is live). */
+VLLM_API vllm_status vllm_engine_start_loop(vllm_engine *engine);
+
+/* Adds a request to a looping engine (VLLM_ERR_INVALID_STATE otherwise). Prompt,
+ * request_id and params as vllm_request_add; invalid input fails here, synchronously.
+ * callback non-NULL: push mode, every event goes to callback(event, user_data) on the
+ * loop thread, the last one (finished = 1) exactly once, also after a cancel or an
+ * engine failure; user_data must stay valid until then. The first call may come before
+ * vllm_request_submit returns. callback NULL: pull mode, take the events with
+ * vllm_request_next.
+ * out: the request's handle, freed with vllm_request_free; may be NULL in push mode. */
+VLLM_API vllm_status vllm_request_submit(vllm_engine *engine, const char *request_id,
+                                         const char *prompt, const int32_t *prompt_token_ids,
+                                         size_t n_prompt_token_ids,
+                                         const vllm_sampling_params *params,
+                                         vllm_event_callback callback, void *user_data,
+                                         vllm_request **out);
+
+/* Pull mode: waits up to timeout_ms (< 0: no limit, 0: just look) for the request's
+ * next event. *event is owned by the library and valid until the next call of
+ * vllm_request_next or vllm_request_free on this request.
+ * VLLM_OK: *event set (its finished = 1 on the last one; an engine failure comes as
+ * a last event with finish_reason VLLM_FINISH_ERROR and its status and message).
+ * VLLM_ERR_TIMEOUT: nothing yet. VLLM_END_OF_STREAM: the last event was returned.
+ * VLLM_ERR_INVALID_STATE: the request is in push mode. */
+VLLM_API vllm_status vllm_request_next(vllm_request *request, int32_t timeout_ms,
+                                       const vllm_event **event);
+
+/* Aborts the request: its last event (finish_reason VLLM_FINISH_ABORT) follows, unless
+ * it has already finished. VLLM_OK either way. */
+VLLM_API vllm_status vllm_request_cancel(vllm_request *request);
+
+/* Releases the handle; an unfinished request is cancelled (a push callback still
+ * gets its last event). NULL: no-op. */
+VLLM_API void vllm_request_free(vllm_request *request);
+
+/* ------------------------------------------------------------------------- */
+/* OpenAI layer (since 0.2)                                                   */
+/* ------------------------------------------------------------------------- */
+
+/* Serves one OpenAI-compatible request on a looping engine (VLLM_ERR_INVALID_STATE
+ * otherwise): method "GET" or "POST"; endpoint "/v1/completions",
+ * "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize"; body the request
+ * JSON (NULL: none). VLLM_OK whenever a response was made, also for an OpenAI error
+ * (*http_status 4xx/5xx with an error body, as vLLM). Then exactly one of:
+ *   *response_json: the response body, freed with vllm_string_free;
+ *   *stream: a streamed response ("stream": true), read with vllm_openai_stream_next.
+ * The model's name in requests and responses is params.served_model_name. */
+VLLM_API vllm_status vllm_openai_request(vllm_engine *engine, const char *method,
+                                         const char *endpoint, const char *body,
+                                         int32_t *http_status, char **response_json,
+                                         vllm_openai_stream **stream);
+
+/* Waits up to timeout_ms (< 0: no limit) for the next chunk: *chunk_json is one JSON
+ * object, without SSE framing ("data: ...\n\n" is the caller's), freed with
+ * vllm_string_free. VLLM_ERR_TIMEOUT: nothing yet. VLLM_END_OF_STREAM: the response
+ * is complete (send "data: [DONE]"); later calls return it again. */
+VLLM_API vllm_status vllm_openai_stream_next(vllm_openai_stream *stream, int32_t timeout_ms,
+                                             char **chunk_json);
+
+/* Stops the response's requests (e.g. the client disconnected). VLLM_OK. */
+VLLM_API vllm_status vllm_openai_stream_cancel(vllm_openai_stream *stream);
+
+/* Releases the stream, cancelling it if unfinished. NULL: no-op. */
+VLLM_API void vllm_openai_stream_free(vllm_openai_stream *stream);
 
 /* VLLM_API_END */
 

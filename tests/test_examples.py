@@ -1,33 +1,139 @@
 """The examples the README shows are built and run as a user would run them.
 
-examples/c/simple.c: greedy completion of a prompt on the default model; the
-oracle for its text is our own engine through Python (same greedy tokens).
+examples/c/simple.c (caller-driven step()) gives the oracle: its greedy 32-token text for
+PROMPT, which must contain "Paris". examples/c/batched.c (8 requests on the background
+loop, push callbacks, one abort), examples/go (cgo, pull into a channel), examples/rust
+(safe wrapper with Drop) and examples/python (ctypes, also in a host that imported torch
+first) must print that same greedy text. The ctypes structs of examples/python must have
+the header's layout (oracle: cffi's layout of the vllm.h declarations).
 """
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+PROMPT = "The capital of France is"
 
 pytestmark = pytest.mark.capi
 
 
-def test_simple_c_example_streams_the_greedy_completion(compile_c, child_env, model_path):
+def _run(cmd, env, cwd=None, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def greedy_text(compile_c, child_env, model_path) -> str:
     exe = compile_c(ROOT / "examples/c/simple.c")
-    run = subprocess.run([str(exe), model_path, "The capital of France is"],
-                         capture_output=True, text=True, env=child_env, timeout=300)
+    run = _run([exe, model_path, PROMPT], child_env)
     assert run.returncode == 0, run.stderr
-    assert "Paris" in run.stdout
     assert "Traceback" not in run.stderr
+    assert run.stdout.endswith("\n")
+    return run.stdout[:-1]
+
+
+def _streamed_text(stdout: str) -> str:
+    """The text an example printed before its final "\\n[N tokens...]" line."""
+    text, sep, _ = stdout.rpartition("\n[")
+    assert sep, stdout
+    return text
+
+
+def test_simple_c_example_streams_the_greedy_completion(greedy_text):
+    assert "Paris" in greedy_text
 
 
 def test_simple_c_example_reports_a_missing_model(compile_c, child_env, tmp_path):
     exe = compile_c(ROOT / "examples/c/simple.c")
-    run = subprocess.run([str(exe), str(tmp_path / "nope.gguf"), "hi"],
-                         capture_output=True, text=True, env=child_env, timeout=300)
+    run = _run([exe, tmp_path / "nope.gguf", "hi"], child_env)
     assert run.returncode == 1
     assert run.stderr.startswith("create: model path does not exist")
+
+
+def test_batched_c_example(compile_c, child_env, model_path, greedy_text):
+    exe = compile_c(ROOT / "examples/c/batched.c", "-pthread")
+    run = _run([exe, model_path, PROMPT], child_env)
+    assert run.returncode == 0, run.stderr
+    assert "Traceback" not in run.stderr
+    heads = re.findall(r"^\[req-(\d)\] (.*) -> finish=(\w+) tokens=(\d+)$", run.stdout, re.M)
+    assert [int(h[0]) for h in heads] == list(range(8)), run.stdout
+    reasons = {int(i): (reason, int(n)) for i, _, reason, n in heads}
+    assert reasons[5][0] == "abort" and 4 <= reasons[5][1] < 200
+    assert all(reasons[i][0] in ("stop", "length") for i in range(8) if i != 5), reasons
+    assert reasons[6][1] <= 8
+    assert len({params for _, params, _, _ in heads}) == 8  # all different
+    greedy = run.stdout.split("\n", 1)[1].split("\n[req-1]")[0]
+    assert greedy == greedy_text
+
+
+def test_go_example(built, child_env, model_path, greedy_text, tmp_path):
+    if shutil.which("go") is None:
+        pytest.skip("go is absent (`make test` installs Debian's golang-go)")
+    exe = tmp_path / "generate-go"
+    env = {**child_env, "GOFLAGS": "-mod=mod", "CGO_ENABLED": "1"}
+    env.setdefault("GOCACHE", str(tmp_path / "gocache"))
+    build = _run(["go", "build", "-o", exe, "."], env, cwd=ROOT / "examples/go")
+    assert build.returncode == 0, build.stderr
+    run = _run([exe, model_path, PROMPT], child_env)
+    assert run.returncode == 0, run.stderr
+    assert _streamed_text(run.stdout) == greedy_text
+    assert "Traceback" not in run.stderr
+
+
+def test_rust_example(built, child_env, model_path, greedy_text, tmp_path):
+    if shutil.which("cargo") is None:
+        pytest.skip("cargo is absent")
+    env = {**child_env, "CARGO_TARGET_DIR": str(tmp_path / "target")}
+    build = _run(["cargo", "build", "--offline", "--release", "-q"], env,
+                 cwd=ROOT / "examples/rust")
+    assert build.returncode == 0, build.stderr
+    run = _run([tmp_path / "target/release/generate", model_path, PROMPT], child_env)
+    assert run.returncode == 0, run.stderr
+    assert _streamed_text(run.stdout) == greedy_text
+    assert re.search(r"\n\[\d+ tokens, finish=(stop|length)\]\n$", run.stdout), run.stdout
+
+
+@pytest.mark.parametrize("torch_first", [False, True], ids=["plain", "torch-imported-first"])
+def test_python_ctypes_example(built, child_env, model_path, greedy_text, torch_first):
+    script = ROOT / "examples/python/generate.py"
+    cmd = [sys.executable, script, model_path, PROMPT]
+    if torch_first:  # the host already runs torch when it loads the library
+        code = ("import runpy, sys, torch; sys.path.insert(0, sys.argv[1]); "
+                "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+        cmd[1:1] = ["-c", code, script.parent]
+    run = _run(cmd, child_env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert _streamed_text(run.stdout) == greedy_text
+    assert "Traceback" not in run.stderr
+
+
+def test_python_ctypes_structs_match_the_header():
+    import ctypes
+
+    import cffi
+
+    from capi.header import api_cdef
+
+    sys.path.insert(0, str(ROOT / "examples/python"))
+    try:
+        import vllm_ctypes
+    finally:
+        sys.path.pop(0)
+    ffi = cffi.FFI()
+    ffi.cdef(api_cdef())
+    for c_name, struct in [("vllm_engine_params", vllm_ctypes.EngineParams),
+                           ("vllm_sampling_params", vllm_ctypes.SamplingParams),
+                           ("vllm_event", vllm_ctypes.Event),
+                           ("vllm_metrics", vllm_ctypes.Metrics)]:
+        fields = [name for name, _ in ffi.typeof(c_name).fields]
+        assert [name for name, *_ in struct._fields_] == fields, c_name
+        assert ctypes.sizeof(struct) == ffi.sizeof(c_name), c_name
+        for name in fields:
+            assert getattr(struct, name).offset == ffi.offsetof(c_name, name), (c_name, name)

@@ -31,6 +31,11 @@ int main(void) {
     vllm_engine_params_init(&params);
     vllm_sampling_params_init(&sp);
     expect(params.struct_size == sizeof params && sp.struct_size == sizeof sp, "init");
+    expect(params.served_model_name == NULL && params.progress_callback == NULL, "0.2 defaults");
+    expect(strcmp(vllm_status_string(VLLM_ERR_INVALID_STATE), "VLLM_ERR_INVALID_STATE") == 0,
+           "0.2 status strings");
+    vllm_log_set(VLLM_LOG_INFO, NULL, NULL);
+    expect(vllm_last_error()[0] == '\0', "vllm_log_set is pure C");
 
     status = vllm_init();
     printf("vllm_init: %s: %s\n", vllm_status_string(status), vllm_last_error());
@@ -38,6 +43,9 @@ int main(void) {
     expect(strstr(vllm_last_error(), "LIBVLLM_PYTHON") != NULL, "the message names the fix");
     status = vllm_engine_create("model.gguf", NULL, &engine);
     expect(status == VLLM_ERR_RUNTIME_INIT && engine == NULL, "later calls fail the same way");
+    vllm_request_free(NULL);
+    vllm_openai_stream_free(NULL);
+    expect(vllm_request_cancel(NULL) == VLLM_ERR_INVALID_ARGUMENT, "NULL request");
     vllm_shutdown();
     return failures ? 1 : 0;
 }

@@ -1,0 +1,198 @@
+"""capi.plumbing: what every glue module shares.
+
+- export: registers a Python function as the body of the glue_* function of the same
+  name (capi/glue.h) and maps exceptions to vllm.h status codes: a VllmError gives its
+  `.status` and message, anything else VLLM_ERR_INTERNAL. No traceback ever reaches the
+  host's terminal.
+- Handle registries: small integer keys, one counter for every kind of handle, so a
+  stale key or a key of another kind is VLLM_ERR_INVALID_HANDLE, never a crash.
+- The engine record: an LLMEngine, the lock that serializes its use (shared with its
+  AsyncLLM once the background loop runs), its stats and C-side memory.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from _libvllm import ffi, lib
+
+from engine.async_llm import AsyncLLM, StatsCollector
+from engine.config import EngineConfig
+from engine.errors import InvalidArgumentError, OutOfResourcesError, VllmError
+from engine.sampling_params import RequestOutputKind, SamplingParams
+
+
+class BufferTooSmallError(VllmError):
+    status = lib.VLLM_ERR_BUFFER_TOO_SMALL
+
+
+class InvalidHandleError(VllmError):
+    status = lib.VLLM_ERR_INVALID_HANDLE
+
+
+class RuntimeInitError(VllmError):
+    status = lib.VLLM_ERR_RUNTIME_INIT
+
+
+class TimeoutStatus(VllmError):
+    status = lib.VLLM_ERR_TIMEOUT
+
+
+class EndOfStream(VllmError):
+    status = lib.VLLM_END_OF_STREAM
+
+
+class InvalidStateError(VllmError):
+    status = lib.VLLM_ERR_INVALID_STATE
+
+
+def set_error(status: int, message: str) -> int:
+    lib.glue_set_error(message.encode("utf-8", "replace"))
+    return status
+
+
+def _internal_error(exc: BaseException) -> int:
+    return set_error(lib.VLLM_ERR_INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _uncaught(exc_type, exc, traceback) -> None:
+    """cffi's last resort (when export's own handler fails): record, never print."""
+    _internal_error(exc)
+
+
+def export(fn):
+    """Registers fn as the Python body of the glue_* function of the same name."""
+
+    @functools.wraps(fn)
+    def call(*args):
+        try:
+            fn(*args)
+        except VllmError as e:
+            return set_error(e.status, str(e) or type(e).__name__)
+        except BaseException as e:
+            return _internal_error(e)
+        return lib.VLLM_OK
+
+    ffi.def_extern(name=fn.__name__, error=lib.VLLM_ERR_INTERNAL, onerror=_uncaught)(call)
+    return call
+
+
+def text(ptr, what: str) -> str:
+    try:
+        return ffi.string(ptr).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidArgumentError(f"{what} is not valid UTF-8: {e}") from None
+
+
+def optional_text(ptr, what: str) -> str | None:
+    return None if ptr == ffi.NULL else text(ptr, what)
+
+
+def c_string(value: str):
+    """A malloc'd copy of value for the caller to free with vllm_string_free."""
+    data = value.encode("utf-8", "replace")
+    copy = lib.glue_strndup(data, len(data))
+    if copy == ffi.NULL:
+        raise OutOfResourcesError("out of memory copying a string for the caller")
+    return copy
+
+
+FINISH_REASONS = {
+    None: lib.VLLM_FINISH_NONE,
+    "stop": lib.VLLM_FINISH_STOP,
+    "length": lib.VLLM_FINISH_LENGTH,
+    "abort": lib.VLLM_FINISH_ABORT,
+}
+
+
+def _f32(value: float) -> float:
+    """A C float as the short decimal its caller wrote (0.9f -> 0.9, not 0.8999999761)."""
+    return float(str(np.float32(value)))
+
+
+def sampling_params(p) -> SamplingParams:
+    """vllm_sampling_params -> SamplingParams (DELTA outputs: what the ABI streams)."""
+    return SamplingParams(
+        max_tokens=None if p.max_tokens < 0 else p.max_tokens,
+        temperature=_f32(p.temperature),
+        top_p=_f32(p.top_p),
+        top_k=p.top_k,
+        min_p=_f32(p.min_p),
+        seed=p.seed if p.has_seed else None,
+        ignore_eos=bool(p.ignore_eos),
+        stop_token_ids=list(p.stop_token_ids[0 : p.n_stop_token_ids]),
+        skip_special_tokens=bool(p.skip_special_tokens),
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def prompt_arg(prompt, prompt_token_ids, n_prompt_token_ids) -> str | list[int]:
+    if prompt != ffi.NULL:
+        return text(prompt, "prompt")
+    return list(prompt_token_ids[0:n_prompt_token_ids])
+
+
+_keys = itertools.count(1)
+
+
+class Registry(dict):
+    """key -> object for one kind of handle."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def add(self, obj) -> int:
+        key = next(_keys)  # atomic under the GIL
+        self[key] = obj
+        return key
+
+    def get_live(self, key: int):
+        try:
+            return self[key]
+        except KeyError:
+            raise InvalidHandleError(
+                f"invalid {self.kind} handle {key:#x} (freed or never created)") from None
+
+    def take(self, key: int):
+        obj = self.pop(key, None)
+        if obj is None:
+            raise InvalidHandleError(
+                f"invalid {self.kind} handle {key:#x} (freed or never created)")
+        return obj
+
+
+@dataclass
+class EngineRecord:
+    engine: Any  # LLMEngine
+    config: EngineConfig
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    stats: StatsCollector = field(default_factory=StatsCollector)
+    loop: AsyncLLM | None = None
+    # caller-driven mode: request id -> output tokens so far, until its last output
+    requests: dict[str, int] = field(default_factory=dict)
+    info_strings: tuple | None = None  # cdata behind vllm_model_info's strings
+    step_memory: list = field(default_factory=list)  # cdata behind the last step's outputs
+
+    def require_loop(self, what: str) -> AsyncLLM:
+        if self.loop is None:
+            raise InvalidStateError(f"{what} needs the background loop: call "
+                                    "vllm_engine_start_loop first")
+        return self.loop
+
+    def require_caller_driven(self, what: str) -> None:
+        if self.loop is not None:
+            raise InvalidStateError(f"{what} is not allowed while the background loop runs "
+                                    "(use vllm_request_submit)")
+
+    @property
+    def served_model_name(self) -> str:
+        return self.config.served_model_name or self.config.model
+
+
+engines = Registry("engine")

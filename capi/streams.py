@@ -1,0 +1,150 @@
+"""capi.streams: the background loop and per-request streaming of include/vllm.h
+(vllm_engine_start_loop, vllm_request_submit / _next / _cancel / _free).
+
+The loop is engine.async_llm.AsyncLLM sharing the engine record's lock, so the
+caller-driven functions and the loop never run the engine at the same time. Events are
+built from DELTA RequestOutputs; an error that ends a request (the engine loop died)
+becomes a last event with VLLM_FINISH_ERROR and its status and message. Push events are
+valid during the callback only; a pulled event stays alive in its request record until
+the next pull or free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from _libvllm import ffi, lib
+
+from capi.plumbing import (
+    FINISH_REASONS,
+    EndOfStream,
+    InvalidStateError,
+    Registry,
+    TimeoutStatus,
+    engines,
+    export,
+    prompt_arg,
+    sampling_params,
+    text,
+)
+from engine.async_llm import AsyncLLM, RequestStream
+from engine.errors import VllmError
+
+_EMPTY = ffi.new("char[]", b"")
+
+
+@dataclass
+class _Progress:
+    """What a request's events count across events."""
+
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+
+
+def _event(request_id: str, item, progress: _Progress) -> tuple[object, list]:
+    """A vllm_event for a RequestOutput or the exception that ended the request, and
+    the cdata it points into."""
+    event = ffi.new("vllm_event *")
+    rid = ffi.new("char[]", request_id.encode("utf-8"))
+    memory = [event, rid]
+    event.struct_size = ffi.sizeof("vllm_event")
+    event.request_id, event.text, event.error = rid, _EMPTY, _EMPTY
+    if isinstance(item, BaseException):
+        message = ffi.new("char[]", (str(item) or type(item).__name__).encode("utf-8", "replace"))
+        memory.append(message)
+        event.finished, event.finish_reason = 1, lib.VLLM_FINISH_ERROR
+        event.status = item.status if isinstance(item, VllmError) else lib.VLLM_ERR_INTERNAL
+        event.error = message
+    else:
+        completion = item.outputs[0]
+        delta = ffi.new("char[]", completion.text.encode("utf-8", "replace"))
+        ids = ffi.new("int32_t[]", completion.token_ids)
+        memory += [delta, ids]
+        progress.num_prompt_tokens = len(item.prompt_token_ids)
+        progress.num_output_tokens += len(completion.token_ids)
+        event.text, event.token_ids, event.n_token_ids = delta, ids, len(completion.token_ids)
+        event.finished = int(item.finished)
+        event.finish_reason = FINISH_REASONS[completion.finish_reason]
+        event.num_cached_tokens = item.num_cached_tokens
+    event.num_prompt_tokens = progress.num_prompt_tokens
+    event.num_output_tokens = progress.num_output_tokens
+    return event, memory
+
+
+def _pusher(request_id: str, callback, user_data):
+    """The on_output of a push-mode request: each output as an event to callback."""
+    progress = _Progress()
+
+    def on_output(item) -> None:
+        event, _memory = _event(request_id, item, progress)  # alive during the call
+        lib.glue_emit_event(callback, event, user_data)
+
+    return on_output
+
+
+@dataclass
+class _Request:
+    stream: RequestStream
+    progress: _Progress = field(default_factory=_Progress)
+    event_memory: list = field(default_factory=list)  # cdata of the last pulled event
+
+
+_requests = Registry("request")
+
+
+def forget_all() -> None:
+    """vllm_shutdown: every request handle becomes stale."""
+    _requests.clear()
+
+
+@export
+def glue_engine_start_loop(key) -> None:
+    record = engines.get_live(key)
+    with record.lock:
+        if record.loop is not None:
+            return
+        if record.requests:
+            raise InvalidStateError(
+                f"{len(record.requests)} request(s) added with vllm_request_add are unfinished:"
+                " step or abort them before vllm_engine_start_loop")
+        record.step_memory = []
+        record.loop = AsyncLLM(record.engine, stats=record.stats, lock=record.lock)
+
+
+@export
+def glue_request_submit(key, request_id, prompt, prompt_token_ids, n_prompt_token_ids, params,
+                        callback, user_data, out) -> None:
+    loop = engines.get_live(key).require_loop("vllm_request_submit")
+    rid = text(request_id, "request_id")
+    on_output = None if callback == ffi.NULL else _pusher(rid, callback, user_data)
+    stream = loop.add_request(rid, prompt_arg(prompt, prompt_token_ids, n_prompt_token_ids),
+                              sampling_params(params), on_output=on_output)
+    if out != ffi.NULL:
+        out[0] = _requests.add(_Request(stream))
+
+
+@export
+def glue_request_next(key, timeout_ms, event) -> None:
+    request = _requests.get_live(key)
+    stream = request.stream
+    if stream.pushes:
+        raise InvalidStateError(f"request {stream.request_id!r} streams to its callback")
+    try:
+        item = stream.get(None if timeout_ms < 0 else timeout_ms / 1000)
+    except EOFError:
+        raise EndOfStream(f"request {stream.request_id!r} has ended") from None
+    except Exception as e:  # the error that ended the request: its last event
+        item = e
+    if item is None:
+        raise TimeoutStatus(f"no event of request {stream.request_id!r} within {timeout_ms} ms")
+    event[0], request.event_memory = _event(stream.request_id, item, request.progress)
+
+
+@export
+def glue_request_cancel(key) -> None:
+    _requests.get_live(key).stream.cancel()
+
+
+@export
+def glue_request_free(key) -> None:
+    _requests.take(key).stream.cancel()

@@ -1,0 +1,248 @@
+"""AsyncLLM: one background thread drives an LLMEngine; each request streams its outputs.
+
+Mirrors vllm/v1/engine/async_llm.py (AsyncLLM.add_request / abort / shutdown, the output
+handler that fans engine outputs out to per-request queues, EngineDeadError from
+vllm/v1/engine/exceptions.py) and RequestOutputCollector of
+vllm/v1/engine/output_processor.py, with threads instead of asyncio: the C ABI and the
+HTTP server call it from plain OS threads.
+
+- `lock` (an RLock) serializes every LLMEngine call; the loop holds it for one step at a
+  time and sleeps on a condition variable when no request is unfinished (no busy spin).
+- Outputs are DELTA (add_request sets output_kind) and are handed to their stream after
+  the lock is released: a stream's consumer or push callback may call back in.
+- A failing step kills the engine: every live stream ends with EngineDeadError and later
+  add_request calls raise it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from engine.errors import NotFoundError, VllmError
+from engine.outputs import RequestOutput
+from engine.sampling_params import RequestOutputKind, SamplingParams
+
+if TYPE_CHECKING:  # the engine (torch) is imported by whoever builds the LLMEngine
+    from engine.llm_engine import LLMEngine
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(VllmError):
+    """The engine loop failed; no request can run any more (VLLM_ERR_INTERNAL)."""
+
+    status = 9
+
+
+class EngineClosedError(VllmError):
+    """The engine was shut down (VLLM_ERR_INVALID_STATE)."""
+
+    status = 12
+
+
+OutputCallback = Callable[["RequestOutput | BaseException"], None]
+_FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+class StatsCollector:
+    """The request counters of vLLM's PrometheusStatLogger (vllm/v1/metrics/loggers.py),
+    counted from DELTA outputs, plus the scheduler's and KV cache's gauges."""
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0  # vllm:prompt_tokens (counted at a request's first token)
+        self.generation_tokens = 0  # vllm:generation_tokens
+        self.request_success = dict.fromkeys(_FINISH_REASONS, 0)  # by finished_reason
+        self._prefilled: set[str] = set()
+
+    def observe(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            new_tokens = sum(len(c.token_ids) for c in out.outputs)
+            if new_tokens and out.request_id not in self._prefilled:
+                self._prefilled.add(out.request_id)
+                self.prompt_tokens += len(out.prompt_token_ids)
+            self.generation_tokens += new_tokens
+            for completion in out.outputs:
+                if completion.finish_reason is not None:
+                    self.request_success[completion.finish_reason] = (
+                        self.request_success.get(completion.finish_reason, 0) + 1)
+            if out.finished:
+                self._prefilled.discard(out.request_id)
+
+    def count_errors(self, n: int) -> None:
+        self.request_success["error"] += n
+
+    def snapshot(self, engine: LLMEngine) -> dict:
+        """Gauges as of now, counters since the engine started."""
+        scheduler = engine.scheduler
+        cumulative = engine.get_stats()  # engine/metrics.py EngineStats
+        return {
+            "num_requests_running": len(scheduler.running),
+            "num_requests_waiting": len(scheduler.waiting),
+            "kv_cache_usage_perc": scheduler.kv_cache_manager.usage,
+            "prefix_cache_queries": cumulative.prefix_cache_queries,
+            "prefix_cache_hits": cumulative.prefix_cache_hits,
+            "num_preemptions": scheduler.num_preemptions,
+            "prompt_tokens": self.prompt_tokens,
+            "generation_tokens": self.generation_tokens,
+            "request_success": dict(self.request_success),
+        }
+
+
+class RequestStream:
+    """The outputs of one request, in order: pulled with get() or pushed to a callback."""
+
+    def __init__(self, request_id: str, cancel: Callable[[str], None],
+                 on_output: OutputCallback | None = None) -> None:
+        self.request_id = request_id
+        self._cancel = cancel
+        self._on_output = on_output
+        self._cond = threading.Condition(threading.Lock())
+        self._items: deque[RequestOutput | BaseException] = deque()
+        self._ended = False  # the terminal output (or error) was handed out
+
+    @property
+    def pushes(self) -> bool:
+        return self._on_output is not None
+
+    def get(self, timeout_s: float | None = None) -> RequestOutput | None:
+        """The next DELTA output; None on timeout. After the output with finished=True
+        (or the error that ended the request, raised here once) it raises EOFError."""
+        if self._on_output is not None:
+            raise EngineClosedError(f"request {self.request_id!r} streams to a callback")
+        with self._cond:
+            if self._ended:
+                raise EOFError(f"request {self.request_id!r} has ended")
+            if not self._cond.wait_for(lambda: self._items, timeout_s):
+                return None
+            item = self._items.popleft()
+            if isinstance(item, BaseException):
+                self._ended = True
+                raise item
+            self._ended = item.finished
+            return item
+
+    def cancel(self) -> None:
+        self._cancel(self.request_id)
+
+    def _put(self, item: RequestOutput | BaseException) -> None:
+        if self._on_output is not None:
+            self._on_output(item)
+            return
+        with self._cond:
+            self._items.append(item)
+            self._cond.notify_all()
+
+
+class AsyncLLM:
+    def __init__(self, engine: LLMEngine, *, stats: StatsCollector | None = None,
+                 lock: threading.RLock | None = None) -> None:
+        self.engine = engine
+        self.lock = lock or threading.RLock()
+        self.stats = stats or StatsCollector()
+        self._wakeup = threading.Condition(self.lock)
+        self._streams: dict[str, RequestStream] = {}
+        self._closed = False
+        self._dead: EngineDeadError | None = None
+        # daemon: a non-daemon thread would hang a Python host at exit
+        self._thread = threading.Thread(target=self._run, name="vllm-engine-loop", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- requests
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    on_output: OutputCallback | None = None) -> RequestStream:
+        """Queues a request. on_output (optional) receives every output, or the error
+        that ended the request, on the loop thread instead of the stream's get()."""
+        params.output_kind = RequestOutputKind.DELTA
+        stream = RequestStream(request_id, self.abort, on_output)
+        with self.lock:
+            self._check_open()
+            self.engine.add_request(request_id, prompt, params)
+            self._streams[request_id] = stream
+            self._wakeup.notify()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Ends a request (its last output has finish_reason "abort"); a no-op for
+        requests that finished or never existed."""
+        with self.lock:
+            if request_id not in self._streams:
+                return
+            try:
+                self.engine.abort_request(request_id)
+            except NotFoundError:  # already aborted: its last output is pending
+                return
+            self._wakeup.notify()
+
+    def has_request(self, request_id: str) -> bool:
+        """True while the request's last output has not been handed to its stream."""
+        with self.lock:
+            return request_id in self._streams
+
+    def num_unfinished(self) -> int:
+        with self.lock:
+            return len(self._streams)
+
+    def get_stats(self) -> dict:
+        """vLLM's engine metrics (names of vllm/v1/metrics/loggers.py without `vllm:`)."""
+        with self.lock:
+            return self.stats.snapshot(self.engine)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stops accepting requests, aborts the live ones (their streams get their last
+        output), and waits up to timeout_s for the loop thread to end."""
+        with self.lock:
+            self._closed = True
+            for request_id in list(self._streams):
+                self.abort(request_id)
+            self._wakeup.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+
+    def _check_open(self) -> None:
+        if self._dead is not None:
+            raise self._dead
+        if self._closed:
+            raise EngineClosedError("the engine is shut down")
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                while not self.engine.has_unfinished_requests():
+                    if self._closed:
+                        return
+                    self._wakeup.wait()
+                try:
+                    outputs = self.engine.step()
+                except BaseException as e:  # noqa: BLE001 - any failure ends every stream
+                    self._die(e)
+                    return
+                self.stats.observe(outputs)
+                ready = [(self._streams.get(out.request_id), out) for out in outputs]
+                for out in outputs:
+                    if out.finished:
+                        self._streams.pop(out.request_id, None)
+            for stream, out in ready:
+                if stream is not None:
+                    _deliver(stream, out)
+
+    def _die(self, exc: BaseException) -> None:
+        self._dead = EngineDeadError(f"the engine loop failed: {type(exc).__name__}: {exc}")
+        streams, self._streams = list(self._streams.values()), {}
+        self.stats.count_errors(len(streams))
+        for stream in streams:
+            _deliver(stream, self._dead)
+
+
+def _deliver(stream: RequestStream, item: RequestOutput | BaseException) -> None:
+    """A failing push callback must not stop the loop: log it and go on."""
+    try:
+        stream._put(item)
+    except Exception:
+        logger.exception("output callback of request %r failed", stream.request_id)

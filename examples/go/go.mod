@@ -1,0 +1,3 @@
+module libvllm.example/generate
+
+go 1.19

@@ -1,0 +1,192 @@
+"""The ASGI app: routing, API keys, admission, SSE framing, /health, /version, /metrics.
+
+HTTP only: the OpenAI work happens in libvllm (vllm_openai_request), reached through
+libvllm.py. Mirrors the HTTP behaviour of vllm/entrypoints/serve/** (routes, error body
+{"error": {message, type, param, code}}, 503 "Service Unavailable" for a full queue as
+vLLM's QueueOverflowError, SSE `data: <chunk>\\n\\n` ... `data: [DONE]\\n\\n`) with the
+auth rule of llama.cpp: default-deny, every path needs the key except PUBLIC_PATHS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+from http import HTTPStatus
+
+import anyio
+from libvllm import LibVLLM, VllmError
+from metrics import render
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+logger = logging.getLogger("vllm.server")
+
+PUBLIC_PATHS = frozenset({"/health", "/version"})  # liveness and version: no data, no key
+OPENAI_ROUTES = {"/v1/completions": "POST", "/v1/chat/completions": "POST",
+                 "/v1/models": "GET", "/tokenize": "POST", "/detokenize": "POST"}
+MAX_BODY_BYTES = 32 << 20
+STREAM_POLL_MS = 250  # how often a silent stream looks for a disconnected client
+_BUSY = ("The engine is currently busy and cannot accept new requests. Please try again later "
+         "or on a different instance.")
+
+
+class ServerState:
+    def __init__(self, lib: LibVLLM, model_name: str, max_queued: int) -> None:
+        self.lib, self.model_name, self.max_queued = lib, model_name, max_queued
+        self.ready = False  # the engine is loaded and its loop runs
+        self.draining = False  # SIGTERM: no new requests, in-flight ones finish
+        self.in_flight = 0
+        self.streams: set[int] = set()
+        self.limiter = anyio.CapacityLimiter(max_queued + 8)  # threads blocked in libvllm
+
+
+def error_response(status: int, message: str, err_type: str | None = None,
+                   headers: dict | None = None) -> JSONResponse:
+    err_type = err_type or HTTPStatus(status).phrase
+    body = {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def unavailable(message: str) -> JSONResponse:
+    return error_response(503, message, headers={"Retry-After": "1"})
+
+
+class ApiKeyMiddleware:
+    """Bearer token (or X-Api-Key) on every path but PUBLIC_PATHS; compared in constant
+    time on SHA-256 digests, as vllm/entrypoints/serve/middleware/authenticate.py."""
+
+    def __init__(self, app, api_keys: list[str]) -> None:
+        self.app = app
+        self.digests = [hashlib.sha256(k.encode()).digest() for k in api_keys]
+
+    def _authorized(self, headers: Headers) -> bool:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            token = headers.get("x-api-key", "")
+        digest = hashlib.sha256(token.strip().encode()).digest()
+        return bool(token) and any(secrets.compare_digest(digest, d) for d in self.digests)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and self.digests and scope["path"] not in PUBLIC_PATHS \
+                and not self._authorized(Headers(scope=scope)):
+            response = error_response(401, "Invalid or missing API key.", "authentication_error",
+                                      {"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+async def _read_body(request: Request) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise HTTPException(413, f"The request body is larger than {MAX_BODY_BYTES} bytes.")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def openai_endpoint(request: Request) -> Response:
+    st: ServerState = request.app.state.server
+    if not st.ready:
+        return unavailable("The model is loading." if not st.draining else "Shutting down.")
+    if st.draining:
+        return unavailable("The server is shutting down.")
+    if st.in_flight >= st.max_queued:
+        return unavailable(_BUSY)
+    if request.method == "POST" and \
+            request.headers.get("content-type", "").split(";")[0].strip().lower() != \
+            "application/json":  # vLLM's validate_json_request
+        return error_response(400, "1 validation error:\n  Unsupported Media Type: Only "
+                              "'application/json' is allowed")
+    st.in_flight += 1
+    handed_over = False
+    try:
+        body = await _read_body(request) if request.method == "POST" else None
+        status, text, stream = await anyio.to_thread.run_sync(
+            st.lib.openai_request, request.method, request.url.path, body, limiter=st.limiter)
+        if stream is None:
+            return Response(text, status_code=status, media_type="application/json")
+        handed_over = True
+        return StreamingResponse(_sse(st, stream), status_code=status,
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    except VllmError as exc:
+        logger.error("libvllm failed: %s", exc)
+        code = 503 if exc.status in (7, 12) else 500
+        return error_response(code, str(exc))
+    finally:
+        if not handed_over:
+            st.in_flight -= 1
+
+
+async def _sse(st: ServerState, stream: int):
+    """The chunks as SSE events. However it ends (done, client gone, shutdown) the engine
+    requests are cancelled if unfinished and the handle is freed."""
+    st.streams.add(stream)
+    try:
+        while True:
+            try:
+                chunk = await anyio.to_thread.run_sync(
+                    st.lib.stream_next, stream, STREAM_POLL_MS, limiter=st.limiter)
+            except EOFError:
+                yield b"data: [DONE]\n\n"
+                return
+            except VllmError as exc:  # libvllm failed mid-stream: vLLM's error event
+                logger.error("libvllm failed mid-stream: %s", exc)
+                error = {"message": str(exc), "type": "InternalServerError", "param": None,
+                         "code": 500}
+                yield b"data: " + json.dumps({"error": error}).encode() + b"\n\ndata: [DONE]\n\n"
+                return
+            if chunk is not None:
+                yield b"data: " + chunk.encode() + b"\n\n"
+    finally:
+        st.streams.discard(stream)
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(st.lib.stream_free, stream, limiter=st.limiter)
+        st.in_flight -= 1
+
+
+async def health(request: Request) -> Response:
+    st: ServerState = request.app.state.server
+    return Response(status_code=200 if st.ready and not st.draining else 503)
+
+
+async def version(request: Request) -> Response:
+    return JSONResponse({"version": request.app.state.server.lib.version()})
+
+
+async def metrics(request: Request) -> Response:
+    st: ServerState = request.app.state.server
+    if not st.ready:
+        return unavailable("The model is loading.")
+    try:
+        values = await anyio.to_thread.run_sync(st.lib.metrics, limiter=st.limiter)
+    except VllmError as exc:
+        logger.error("vllm_engine_metrics failed: %s", exc)
+        return error_response(500, str(exc))
+    return Response(render(values, st.model_name),
+                    media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def _http_exception(request: Request, exc: HTTPException) -> Response:
+    return error_response(exc.status_code, exc.detail)
+
+
+def build_app(state: ServerState, api_keys: list[str], lifespan=None) -> Starlette:
+    routes = [Route("/health", health, methods=["GET"]),
+              Route("/version", version, methods=["GET"]),
+              Route("/metrics", metrics, methods=["GET"])]
+    routes += [Route(path, openai_endpoint, methods=[method])
+               for path, method in OPENAI_ROUTES.items()]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_exception})
+    app.state.server = state
+    app.add_middleware(ApiKeyMiddleware, api_keys=api_keys)
+    return app
