@@ -1,7 +1,8 @@
 """EngineConfig: the one flat configuration of an engine (vLLM's EngineArgs, flattened).
 
 Mirrors the names and defaults of vllm/engine/arg_utils.py (EngineArgs) for the fields
-that exist so far. 0 / None means "derive from the model or the machine".
+that exist so far, and the checks of vllm/config/scheduler.py (SchedulerConfig).
+0 / None means "derive from the model or the machine".
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False
     served_model_name: str | None = None
+    # scheduler (vllm/config/scheduler.py SchedulerConfig, EngineArgs names)
+    scheduling_policy: str = "fcfs"  # fcfs | priority (lower value first, then arrival)
+    long_prefill_token_threshold: int = 0  # cap on a prefill chunk when others wait; 0: off
+    long_prefill_token_threshold_adaptive: bool = False  # floor the cap at a fair share
+    scheduler_reserve_full_isl: bool = True  # admit only if the whole prompt fits the KV
+    watermark: float = 0.0  # fraction of KV blocks kept free when admitting requests
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -40,3 +47,28 @@ class EngineConfig:
         if self.block_size not in (8, 16, 32, 64, 128):
             raise InvalidArgumentError(
                 f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise InvalidArgumentError(f"Unknown scheduling policy: {self.scheduling_policy}")
+        if self.long_prefill_token_threshold < 0:
+            raise InvalidArgumentError("long_prefill_token_threshold must be >= 0, got "
+                                       f"{self.long_prefill_token_threshold}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise InvalidArgumentError(f"watermark must be in [0, 1), got {self.watermark}")
+
+    def verify_max_model_len(self, max_model_len: int) -> None:
+        """vllm/config/scheduler.py::SchedulerConfig.verify_max_model_len."""
+        batched = self.max_num_batched_tokens
+        if batched < max_model_len and not self.enable_chunked_prefill:
+            raise InvalidArgumentError(
+                f"max_num_batched_tokens ({batched}) is smaller than max_model_len "
+                f"({max_model_len}). This effectively limits the maximum sequence length to "
+                "max_num_batched_tokens and makes vLLM reject longer sequences. Please "
+                "increase max_num_batched_tokens or decrease max_model_len.")
+        if batched < self.max_num_seqs:
+            raise InvalidArgumentError(
+                f"max_num_batched_tokens ({batched}) must be greater than or equal to "
+                f"max_num_seqs ({self.max_num_seqs}).")
+        if self.long_prefill_token_threshold > max_model_len:
+            raise InvalidArgumentError(
+                f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) cannot "
+                f"be greater than the max_model_len ({max_model_len}).")

@@ -1,112 +1,116 @@
-"""KV cache manager, block pool and scheduler units (no model needed).
+"""Single-type (full attention) KV cache manager and KV cache sizing.
 
-Mirrors upstream vLLM 0.33 tests/v1/core/test_kv_cache_utils.py
-(test_free_kv_cache_block_queue_operations) and tests/v1/core/test_prefix_caching.py
-(prefill hit / eviction order) and tests/v1/core/test_scheduler.py (token budget,
-preemption), re-expressed for our single-group manager. Full ports: issue 4.
+Mirrors vLLM 0.33 tests/v1/core/test_single_type_kv_cache_manager.py
+(test_get_num_blocks_to_allocate, test_evictable_cached_blocks_not_double_allocated,
+re-expressed for full attention: the upstream cases use a sliding window, which this
+engine does not have) and the start-up check of vllm/v1/core/kv_cache_planning.py
+(_check_enough_kv_cache_memory, estimate_max_model_len). Oracle: upstream expectations;
+block arithmetic written out in the comments.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
-from engine.core.sched_output import ModelRunnerOutput
-from engine.core.scheduler import Scheduler
-from engine.request import Request, RequestStatus
+from engine.core.block_pool import BlockPool
+from engine.core.kv_cache_utils import KVCacheBlock, get_num_kv_blocks
+from engine.core.single_type_kv_cache_manager import FullAttentionManager
+from engine.errors import OutOfResourcesError
+from engine.request import Request
 from engine.sampling_params import SamplingParams
 
-BS = 4
+SKIP_SWA = "sliding-window / chunked-local / mamba managers do not exist here (issue 4)"
 
 
-def make_request(rid: str, ids: list[int], max_tokens: int = 8) -> Request:
-    return Request(rid, ids, SamplingParams(temperature=0.0, max_tokens=max_tokens),
-                   eos_token_id=None, arrival_time=0.0, block_size=BS)
+def make_manager(block_size: int = 2, num_blocks: int = 100) -> FullAttentionManager:
+    return FullAttentionManager(BlockPool(num_blocks, enable_caching=True), block_size)
 
 
-def test_free_kv_cache_block_queue_operations():
-    blocks = [KVCacheBlock(i) for i in range(5)]
-    queue = FreeKVCacheBlockQueue(blocks)
-    assert queue.num_free_blocks == 5
-    assert queue.popleft() is blocks[0]
-    queue.remove(blocks[2])
-    assert blocks[1].next_free_block is blocks[3] and blocks[3].prev_free_block is blocks[1]
-    queue.append(blocks[2])
-    assert queue.fake_free_list_tail.prev_free_block is blocks[2]
-    assert blocks[2].prev_free_block is blocks[4]
-    assert [b.block_id for b in queue.get_all_free_blocks()] == [1, 3, 4, 2]
-    for _ in range(4):
-        queue.popleft()
-    assert queue.fake_free_list_head.next_free_block is queue.fake_free_list_tail
-    with pytest.raises(ValueError, match="No free blocks available"):
-        queue.popleft()
+def test_get_num_blocks_to_allocate():
+    block_size = 2
+    manager = make_manager(block_size)
+    cached_blocks = [KVCacheBlock(i + 1) for i in range(10)]  # ref 0: evictable hits
+    # 20 blocks needed: 10 new + the 10 hits, which leave the free queue when touched
+    assert manager.get_num_blocks_to_allocate("1", 20 * block_size, cached_blocks) == 20
+    for b in cached_blocks[:5]:
+        b.ref_cnt = 1  # held by another request: not taken from the free queue
+    assert manager.get_num_blocks_to_allocate("2", 20 * block_size, cached_blocks) == 15
+    assert manager.get_num_blocks_to_allocate("3", 20 * block_size, []) == 20
 
 
-def test_prefill_prefix_hit_and_refcounts():
-    mgr = KVCacheManager(num_blocks=11, block_size=BS, max_model_len=64, enable_caching=True)
-    common = list(range(100, 108))  # two full blocks
-    r0 = make_request("0", common + [1, 2, 3])
-    hits, n = mgr.get_computed_blocks(r0)
-    assert (hits, n) == ([], 0)
-    assert len(mgr.allocate_slots(r0, r0.num_tokens)) == 3
-    r1 = make_request("1", common + [7])
-    hits, n = mgr.get_computed_blocks(r1)
-    assert n == 8 and [b.block_id for b in hits] == mgr.get_block_ids("0")[:2]
-    mgr.allocate_slots(r1, 1, hits)
-    assert [b.ref_cnt for b in hits] == [2, 2]
-    b0, b1, b2 = mgr.get_block_ids("0")
-    b3 = mgr.get_block_ids("1")[2]
-    mgr.free(r0)  # b0, b1 still held by r1: only b2 is freed
-    mgr.free(r1)  # freed tail-first: b3, b1, b0
-    free_ids = [b.block_id for b in mgr.block_pool.free_block_queue.get_all_free_blocks()]
-    assert free_ids[-4:] == [b2, b3, b1, b0]
-    # freed blocks stay cached until evicted
-    r2 = make_request("2", common + [9, 9])
-    assert mgr.get_computed_blocks(r2)[1] == 8
+def test_evictable_cached_blocks_not_double_allocated():
+    block_size = 2
+    block_pool = BlockPool(100, enable_caching=True)
+    manager = FullAttentionManager(block_pool, block_size)
+    evictable_block = block_pool.blocks[1]  # ref_cnt == 0, eviction candidate
+    assert manager.get_num_blocks_to_allocate("req", 2 * block_size, [evictable_block]) == 2
+    manager.add_local_computed_blocks("req", [evictable_block])
+    new_blocks = manager.allocate_new_blocks("req", 2 * block_size)
+    assert len(new_blocks) == 1
+    assert len(manager.req_to_blocks["req"]) == 2
+    assert evictable_block.ref_cnt == 1
+    # a running request takes the fast path: only blocks beyond what it holds
+    assert manager.get_num_blocks_to_allocate("req", 5 * block_size, []) == 3
 
 
-def test_hit_never_covers_the_last_token():
-    mgr = KVCacheManager(num_blocks=11, block_size=BS, max_model_len=64, enable_caching=True)
-    r0 = make_request("0", list(range(8)))
-    mgr.allocate_slots(r0, 8)
-    assert mgr.get_computed_blocks(make_request("1", list(range(8))))[1] == 4
+def test_find_longest_cache_hit_stops_at_first_miss_and_max_length():
+    block_size = 2
+    pool = BlockPool(10, enable_caching=True)
+    manager = FullAttentionManager(pool, block_size)
+    req = Request("r", list(range(8)), SamplingParams(max_tokens=4), None, 0.0, block_size)
+    blocks = pool.get_new_blocks(4)
+    manager.req_to_blocks["r"] = blocks
+    manager.cache_blocks(req, 8)
+    assert manager.num_cached_block["r"] == 4
+    hashes = req.block_hashes
+    assert manager.find_longest_cache_hit(hashes, 8) == blocks
+    assert manager.find_longest_cache_hit(hashes, 7) == blocks[:3]
+    assert manager.find_longest_cache_hit([b"x"] + hashes[1:], 8) == []
+    pool._maybe_evict_cached_block(blocks[2])
+    assert manager.find_longest_cache_hit(hashes, 8) == blocks[:2]
 
 
-def _scheduler(num_blocks: int, budget: int) -> Scheduler:
-    cfg = EngineConfig(model="x", max_num_batched_tokens=budget, max_num_seqs=8)
-    return Scheduler(cfg, KVCacheManager(num_blocks, BS, 64, True), max_model_len=64)
+def test_free_returns_blocks_tail_first():
+    pool = BlockPool(6, enable_caching=True)
+    manager = FullAttentionManager(pool, 2)
+    req = Request("r", list(range(6)), SamplingParams(max_tokens=4), None, 0.0, 2)
+    manager.allocate_new_blocks("r", 6)
+    manager.cache_blocks(req, 6)
+    manager.free("r")
+    assert [b.block_id for b in pool.free_block_queue.get_all_free_blocks()] == \
+        [4, 5, 3, 2, 1]
+    assert "r" not in manager.req_to_blocks and "r" not in manager.num_cached_block
+    manager.free("unknown")  # freeing a request that never got blocks is a no-op
 
 
-def _step(sched: Scheduler):
-    so = sched.schedule()
-    req_ids = list(so.num_scheduled_tokens)
-    sampled = [[5] if sched.requests[r].num_computed_tokens == sched.requests[r].num_tokens
-                else [] for r in req_ids]
-    return so, sched.update_from_output(so, ModelRunnerOutput(req_ids, sampled))
+@pytest.mark.skip(reason=SKIP_SWA)
+def test_sliding_window_possible_cached_prefix():
+    """Upstream: sliding-window cache hits padded with null blocks."""
 
 
-def test_token_budget_chunks_prefill_and_admits_while_decoding():
-    sched = _scheduler(num_blocks=64, budget=8)
-    sched.add_request(make_request("a", list(range(12))))
-    so, _ = _step(sched)
-    assert so.num_scheduled_tokens == {"a": 8}  # first chunk
-    sched.add_request(make_request("b", list(range(50, 53))))
-    so, res = _step(sched)
-    assert so.num_scheduled_tokens == {"a": 4, "b": 3}  # rest of a + all of b together
-    assert {r.request_id for r, _ in res} == {"a", "b"}
+BLOCK_BYTES = 1000
 
 
-def test_preemption_is_newest_first_and_recomputes():
-    sched = _scheduler(num_blocks=5, budget=64)  # 4 usable blocks
-    sched.add_request(make_request("old", list(range(8)), max_tokens=6))
-    sched.add_request(make_request("new", list(range(20, 28)), max_tokens=6))
-    _step(sched)  # both prefilled: 2 blocks each
-    so, _ = _step(sched)  # both need a 3rd block: the newest is preempted
-    assert so.preempted_req_ids == {"new"}
-    assert sched.requests["new"].status == RequestStatus.PREEMPTED
-    while sched.has_unfinished_requests():
-        _step(sched)
-    assert sched.num_preemptions >= 1
-    assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 4
+@pytest.mark.parametrize("budget_blocks,max_model_len,num_blocks", [
+    (5, 64, 5),  # 4 usable blocks of 16 = 64 tokens: just fits
+    (100, 64, 100),
+])
+def test_num_kv_blocks_from_budget(budget_blocks, max_model_len, num_blocks):
+    assert get_num_kv_blocks(budget_blocks * BLOCK_BYTES + 7, BLOCK_BYTES, 16,
+                             max_model_len) == num_blocks
+
+
+def test_budget_too_small_for_max_model_len_fails_fast():
+    with pytest.raises(OutOfResourcesError) as e:
+        get_num_kv_blocks(4 * BLOCK_BYTES, BLOCK_BYTES, 16, 64)
+    msg = str(e.value)
+    assert "To serve at least one request with the model's max seq len (64)" in msg
+    assert "the estimated maximum model length is 48" in msg  # 3 usable blocks
+
+
+def test_no_memory_for_kv_cache():
+    with pytest.raises(OutOfResourcesError, match="No available memory for the cache blocks"):
+        get_num_kv_blocks(0, BLOCK_BYTES, 16, 64)
+    with pytest.raises(OutOfResourcesError, match="max seq len") as e:
+        get_num_kv_blocks(BLOCK_BYTES, BLOCK_BYTES, 16, 64)  # only the null block
+    assert "estimated maximum model length" not in str(e.value)  # vLLM omits a 0 estimate

@@ -1,79 +1,129 @@
-"""KVCacheManager: per-request block lists on top of the BlockPool, as
-vllm/v1/core/kv_cache_manager.py (single full-attention group).
+"""KVCacheManager: the scheduler's interface to the KV cache, as
+vllm/v1/core/kv_cache_manager.py with its single-group coordinator folded in.
 
-get_computed_blocks finds the longest cached prefix; allocate_slots grows a
-request's blocks for this step's tokens or returns None when the pool is short
-(the scheduler then preempts); free returns a request's blocks tail-first.
+get_computed_blocks finds the longest cached prefix (never the last token, which must be
+recomputed for logits); allocate_slots adopts those hits and grows a request's blocks
+for this step's tokens, or returns None when the pool is short (the scheduler then
+preempts or waits); free returns a request's blocks tail-first.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from engine.core.block_pool import BlockPool
 from engine.core.kv_cache_utils import KVCacheBlock
-from engine.request import Request
+from engine.core.single_type_kv_cache_manager import FullAttentionManager
+from engine.metrics import PrefixCacheStats
+from engine.request import Request, RequestStatus
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+@dataclass
+class KVCacheBlocks:
+    """Allocation result handed to the scheduler (one KV group: a flat block list)."""
+
+    blocks: Sequence[KVCacheBlock]
+
+    def get_block_ids(self) -> list[int]:
+        return [block.block_id for block in self.blocks]
 
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
-                 enable_caching: bool) -> None:
+                 enable_caching: bool, log_stats: bool = True, watermark: float = 0.0) -> None:
+        assert 0.0 <= watermark < 1.0, "watermark must be in [0, 1)"
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
+        self.log_stats = log_stats
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.block_pool = BlockPool(num_blocks, enable_caching)
-        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        self.num_cached_block: dict[str, int] = {}
-        self.prefix_cache_queries = 0  # tokens looked up
-        self.prefix_cache_hits = 0  # tokens found
+        self.single_type_manager = FullAttentionManager(self.block_pool, block_size)
+        # blocks kept free when admitting waiting/preempted requests
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.empty_kv_cache_blocks = KVCacheBlocks(())
 
     @property
     def usage(self) -> float:
+        """Fraction of the KV cache in use (0.0-1.0)."""
         return self.block_pool.get_usage()
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
-        if not self.enable_caching:
-            return [], 0
-        # at least one token must be computed to produce logits
-        max_hit_blocks = (request.num_tokens - 1) // self.block_size
-        hits: list[KVCacheBlock] = []
-        for h in request.block_hashes[:max_hit_blocks]:
-            blk = self.block_pool.get_cached_block(h)
-            if blk is None:
-                break
-            hits.append(blk)
-        self.prefix_cache_queries += request.num_tokens
-        self.prefix_cache_hits += len(hits) * self.block_size
-        return hits, len(hits) * self.block_size
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The stats since the last call (a fresh accumulator replaces them)."""
+        if not self.log_stats:
+            return None
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
+            return
+        self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
+                                       preempted=request.num_preemptions > 0)
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """(cached blocks, number of computed tokens) of the request's longest hit."""
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0
+        # all-hit prompts still recompute the last token (a whole block) for logits
+        hits = self.single_type_manager.find_longest_cache_hit(request.block_hashes,
+                                                               request.num_tokens - 1)
+        if not hits:
+            return self.empty_kv_cache_blocks, 0
+        return KVCacheBlocks(hits), len(hits) * self.block_size
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
-                       new_computed_blocks: list[KVCacheBlock] | None = None
-                       ) -> list[KVCacheBlock] | None:
-        new_computed_blocks = new_computed_blocks or []
-        blocks = self.req_to_blocks.setdefault(request.request_id, [])
-        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        total = min(num_computed + num_new_tokens, self.max_model_len)
-        num_required = cdiv(total, self.block_size) - len(blocks) - len(new_computed_blocks)
-        # hits that sit in the free queue stop being allocatable once touched
-        evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-        if num_required > self.block_pool.get_num_free_blocks() - evictable_hits:
+                       num_new_computed_tokens: int = 0,
+                       new_computed_blocks: KVCacheBlocks | None = None,
+                       full_sequence_must_fit: bool = False,
+                       has_scheduled_reqs: bool = True) -> KVCacheBlocks | None:
+        """Slots for num_new_tokens after the request's computed tokens and its new
+        prefix hits. None (hits untouched) when the free blocks do not suffice; with
+        full_sequence_must_fit, the whole prompt must fit (admission gate)."""
+        if num_new_tokens == 0 and num_new_computed_tokens == 0:
+            raise ValueError("num_new_tokens must be greater than 0 when there are no "
+                             "computed tokens to adopt")
+        hits = new_computed_blocks.blocks if new_computed_blocks is not None else ()
+        manager = self.single_type_manager
+        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        watermark = 0
+        if has_scheduled_reqs and request.status in (RequestStatus.WAITING,
+                                                     RequestStatus.PREEMPTED):
+            watermark = self.watermark_blocks
+        free = self.block_pool.get_num_free_blocks()
+        if full_sequence_must_fit:
+            full = min(request.num_tokens, self.max_model_len)
+            if manager.get_num_blocks_to_allocate(request.request_id, full, hits) \
+                    + watermark > free:
+                return None
+        num_tokens_need_slot = min(num_computed + num_new_tokens, self.max_model_len)
+        if manager.get_num_blocks_to_allocate(request.request_id, num_tokens_need_slot,
+                                              hits) + watermark > free:
             return None
-        self.block_pool.touch(new_computed_blocks)
-        blocks.extend(new_computed_blocks)
-        new_blocks = self.block_pool.get_new_blocks(max(num_required, 0))
-        blocks.extend(new_blocks)
-        num_full = min(total, request.num_tokens) // self.block_size
-        cached = self.num_cached_block.get(request.request_id, 0)
-        self.block_pool.cache_full_blocks(blocks, request.block_hashes, cached, num_full)
-        self.num_cached_block[request.request_id] = max(cached, num_full)
-        return new_blocks
+        if request.request_id not in manager.num_cached_block and hits:
+            manager.add_local_computed_blocks(request.request_id, hits)
+        new_blocks = manager.allocate_new_blocks(request.request_id, num_tokens_need_slot)
+        if self.enable_caching:
+            manager.cache_blocks(request, min(num_computed + num_new_tokens,
+                                              request.num_tokens))
+        return KVCacheBlocks(new_blocks) if new_blocks else self.empty_kv_cache_blocks
 
     def free(self, request: Request) -> None:
-        blocks = self.req_to_blocks.pop(request.request_id, [])
-        self.num_cached_block.pop(request.request_id, None)
-        self.block_pool.free_blocks(reversed(blocks))
+        self.single_type_manager.free(request.request_id)
+
+    def reset_prefix_cache(self) -> bool:
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        if self.log_stats:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        return KVCacheBlocks(self.single_type_manager.req_to_blocks.get(request_id, ()))
 
     def get_block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+        return self.get_blocks(request_id).get_block_ids()

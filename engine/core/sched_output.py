@@ -1,7 +1,11 @@
-"""SchedulerOutput: what one step runs, as vllm/v1/core/sched/output.py.
+"""SchedulerOutput: what one step runs, as vllm/v1/core/sched/output.py, and the
+runner's answer ModelRunnerOutput (vllm/v1/outputs.py; the runner extends it with
+logprobs).
 
-New (or resumed-after-preemption) requests carry all their token ids; requests
-already in the runner carry only their new block ids.
+New requests, and preempted ones resuming (recompute), carry all their token ids
+(vLLM's v2 model-runner form); requests already in the runner carry only their new
+block ids. finished_req_ids are requests finished since the last step; preempted ones
+are listed apart in preempted_req_ids.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
+    prompt_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -26,6 +31,14 @@ class CachedRequestData:
     new_block_ids: list[list[int]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
 
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
+    @classmethod
+    def make_empty(cls) -> CachedRequestData:
+        return cls()
+
 
 @dataclass
 class SchedulerOutput:
@@ -33,7 +46,7 @@ class SchedulerOutput:
     scheduled_cached_reqs: CachedRequestData
     num_scheduled_tokens: dict[str, int]  # req_id -> tokens this step
     total_num_scheduled_tokens: int
-    finished_req_ids: set[str]  # finished or preempted since the last step: runner drops them
+    finished_req_ids: set[str]  # finished since the last step: the runner drops them
     preempted_req_ids: set[str] = field(default_factory=set)
 
 
@@ -41,3 +54,7 @@ class SchedulerOutput:
 class ModelRunnerOutput:
     req_ids: list[str]
     sampled_token_ids: list[list[int]]  # per request; empty for a partial prefill chunk
+
+    @property
+    def req_id_to_index(self) -> dict[str, int]:
+        return {req_id: i for i, req_id in enumerate(self.req_ids)}

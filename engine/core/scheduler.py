@@ -1,61 +1,76 @@
 """Scheduler: one token budget per step, no prefill/decode phases, as
-vllm/v1/core/sched/scheduler.py.
+vllm/v1/core/sched/scheduler.py (synchronous: no async scheduling, spec decode,
+connectors or encoder inputs).
 
-Running requests are served first (decode or the next prefill chunk); when the KV
-pool is short the newest running request is preempted (recompute: its blocks are
-freed and it goes back to the front of the waiting queue). Waiting requests are
-admitted FCFS while budget, seats (max_num_seqs) and blocks last.
+Each step serves running requests first (a decode token or the next prefill chunk);
+when the KV pool is short a running request is preempted (recompute: its blocks are
+freed and it waits again), the newest under FCFS, the lowest priority (then latest
+arrival) under the priority policy. If nobody was preempted, waiting requests are
+admitted in policy order while budget, seats (max_num_seqs) and blocks last, reusing
+prefix-cache hits.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections.abc import Iterable
 
 from engine.config import EngineConfig
-from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from engine.core.request_queue import SchedulingPolicy, create_request_queue
 from engine.core.sched_output import (
     CachedRequestData,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
 )
+from engine.core.sched_utils import check_stop, remove_all
+from engine.errors import OutOfResourcesError
+from engine.metrics import SchedulerStats
 from engine.request import Request, RequestStatus
-
-
-def check_stop(request: Request, max_model_len: int) -> bool:
-    """vllm/v1/core/sched/utils.py::check_stop (EOS, stop ids, length)."""
-    sp = request.sampling_params
-    last = request.output_token_ids[-1]
-    if not sp.ignore_eos and last == request.eos_token_id:
-        request.status = RequestStatus.FINISHED_STOPPED
-        return True
-    if last in sp.stop_token_ids:
-        request.status = RequestStatus.FINISHED_STOPPED
-        request.stop_reason = last
-        return True
-    if request.num_tokens >= max_model_len or request.num_output_tokens >= request.max_tokens:
-        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-        return True
-    return False
 
 
 class Scheduler:
     def __init__(self, config: EngineConfig, kv_cache_manager: KVCacheManager,
-                 max_model_len: int) -> None:
+                 max_model_len: int, log_stats: bool = True) -> None:
+        config.verify_max_model_len(max_model_len)
+        self.config = config
         self.max_num_running_reqs = config.max_num_seqs
         self.max_num_scheduled_tokens = config.max_num_batched_tokens
-        self.enable_chunked_prefill = config.enable_chunked_prefill
         self.max_model_len = max_model_len
+        self.policy = SchedulingPolicy(config.scheduling_policy)
         self.kv_cache_manager = kv_cache_manager
+        self.block_size = kv_cache_manager.block_size
+        self.log_stats = log_stats
         self.requests: dict[str, Request] = {}
-        self.waiting: deque[Request] = deque()
+        self.waiting = create_request_queue(self.policy)
         self.running: list[Request] = []
+        # finished / preempted since the last schedule(): handed to the runner, then reset
         self.finished_req_ids: set[str] = set()
-        self.num_preemptions = 0
+        self.reset_preempted_req_ids: set[str] = set()
+        self.num_preemptions = 0  # total, for vllm:num_preemptions
 
     def add_request(self, request: Request) -> None:
-        self.waiting.append(request)
+        self._check_fits_kv_cache(request)
+        self.waiting.add_request(request)
         self.requests[request.request_id] = request
+
+    def _check_fits_kv_cache(self, request: Request) -> None:
+        """Fail a request the KV cache can never hold instead of letting it wait forever
+        (vLLM relies on its start-up check alone)."""
+        # the last sampled token is never fed back, so it needs no KV slot
+        num_slots = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len) - 1
+        needed = -(-max(num_slots, request.num_prompt_tokens) // self.block_size)
+        usable = self.kv_cache_manager.block_pool.num_gpu_blocks - 1
+        if needed > usable:
+            raise OutOfResourcesError(
+                f"Request {request.request_id} needs {needed} KV cache blocks "
+                f"({request.num_prompt_tokens} prompt tokens + up to {request.max_tokens} "
+                f"new) but the KV cache has {usable} blocks of {self.block_size} tokens. "
+                f"Lower max_tokens or increase the KV cache memory.")
+
+    def get_request_counts(self) -> tuple[int, int]:
+        """(num_running_reqs, num_waiting_reqs)."""
+        return len(self.running), len(self.waiting)
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
@@ -63,109 +78,209 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return self.get_num_unfinished_requests() > 0
 
+    def has_finished_requests(self) -> bool:
+        return bool(self.finished_req_ids)
+
+    def get_kv_cache_usage(self) -> float:
+        return self.kv_cache_manager.usage
+
+    def _long_prefill_threshold(self) -> int:
+        """The chunk cap, only when another request could be starved by a long prefill."""
+        num_eligible = len(self.running) + len(self.waiting)
+        threshold = self.config.long_prefill_token_threshold if num_eligible > 1 else 0
+        if threshold > 0 and self.config.long_prefill_token_threshold_adaptive:
+            threshold = max(threshold, self.max_num_scheduled_tokens // num_eligible)
+        return threshold
+
     def schedule(self) -> SchedulerOutput:
-        budget = self.max_num_scheduled_tokens
-        num_scheduled: dict[str, int] = {}
-        new_reqs: list[NewRequestData] = []
-        cached = CachedRequestData()
-        preempted: set[str] = set()
-        resumed: list[Request] = []
+        token_budget = self.max_num_scheduled_tokens
+        threshold = self._long_prefill_threshold()
+        num_scheduled_tokens: dict[str, int] = {}
+        req_to_new_blocks: dict[str, KVCacheBlocks] = {}
+        scheduled_running: list[Request] = []
+        scheduled_new: list[Request] = []
+        preempted: list[Request] = []
 
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            while (new_blocks := self.kv_cache_manager.allocate_slots(req, n)) is None:
-                victim = self.running.pop()  # newest first
-                self._preempt(victim)
-                preempted.add(victim.request_id)
-                if victim is req:
+        # First, the RUNNING requests.
+        req_index = 0
+        while req_index < len(self.running) and token_budget > 0:
+            request = self.running[req_index]
+            num_new = request.num_tokens - request.num_computed_tokens
+            if 0 < threshold < num_new:
+                num_new = threshold
+            num_new = min(num_new, token_budget,
+                          self.max_model_len - request.num_computed_tokens - 1)
+            if num_new <= 0:  # nothing to compute (e.g. output pending): others may run
+                req_index += 1
+                continue
+            while (new_blocks := self.kv_cache_manager.allocate_slots(request, num_new)) \
+                    is None:
+                if self.policy == SchedulingPolicy.PRIORITY:
+                    victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
+                    victim_index = self.running.index(victim)
+                    del self.running[victim_index]
+                    if victim_index < req_index:
+                        req_index -= 1
+                    if victim in scheduled_running:  # give its share of this step back
+                        scheduled_running.remove(victim)
+                        token_budget += num_scheduled_tokens.pop(victim.request_id)
+                        req_to_new_blocks.pop(victim.request_id)
+                else:
+                    victim = self.running.pop()
+                self._preempt_request(victim)
+                preempted.append(victim)
+                if victim is request:
                     break
-            if req.request_id in preempted:
+            if new_blocks is None:
+                if self.policy == SchedulingPolicy.PRIORITY:
+                    continue  # later (higher-priority) requests may still fit
                 break
-            num_scheduled[req.request_id] = n
-            budget -= n
-            cached.req_ids.append(req.request_id)
-            cached.new_block_ids.append([b.block_id for b in new_blocks])
-            cached.num_computed_tokens.append(req.num_computed_tokens)
-            i += 1
+            scheduled_running.append(request)
+            req_to_new_blocks[request.request_id] = new_blocks
+            num_scheduled_tokens[request.request_id] = num_new
+            token_budget -= num_new
+            req_index += 1
 
-        while self.waiting and not preempted and budget > 0 and \
+        # Next, the WAITING requests (not in a step that had to preempt).
+        while not preempted and token_budget > 0 and self.waiting and \
                 len(self.running) < self.max_num_running_reqs:
-            req = self.waiting[0]
-            hits, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(req)
-            n = req.num_tokens - num_hit_tokens
-            if n > budget:
-                if not self.enable_chunked_prefill:
-                    break
-                n = budget
-            if self.kv_cache_manager.allocate_slots(req, n, hits) is None:
+            request = self.waiting.peek_request()  # num_computed_tokens is 0 here
+            hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
+            num_new = request.num_tokens - num_hit_tokens
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if not self.config.enable_chunked_prefill and num_new > token_budget:
+                break  # a prompt is never split: the ones behind it wait too (FCFS)
+            num_new = min(num_new, token_budget)
+            new_blocks = self.kv_cache_manager.allocate_slots(
+                request, num_new, num_hit_tokens, hit_blocks,
+                full_sequence_must_fit=self.config.scheduler_reserve_full_isl,
+                has_scheduled_reqs=bool(self.running))
+            if new_blocks is None:
                 break
-            self.waiting.popleft()
-            if req.status == RequestStatus.PREEMPTED:
-                resumed.append(req)
-            req.status = RequestStatus.RUNNING
-            req.num_computed_tokens = num_hit_tokens
-            if req.num_cached_tokens < 0:
-                req.num_cached_tokens = num_hit_tokens
-            self.running.append(req)
-            num_scheduled[req.request_id] = n
-            budget -= n
-            new_reqs.append(NewRequestData(
-                req.request_id, list(req.all_token_ids), req.sampling_params,
-                self.kv_cache_manager.get_block_ids(req.request_id), num_hit_tokens))
+            # recorded at admission, so a lookup that could not be scheduled is not counted
+            self.kv_cache_manager.record_prefix_cache_stats(request, num_hit_tokens)
+            self.waiting.pop_request()
+            self.running.append(request)
+            scheduled_new.append(request)
+            req_to_new_blocks[request.request_id] = self.kv_cache_manager.get_blocks(
+                request.request_id)
+            num_scheduled_tokens[request.request_id] = num_new
+            token_budget -= num_new
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit_tokens
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit_tokens
 
-        out = SchedulerOutput(new_reqs, cached, num_scheduled, sum(num_scheduled.values()),
-                              self.finished_req_ids | preempted, preempted)
-        self.finished_req_ids = set()
-        for req_id, n in num_scheduled.items():
-            self.requests[req_id].num_computed_tokens += n
+        assert token_budget >= 0 and len(self.running) <= self.max_num_running_reqs
+        out = SchedulerOutput(
+            scheduled_new_reqs=[
+                NewRequestData(r.request_id, list(r.all_token_ids), r.sampling_params,
+                               req_to_new_blocks[r.request_id].get_block_ids(),
+                               r.num_computed_tokens, list(r.prompt_token_ids))
+                for r in scheduled_new],
+            scheduled_cached_reqs=CachedRequestData(
+                [r.request_id for r in scheduled_running],
+                [req_to_new_blocks[r.request_id].get_block_ids() for r in scheduled_running],
+                [r.num_computed_tokens for r in scheduled_running]),
+            num_scheduled_tokens=num_scheduled_tokens,
+            total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
+            finished_req_ids=self.finished_req_ids,
+            preempted_req_ids=self.reset_preempted_req_ids)
+        self._update_after_schedule(out)
         return out
 
-    def _preempt(self, req: Request) -> None:
-        self.kv_cache_manager.free(req)
-        req.status = RequestStatus.PREEMPTED
-        req.num_computed_tokens = 0
-        req.num_preemptions += 1
+    def _update_after_schedule(self, out: SchedulerOutput) -> None:
+        # computed tokens advance now, so the next step can schedule the next chunk
+        for req_id, num_tokens in out.num_scheduled_tokens.items():
+            self.requests[req_id].num_computed_tokens += num_tokens
+        self.finished_req_ids = set()
+        self.reset_preempted_req_ids = set()
+
+    def _preempt_request(self, request: Request) -> None:
+        """Recompute preemption; the caller has removed it from `running`."""
+        assert request.status == RequestStatus.RUNNING, "Only running requests can be preempted"
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        self.waiting.prepend_request(request)
+        self.reset_preempted_req_ids.add(request.request_id)
 
-    def update_from_output(self, sched_out: SchedulerOutput,
-                           runner_out: ModelRunnerOutput) -> list[tuple[Request, list[int]]]:
-        """Append sampled tokens, run stop checks, free finished requests.
-
-        Returns (request, new token ids) for every request that produced tokens or
-        finished this step.
-        """
-        results = []
-        for req_id, new_ids in zip(runner_out.req_ids, runner_out.sampled_token_ids):
-            req = self.requests.get(req_id)
-            if req is None or req.is_finished() or not new_ids:
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput
+                           ) -> list[tuple[Request, list[int]]]:
+        """Append sampled tokens, check stop conditions, free finished requests.
+        Returns (request, new token ids) for each scheduled request that produced tokens
+        or finished; requests finished meanwhile (aborted) are skipped."""
+        req_id_to_index = model_runner_output.req_id_to_index
+        results, stopped_reqs = [], set()
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished():
                 continue
-            req.append_output_token_ids(new_ids)
-            if check_stop(req, self.max_model_len):
-                self._free_request(req)
-            results.append((req, new_ids))
+            new_token_ids = model_runner_output.sampled_token_ids[req_id_to_index[req_id]]
+            if not new_token_ids:
+                continue
+            new_token_ids, stopped = self._update_request_with_output(request,
+                                                                      list(new_token_ids))
+            if stopped:
+                stopped_reqs.add(request)
+                self._free_request(request)
+            results.append((request, new_token_ids))
+        self.running = remove_all(self.running, stopped_reqs)
         return results
 
-    def finish_requests(self, req_ids: list[str], status: RequestStatus) -> list[Request]:
-        done = []
-        for req_id in req_ids:
-            req = self.requests.get(req_id)
-            if req is None or req.is_finished():
-                continue
-            if req.status == RequestStatus.RUNNING:
-                self.running.remove(req)
-            else:
-                self.waiting.remove(req)
-            req.status = status
-            self._free_request(req)
-            done.append(req)
-        return done
+    def _update_request_with_output(self, request: Request, new_token_ids: list[int]
+                                    ) -> tuple[list[int], bool]:
+        for num_new, token_id in enumerate(new_token_ids, 1):
+            request.append_output_token_ids(token_id)
+            if check_stop(request, self.max_model_len):
+                # computed tokens cover all new tokens but the last: keep that after a trim
+                request.num_computed_tokens -= len(new_token_ids) - num_new
+                return new_token_ids[:num_new], True
+        return new_token_ids, False
 
-    def _free_request(self, req: Request) -> None:
-        if req in self.running:
-            self.running.remove(req)
-        self.kv_cache_manager.free(req)
-        self.finished_req_ids.add(req.request_id)
-        del self.requests[req.request_id]
+    def finish_requests(self, request_ids: str | Iterable[str] | None,
+                        finished_status: RequestStatus) -> list[Request]:
+        """Finish requests from outside (abort, stop string) in any state: waiting,
+        running or preempted. None finishes all. Unknown or finished ids are skipped."""
+        assert RequestStatus.is_finished(finished_status)
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        elif request_ids is None:
+            request_ids = list(self.requests)
+        valid = [r for rid in dict.fromkeys(request_ids)
+                 if (r := self.requests.get(rid)) is not None and not r.is_finished()]
+        running = {r for r in valid if r.status == RequestStatus.RUNNING}
+        self.running = remove_all(self.running, running)
+        self.waiting.remove_requests([r for r in valid if r not in running])
+        for request in valid:
+            request.status = finished_status
+            self._free_request(request)
+        return valid
+
+    def _free_request(self, request: Request) -> None:
+        """Release a finished request (the caller takes it out of its queue)."""
+        assert request.is_finished()
+        self.kv_cache_manager.free(request)
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Drop the prefix cache; with reset_running_requests, preempt every running
+        request first (in reverse, so they resume in order). False if blocks are in use."""
+        if reset_running_requests:
+            while self.running:
+                self._preempt_request(self.running.pop())
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def make_stats(self) -> SchedulerStats | None:
+        """This step's stats (prefix-cache counts since the previous call)."""
+        if not self.log_stats:
+            return None
+        num_running, num_waiting = self.get_request_counts()
+        return SchedulerStats(num_running_reqs=num_running, num_waiting_reqs=num_waiting,
+                              kv_cache_usage=self.kv_cache_manager.usage,
+                              prefix_cache_stats=self.kv_cache_manager.make_prefix_cache_stats())

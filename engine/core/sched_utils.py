@@ -1,0 +1,35 @@
+"""Scheduler helpers, as vllm/v1/core/sched/utils.py: check_stop (EOS, stop token ids,
+length caps) and remove_all."""
+
+from __future__ import annotations
+
+from engine.request import Request, RequestStatus
+
+
+def remove_all(lst: list, items_to_remove: set) -> list:
+    """`lst` without `items_to_remove` (in place for one item, else a new list)."""
+    if len(items_to_remove) == 1:
+        item = next(iter(items_to_remove))
+        if item in lst:
+            lst.remove(item)
+        return lst
+    return [item for item in lst if item not in items_to_remove] if items_to_remove else lst
+
+
+def check_stop(request: Request, max_model_len: int) -> bool:
+    """Set the finished status of a request whose last token ends it. Length caps apply
+    even below min_tokens (the sampler keeps stop tokens out until min_tokens)."""
+    sampling_params = request.sampling_params
+    last_token_id = request.output_token_ids[-1]
+    if not sampling_params.ignore_eos and last_token_id == request.eos_token_id:
+        request.status = RequestStatus.FINISHED_STOPPED
+        return True
+    if last_token_id in (sampling_params.stop_token_ids or ()):
+        request.status = RequestStatus.FINISHED_STOPPED
+        request.stop_reason = last_token_id
+        return True
+    if request.num_tokens >= max_model_len or \
+            request.num_output_tokens >= request.max_tokens:
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    return False
