@@ -1,0 +1,112 @@
+"""handle_openai_request: one OpenAI HTTP request (method, path, JSON body) -> a result.
+
+The entry point of the OpenAI layer that include/vllm.h exposes (vllm_openai_request). It
+routes as vllm/entrypoints/launchers/api_server/routers.py registers the routes, and returns
+either a complete JSON body with its HTTP status, or a ChunkStream of chunk JSON that the
+caller frames as SSE (`data: <chunk>\\n\\n`, then `data: [DONE]\\n\\n`). A failure after the
+stream started is sent as one `{"error": ...}` chunk, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from engine.entrypoints.openai.accumulate import StreamClock
+from engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
+from engine.entrypoints.openai.completion_protocol import CompletionRequest
+from engine.entrypoints.openai.errors import error_json
+from engine.entrypoints.openai.serving_chat import ChatJob
+from engine.entrypoints.openai.serving_completion import CompletionJob
+from engine.entrypoints.openai.serving_engine import ServingContext
+from engine.entrypoints.openai.serving_models import show_available_models
+from engine.entrypoints.openai.serving_tokenize import create_detokenize, create_tokenize
+
+_JSON = TypeAdapter(Any)
+_GENERATE = {"/v1/completions": (CompletionRequest, CompletionJob),
+             "/v1/chat/completions": (ChatCompletionRequest, ChatJob)}
+_ROUTES = {"/v1/completions": "POST", "/v1/chat/completions": "POST", "/v1/models": "GET",
+           "/tokenize": "POST", "/detokenize": "POST"}
+
+
+class ChunkStream:
+    """The chunks of one streaming response. get() and cancel() may run on different
+    threads; get() itself is called by one thread at a time."""
+
+    def __init__(self, job) -> None:
+        self._job = job
+        self._clock = StreamClock()
+        self._chunks = job.chunks(self._clock)
+        self._done = threading.Event()
+
+    def get(self, timeout_s: float | None) -> str | None:
+        """The next chunk's JSON; None if none came within timeout_s; "" at the end."""
+        if self._done.is_set():
+            return ""
+        self._clock.start(timeout_s)
+        try:
+            return next(self._chunks)
+        except StopIteration:
+            self._finish()
+            return ""
+        except Exception as exc:  # noqa: BLE001 - becomes the stream's error event
+            self._finish()
+            return error_json(exc)[1]
+
+    def cancel(self) -> None:
+        """Aborts the engine requests (a client that went away); get() then ends the stream."""
+        self._job.merged.cancel()
+
+    def _finish(self) -> None:
+        self._done.set()
+        self._job.merged.close()
+
+
+@dataclass
+class OpenAIResult:
+    status: int
+    body: str | None = None  # exactly one of body / stream is set
+    stream: ChunkStream | None = None
+
+
+def _http_error(status: HTTPStatus) -> OpenAIResult:
+    error = {"message": status.phrase, "type": status.phrase, "param": None,
+             "code": status.value}
+    return OpenAIResult(int(status), json.dumps({"error": error}))
+
+
+def handle_openai_request(client, method: str, endpoint: str, body: str, *,
+                          served_model_name: str) -> OpenAIResult:
+    """Serves one request. `client` is an engine.async_llm.AsyncLLM (or an object with its
+    interface); errors come back as OpenAI error bodies, never as exceptions."""
+    path = endpoint.split("?", 1)[0]
+    if path not in _ROUTES:
+        return _http_error(HTTPStatus.NOT_FOUND)
+    if method.upper() != _ROUTES[path]:
+        return _http_error(HTTPStatus.METHOD_NOT_ALLOWED)
+    try:
+        ctx = ServingContext(client, served_model_name)
+        if path == "/v1/models":
+            return OpenAIResult(200, show_available_models(ctx))
+        data = _JSON.validate_json(body or "")
+        if path == "/tokenize":
+            return OpenAIResult(200, create_tokenize(ctx, data))
+        if path == "/detokenize":
+            return OpenAIResult(200, create_detokenize(ctx, data))
+        model, job_cls = _GENERATE[path]
+        request = model.model_validate(data)
+        job = job_cls(ctx, request)
+        if request.stream:
+            return OpenAIResult(200, stream=ChunkStream(job))
+        try:
+            return OpenAIResult(200, job.response())
+        finally:
+            job.merged.close()
+    except Exception as exc:  # noqa: BLE001 - every failure is an OpenAI error body
+        status, text = error_json(exc)
+        return OpenAIResult(status, text)

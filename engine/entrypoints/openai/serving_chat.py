@@ -1,0 +1,186 @@
+"""POST /v1/chat/completions: messages -> chat template -> engine -> response or chunks.
+
+Mirrors vllm/entrypoints/openai/chat_completion/serving.py (create_chat_completion,
+chat_completion_stream_generator: a role chunk per choice, content deltas, a finish chunk
+per choice, the include_usage chunk; chat_completion_full_generator) and
+ChatCompletionRequest.to_sampling_params (max_tokens None fills the context). Tools,
+reasoning and structured outputs are refused until the engine has them.
+"""
+
+from __future__ import annotations
+
+import time
+
+from engine.entrypoints.openai.accumulate import StreamClock, collect, include_usage
+from engine.entrypoints.openai.chat_protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatMessage,
+)
+from engine.entrypoints.openai.chat_render import render_prompt
+from engine.entrypoints.openai.errors import not_supported
+from engine.entrypoints.openai.logprobs import chat_logprobs
+from engine.entrypoints.openai.protocol import DeltaMessage, UsageInfo
+from engine.entrypoints.openai.serving_engine import (
+    ServingContext,
+    build_sampling_params,
+    refuse_unsupported,
+)
+
+_UNSUPPORTED = {"tools": None, "use_beam_search": False, "structured_outputs": None,
+                "reasoning_effort": None, "documents": None, "mm_processor_kwargs": None,
+                "media_io_kwargs": None, "priority": 0, "cache_salt": None,
+                "kv_transfer_params": None}
+_REQUEST_NAMES = {"logprobs": "top_logprobs", "extra_args": "vllm_xargs"}
+
+
+class ChatJob:
+    """One validated chat request, submitted to the engine."""
+
+    def __init__(self, ctx: ServingContext, request: ChatCompletionRequest) -> None:
+        ctx.check_model(request.model)
+        refuse_unsupported(request, _UNSUPPORTED)
+        if request.tool_choice not in ("none", None):
+            raise not_supported("tool_choice")
+        if request.response_format and request.response_format.get("type") != "text":
+            raise not_supported("response_format")
+        max_out = request.max_completion_tokens if request.max_completion_tokens is not None \
+            else request.max_tokens
+        ctx.check_output_budget(max_out, "max_completion_tokens"
+                                if request.max_completion_tokens is not None else "max_tokens")
+        self.ctx, self.request = ctx, request
+        self.id = f"chatcmpl-{request.request_id}"
+        self.created = int(time.time())
+        self.role = "assistant" if request.add_generation_prompt else \
+            request.messages[-1].get("role") if request.messages else "assistant"
+        tok = ctx.client.engine.tokenizer
+        with ctx.client.lock:
+            self.prompt_text, ids = render_prompt(ctx.client.engine, request)
+            self.decode = lambda t: tok.decode([t], skip_special_tokens=False)
+        self.prompt_ids = ctx.fit_prompt(ids, request.truncate_prompt_tokens,
+                                         request.truncation_side)
+        sampling = build_sampling_params(
+            _sampling_values(request, ctx.get_max_tokens(max_out, len(self.prompt_ids))),
+            _REQUEST_NAMES)
+        self.merged = ctx.submit(self.id, [self.prompt_ids], [sampling])
+
+    def _echo_text(self) -> str:
+        last = self.request.messages[-1] if self.request.messages else {}
+        if last.get("role") != self.role:
+            return ""
+        content = last.get("content") or ""
+        return content if isinstance(content, str) else \
+            "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+
+    def _logprobs(self, ids, lps):
+        req = self.request
+        return chat_logprobs(ids, lps, req.top_logprobs, self.decode,
+                             bool(req.return_tokens_as_token_ids)) if req.logprobs else None
+
+    def response(self) -> str:
+        req, finals = self.request, collect(self.merged)
+        echo = self._echo_text() if req.echo else ""
+        choices = [ChatCompletionResponseChoice(
+            index=i, message=ChatMessage(role=self.role, content=echo + f.text),
+            logprobs=self._logprobs(f.token_ids, f.logprobs), finish_reason=f.finish_reason,
+            stop_reason=f.stop_reason, token_ids=f.token_ids if req.return_token_ids else None)
+            for i, f in sorted(finals.items())]
+        pt = len(self.prompt_ids)
+        ct = sum(len(f.token_ids) for f in finals.values())
+        return ChatCompletionResponse(
+            id=self.id, created=self.created, model=self.ctx.served_model_name, choices=choices,
+            usage=UsageInfo(prompt_tokens=pt, completion_tokens=ct, total_tokens=pt + ct),
+            prompt_token_ids=self.prompt_ids if req.return_token_ids else None,
+            prompt_text=self.prompt_text if req.return_prompt_text else None).model_dump_json()
+
+    def _chunk(self, choice, usage: UsageInfo | None = None, **extra) -> str:
+        chunk = ChatCompletionStreamResponse(id=self.id, object="chat.completion.chunk",
+                                             created=self.created, choices=[choice],
+                                             model=self.ctx.served_model_name, **extra)
+        if usage is not None:
+            chunk.usage = usage
+        return chunk.model_dump_json(exclude_unset=True, exclude_none=False)
+
+    def chunks(self, clock: StreamClock):
+        """Yields chunk JSON, or None when the clock ran out before the next chunk."""
+        req, n, pt = self.request, self.request.n or 1, len(self.prompt_ids)
+        usage_on, continuous = include_usage(req.stream_options)
+        sent, done = [0] * n, [False] * n
+
+        def usage(ct: int) -> UsageInfo | None:
+            return UsageInfo(prompt_tokens=pt, completion_tokens=ct,
+                             total_tokens=pt + ct) if continuous else None
+
+        first = True
+        while True:
+            try:
+                item = self.merged.get(clock.remaining())
+            except EOFError:
+                break
+            if item is None:
+                yield None
+                continue
+            if first:
+                first = False
+                extra = {"prompt_token_ids": self.prompt_ids} if req.return_token_ids else {}
+                if req.return_prompt_text:
+                    extra["prompt_text"] = self.prompt_text
+                for i in range(n):
+                    yield self._chunk(ChatCompletionResponseStreamChoice(
+                        index=i, delta=DeltaMessage(role=self.role, content=""), logprobs=None,
+                        finish_reason=None), usage(0), **extra)
+                echo = self._echo_text() if req.echo else ""
+                for i in range(n if echo else 0):
+                    yield self._chunk(ChatCompletionResponseStreamChoice(
+                        index=i, delta=DeltaMessage(content=echo), logprobs=None,
+                        finish_reason=None), usage(0))
+            i, _, res = item
+            for out in res.outputs:
+                if done[i]:
+                    continue
+                if not out.text and not out.token_ids and not sent[i] and \
+                        out.finish_reason is None:
+                    continue
+                sent[i] += len(out.token_ids)
+                fields = dict(index=i, delta=DeltaMessage(content=out.text),
+                              logprobs=self._logprobs(out.token_ids,
+                                                      getattr(out, "logprobs", None)),
+                              finish_reason=out.finish_reason,
+                              token_ids=list(out.token_ids) if req.return_token_ids else None)
+                if out.finish_reason is not None:
+                    fields["stop_reason"], done[i] = out.stop_reason, True
+                yield self._chunk(ChatCompletionResponseStreamChoice(**fields), usage(sent[i]))
+        if usage_on:
+            ct = sum(sent)
+            final = ChatCompletionStreamResponse(
+                id=self.id, object="chat.completion.chunk", created=self.created, choices=[],
+                model=self.ctx.served_model_name,
+                usage=UsageInfo(prompt_tokens=pt, completion_tokens=ct, total_tokens=pt + ct))
+            yield final.model_dump_json(exclude_unset=True, exclude_none=True)
+
+
+def _sampling_values(req: ChatCompletionRequest, max_tokens: int) -> dict:
+    """ChatCompletionRequest.to_sampling_params of vLLM, as keyword arguments."""
+    prompt_logprobs = req.prompt_logprobs
+    if prompt_logprobs is None and req.echo:
+        prompt_logprobs = req.top_logprobs
+    return dict(
+        n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+        min_p=req.min_p, presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
+        seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
+        logprobs=req.top_logprobs if req.logprobs and not req.logprob_token_ids else None,
+        # vLLM turns echo into prompt_logprobs=0; only a positive count is asked of the engine
+        # here, since the chat echo itself needs no prompt logprobs.
+        prompt_logprobs=prompt_logprobs or None, logprob_token_ids=req.logprob_token_ids or None,
+        ignore_eos=req.ignore_eos, max_tokens=max_tokens, min_tokens=req.min_tokens,
+        skip_special_tokens=True if req.skip_special_tokens is None else req.skip_special_tokens,
+        spaces_between_special_tokens=req.spaces_between_special_tokens,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        stream_interval=req.stream_interval, logit_bias=req.logit_bias,
+        bad_words=req.bad_words, thinking_token_budget=req.thinking_token_budget,
+        allowed_token_ids=req.allowed_token_ids, extra_args=req.vllm_xargs or None,
+        repetition_detection=req.repetition_detection)

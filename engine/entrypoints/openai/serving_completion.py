@@ -1,0 +1,187 @@
+"""POST /v1/completions: request -> engine requests -> CompletionResponse or stream chunks.
+
+Mirrors vllm/entrypoints/openai/completion/serving.py (create_completion,
+completion_stream_generator, request_output_to_completion_response) and
+CompletionRequest.to_sampling_params: echo (max_tokens=0 echoes only), several prompts
+(choice index = prompt_idx * n + i), usage, stream_options, return_token_ids.
+"""
+
+from __future__ import annotations
+
+import time
+
+from engine.entrypoints.openai.accumulate import StreamClock, collect, include_usage
+from engine.entrypoints.openai.completion_protocol import (
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionResponseStreamChoice,
+    CompletionStreamResponse,
+)
+from engine.entrypoints.openai.errors import not_supported
+from engine.entrypoints.openai.logprobs import completion_logprobs
+from engine.entrypoints.openai.protocol import UsageInfo
+from engine.entrypoints.openai.serving_engine import (
+    ServingContext,
+    build_sampling_params,
+    refuse_unsupported,
+)
+
+# Fields whose feature this engine does not have yet: any non-default value is a 400.
+_UNSUPPORTED = {"use_beam_search": False, "suffix": None, "prompt_embeds": None,
+                "structured_outputs": None, "priority": 0, "cache_salt": None,
+                "kv_transfer_params": None}
+_REQUEST_NAMES = {"extra_args": "vllm_xargs"}
+
+
+class CompletionJob:
+    """One validated completion request, submitted to the engine."""
+
+    def __init__(self, ctx: ServingContext, request: CompletionRequest) -> None:
+        ctx.check_model(request.model)
+        refuse_unsupported(request, _UNSUPPORTED)
+        if request.response_format and request.response_format.get("type") != "text":
+            raise not_supported("response_format")
+        ctx.check_output_budget(request.max_tokens or 0, "max_tokens")
+        self.ctx, self.request = ctx, request
+        self.id = f"cmpl-{request.request_id}"
+        self.created = int(time.time())
+        tok = ctx.client.engine.tokenizer
+        self.decode = lambda t: tok.decode([t], skip_special_tokens=False)
+        with ctx.client.lock:
+            self.prompts = [self.ctx.fit_prompt(
+                tok.encode(p, add_special_tokens=request.add_special_tokens)
+                if isinstance(p, str) else list(p),
+                request.truncate_prompt_tokens, request.truncation_side)
+                for p in _prompt_list(request.prompt)]
+        echo_only = request.echo and request.max_tokens == 0
+        samplings = [build_sampling_params(_sampling_values(
+            request, 1 if echo_only else ctx.get_max_tokens(request.max_tokens, len(ids))),
+            _REQUEST_NAMES) for ids in self.prompts]
+        self.merged = ctx.submit(self.id, self.prompts, samplings)
+        self.prompt_texts = self._prompt_texts(tok) if request.echo else []
+
+    def _prompt_texts(self, tok) -> list[str]:
+        """What echo prepends: the prompt as sent, or its (truncated) tokens decoded."""
+        prompts, whole = _prompt_list(self.request.prompt), \
+            self.request.truncate_prompt_tokens is None
+        with self.ctx.client.lock:
+            return [p if isinstance(p, str) and whole else
+                    tok.decode(ids, skip_special_tokens=False)
+                    for p, ids in zip(prompts, self.prompts)]
+
+    def _echo(self, p: int, text: str, ids: list[int], lps, prompt_lps) -> tuple:
+        """Text, token ids and logprobs of a first output with the prompt prepended."""
+        echo = "" if self.request.return_token_ids else self.prompt_texts[p]
+        prompt_ids = self.prompts[p]
+        prompt_lps = prompt_lps or [None] * len(prompt_ids)
+        if self.request.max_tokens == 0:
+            return echo, prompt_ids, prompt_lps
+        return echo + text, [*prompt_ids, *ids], [*prompt_lps, *(lps or [])]
+
+    def response(self) -> str:
+        req, finals = self.request, collect(self.merged)
+        choices, completion_tokens = [], 0
+        for index in sorted(finals):
+            f = finals[index]
+            prompt_ids = self.prompts[f.prompt_idx]
+            text, ids, lps = f.text, f.token_ids, f.logprobs
+            if req.echo:
+                text, ids, lps = self._echo(f.prompt_idx, text, ids, lps, f.prompt_logprobs)
+            choices.append(CompletionResponseChoice(
+                index=index, text=text, finish_reason=f.finish_reason, stop_reason=f.stop_reason,
+                logprobs=None if req.logprobs is None else completion_logprobs(
+                    ids, lps, req.logprobs, self.decode,
+                    as_token_id=bool(req.return_tokens_as_token_ids)),
+                prompt_token_ids=prompt_ids if req.return_token_ids else None,
+                token_ids=f.token_ids if req.return_token_ids else None))
+            completion_tokens += len(f.token_ids)
+        prompt_tokens = sum(len(ids) for ids in self.prompts)
+        usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                          total_tokens=prompt_tokens + completion_tokens)
+        return CompletionResponse(id=self.id, created=self.created,
+                                  model=self.ctx.served_model_name, choices=choices,
+                                  usage=usage).model_dump_json()
+
+    def chunks(self, clock: StreamClock):
+        """Yields chunk JSON, or None when the clock ran out before the next chunk."""
+        req, n = self.request, self.request.n
+        total = n * len(self.prompts)
+        sent_tokens, echoed, offsets = [0] * total, [False] * total, [0] * total
+        usage_on, continuous = include_usage(req.stream_options)
+        while True:
+            try:
+                item = self.merged.get(clock.remaining())
+            except EOFError:
+                break
+            if item is None:
+                yield None
+                continue
+            i, p, res = item
+            for out in res.outputs:
+                text, ids, lps = out.text, list(out.token_ids), getattr(out, "logprobs", None)
+                prompt_ids_out = None
+                if req.echo and not echoed[i]:
+                    text, ids, lps = self._echo(p, text, ids, lps,
+                                                getattr(res, "prompt_logprobs", None))
+                    prompt_ids_out, echoed[i] = self.prompts[p], True
+                else:
+                    if not echoed[i] and req.return_token_ids:
+                        prompt_ids_out, echoed[i] = self.prompts[p], True
+                    if not text and not ids and not sent_tokens[i] and out.finish_reason is None:
+                        continue
+                logprobs = None
+                if req.logprobs is not None:
+                    logprobs = completion_logprobs(
+                        ids, lps, req.logprobs, self.decode, offsets[i],
+                        as_token_id=bool(req.return_tokens_as_token_ids))
+                    if logprobs.tokens:
+                        offsets[i] = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
+                sent_tokens[i] += len(out.token_ids)
+                chunk = CompletionStreamResponse(
+                    id=self.id, object="text_completion", created=self.created,
+                    model=self.ctx.served_model_name,
+                    choices=[CompletionResponseStreamChoice(
+                        index=i, text=text, logprobs=logprobs, finish_reason=out.finish_reason,
+                        stop_reason=out.stop_reason, prompt_token_ids=prompt_ids_out,
+                        token_ids=list(out.token_ids) if req.return_token_ids else None)])
+                if continuous:
+                    pt, ct = len(self.prompts[p]), sent_tokens[i]
+                    chunk.usage = UsageInfo(prompt_tokens=pt, completion_tokens=ct,
+                                            total_tokens=pt + ct)
+                yield chunk.model_dump_json(exclude_unset=True)
+        if usage_on:
+            pt, ct = sum(len(ids) for ids in self.prompts), sum(sent_tokens)
+            final = CompletionStreamResponse(
+                id=self.id, created=self.created, model=self.ctx.served_model_name, choices=[],
+                usage=UsageInfo(prompt_tokens=pt, completion_tokens=ct, total_tokens=pt + ct))
+            yield final.model_dump_json(exclude_unset=False, exclude_none=True)
+
+
+def _prompt_list(prompt) -> list:
+    """A completion prompt as a list of prompts (text or token ids)."""
+    if isinstance(prompt, str) or prompt == [] or isinstance(prompt[0], int):
+        return [prompt]
+    return list(prompt)
+
+
+def _sampling_values(req: CompletionRequest, max_tokens: int) -> dict:
+    """CompletionRequest.to_sampling_params of vLLM, as keyword arguments."""
+    prompt_logprobs = req.prompt_logprobs
+    if prompt_logprobs is None and req.echo:
+        prompt_logprobs = req.logprobs
+    return dict(
+        n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+        min_p=req.min_p, presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
+        seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
+        logprobs=None if req.logprob_token_ids else req.logprobs, ignore_eos=req.ignore_eos,
+        max_tokens=max_tokens, min_tokens=req.min_tokens, prompt_logprobs=prompt_logprobs,
+        logprob_token_ids=req.logprob_token_ids or None,
+        skip_special_tokens=True if req.skip_special_tokens is None else req.skip_special_tokens,
+        spaces_between_special_tokens=req.spaces_between_special_tokens,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        stream_interval=req.stream_interval, logit_bias=req.logit_bias,
+        allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words,
+        extra_args=req.vllm_xargs or None, repetition_detection=req.repetition_detection,
+        thinking_token_budget=req.thinking_token_budget)

@@ -1,0 +1,121 @@
+"""Serving steps shared by completions and chat: model check, prompt limits, max_tokens,
+SamplingParams from a request, and submitting the n x prompts engine requests.
+
+Mirrors vllm/entrypoints/serve/engine/serving.py (_check_model),
+vllm/renderers/params.py (TokenizeParams checks, truncation, _token_len_check),
+vllm/entrypoints/serve/utils/api_utils.py (get_max_tokens) and
+vllm/v1/engine/parallel_sampling.py (n > 1: one child request per choice, seed + index).
+"""
+
+from __future__ import annotations
+
+import inspect
+import secrets
+from typing import Any
+
+from engine.entrypoints.openai.errors import VLLMNotFoundError, VLLMValidationError, not_supported
+from engine.entrypoints.openai.stream_merge import MergedStream
+from engine.sampling_params import RequestOutputKind, SamplingParams
+
+# vLLM SamplingParams fields whose engine counterpart may not exist yet, with vLLM's default:
+# a request that leaves them at the default is served, any other value is refused.
+_VLLM_SAMPLING_DEFAULTS: dict[str, Any] = {
+    "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+    "logprobs": None, "prompt_logprobs": None, "logprob_token_ids": None,
+    "spaces_between_special_tokens": True, "stream_interval": None, "logit_bias": None,
+    "allowed_token_ids": None, "bad_words": [], "extra_args": None,
+    "repetition_detection": None, "thinking_token_budget": None,
+}
+_DEFAULT_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0,
+                     "frequency_penalty": 0.0, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
+                     "min_p": 0.0}
+
+
+class ServingContext:
+    """What every endpoint needs: the engine client and the served model's name."""
+
+    def __init__(self, client, served_model_name: str) -> None:
+        self.client = client
+        self.served_model_name = served_model_name
+        with client.lock:
+            self.max_model_len = client.engine.model_info.max_model_len
+
+    def check_model(self, model: str | None) -> None:
+        if model and model != self.served_model_name:
+            raise VLLMNotFoundError(
+                f"The model `{model}` does not exist. Valid aliases: "
+                f"{self.served_model_name}.", parameter="model")
+
+    def check_output_budget(self, max_output: int | None, param: str) -> None:
+        if max_output is not None and max_output > self.max_model_len:
+            raise VLLMValidationError(
+                f"{param}={max_output} cannot be greater than max_model_len="
+                f"{self.max_model_len}. Please request fewer output tokens.", parameter=param)
+
+    def fit_prompt(self, ids: list[int], truncate: int | None, side: str | None) -> list[int]:
+        """Truncation as asked, then the context-length check (vLLM's TokenizeParams)."""
+        if truncate is not None:
+            if truncate > self.max_model_len:
+                raise VLLMValidationError(
+                    f"truncate_prompt_tokens={truncate} cannot be greater than max_model_len "
+                    f"= {self.max_model_len}. Please request a smaller truncation size.",
+                    parameter="truncate_prompt_tokens")
+            keep = self.max_model_len - 1 if truncate == -1 else truncate
+            if keep < len(ids):
+                ids = ids[len(ids) - keep:] if (side or "left") == "left" else ids[:keep]
+        if len(ids) > self.max_model_len:
+            raise VLLMValidationError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your prompt contains {len(ids)} input tokens, which exceeds this limit even "
+                "without any output tokens. Please reduce the length of the input prompt.",
+                parameter="input_tokens")
+        return ids
+
+    def get_max_tokens(self, max_tokens: int | None, prompt_len: int) -> int:
+        model_max = self.max_model_len - prompt_len
+        return model_max if max_tokens is None else min(model_max, max_tokens)
+
+    def submit(self, base_id: str, prompts: list[list[int]], samplings: list[dict[str, Any]]
+               ) -> MergedStream:
+        """One engine request per (prompt, choice); choice index = prompt_idx * n + i.
+        samplings[p]: the SamplingParams keyword arguments of prompt p."""
+        streams, salt = [], secrets.token_hex(4)
+        try:
+            for p, (ids, sampling) in enumerate(zip(prompts, samplings)):
+                n = sampling.get("n") or 1
+                for i in range(n):
+                    seed = None if sampling.get("seed") is None else sampling["seed"] + i
+                    child = SamplingParams.from_optional(**{**sampling, "n": 1, "seed": seed})
+                    stream = self.client.add_request(f"{base_id}-{p}-{i}-{salt}", ids, child)
+                    streams.append((p * n + i, p, stream))
+        except BaseException:
+            for _, _, stream in streams:
+                stream.cancel()
+            raise
+        return MergedStream(streams)
+
+
+def build_sampling_params(values: dict[str, Any], request_names: dict[str, str]
+                          ) -> dict[str, Any]:
+    """Validated SamplingParams keyword arguments with vLLM's fallbacks; a value whose engine
+    field does not exist yet is refused (named by its request field) unless it is vLLM's
+    default."""
+    values = {k: (_DEFAULT_SAMPLING[k] if v is None and k in _DEFAULT_SAMPLING else v)
+              for k, v in values.items()}
+    supported = inspect.signature(SamplingParams).parameters
+    kept = {}
+    for name, value in values.items():
+        if name in supported:
+            kept[name] = value
+        elif value not in (_VLLM_SAMPLING_DEFAULTS.get(name), None):
+            raise not_supported(request_names.get(name, name))
+    kept["output_kind"] = RequestOutputKind.DELTA
+    SamplingParams.from_optional(**kept)  # vLLM's checks (n under greedy...) before any request
+    return kept
+
+
+def refuse_unsupported(request: Any, fields: dict[str, Any]) -> None:
+    """400 for request fields that ask for a feature this server does not have yet."""
+    for name, default in fields.items():
+        if getattr(request, name) not in (default, None):
+            raise not_supported(name)
