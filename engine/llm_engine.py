@@ -21,12 +21,14 @@ from engine.errors import InvalidArgumentError, NotFoundError, OutOfResourcesErr
 from engine.model_loader import load_model
 from engine.models.config import ModelArchConfig
 from engine.output_processor import OutputProcessor
-from engine.outputs import RequestOutput
+from engine.outputs import EngineCoreOutput, RequestOutput
+from engine.parallel_sampling import ParentRequest
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
-from engine.worker.model_runner import ModelRunner
+from engine.worker.model_runner import ModelRunner, SampledModelRunnerOutput
 
+_DEFAULT_MAX_LOGPROBS = 20  # vLLM's --max-logprobs
 _CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -68,6 +70,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config, kv, self.max_model_len)
         self.model_runner = ModelRunner(model, kv_caches, device, config.block_size)
         self.output_processor = OutputProcessor(tokenizer)
+        # -1: the whole vocab (EngineConfig.max_logprobs once the config has the field)
+        self.max_logprobs = getattr(config, "max_logprobs", _DEFAULT_MAX_LOGPROBS)
         self._pending_outputs: list[RequestOutput] = []
         self.model_info = ModelInfo(
             arch.architecture, config.served_model_name or arch.name, arch.vocab_size,
@@ -124,24 +128,43 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: str | list[int],
                     params: SamplingParams) -> None:
+        """Queue a request. params is cloned and completed (vLLM's input processor);
+        n > 1 fans out into n child requests (engine/parallel_sampling.py) whose
+        outputs come back under request_id."""
         if not isinstance(request_id, str) or not request_id:
             raise InvalidArgumentError("request_id must be a non-empty string")
-        if request_id in self.scheduler.requests or \
-                request_id in self.output_processor.request_states:
-            raise InvalidArgumentError(f"request id {request_id!r} is already in use")
-        if params.n != 1:
-            raise InvalidArgumentError("n > 1 is not supported by LLMEngine.add_request yet")
+        if not isinstance(params, SamplingParams):
+            raise InvalidArgumentError(
+                f"params must be a SamplingParams, got {type(params).__name__}")
         text = prompt if isinstance(prompt, str) else None
         ids = self.tokenizer.encode(prompt) if text is not None else list(prompt)
         self._validate_prompt(ids)
-        params.all_stop_token_ids.update(
-            [] if self.tokenizer.eos_token_id is None else [self.tokenizer.eos_token_id])
-        if params.max_tokens is None:
-            params.max_tokens = self.max_model_len - len(ids)
-        req = Request(request_id, ids, params, self.tokenizer.eos_token_id, time.time(),
-                      self.config.block_size)
-        self.output_processor.add_request(req, text)
-        self.scheduler.add_request(req)
+        params = self._process_params(params, len(ids))
+        parent = ParentRequest(request_id, params) if params.n > 1 else None
+        children = [parent.get_child_info(i) for i in range(params.n)] if parent \
+            else [(request_id, params)]
+        for rid in {request_id, *(rid for rid, _ in children)}:
+            if rid in self.scheduler.requests or self.output_processor.has_request(rid):
+                raise InvalidArgumentError(f"request id {rid!r} is already in use")
+        now = time.time()
+        for index, (rid, sp) in enumerate(children):
+            req = Request(rid, ids, sp, self.tokenizer.eos_token_id, now,
+                          self.config.block_size)
+            self.output_processor.add_request(req, text, parent, index)
+            self.scheduler.add_request(req)
+
+    def _process_params(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
+        sp = params.clone()
+        sp.verify(self.model_info.vocab_size, self.max_logprobs)
+        if sp.max_tokens is None:  # up to the context length
+            sp.max_tokens = self.max_model_len - prompt_len
+            if sp.min_tokens > sp.max_tokens:
+                raise InvalidArgumentError(
+                    f"min_tokens must be less than or equal to max_tokens={sp.max_tokens}, "
+                    f"got {sp.min_tokens}.")
+        sp.update_from_generation_config(self.tokenizer.eos_token_id)
+        sp.update_from_tokenizer(self.tokenizer)
+        return sp
 
     def _validate_prompt(self, ids: list[int]) -> None:
         if not ids:
@@ -157,9 +180,12 @@ class LLMEngine:
                 f"than the number of text tokens plus the generated tokens.")
 
     def abort_request(self, request_id: str) -> None:
-        if request_id not in self.output_processor.request_states:
+        """Abort a request (all children of an n > 1 request); its last output, with
+        finish_reason "abort", comes with the next step()."""
+        live = self.output_processor.child_request_ids(request_id)
+        if not live:
             raise NotFoundError(f"no running request with id {request_id!r}")
-        done = self.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
+        done = self.scheduler.finish_requests(live, RequestStatus.FINISHED_ABORTED)
         self._pending_outputs.extend(self.output_processor.abort_requests(done))
 
     def step(self) -> list[RequestOutput]:
@@ -169,7 +195,8 @@ class LLMEngine:
         sched_out = self.scheduler.schedule()
         runner_out = self.model_runner.execute_model(sched_out)
         results = self.scheduler.update_from_output(sched_out, runner_out)
-        new_outputs, stopped = self.output_processor.process_outputs(results)
+        new_outputs, stopped = self.output_processor.process_outputs(
+            _engine_core_outputs(results, runner_out))
         self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
         return outputs + new_outputs
 
@@ -183,6 +210,23 @@ class LLMEngine:
         for req_id in list(self.output_processor.request_states):
             self.abort_request(req_id)
         self._pending_outputs = []
+
+
+def _engine_core_outputs(results: list[tuple[Request, list[int]]],
+                         runner_out: SampledModelRunnerOutput) -> list[EngineCoreOutput]:
+    """Attach each request's logprobs rows to its new tokens (the part of vLLM's
+    Scheduler.update_from_output that builds EngineCoreOutputs)."""
+    index = {req_id: i for i, req_id in enumerate(runner_out.req_ids)}
+    outputs = []
+    for req, new_ids in results:
+        i = index.get(req.request_id)
+        new_logprobs = None
+        if runner_out.logprobs is not None and i is not None and new_ids \
+                and req.sampling_params.logprobs is not None:
+            new_logprobs = runner_out.logprobs.slice_request(i, len(new_ids))
+        outputs.append(EngineCoreOutput(req, new_ids, new_logprobs,
+                                        runner_out.prompt_logprobs_dict.get(req.request_id)))
+    return outputs
 
 
 def _or_neg(v: int | None) -> int:

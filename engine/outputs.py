@@ -1,12 +1,18 @@
-"""RequestOutput / CompletionOutput returned by LLMEngine.step(), as vllm/outputs.py.
+"""RequestOutput / CompletionOutput returned by LLMEngine.step(), as vllm/outputs.py, and
+EngineCoreOutput (vllm/v1/engine/__init__.py), what one step produced for one request.
 
-With RequestOutputKind.DELTA, `text` and `token_ids` hold only what is new since the
-previous output of that request (what the C ABI streams).
+With RequestOutputKind.DELTA, `text`, `token_ids` and `logprobs` hold only what is new
+since the previous output of that completion (what the C ABI streams). With n > 1 the
+CompletionOutputs carry their index (0..n-1) within the request.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from engine.logprobs import PromptLogprobs, SampleLogprobs
+from engine.request import Request
+from engine.sample.outputs import LogprobsLists
 
 
 @dataclass
@@ -14,6 +20,8 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
+    cumulative_logprob: float | None = None  # None unless logprobs were requested
+    logprobs: SampleLogprobs | None = None  # one dict per token; None unless requested
     finish_reason: str | None = None  # "stop" | "length" | "abort" | None
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
 
@@ -26,6 +34,36 @@ class RequestOutput:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
+    prompt_logprobs: PromptLogprobs | None = None  # first entry None; None unless requested
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0
+
+    def add(self, next_output: RequestOutput, aggregate: bool) -> None:
+        """Merge a later output of the same request (vLLM's RequestOutput.add): a
+        completion with the same index is extended (aggregate, for deltas) or replaced."""
+        self.finished |= next_output.finished
+        for nxt in next_output.outputs:
+            for i, comp in enumerate(self.outputs):
+                if comp.index != nxt.index:
+                    continue
+                if aggregate:
+                    comp.text += nxt.text
+                    comp.token_ids = [*comp.token_ids, *nxt.token_ids]
+                    if nxt.logprobs:
+                        comp.logprobs = [*(comp.logprobs or []), *nxt.logprobs]
+                    comp.cumulative_logprob = nxt.cumulative_logprob
+                    comp.finish_reason, comp.stop_reason = nxt.finish_reason, nxt.stop_reason
+                else:
+                    self.outputs[i] = nxt
+                break
+            else:
+                self.outputs.append(nxt)
+
+
+@dataclass
+class EngineCoreOutput:
+    request: Request  # finish status, stop_reason, num_cached_tokens
+    new_token_ids: list[int]
+    new_logprobs: LogprobsLists | None = None  # one row per new token
+    new_prompt_logprobs: LogprobsLists | None = None  # all prompt positions but the first

@@ -1,12 +1,15 @@
 """SamplingParams: per-request generation controls, mirroring vllm/sampling_params.py.
 
-Field names, defaults and validation messages follow vLLM 0.33. Fields not yet
-implemented by the sampler are not declared (issue 4 adds penalties, logprobs, ...),
-so a caller can never set a knob that is silently ignored.
+Field names, defaults, normalisation (__post_init__) and validation messages follow
+vLLM 0.33. The model-dependent checks (vocab bounds, --max-logprobs) run in verify(),
+and eos / bad-word tokenization in update_from_generation_config / update_from_tokenizer,
+which LLMEngine.add_request calls on its own clone (vLLM's input processor). Only fields
+the sampler implements exist, so a caller can never set a knob that is silently ignored.
 """
 
 from __future__ import annotations
 
+import copy
 import enum
 import math
 from dataclasses import dataclass, field
@@ -16,6 +19,7 @@ from engine.errors import InvalidArgumentError
 _SAMPLING_EPS = 1e-5
 _MAX_TEMP = 1e-2
 MAX_N_SEQUENCES = 16384  # VLLM_MAX_N_SEQUENCES
+MAX_NUM_BAD_WORDS = 128  # VLLM_MAX_NUM_BAD_WORDS
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -24,9 +28,18 @@ class RequestOutputKind(enum.IntEnum):
     FINAL_ONLY = 2  # nothing until the request finishes
 
 
+class SamplingType(enum.IntEnum):
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: disabled
@@ -37,13 +50,39 @@ class SamplingParams:
     ignore_eos: bool = False
     max_tokens: int | None = 16
     min_tokens: int = 0
+    logprobs: int | None = None  # top-k per output token (+ the sampled one); -1: vocab
+    prompt_logprobs: int | None = None  # the same per prompt token
+    detokenize: bool = True
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
-    # Filled by the engine: eos + stop_token_ids (vLLM's _all_stop_token_ids).
-    all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    # None: False; always True when prompt_logprobs are asked for (vLLM: only by default)
+    skip_reading_prefix_cache: bool | None = None
+    # Set in __post_init__ / by the engine (vLLM's private fields).
+    output_text_buffer_length: int = field(default=0, init=False, repr=False)
+    _eos_token_id: int | None = field(default=None, init=False, repr=False)
+    _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
+    _bad_words_token_ids: list[list[int]] | None = field(default=None, init=False, repr=False)
+
+    @staticmethod
+    def from_optional(**kwargs) -> SamplingParams:
+        """The API-layer constructor: None means the default; logit_bias keys become
+        ints and its values are clamped to [-100, 100] (vLLM's from_optional)."""
+        defaults = {"n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                    "repetition_penalty": 1.0, "temperature": 1.0, "top_p": 1.0}
+        for name, default in defaults.items():
+            if kwargs.get(name) is None:
+                kwargs[name] = default
+        if kwargs.get("logit_bias") is not None:
+            kwargs["logit_bias"] = _convert_logit_bias(kwargs["logit_bias"])
+        return SamplingParams(**kwargs)
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if 0 < self.temperature < _MAX_TEMP:
             self.temperature = _MAX_TEMP
         if self.seed == -1:
@@ -52,26 +91,39 @@ class SamplingParams:
             self.stop = []
         elif isinstance(self.stop, str):
             self.stop = [self.stop]
+        else:
+            self.stop = list(self.stop)
         self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids or []))
+        self.bad_words = list(dict.fromkeys(self.bad_words or []))
+        if self.stop and not self.include_stop_str_in_output:
+            self.output_text_buffer_length = max(len(s) for s in self.stop) - 1
         self._verify_args()
         if self.temperature < _SAMPLING_EPS:  # greedy
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
             if self.n > 1:
                 raise InvalidArgumentError(f"n must be 1 when using greedy sampling, got {self.n}.")
-        self.all_stop_token_ids.update(self.stop_token_ids)
-
-    @property
-    def sampling_type_greedy(self) -> bool:
-        return self.temperature < _SAMPLING_EPS
+        self._all_stop_token_ids.update(self.stop_token_ids)
+        if self.prompt_logprobs is not None:  # a cached prefix has no logits to score
+            self.skip_reading_prefix_cache = True
+        elif self.skip_reading_prefix_cache is None:
+            self.skip_reading_prefix_cache = False
 
     def _verify_args(self) -> None:
         err = InvalidArgumentError
-        if not isinstance(self.n, int) or isinstance(self.n, bool):
-            raise err(f"n must be an int, but is of type {type(self.n)}")
         if self.n < 1:
             raise err(f"n must be at least 1, got {self.n}.")
         if self.n > MAX_N_SEQUENCES:
-            raise err(f"n must be at most {MAX_N_SEQUENCES}, got {self.n}.")
+            raise err(f"n must be at most {MAX_N_SEQUENCES}, got {self.n}. To increase this "
+                      "limit, set the VLLM_MAX_N_SEQUENCES environment variable.")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise err(f"{name} must be in [-2, 2], got {getattr(self, name)}.")
+        if not math.isfinite(self.repetition_penalty):
+            raise err(f"repetition_penalty must be a finite number, got "
+                      f"{self.repetition_penalty}.")
+        if self.repetition_penalty <= 0.0:
+            raise err(f"repetition_penalty must be greater than zero, got "
+                      f"{self.repetition_penalty}.")
         if not math.isfinite(self.temperature):
             raise err(f"temperature must be a finite number, got {self.temperature}.")
         if self.temperature < 0.0:
@@ -80,8 +132,6 @@ class SamplingParams:
             raise err(f"temperature must be in [0, 2], got {self.temperature}.")
         if not 0.0 < self.top_p <= 1.0:
             raise err(f"top_p must be in (0, 1], got {self.top_p}.")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
-            raise err(f"top_k must be an integer, got {type(self.top_k).__name__}")
         if self.top_k < -1:
             raise err(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
         if not 0.0 <= self.min_p <= 1.0:
@@ -93,11 +143,180 @@ class SamplingParams:
         if self.min_tokens < 0:
             raise err(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise err(
-                f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
-                f"got {self.min_tokens}."
-            )
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids):
-            raise err(f"stop_token_ids must contain only integers, got {self.stop_token_ids}.")
+            raise err(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
+                      f"got {self.min_tokens}.")
+        if self.logprobs is not None and self.logprobs != -1 and self.logprobs < 0:
+            raise err(f"logprobs must be non-negative or -1, got {self.logprobs}.")
+        if self.prompt_logprobs is not None and self.prompt_logprobs != -1 \
+                and self.prompt_logprobs < 0:
+            raise err(f"prompt_logprobs must be non-negative or -1, got {self.prompt_logprobs}.")
         if any(not s for s in self.stop):
             raise err("stop cannot contain an empty string.")
+        if self.stop and not self.detokenize:
+            raise err("stop strings are only supported when detokenize is True. "
+                      "Set detokenize=True to use stop.")
+        if any(not w for w in self.bad_words):
+            raise err(f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}")
+
+    # ------------------------------------------------------------ engine-side
+
+    def verify(self, vocab_size: int, max_logprobs: int) -> None:
+        """Model-dependent checks (vLLM's SamplingParams.verify): logprob counts
+        against --max-logprobs (-1: the vocab), token ids against the vocab."""
+        max_lp = vocab_size if max_logprobs == -1 else max_logprobs
+        for name, what in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
+            if num := getattr(self, name):
+                num = vocab_size if num == -1 else num
+                if num > max_lp:
+                    raise InvalidArgumentError(
+                        f"Requested {what} logprobs of {num}, which is greater than max "
+                        f"allowed: {max_lp}")
+        for name in ("logit_bias", "stop_token_ids"):
+            bad = [t for t in (getattr(self, name) or ()) if not 0 <= t < vocab_size]
+            if bad:
+                raise InvalidArgumentError(
+                    f"token_id(s) {bad} in {name} contain out-of-vocab token ids. "
+                    f"Vocabulary size: {vocab_size}")
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                raise InvalidArgumentError("allowed_token_ids is not None and empty!")
+            if any(not 0 <= t < vocab_size for t in self.allowed_token_ids):
+                raise InvalidArgumentError("allowed_token_ids contains out-of-vocab token id!")
+
+    def update_from_generation_config(self, eos_token_id: int | None) -> None:
+        if not self.ignore_eos:
+            self._eos_token_id = eos_token_id
+        if eos_token_id is not None:  # min_tokens also masks eos
+            self._all_stop_token_ids.add(eos_token_id)
+
+    def update_from_tokenizer(self, tokenizer) -> None:
+        """Bad words -> token id sequences, each word with and without a leading space
+        (the spaced form kept only when it is a different word of the same length)."""
+        if not self.bad_words:
+            return
+        self._bad_words_token_ids = []
+        for bad_word in self.bad_words:
+            for add_prefix_space in (False, True):
+                prefix = " " if add_prefix_space else ""
+                ids = tokenizer.encode(prefix + bad_word.lstrip(), add_special_tokens=False)
+                if not ids:
+                    if not add_prefix_space:
+                        raise InvalidArgumentError(
+                            "bad_words entries must tokenize to at least one token.")
+                    continue
+                last = self._bad_words_token_ids[-1] if add_prefix_space else None
+                if last is None or (ids[0] != last[0] and len(ids) == len(last)):
+                    self._bad_words_token_ids.append(ids)
+                    if len(self._bad_words_token_ids) > MAX_NUM_BAD_WORDS:
+                        raise InvalidArgumentError(
+                            f"Too many bad words after tokenization: "
+                            f"{len(self._bad_words_token_ids)}. The max number is "
+                            f"{MAX_NUM_BAD_WORDS}.")
+        max_id = tokenizer.vocab_size - 1
+        bad = [t for ids in self._bad_words_token_ids for t in ids if not 0 <= t <= max_id]
+        if bad:
+            raise InvalidArgumentError(
+                f"The model vocabulary size is {max_id + 1}, but the following tokens were "
+                f"specified as bad: {bad}. All token id values should be integers satisfying: "
+                f"0 <= token_id <= {max_id}.")
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.temperature < _SAMPLING_EPS:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._eos_token_id
+
+    @property
+    def all_stop_token_ids(self) -> set[int]:
+        return self._all_stop_token_ids
+
+    @property
+    def bad_words_token_ids(self) -> list[list[int]] | None:
+        return self._bad_words_token_ids
+
+    def clone(self) -> SamplingParams:
+        return copy.deepcopy(self)
+
+
+# ---------------------------------------------------------------- type checks
+
+_INTS = ("n", "top_k", "min_tokens")
+_OPT_INTS = ("seed", "max_tokens")
+_FLOATS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
+           "top_p", "min_p")
+_BOOLS = ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
+          "include_stop_str_in_output")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_types(sp: SamplingParams) -> None:
+    """Hostile input gets a clear message instead of a TypeError deep in a comparison."""
+    err = InvalidArgumentError
+    for name in ("logprobs", "prompt_logprobs"):  # vLLM: True means 1 (False acts as 0)
+        if isinstance(getattr(sp, name), bool):
+            setattr(sp, name, int(getattr(sp, name)))
+    if not _is_int(sp.n):
+        raise err(f"n must be an int, but is of type {type(sp.n)}")
+    if not _is_int(sp.top_k):
+        raise err(f"top_k must be an integer, got {type(sp.top_k).__name__}")
+    for name in _INTS + tuple(n for n in _OPT_INTS + ("logprobs", "prompt_logprobs")
+                              if getattr(sp, n) is not None):
+        if not _is_int(getattr(sp, name)):
+            raise err(f"{name} must be an integer, got {type(getattr(sp, name)).__name__}")
+    for name in _FLOATS:
+        v = getattr(sp, name)
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise err(f"{name} must be a number, got {type(v).__name__}")
+    for name in _BOOLS + (("skip_reading_prefix_cache",) if sp.skip_reading_prefix_cache
+                          is not None else ()):
+        if not isinstance(getattr(sp, name), bool):
+            raise err(f"{name} must be a bool, got {type(getattr(sp, name)).__name__}")
+    try:
+        sp.output_kind = RequestOutputKind(sp.output_kind)
+    except ValueError:
+        raise err(f"output_kind must be 0, 1 or 2, got {sp.output_kind!r}") from None
+    _check_list(sp.stop, "stop", str, allow_single=True)
+    _check_list(sp.bad_words, "bad_words", str)
+    for name in ("stop_token_ids", "allowed_token_ids"):
+        _check_list(getattr(sp, name), name, int)
+    if sp.logit_bias is not None:
+        if not isinstance(sp.logit_bias, dict):
+            raise err(f"logit_bias must be a dict, got {type(sp.logit_bias).__name__}")
+        if not all(_is_int(k) for k in sp.logit_bias):
+            raise err(f"logit_bias keys must be integer token ids, got {list(sp.logit_bias)}")
+        for v in sp.logit_bias.values():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise err(f"logit_bias values must be finite numbers, got {v!r}")
+
+
+def _check_list(value: object, name: str, kind: type, allow_single: bool = False) -> None:
+    if value is None or (allow_single and isinstance(value, kind)):
+        return
+    what = "integers" if kind is int else "strings"
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(v, kind) and not isinstance(v, bool) for v in value):
+        raise InvalidArgumentError(f"{name} must contain only {what}, got {value!r}.")
+
+
+def _convert_logit_bias(logit_bias: dict) -> dict:
+    converted, invalid = {}, []
+    for token, bias in logit_bias.items():
+        try:
+            token_id = int(token)
+        except (ValueError, TypeError):
+            invalid.append(token)
+            continue
+        is_num = isinstance(bias, (int, float)) and not isinstance(bias, bool)
+        converted[token_id] = min(100.0, max(-100.0, bias)) if is_num else bias
+    if invalid:
+        raise InvalidArgumentError(
+            f"logit_bias contains key(s) that cannot be converted to integer token IDs: "
+            f"{invalid!r}")
+    return converted

@@ -1,16 +1,29 @@
 """Incremental detokenization and stop strings.
 
 check_stop_strings cases are ported from upstream vLLM 0.33
-tests/detokenizer/test_check_stop_strings.py. The streaming checks use the real
-default model's tokenizer: concatenated deltas equal the one-shot decode, and no
+tests/detokenizer/test_check_stop_strings.py; min_tokens with stop strings from
+tests/detokenizer/test_min_tokens.py (the truth recomputed for our tokenizer: the first
+stop match that ends past the text of the first min_tokens tokens); detokenize=False
+from tests/detokenizer/test_disable_detokenization.py. The streaming checks use the
+real default model's tokenizer: concatenated deltas equal the one-shot decode, and no
 delta ever carries a broken UTF-8 sequence (U+FFFD), even for multi-token emoji.
+spaces_between_special_tokens uses a small WordPiece-decoded tokenizer built here
+(byte-level decoders never add spaces, so the default model cannot show it); oracle:
+the `tokenizers` one-shot decode, and vLLM FastIncrementalDetokenizer's rule.
 """
 
 from __future__ import annotations
 
 import pytest
+from tokenizers import AddedToken, decoders, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.models import WordLevel
 
-from engine.detokenizer import IncrementalDetokenizer, check_stop_strings
+from engine.detokenizer import (
+    FastIncrementalDetokenizer,
+    IncrementalDetokenizer,
+    check_stop_strings,
+)
 from engine.gguf.reader import GGUFReader
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
@@ -56,7 +69,7 @@ TEXTS = [
 def test_streamed_deltas_are_whole_characters(tokenizer, text):
     ids = tokenizer.encode(text, add_special_tokens=False)
     prompt = tokenizer.encode("Say:", add_special_tokens=False)
-    detok = IncrementalDetokenizer(tokenizer.backend, prompt, SamplingParams())
+    detok = IncrementalDetokenizer.from_new_request(tokenizer.backend, prompt, SamplingParams())
     deltas = []
     for tok in ids:
         detok.update([tok], stop_terminated=False)
@@ -67,7 +80,8 @@ def test_streamed_deltas_are_whole_characters(tokenizer, text):
 
 def test_stop_string_truncates_and_holds_back(tokenizer):
     ids = tokenizer.encode("The answer is Paris, France.", add_special_tokens=False)
-    detok = IncrementalDetokenizer(tokenizer.backend, [1], SamplingParams(stop=["Paris"]))
+    detok = IncrementalDetokenizer.from_new_request(tokenizer.backend, [1],
+                                                   SamplingParams(stop=["Paris"]))
     streamed, hit = "", None
     for tok in ids:
         hit = detok.update([tok], stop_terminated=False)
@@ -76,3 +90,68 @@ def test_stop_string_truncates_and_holds_back(tokenizer):
             break
     assert hit == "Paris"
     assert streamed == "The answer is "
+
+
+MIN_TOKENS_TEXT = "Hello, my name is Lee, and I'm a student in the college of engineering"
+
+
+@pytest.mark.parametrize(("min_tokens", "stop"), [(0, None), (0, "e"), (5, "e"), (3, "in")])
+def test_min_tokens_with_stop(tokenizer, min_tokens, stop):
+    ids = tokenizer.encode(MIN_TOKENS_TEXT, add_special_tokens=False)
+    prompt, output = ids[:4], ids[4:]
+    detok = IncrementalDetokenizer.from_new_request(
+        tokenizer.backend, prompt, SamplingParams(stop=stop, min_tokens=min_tokens))
+    hit = detok.update(output, False)  # all at once: the check starts past min_tokens
+    full = tokenizer.decode(output)
+    if stop is None:
+        assert hit is None and detok.output_text == full
+        return
+    skipped = len(tokenizer.decode(output[:min_tokens]))
+    truth = full[:full.index(stop, max(skipped - len(stop) + 1, 0))]
+    assert hit == stop and detok.output_text == truth
+
+
+def test_stop_terminated_token_is_tracked_but_not_shown(tokenizer):
+    ids = tokenizer.encode("Paris is nice", add_special_tokens=False)
+    detok = IncrementalDetokenizer.from_new_request(tokenizer.backend, [1], SamplingParams())
+    detok.update(ids, stop_terminated=True)
+    assert detok.output_token_ids == ids
+    assert detok.output_text == tokenizer.decode(ids[:-1])
+    shown = IncrementalDetokenizer.from_new_request(
+        tokenizer.backend, [1], SamplingParams(include_stop_str_in_output=True))
+    shown.update(ids, stop_terminated=True)
+    assert shown.output_text == tokenizer.decode(ids)
+
+
+def test_detokenize_false_tracks_tokens_only(tokenizer):
+    detok = IncrementalDetokenizer.from_new_request(
+        tokenizer.backend, [1], SamplingParams(detokenize=False))
+    assert type(detok) is IncrementalDetokenizer
+    assert detok.update([5, 6], False) is None and detok.output_token_ids == [5, 6]
+    assert detok.get_next_output_text(finished=True, delta=False) == ""
+
+
+@pytest.fixture(scope="module")
+def wordpiece():
+    tok = HFTokenizer(WordLevel({"hello": 0, "world": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece()
+    tok.add_special_tokens([AddedToken("<a>", special=True), AddedToken("<b>", special=True)])
+    return tok
+
+
+@pytest.mark.parametrize(("spaces", "skip", "expected"), [
+    (True, False, " <a> <b> world"),  # the one-shot decode's spacing
+    (False, False, " <a><b> world"),  # a special right after a special: raw content
+    (False, True, " world"),  # skipped specials: the setting is moot
+])
+def test_spaces_between_special_tokens(wordpiece, spaces, skip, expected):
+    ids = wordpiece.encode("hello <a><b> world").ids
+    detok = IncrementalDetokenizer.from_new_request(
+        wordpiece, ids[:1], SamplingParams(skip_special_tokens=skip,
+                                           spaces_between_special_tokens=spaces))
+    assert isinstance(detok, FastIncrementalDetokenizer)
+    detok.update(ids[1:], False)
+    assert detok.output_text == expected
+    if spaces and not skip:
+        assert wordpiece.decode(ids, skip_special_tokens=False) == "hello" + expected

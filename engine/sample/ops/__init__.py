@@ -1,0 +1,1 @@
+"""engine.sample.ops: batched logits transforms of the Sampler (vllm/v1/sample/ops)."""
