@@ -103,6 +103,9 @@ def compile_command(c_file: Path, output: Path) -> list[str]:
         *("-o", str(output)),
         *(f"-L{libdir}", f"-lpython{cfg('LDVERSION')}"),
         *(f"-Wl,-rpath,{libdir}", f"-Wl,-soname,{SONAME}"),
+        # never unmapped by dlclose: the embedded runtime keeps pointers into this library
+        # (its module stays in sys.modules; a Python host that dlcloses it must not crash)
+        "-Wl,-z,nodelete",
     ]
 
 

@@ -32,9 +32,6 @@ from capi.plumbing import (
 )
 from engine.config import EngineConfig
 from engine.errors import InvalidArgumentError, NotFoundError
-from engine.tokenizer import _BYTE_CHARS, _byte_level
-
-_CHAR_BYTES = {char: byte for byte, char in _BYTE_CHARS.items()}
 
 
 def _engine_class():
@@ -206,11 +203,9 @@ def glue_detokenize(key, tokens, n_tokens, skip_special_tokens, buf, capacity, n
 
 
 def _token_bytes(tokenizer, token: int, special: bool) -> bytes:
-    """llama_token_to_piece for byte-level BPE: the vocab spelling mapped back to bytes."""
-    piece = tokenizer.id_to_piece(token)  # checks the range
-    if token in tokenizer.all_special_ids and not special:
-        return b""
-    return bytes(_CHAR_BYTES[char] for char in _byte_level(piece))
+    """llama_token_to_piece: the bytes the token stands for; special tokens only on request."""
+    data = tokenizer.id_to_bytes(token)  # checks the range
+    return b"" if token in tokenizer.all_special_ids and not special else data
 
 
 @export

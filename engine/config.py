@@ -26,6 +26,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     seed: int = 0
     enforce_eager: bool = False
+    max_logprobs: int = 20  # vLLM --max-logprobs; -1: the whole vocab
     served_model_name: str | None = None
     # scheduler (vllm/config/scheduler.py SchedulerConfig, EngineArgs names)
     scheduling_policy: str = "fcfs"  # fcfs | priority (lower value first, then arrival)
@@ -35,6 +36,8 @@ class EngineConfig:
     watermark: float = 0.0  # fraction of KV blocks kept free when admitting requests
 
     def __post_init__(self) -> None:
+        if self.max_logprobs < -1:
+            raise InvalidArgumentError(f"max_logprobs must be >= -1, got {self.max_logprobs}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise InvalidArgumentError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -16,19 +16,20 @@ import torch
 from engine.chat_template import render_chat_template
 from engine.config import EngineConfig
 from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.kv_cache_utils import get_num_kv_blocks
 from engine.core.scheduler import Scheduler
-from engine.errors import InvalidArgumentError, NotFoundError, OutOfResourcesError
+from engine.errors import InvalidArgumentError, NotFoundError
+from engine.metrics import EngineStats, StatsAggregator
 from engine.model_loader import load_model
 from engine.models.config import ModelArchConfig
 from engine.output_processor import OutputProcessor
 from engine.outputs import EngineCoreOutput, RequestOutput
 from engine.parallel_sampling import ParentRequest
-from engine.request import Request, RequestStatus
+from engine.request import Request, RequestStatus, validate_cache_salt
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
 from engine.worker.model_runner import ModelRunner, SampledModelRunnerOutput
 
-_DEFAULT_MAX_LOGPROBS = 20  # vLLM's --max-logprobs
 _CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -57,21 +58,18 @@ class LLMEngine:
         if not config.max_num_batched_tokens:
             config.max_num_batched_tokens = 8192 if config.enable_chunked_prefill else max(
                 self.max_model_len, 2048)
-        if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
-            raise InvalidArgumentError(
-                f"max_num_batched_tokens ({config.max_num_batched_tokens}) is smaller than "
-                f"max_model_len ({self.max_model_len}) with chunked prefill disabled")
+        config.verify_max_model_len(self.max_model_len)  # vLLM's SchedulerConfig checks
         num_blocks = self._num_kv_blocks(arch, dtype)
         shape = (2, num_blocks, config.block_size, arch.num_key_value_heads, arch.head_dim)
         kv_caches = [torch.empty(shape, dtype=dtype, device=device)
                      for _ in range(arch.num_hidden_layers)]
         kv = KVCacheManager(num_blocks, config.block_size, self.max_model_len,
-                            config.enable_prefix_caching)
+                            config.enable_prefix_caching, watermark=config.watermark)
         self.scheduler = Scheduler(config, kv, self.max_model_len)
+        self.stats = StatsAggregator()
         self.model_runner = ModelRunner(model, kv_caches, device, config.block_size)
         self.output_processor = OutputProcessor(tokenizer)
-        # -1: the whole vocab (EngineConfig.max_logprobs once the config has the field)
-        self.max_logprobs = getattr(config, "max_logprobs", _DEFAULT_MAX_LOGPROBS)
+        self.max_logprobs = config.max_logprobs  # -1: the whole vocab
         self._pending_outputs: list[RequestOutput] = []
         self.model_info = ModelInfo(
             arch.architecture, config.served_model_name or arch.name, arch.vocab_size,
@@ -86,9 +84,12 @@ class LLMEngine:
         dtype = _DTYPES.get(config.dtype) or (
             torch.bfloat16 if device.type == "cuda" else torch.float32)
         torch.manual_seed(config.seed)
-        model, arch, reader = load_model(config.model)
-        tokenizer = Tokenizer.from_gguf_metadata(reader.metadata)
-        reader.close()
+        model, arch, source = load_model(config.model)
+        if isinstance(source, str):  # a Hugging Face directory
+            tokenizer = Tokenizer.from_hf_dir(source)
+        else:
+            tokenizer = Tokenizer.from_gguf_metadata(source.metadata)
+            source.close()
         model = model.to(device=device, dtype=dtype)
         return cls(config, model, arch, tokenizer, device, dtype)
 
@@ -103,19 +104,7 @@ class LLMEngine:
             else:  # the CPU default, capped at what max_num_seqs full contexts need
                 need = self.config.max_num_seqs * (-(-self.max_model_len // bs) + 1) * block_bytes
                 budget = min(_CPU_KV_CACHE_BYTES, need)
-        num_blocks = budget // block_bytes  # one of them is the null block
-        need_blocks = -(-self.max_model_len // bs)
-        if num_blocks - 1 < need_blocks:
-            gib = 1 << 30
-            est = (num_blocks - 1) * bs
-            raise OutOfResourcesError(
-                f"To serve at least one request with the model's max seq len "
-                f"({self.max_model_len}), {need_blocks * block_bytes / gib:.3f} GiB KV cache "
-                f"is needed, which is larger than the available KV cache memory "
-                f"({budget / gib:.3f} GiB). Based on the available memory, the estimated "
-                f"maximum model length is {max(est, 0)}. Try increasing the KV cache memory "
-                f"or decreasing `max_model_len` when initializing the engine.")
-        return num_blocks
+        return get_num_kv_blocks(budget, block_bytes, bs, self.max_model_len)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str:
@@ -127,12 +116,16 @@ class LLMEngine:
             tools=tools)
 
     def add_request(self, request_id: str, prompt: str | list[int],
-                    params: SamplingParams) -> None:
+                    params: SamplingParams, priority: int = 0,
+                    cache_salt: str | None = None) -> None:
         """Queue a request. params is cloned and completed (vLLM's input processor);
         n > 1 fans out into n child requests (engine/parallel_sampling.py) whose
         outputs come back under request_id."""
         if not isinstance(request_id, str) or not request_id:
             raise InvalidArgumentError("request_id must be a non-empty string")
+        validate_cache_salt(cache_salt)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidArgumentError(f"priority must be an int, got {type(priority).__name__}")
         if not isinstance(params, SamplingParams):
             raise InvalidArgumentError(
                 f"params must be a SamplingParams, got {type(params).__name__}")
@@ -149,7 +142,7 @@ class LLMEngine:
         now = time.time()
         for index, (rid, sp) in enumerate(children):
             req = Request(rid, ids, sp, self.tokenizer.eos_token_id, now,
-                          self.config.block_size)
+                          self.config.block_size, priority=priority, cache_salt=cache_salt)
             self.output_processor.add_request(req, text, parent, index)
             self.scheduler.add_request(req)
 
@@ -198,10 +191,22 @@ class LLMEngine:
         new_outputs, stopped = self.output_processor.process_outputs(
             _engine_core_outputs(results, runner_out))
         self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        self.stats.observe(self.scheduler.make_stats(), self.scheduler.num_preemptions)
         return outputs + new_outputs
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._pending_outputs) or self.scheduler.has_unfinished_requests()
+
+    def get_stats(self) -> EngineStats:
+        """Cumulative metrics for vllm.h (vLLM's Prometheus gauges and counters):
+        running/waiting requests, KV cache usage, prefix-cache queries/hits/hit rate,
+        preemptions. Refreshes the gauges (an abort may have happened since the step)."""
+        self.stats.observe(self.scheduler.make_stats(), self.scheduler.num_preemptions)
+        return self.stats.stats
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM LLMEngine.reset_prefix_cache: False while running requests hold blocks."""
+        return self.scheduler.reset_prefix_cache(reset_running_requests)
 
     def get_num_unfinished_requests(self) -> int:
         return self.scheduler.get_num_unfinished_requests()

@@ -117,10 +117,25 @@ def test_finished_flag_parallel_sampling(llm):
 
 
 def test_mid_stream_cancellation(llm):
+    """Each of 4 concurrent streams is cancelled once it has 5 tokens (read round-robin, so
+    no stream can run to its length cap or EOS first): its last output is an abort."""
     streams = [llm.add_request(f"c{i}", PROMPT, _greedy(500)) for i in range(4)]
-    for stream in streams:
-        outputs, n = _drain(stream, cancel_after=5)
-        assert n >= 5 and outputs[-1].outputs[0].finish_reason == "abort"
+    counts, last = [0] * 4, [None] * 4
+    deadline = time.monotonic() + 120
+    while any(out is None or not out.finished for out in last):
+        assert time.monotonic() < deadline, "streams did not finish"
+        for i, stream in enumerate(streams):
+            if last[i] is not None and last[i].finished:
+                continue
+            out = stream.get(timeout_s=0.05)
+            if out is None:
+                continue
+            last[i] = out
+            counts[i] += len(out.outputs[0].token_ids)
+            if counts[i] >= 5:
+                stream.cancel()
+    assert all(n >= 5 for n in counts)
+    assert [out.outputs[0].finish_reason for out in last] == ["abort"] * 4
     assert llm.num_unfinished() == 0
     assert _drain(llm.add_request("c0", PROMPT, _greedy(3)))[1] == 3
 
