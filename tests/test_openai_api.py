@@ -505,8 +505,10 @@ def test_error_mid_stream(client, endpoint, body):
 
 def test_cancel_frees_the_request(client):
     """A stream cancelled mid-way ends with finish_reason abort; no request is left."""
+    # ignore_eos: the request cannot finish on its own before the cancel arrives
     res = call(client, "/v1/completions", {"prompt": "Tell me a story", "max_tokens": 200,
-                                           "temperature": 0, "stream": True})
+                                           "temperature": 0, "stream": True,
+                                           "ignore_eos": True})
     assert res.stream.get(60)
     res.stream.cancel()
     rest = chunks(res)
