@@ -128,8 +128,6 @@ def test_kv_budget_too_small_for_max_model_len_fails_fast(model_path):
                                            kv_cache_memory_bytes=10 * BLOCK_BYTES))
 
 
-@pytest.mark.skipif(not hasattr(LLMEngine, "get_stats"),
-                    reason="LLMEngine.get_stats wiring pending (issue 4, engine-core report)")
 def test_repeated_prompt_hits_prefix_cache(engine, chat_prompts):
     before = engine.get_stats()
     queries, hits = before.prefix_cache_queries, before.prefix_cache_hits

@@ -1,0 +1,81 @@
+"""A safetensors twin of the default model gives the same greedy tokens as its GGUF.
+
+The twin is written here from the GGUF itself: the dequantized weights under Hugging
+Face names (Q/K un-permuted, what transformers' GGUF loader produces), a config.json with
+the GGUF's hyper-parameters, and tokenizer.json / tokenizer_config.json from the GGUF's
+tokenizer. Loading it goes through the safetensors loader and the HF-directory tokenizer;
+the oracle is our engine on the GGUF (itself checked against transformers in
+tests/test_generate_parity.py). Issue 5 acceptance.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors.torch import save_file
+
+from engine.config import EngineConfig
+from engine.gguf.reader import GGUFReader
+from engine.llm_engine import LLMEngine
+from engine.model_loader.gguf_loader import arch_config_from_gguf, gguf_weights_iterator
+from engine.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, 日本"]
+
+
+def _write_twin(model_path: str, out) -> None:
+    with GGUFReader(model_path) as reader:
+        cfg = arch_config_from_gguf(reader)
+        weights = {name: w.contiguous() for name, w in gguf_weights_iterator(reader, cfg)}
+    save_file(weights, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+        "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "tie_word_embeddings": cfg.tie_word_embeddings, "torch_dtype": "float32",
+    }))
+
+
+@pytest.fixture(scope="module")
+def engines(model_path, tmp_path_factory):
+    twin = tmp_path_factory.mktemp("smollm2-safetensors")
+    _write_twin(model_path, twin)
+    gguf = LLMEngine.from_config(EngineConfig(model=model_path, max_model_len=256))
+    tok = gguf.tokenizer
+    tok.backend.save(str(twin / "tokenizer.json"))
+    (twin / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": tok.bos_token, "eos_token": tok.eos_token,
+        "chat_template": tok.chat_template}))
+    st = LLMEngine.from_config(EngineConfig(model=str(twin), max_model_len=256))
+    return gguf, st
+
+
+def _greedy(engine: LLMEngine) -> list[list[int]]:
+    for i, p in enumerate(PROMPTS):
+        engine.add_request(f"t{i}", p, SamplingParams(temperature=0.0, max_tokens=24))
+    out = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                out[o.request_id] = o.outputs[0].token_ids
+    return [out[f"t{i}"] for i in range(len(PROMPTS))]
+
+
+def test_twin_tokenizes_like_the_gguf(engines):
+    gguf, st = engines
+    for p in PROMPTS:
+        assert st.tokenizer.encode(p) == gguf.tokenizer.encode(p)
+    assert st.model_info.eos_token_id == gguf.model_info.eos_token_id
+
+
+def test_twin_gives_the_same_greedy_tokens(engines):
+    gguf, st = engines
+    assert _greedy(st) == _greedy(gguf)
