@@ -21,7 +21,7 @@ from engine.core.scheduler import Scheduler
 from engine.errors import InvalidArgumentError, NotFoundError
 from engine.metrics import EngineStats, StatsAggregator
 from engine.model_loader import load_model
-from engine.models.config import ModelArchConfig
+from engine.models.config import ModelArchConfig, get_diff_sampling_param
 from engine.output_processor import OutputProcessor
 from engine.outputs import EngineCoreOutput, RequestOutput
 from engine.parallel_sampling import ParentRequest
@@ -71,6 +71,8 @@ class LLMEngine:
         self.output_processor = OutputProcessor(tokenizer)
         self.max_logprobs = config.max_logprobs  # -1: the whole vocab
         self._pending_outputs: list[RequestOutput] = []
+        # the model's generation_config.json defaults (vLLM ModelConfig.get_diff_sampling_param)
+        self.default_sampling_params: dict = get_diff_sampling_param(arch.generation_config)
         self.model_info = ModelInfo(
             arch.architecture, config.served_model_name or arch.name, arch.vocab_size,
             self.max_model_len, _or_neg(tokenizer.bos_token_id), _or_neg(tokenizer.eos_token_id))
@@ -203,6 +205,11 @@ class LLMEngine:
         preemptions. Refreshes the gauges (an abort may have happened since the step)."""
         self.stats.observe(self.scheduler.make_stats(), self.scheduler.num_preemptions)
         return self.stats.stats
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM LLM.get_default_sampling_params: SamplingParams with the model's
+        generation_config.json defaults (vLLM's own defaults where it is silent)."""
+        return SamplingParams(**self.default_sampling_params)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """vLLM LLMEngine.reset_prefix_cache: False while running requests hold blocks."""

@@ -1,6 +1,7 @@
 """A safetensors twin of the default model gives the same greedy tokens as its GGUF.
 
-The twin is written here from the GGUF itself: the dequantized weights under Hugging
+The twin is written here from the GGUF itself (plus a generation_config.json whose defaults
+requests without their own values must get, as in vLLM): the dequantized weights under Hugging
 Face names (Q/K un-permuted, what transformers' GGUF loader produces), a config.json with
 the GGUF's hyper-parameters, and tokenizer.json / tokenizer_config.json from the GGUF's
 tokenizer. Loading it goes through the safetensors loader and the HF-directory tokenizer;
@@ -15,7 +16,9 @@ import json
 import pytest
 from safetensors.torch import save_file
 
+from engine.async_llm import AsyncLLM
 from engine.config import EngineConfig
+from engine.entrypoints.openai.api import handle_openai_request
 from engine.gguf.reader import GGUFReader
 from engine.llm_engine import LLMEngine
 from engine.model_loader.gguf_loader import arch_config_from_gguf, gguf_weights_iterator
@@ -42,6 +45,9 @@ def _write_twin(model_path: str, out) -> None:
         "max_position_embeddings": cfg.max_position_embeddings,
         "tie_word_embeddings": cfg.tie_word_embeddings, "torch_dtype": "float32",
     }))
+    # defaults a request without its own values gets, as vLLM applies them
+    (out / "generation_config.json").write_text(json.dumps(
+        {"temperature": 0.0, "max_new_tokens": 5, "eos_token_id": 2}))
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +85,27 @@ def test_twin_tokenizes_like_the_gguf(engines):
 def test_twin_gives_the_same_greedy_tokens(engines):
     gguf, st = engines
     assert _greedy(st) == _greedy(gguf)
+
+
+def test_generation_config_defaults_apply_to_requests_without_values(engines):
+    gguf, st = engines
+    assert gguf.default_sampling_params == {}
+    assert st.default_sampling_params == {"temperature": 0.0, "max_tokens": 5}
+    sp = st.get_default_sampling_params()
+    assert sp.temperature == 0.0 and sp.max_tokens == 5
+    client = AsyncLLM(st)  # the OpenAI layer, last: the loop thread now owns the engine
+    try:
+        def chat(**extra):
+            body = {"messages": [{"role": "user", "content": "Hi"}], **extra}
+            res = handle_openai_request(client, "POST", "/v1/chat/completions",
+                                        json.dumps(body), served_model_name="twin")
+            assert res.status == 200, res.body
+            return json.loads(res.body)
+        implicit = chat()
+        explicit = chat(temperature=0.0, max_tokens=5)
+        assert implicit["usage"]["completion_tokens"] == 5
+        assert implicit["choices"][0]["message"]["content"] == \
+            explicit["choices"][0]["message"]["content"]
+        assert chat(max_tokens=7)["usage"]["completion_tokens"] == 7  # the request wins
+    finally:
+        client.shutdown()

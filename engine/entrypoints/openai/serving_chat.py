@@ -64,7 +64,7 @@ class ChatJob:
                                          request.truncation_side)
         sampling = build_sampling_params(
             _sampling_values(request, ctx.get_max_tokens(max_out, len(self.prompt_ids))),
-            _REQUEST_NAMES)
+            _REQUEST_NAMES, ctx.default_sampling)
         self.merged = ctx.submit(self.id, [self.prompt_ids], [sampling])
 
     def _echo_text(self) -> str:

@@ -57,7 +57,7 @@ class CompletionJob:
         echo_only = request.echo and request.max_tokens == 0
         samplings = [build_sampling_params(_sampling_values(
             request, 1 if echo_only else ctx.get_max_tokens(request.max_tokens, len(ids))),
-            _REQUEST_NAMES) for ids in self.prompts]
+            _REQUEST_NAMES, ctx.default_sampling) for ids in self.prompts]
         self.merged = ctx.submit(self.id, self.prompts, samplings)
         self.prompt_texts = self._prompt_texts(tok) if request.echo else []
 

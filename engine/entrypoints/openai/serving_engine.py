@@ -39,6 +39,8 @@ class ServingContext:
         self.served_model_name = served_model_name
         with client.lock:
             self.max_model_len = client.engine.model_info.max_model_len
+            # generation_config.json defaults: request value > model default > vLLM default
+            self.default_sampling = dict(client.engine.default_sampling_params)
 
     def check_model(self, model: str | None) -> None:
         if model and model != self.served_model_name:
@@ -72,8 +74,12 @@ class ServingContext:
         return ids
 
     def get_max_tokens(self, max_tokens: int | None, prompt_len: int) -> int:
+        """vLLM's get_max_tokens: the context left, capped by the request's max_tokens or,
+        when it has none, the model's generation_config max_new_tokens."""
+        fallback = max_tokens if max_tokens is not None else self.default_sampling.get(
+            "max_tokens")
         model_max = self.max_model_len - prompt_len
-        return model_max if max_tokens is None else min(model_max, max_tokens)
+        return model_max if fallback is None else min(model_max, fallback)
 
     def submit(self, base_id: str, prompts: list[list[int]], samplings: list[dict[str, Any]]
                ) -> MergedStream:
@@ -95,12 +101,13 @@ class ServingContext:
         return MergedStream(streams)
 
 
-def build_sampling_params(values: dict[str, Any], request_names: dict[str, str]
-                          ) -> dict[str, Any]:
-    """Validated SamplingParams keyword arguments with vLLM's fallbacks; a value whose engine
-    field does not exist yet is refused (named by its request field) unless it is vLLM's
-    default."""
-    values = {k: (_DEFAULT_SAMPLING[k] if v is None and k in _DEFAULT_SAMPLING else v)
+def build_sampling_params(values: dict[str, Any], request_names: dict[str, str],
+                          model_defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Validated SamplingParams keyword arguments with vLLM's fallbacks (the request's value,
+    else the model's generation_config default, else vLLM's); a value whose engine field does
+    not exist yet is refused (named by its request field) unless it is vLLM's default."""
+    model_defaults = model_defaults or {}
+    values = {k: (model_defaults.get(k, _DEFAULT_SAMPLING.get(k)) if v is None else v)
               for k, v in values.items()}
     supported = inspect.signature(SamplingParams).parameters
     kept = {}
