@@ -96,6 +96,7 @@ def _engine_config(model: str, p) -> EngineConfig:
         seed=p.seed,
         enforce_eager=bool(p.enforce_eager),
         served_model_name=optional_text(p.served_model_name, "params->served_model_name"),
+        tokenizer=optional_text(p.tokenizer, "params->tokenizer"),
     )
 
 

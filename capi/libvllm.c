@@ -152,12 +152,13 @@ VLLM_API void vllm_sampling_params_init(vllm_sampling_params *params) {
     params->temperature = 1.0f;
     params->top_p = 1.0f;
     params->skip_special_tokens = 1;
+    params->repetition_penalty = 1.0f;
 }
 
 /* The sizes of the structs as their first ABI version defined them: a caller built
  * against that header passes this struct_size. */
 #define ENGINE_PARAMS_V0_1_SIZE offsetof(vllm_engine_params, served_model_name)
-#define SAMPLING_PARAMS_V0_1_SIZE sizeof(vllm_sampling_params)
+#define SAMPLING_PARAMS_V0_1_SIZE offsetof(vllm_sampling_params, presence_penalty)
 #define MODEL_INFO_V0_1_SIZE sizeof(vllm_model_info)
 #define METRICS_V0_2_SIZE sizeof(vllm_metrics)
 

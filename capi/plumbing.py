@@ -117,7 +117,7 @@ def _f32(value: float) -> float:
 
 def sampling_params(p) -> SamplingParams:
     """vllm_sampling_params -> SamplingParams (DELTA outputs: what the ABI streams)."""
-    return SamplingParams(
+    return SamplingParams.from_optional(
         max_tokens=None if p.max_tokens < 0 else p.max_tokens,
         temperature=_f32(p.temperature),
         top_p=_f32(p.top_p),
@@ -127,6 +127,17 @@ def sampling_params(p) -> SamplingParams:
         ignore_eos=bool(p.ignore_eos),
         stop_token_ids=list(p.stop_token_ids[0 : p.n_stop_token_ids]),
         skip_special_tokens=bool(p.skip_special_tokens),
+        presence_penalty=_f32(p.presence_penalty),
+        frequency_penalty=_f32(p.frequency_penalty),
+        repetition_penalty=_f32(p.repetition_penalty),
+        min_tokens=p.min_tokens,
+        stop=[text(p.stop[i], "params->stop[]") for i in range(p.n_stop)],
+        include_stop_str_in_output=bool(p.include_stop_str_in_output),
+        logit_bias={p.logit_bias_token_ids[i]: _f32(p.logit_bias_values[i])
+                    for i in range(p.n_logit_bias)} or None,
+        allowed_token_ids=None if p.allowed_token_ids == ffi.NULL else list(
+            p.allowed_token_ids[0 : p.n_allowed_token_ids]),
+        bad_words=[text(p.bad_words[i], "params->bad_words[]") for i in range(p.n_bad_words)],
         output_kind=RequestOutputKind.DELTA,
     )
 

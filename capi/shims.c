@@ -136,6 +136,20 @@ static vllm_status copy_sampling_params(vllm_sampling_params *copy,
     if (copy->stop_token_ids == NULL && copy->n_stop_token_ids > 0)
         return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: params->stop_token_ids is NULL but "
                     "n_stop_token_ids is %zu", function, copy->n_stop_token_ids);
+    if ((copy->stop == NULL && copy->n_stop > 0) ||
+        (copy->bad_words == NULL && copy->n_bad_words > 0) ||
+        ((copy->logit_bias_token_ids == NULL || copy->logit_bias_values == NULL) &&
+         copy->n_logit_bias > 0) ||
+        (copy->allowed_token_ids == NULL && copy->n_allowed_token_ids > 0))
+        return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: a params array pointer is NULL but its "
+                    "count is not 0", function);
+    for (size_t i = 0; i < copy->n_stop; i++)
+        if (copy->stop[i] == NULL)
+            return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: params->stop[%zu] is NULL", function, i);
+    for (size_t i = 0; i < copy->n_bad_words; i++)
+        if (copy->bad_words[i] == NULL)
+            return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: params->bad_words[%zu] is NULL",
+                        function, i);
     return VLLM_OK;
 }
 

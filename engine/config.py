@@ -28,6 +28,7 @@ class EngineConfig:
     enforce_eager: bool = False
     max_logprobs: int = 20  # vLLM --max-logprobs; -1: the whole vocab
     served_model_name: str | None = None
+    tokenizer: str | None = None  # vLLM --tokenizer: a Hugging Face tokenizer directory
     # scheduler (vllm/config/scheduler.py SchedulerConfig, EngineArgs names)
     scheduling_policy: str = "fcfs"  # fcfs | priority (lower value first, then arrival)
     long_prefill_token_threshold: int = 0  # cap on a prefill chunk when others wait; 0: off

@@ -87,10 +87,13 @@ class LLMEngine:
             torch.bfloat16 if device.type == "cuda" else torch.float32)
         torch.manual_seed(config.seed)
         model, arch, source = load_model(config.model)
-        if isinstance(source, str):  # a Hugging Face directory
+        if config.tokenizer is not None:  # vLLM --tokenizer
+            tokenizer = Tokenizer.from_hf_dir(config.tokenizer)
+        elif isinstance(source, str):  # a Hugging Face directory
             tokenizer = Tokenizer.from_hf_dir(source)
         else:
             tokenizer = Tokenizer.from_gguf_metadata(source.metadata)
+        if not isinstance(source, str):
             source.close()
         model = model.to(device=device, dtype=dtype)
         return cls(config, model, arch, tokenizer, device, dtype)

@@ -142,6 +142,9 @@ typedef struct vllm_engine_params {
                                         template text itself (vLLM's --chat-template) */
     vllm_progress_callback progress_callback;  /* NULL: none */
     void *progress_callback_user_data;
+    const char *tokenizer;           /* NULL: the model's; else a Hugging Face tokenizer
+                                        directory (tokenizer.json, tokenizer_config.json),
+                                        as vLLM's --tokenizer */
 } vllm_engine_params;
 
 /* What vllm_engine_model_info() reports. */
@@ -169,6 +172,21 @@ typedef struct vllm_sampling_params {
     const int32_t *stop_token_ids;   /* extra stop tokens (copied); may be NULL when n is 0 */
     size_t n_stop_token_ids;
     int32_t skip_special_tokens;     /* default 1: leave special tokens out of the text */
+    /* since 0.2 (n and logprobs: through vllm_openai_request) */
+    float presence_penalty;          /* default 0.0, in [-2, 2] */
+    float frequency_penalty;         /* default 0.0, in [-2, 2] */
+    float repetition_penalty;        /* default 1.0, > 0 */
+    int32_t min_tokens;              /* default 0: EOS and stop tokens blocked until reached */
+    const char *const *stop;         /* stop strings (UTF-8, copied); may be NULL when n is 0 */
+    size_t n_stop;
+    int32_t include_stop_str_in_output;  /* default 0 */
+    const int32_t *logit_bias_token_ids; /* logit_bias: n_logit_bias (token, bias) pairs */
+    const float *logit_bias_values;      /* added to the logits, clamped to [-100, 100] */
+    size_t n_logit_bias;
+    const int32_t *allowed_token_ids;    /* NULL (default): any token; else only these */
+    size_t n_allowed_token_ids;
+    const char *const *bad_words;        /* words never generated (UTF-8, copied) */
+    size_t n_bad_words;
 } vllm_sampling_params;
 
 /* One request's progress in one step. Owned by the engine (see vllm_engine_step). */

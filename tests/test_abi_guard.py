@@ -103,8 +103,9 @@ def test_rule_accepts_additions(current):
         d["functions"]["vllm_new_thing"] = "vllm_status (void)"
         d["enums"]["VLLM_ERR_NEW"] = 13
         d["typedefs"]["vllm_new_callback"] = "void (*)(void *)"
-        _fields(d, "vllm_sampling_params").append(["repetition_penalty", "float", 80, 4])
-        d["structs"]["vllm_sampling_params"]["size"] = 88
+        size = d["structs"]["vllm_sampling_params"]["size"]
+        _fields(d, "vllm_sampling_params").append(["new_field", "float", size, 4])
+        d["structs"]["vllm_sampling_params"]["size"] = size + 8
         d["structs"]["vllm_new"] = {"size": 4, "align": 4, "fields": []}
 
     assert _changed(current, add) == []

@@ -125,10 +125,17 @@ def test_sampling_params_defaults_match_vllm(abi):
         "min_p",
         "ignore_eos",
         "skip_special_tokens",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "min_tokens",
+        "include_stop_str_in_output",
     ):
         assert getattr(p, name) == getattr(want, name), name
     assert not p.has_seed and want.seed is None
     assert p.n_stop_token_ids == 0 and p.stop_token_ids == ffi.NULL
+    assert p.n_stop == p.n_logit_bias == p.n_bad_words == p.n_allowed_token_ids == 0
+    assert p.allowed_token_ids == ffi.NULL and want.allowed_token_ids is None
 
 
 def test_last_error_copy_without_error(abi):

@@ -50,6 +50,7 @@ class EngineParams(Structure):
         ("chat_template", c_char_p),
         ("progress_callback", PROGRESS_CALLBACK),
         ("progress_callback_user_data", c_void_p),
+        ("tokenizer", c_char_p),
     ]
 
 
@@ -67,6 +68,20 @@ class SamplingParams(Structure):
         ("stop_token_ids", POINTER(c_int32)),
         ("n_stop_token_ids", c_size_t),
         ("skip_special_tokens", c_int32),
+        ("presence_penalty", c_float),
+        ("frequency_penalty", c_float),
+        ("repetition_penalty", c_float),
+        ("min_tokens", c_int32),
+        ("stop", POINTER(c_char_p)),
+        ("n_stop", c_size_t),
+        ("include_stop_str_in_output", c_int32),
+        ("logit_bias_token_ids", POINTER(c_int32)),
+        ("logit_bias_values", POINTER(c_float)),
+        ("n_logit_bias", c_size_t),
+        ("allowed_token_ids", POINTER(c_int32)),
+        ("n_allowed_token_ids", c_size_t),
+        ("bad_words", POINTER(c_char_p)),
+        ("n_bad_words", c_size_t),
     ]
 
 

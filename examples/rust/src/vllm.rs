@@ -40,6 +40,7 @@ mod sys {
         pub chat_template: *const c_char,
         pub progress_callback: Option<extern "C" fn(f32, *mut c_void)>,
         pub progress_callback_user_data: *mut c_void,
+        pub tokenizer: *const c_char,
     }
 
     #[repr(C)]
@@ -56,6 +57,20 @@ mod sys {
         pub stop_token_ids: *const i32,
         pub n_stop_token_ids: usize,
         pub skip_special_tokens: i32,
+        pub presence_penalty: f32,
+        pub frequency_penalty: f32,
+        pub repetition_penalty: f32,
+        pub min_tokens: i32,
+        pub stop: *const *const c_char,
+        pub n_stop: usize,
+        pub include_stop_str_in_output: i32,
+        pub logit_bias_token_ids: *const i32,
+        pub logit_bias_values: *const f32,
+        pub n_logit_bias: usize,
+        pub allowed_token_ids: *const i32,
+        pub n_allowed_token_ids: usize,
+        pub bad_words: *const *const c_char,
+        pub n_bad_words: usize,
     }
 
     #[repr(C)]
