@@ -223,7 +223,9 @@ class AsyncLLM:
                 except BaseException as e:  # noqa: BLE001 - any failure ends every stream
                     self._die(e)
                     return
-                self.stats.observe(outputs)
+                # only this client's requests count (an engine may carry leftovers of an
+                # earlier client, e.g. the final outputs of requests it aborted)
+                self.stats.observe([o for o in outputs if o.request_id in self._streams])
                 ready = [(self._streams.get(out.request_id), out) for out in outputs]
                 for out in outputs:
                     if out.finished:
