@@ -107,6 +107,7 @@ FINISH_REASONS = {
     "stop": lib.VLLM_FINISH_STOP,
     "length": lib.VLLM_FINISH_LENGTH,
     "abort": lib.VLLM_FINISH_ABORT,
+    "error": lib.VLLM_FINISH_ERROR,
 }
 
 

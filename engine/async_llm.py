@@ -11,7 +11,8 @@ HTTP server call it from plain OS threads.
 - Outputs are DELTA (add_request sets output_kind) and are handed to their stream after
   the lock is released: a stream's consumer or push callback may call back in.
 - A failing step kills the engine: every live stream ends with EngineDeadError and later
-  add_request calls raise it.
+  add_request calls raise it. A request the engine failed alone (RequestOutput.error, e.g.
+  its grammar did not compile) ends its stream with that error; the others go on.
 """
 
 from __future__ import annotations
@@ -154,14 +155,16 @@ class AsyncLLM:
     # ---------------------------------------------------------------- requests
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    on_output: OutputCallback | None = None) -> RequestStream:
+                    on_output: OutputCallback | None = None,
+                    reasoning_parser_kwargs: dict | None = None) -> RequestStream:
         """Queues a request. on_output (optional) receives every output, or the error
         that ended the request, on the loop thread instead of the stream's get()."""
         params.output_kind = RequestOutputKind.DELTA
         stream = RequestStream(request_id, self.abort, on_output)
         with self.lock:
             self._check_open()
-            self.engine.add_request(request_id, prompt, params)
+            self.engine.add_request(request_id, prompt, params,
+                                    reasoning_parser_kwargs=reasoning_parser_kwargs)
             self._streams[request_id] = stream
             self._wakeup.notify()
         return stream
@@ -232,7 +235,7 @@ class AsyncLLM:
                         self._streams.pop(out.request_id, None)
             for stream, out in ready:
                 if stream is not None:
-                    _deliver(stream, out)
+                    _deliver(stream, out if out.error is None else out.error)
 
     def _die(self, exc: BaseException) -> None:
         self._dead = EngineDeadError(f"the engine loop failed: {type(exc).__name__}: {exc}")

@@ -35,6 +35,12 @@ class EngineConfig:
     long_prefill_token_threshold_adaptive: bool = False  # floor the cap at a fair share
     scheduler_reserve_full_isl: bool = True  # admit only if the whole prompt fits the KV
     watermark: float = 0.0  # fraction of KV blocks kept free when admitting requests
+    # structured outputs, reasoning, tool calling (vLLM --structured-outputs-config.backend,
+    # --reasoning-parser, --enable-auto-tool-choice, --tool-call-parser)
+    structured_outputs_backend: str = "auto"  # auto | xgrammar | guidance
+    reasoning_parser: str = ""  # "": none; deepseek_r1 | qwen3
+    enable_auto_tool_choice: bool = False  # tool_choice "auto" (needs tool_call_parser)
+    tool_call_parser: str = ""  # "": none; hermes | llama3_json | mistral | pythonic | ...
 
     def __post_init__(self) -> None:
         if self.max_logprobs < -1:
@@ -58,6 +64,22 @@ class EngineConfig:
                                        f"{self.long_prefill_token_threshold}")
         if not 0.0 <= self.watermark < 1.0:
             raise InvalidArgumentError(f"watermark must be in [0, 1), got {self.watermark}")
+        self._check_parsers()
+
+    def _check_parsers(self) -> None:
+        """Parser names as vLLM's serve-args checks (unknown name, auto without parser)."""
+        from engine.reasoning import ReasoningParserManager
+        from engine.tool_parsers import ToolParserManager
+
+        for name, manager, flag in (
+                (self.reasoning_parser, ReasoningParserManager, "reasoning_parser"),
+                (self.tool_call_parser, ToolParserManager, "tool_call_parser")):
+            if name and name not in manager.list_registered():
+                raise InvalidArgumentError(
+                    f"invalid {flag} {name!r}; choose from {manager.list_registered()}")
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise InvalidArgumentError(
+                "--enable-auto-tool-choice requires --tool-call-parser")
 
     def verify_max_model_len(self, max_model_len: int) -> None:
         """vllm/config/scheduler.py::SchedulerConfig.verify_max_model_len."""

@@ -1,9 +1,9 @@
 """LLMEngine: the synchronous engine the C ABI drives, as vllm/v1/engine/llm_engine.py.
 
-add_request (input processing + validation) -> Scheduler.schedule -> ModelRunner ->
-Scheduler.update_from_output -> OutputProcessor (detokenize, stop strings) ->
-RequestOutput list from step(). Everything runs in-process; the engine-core process
-split of vLLM v1 arrives with the background loop (ABI issue).
+add_request (input processing + validation, structured-output grammar compile started)
+-> Scheduler.schedule -> grammar bitmask -> ModelRunner -> Scheduler.update_from_output
+-> OutputProcessor (detokenize, stop strings) -> RequestOutput list from step().
+Everything runs in-process; the engine-core process split of vLLM v1 is not done yet.
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ from engine.outputs import EngineCoreOutput, RequestOutput
 from engine.parallel_sampling import ParentRequest
 from engine.request import Request, RequestStatus, validate_cache_salt
 from engine.sampling_params import SamplingParams
+from engine.structured_output import (
+    StructuredOutputManager,
+    StructuredOutputRequest,
+    StructuredOutputsConfig,
+)
 from engine.tokenizer import Tokenizer
 from engine.worker.model_runner import ModelRunner, SampledModelRunnerOutput
 
@@ -65,7 +70,10 @@ class LLMEngine:
                      for _ in range(arch.num_hidden_layers)]
         kv = KVCacheManager(num_blocks, config.block_size, self.max_model_len,
                             config.enable_prefix_caching, watermark=config.watermark)
-        self.scheduler = Scheduler(config, kv, self.max_model_len)
+        self.structured_output_manager = _structured_output_manager(config, tokenizer,
+                                                                    arch.vocab_size)
+        self.scheduler = Scheduler(config, kv, self.max_model_len,
+                                   structured_output_manager=self.structured_output_manager)
         self.stats = StatsAggregator()
         self.model_runner = ModelRunner(model, kv_caches, device, config.block_size)
         self.output_processor = OutputProcessor(tokenizer)
@@ -122,10 +130,12 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: str | list[int],
                     params: SamplingParams, priority: int = 0,
-                    cache_salt: str | None = None) -> None:
+                    cache_salt: str | None = None,
+                    reasoning_parser_kwargs: dict | None = None) -> None:
         """Queue a request. params is cloned and completed (vLLM's input processor);
         n > 1 fans out into n child requests (engine/parallel_sampling.py) whose
-        outputs come back under request_id."""
+        outputs come back under request_id. reasoning_parser_kwargs (e.g. the chat
+        template's enable_thinking) reach the reasoning parser that gates the grammar."""
         if not isinstance(request_id, str) or not request_id:
             raise InvalidArgumentError("request_id must be a non-empty string")
         validate_cache_salt(cache_salt)
@@ -146,10 +156,16 @@ class LLMEngine:
                 raise InvalidArgumentError(f"request id {rid!r} is already in use")
         now = time.time()
         for index, (rid, sp) in enumerate(children):
+            so_request = None if sp.structured_outputs is None else StructuredOutputRequest(
+                sp.structured_outputs, rid, set(sp.all_stop_token_ids), ids,
+                reasoning_parser_kwargs)
             req = Request(rid, ids, sp, self.tokenizer.eos_token_id, now,
-                          self.config.block_size, priority=priority, cache_salt=cache_salt)
-            self.output_processor.add_request(req, text, parent, index)
+                          self.config.block_size, priority=priority, cache_salt=cache_salt,
+                          structured_output_request=so_request)
+            if so_request is not None:  # compiles on the manager's threads
+                self.structured_output_manager.grammar_init(so_request)
             self.scheduler.add_request(req)
+            self.output_processor.add_request(req, text, parent, index)
 
     def _process_params(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
         sp = params.clone()
@@ -162,6 +178,8 @@ class LLMEngine:
                     f"got {sp.min_tokens}.")
         sp.update_from_generation_config(self.tokenizer.eos_token_id)
         sp.update_from_tokenizer(self.tokenizer)
+        if sp.structured_outputs is not None:  # vLLM's _validate_structured_output
+            self.structured_output_manager.validate(sp.structured_outputs)
         return sp
 
     def _validate_prompt(self, ids: list[int]) -> None:
@@ -191,8 +209,10 @@ class LLMEngine:
         if not self.scheduler.has_unfinished_requests():
             return outputs
         sched_out = self.scheduler.schedule()
-        runner_out = self.model_runner.execute_model(sched_out)
+        grammar_output = self.scheduler.get_grammar_bitmask(sched_out)
+        runner_out = self.model_runner.execute_model(sched_out, grammar_output)
         results = self.scheduler.update_from_output(sched_out, runner_out)
+        results += [(req, []) for req in self.scheduler.take_errored_requests()]
         new_outputs, stopped = self.output_processor.process_outputs(
             _engine_core_outputs(results, runner_out))
         self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
@@ -225,6 +245,7 @@ class LLMEngine:
         for req_id in list(self.output_processor.request_states):
             self.abort_request(req_id)
         self._pending_outputs = []
+        self.structured_output_manager.clear_backend()
 
 
 def _engine_core_outputs(results: list[tuple[Request, list[int]]],
@@ -242,6 +263,18 @@ def _engine_core_outputs(results: list[tuple[Request, list[int]]],
         outputs.append(EngineCoreOutput(req, new_ids, new_logprobs,
                                         runner_out.prompt_logprobs_dict.get(req.request_id)))
     return outputs
+
+
+def _structured_output_manager(config: EngineConfig, tokenizer: Tokenizer,
+                               vocab_size: int) -> StructuredOutputManager:
+    reasoner_cls = None
+    if config.reasoning_parser:
+        from engine.reasoning import ReasoningParserManager
+
+        reasoner_cls = ReasoningParserManager.get_reasoning_parser(config.reasoning_parser)
+    so_config = StructuredOutputsConfig(backend=config.structured_outputs_backend,
+                                        reasoning_parser=config.reasoning_parser)
+    return StructuredOutputManager(tokenizer, vocab_size, so_config, reasoner_cls)
 
 
 def _or_neg(v: int | None) -> int:

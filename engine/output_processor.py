@@ -117,6 +117,8 @@ class OutputProcessor:
             state.logprobs_processor.update_from_output(out.new_logprobs,
                                                         out.new_prompt_logprobs)
             result = state.make_request_output(finish_reason, stop_reason, req.num_cached_tokens)
+            if result is not None and req.error is not None:
+                result.error = req.error
             if finish_reason is not None:
                 self._finish_request(state)
             if result is not None:

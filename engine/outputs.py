@@ -22,7 +22,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None = None  # None unless logprobs were requested
     logprobs: SampleLogprobs | None = None  # one dict per token; None unless requested
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | None
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | None
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
 
     def finished(self) -> bool:
@@ -38,11 +38,13 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0
+    error: Exception | None = None  # why a request finished with "error" (this one only)
 
     def add(self, next_output: RequestOutput, aggregate: bool) -> None:
         """Merge a later output of the same request (vLLM's RequestOutput.add): a
         completion with the same index is extended (aggregate, for deltas) or replaced."""
         self.finished |= next_output.finished
+        self.error = self.error or next_output.error
         for nxt in next_output.outputs:
             for i, comp in enumerate(self.outputs):
                 if comp.index != nxt.index:

@@ -1,5 +1,10 @@
 """Request and RequestStatus: the scheduler's view of one generation, as vllm/v1/request.py.
 
+A request with structured outputs starts WAITING_FOR_FSM (its grammar compiles off the
+loop) and carries its StructuredOutputRequest; a request the engine has to fail alone
+(a grammar that did not compile, a token the grammar rejected) ends FINISHED_ERROR with
+its `error`, finish reason "error".
+
 Token ids live here (prompt + generated); full blocks are hashed incrementally for
 prefix caching (vLLM's request.block_hashes filled by its block hasher). Requests order
 by (priority, arrival_time, request_id) for the priority policy: lower values first.
@@ -10,8 +15,9 @@ from __future__ import annotations
 import enum
 
 from engine.core.kv_cache_utils import BlockHash, get_request_block_hasher
-from engine.errors import InvalidArgumentError
+from engine.errors import InvalidArgumentError, VllmError
 from engine.sampling_params import SamplingParams
+from engine.structured_output.request import StructuredOutputRequest
 
 _CACHE_SALT_FORBIDDEN_CHARS = frozenset("@/\\\x00")
 _MAX_CACHE_SALT_LENGTH = 128
@@ -33,12 +39,14 @@ def validate_cache_salt(cache_salt: object) -> None:
 
 class RequestStatus(enum.IntEnum):
     WAITING = enum.auto()
+    WAITING_FOR_FSM = enum.auto()  # its structured-output grammar is still compiling
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     # anything after PREEMPTED is finished
     FINISHED_STOPPED = enum.auto()
     FINISHED_LENGTH_CAPPED = enum.auto()
     FINISHED_ABORTED = enum.auto()
+    FINISHED_ERROR = enum.auto()
 
     def __str__(self) -> str:
         return self.name
@@ -56,6 +64,7 @@ _FINISHED_REASON_MAP = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -63,7 +72,8 @@ class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, eos_token_id: int | None,
                  arrival_time: float, block_size: int, priority: int = 0,
-                 cache_salt: str | None = None) -> None:
+                 cache_salt: str | None = None,
+                 structured_output_request: StructuredOutputRequest | None = None) -> None:
         validate_cache_salt(cache_salt)
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -75,7 +85,11 @@ class Request:
         self.cache_salt = cache_salt
         assert sampling_params.max_tokens is not None  # the engine fills it in
         self.max_tokens = sampling_params.max_tokens
-        self.status = RequestStatus.WAITING
+        self.structured_output_request = structured_output_request
+        self.use_structured_output = structured_output_request is not None
+        self.status = RequestStatus.WAITING_FOR_FSM if self.use_structured_output \
+            else RequestStatus.WAITING
+        self.error: VllmError | None = None  # why it ended FINISHED_ERROR
         self.stop_reason: int | str | None = None
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(self.prompt_token_ids)

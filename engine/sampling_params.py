@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidArgumentError
+from engine.structured_output.params import StructuredOutputsParams
 
 _SAMPLING_EPS = 1e-5
 _MAX_TEMP = 1e-2
@@ -62,6 +63,8 @@ class SamplingParams:
     bad_words: list[str] | None = None
     # None: False; always True when prompt_logprobs are asked for (vLLM: only by default)
     skip_reading_prefix_cache: bool | None = None
+    # json / regex / choice / grammar / json_object / structural_tag (engine/structured_output)
+    structured_outputs: StructuredOutputsParams | None = None
     # Set in __post_init__ / by the engine (vLLM's private fields).
     output_text_buffer_length: int = field(default=0, init=False, repr=False)
     _eos_token_id: int | None = field(default=None, init=False, repr=False)
@@ -286,6 +289,10 @@ def _check_types(sp: SamplingParams) -> None:
     _check_list(sp.bad_words, "bad_words", str)
     for name in ("stop_token_ids", "allowed_token_ids"):
         _check_list(getattr(sp, name), name, int)
+    if sp.structured_outputs is not None and \
+            not isinstance(sp.structured_outputs, StructuredOutputsParams):
+        raise err("structured_outputs must be a StructuredOutputsParams, got "
+                  f"{type(sp.structured_outputs).__name__}")
     if sp.logit_bias is not None:
         if not isinstance(sp.logit_bias, dict):
             raise err(f"logit_bias must be a dict, got {type(sp.logit_bias).__name__}")

@@ -257,11 +257,7 @@ def test_sampling_params_validation(client, body, message):
 
 
 @pytest.mark.parametrize("endpoint, field, value", [
-    ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("/v1/chat/completions", "response_format", {"type": "json_object"}),
-    ("/v1/chat/completions", "structured_outputs", {"regex": "a+"}),
     ("/v1/chat/completions", "reasoning_effort", "low"),
-    ("/v1/completions", "response_format", {"type": "json_object"}),
     ("/v1/completions", "use_beam_search", True),
     ("/v1/completions", "suffix", "end"),
 ])

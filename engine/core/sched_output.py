@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from engine.sampling_params import SamplingParams
 
 
@@ -48,6 +50,15 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str]  # finished since the last step: the runner drops them
     preempted_req_ids: set[str] = field(default_factory=set)
+
+
+@dataclass
+class GrammarOutput:
+    """The structured-output rows of one step (vllm/v1/core/sched/output.py GrammarOutput):
+    the requests sampled under a grammar and their allowed-token bitmask."""
+
+    structured_output_request_ids: list[str]
+    grammar_bitmask: torch.Tensor  # int32 [len(ids), ceil(vocab / 32)], CPU
 
 
 @dataclass

@@ -7,31 +7,40 @@ when the KV pool is short a running request is preempted (recompute: its blocks 
 freed and it waits again), the newest under FCFS, the lowest priority (then latest
 arrival) under the priority policy. If nobody was preempted, waiting requests are
 admitted in policy order while budget, seats (max_num_seqs) and blocks last, reusing
-prefix-cache hits.
+prefix-cache hits. A request whose structured-output grammar is still compiling is
+skipped until it is ready (WAITING_FOR_FSM); one whose grammar failed ends FINISHED_ERROR.
+get_grammar_bitmask gives the bitmask rows of the structured requests sampled this step,
+and update_from_output advances their matchers (a rejected token fails the request).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
 from engine.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from engine.core.request_queue import SchedulingPolicy, create_request_queue
 from engine.core.sched_output import (
     CachedRequestData,
+    GrammarOutput,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
 )
 from engine.core.sched_utils import check_stop, remove_all
-from engine.errors import OutOfResourcesError
+from engine.errors import OutOfResourcesError, VllmError
 from engine.metrics import SchedulerStats
 from engine.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from engine.structured_output import StructuredOutputManager
 
 
 class Scheduler:
     def __init__(self, config: EngineConfig, kv_cache_manager: KVCacheManager,
-                 max_model_len: int, log_stats: bool = True) -> None:
+                 max_model_len: int, log_stats: bool = True,
+                 structured_output_manager: StructuredOutputManager | None = None) -> None:
         config.verify_max_model_len(max_model_len)
         self.config = config
         self.max_num_running_reqs = config.max_num_seqs
@@ -48,6 +57,8 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.reset_preempted_req_ids: set[str] = set()
         self.num_preemptions = 0  # total, for vllm:num_preemptions
+        self.structured_output_manager = structured_output_manager
+        self.errored_requests: list[Request] = []  # FINISHED_ERROR, not yet reported
 
     def add_request(self, request: Request) -> None:
         self._check_fits_kv_cache(request)
@@ -142,9 +153,16 @@ class Scheduler:
             req_index += 1
 
         # Next, the WAITING requests (not in a step that had to preempt).
+        skipped_waiting: list[Request] = []
         while not preempted and token_budget > 0 and self.waiting and \
                 len(self.running) < self.max_num_running_reqs:
             request = self.waiting.peek_request()  # num_computed_tokens is 0 here
+            if request.status == RequestStatus.WAITING_FOR_FSM and \
+                    not self._grammar_ready(request):
+                self.waiting.pop_request()
+                if not request.is_finished():  # still compiling: retry next step
+                    skipped_waiting.append(request)
+                continue
             hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
             num_new = request.num_tokens - num_hit_tokens
             if 0 < threshold < num_new:
@@ -172,6 +190,7 @@ class Scheduler:
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit_tokens
 
+        self.waiting.prepend_requests(skipped_waiting)
         assert token_budget >= 0 and len(self.running) <= self.max_num_running_reqs
         out = SchedulerOutput(
             scheduled_new_reqs=[
@@ -189,6 +208,47 @@ class Scheduler:
             preempted_req_ids=self.reset_preempted_req_ids)
         self._update_after_schedule(out)
         return out
+
+    def _grammar_ready(self, request: Request) -> bool:
+        """WAITING once its grammar compiled; a grammar that failed fails the request."""
+        grammar = request.structured_output_request.grammar  # polls the compile
+        if grammar is None:
+            return False
+        if isinstance(grammar, Exception):
+            self._fail_request(request, grammar)
+            return False
+        request.status = RequestStatus.WAITING
+        return True
+
+    def _fail_request(self, request: Request, error: Exception) -> None:
+        """FINISHED_ERROR for this request only; the caller removes it from its queue."""
+        request.status = RequestStatus.FINISHED_ERROR
+        request.error = error if isinstance(error, VllmError) else VllmError(
+            f"{type(error).__name__}: {error}")
+        self._free_request(request)
+        self.errored_requests.append(request)
+
+    def take_errored_requests(self) -> list[Request]:
+        """Requests failed since the last call (their final output is still to be made)."""
+        errored, self.errored_requests = self.errored_requests, []
+        return errored
+
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+        """Bitmask rows of the structured-output requests that sample a token this step
+        (their scheduled tokens reach the end of what is known), in batch order."""
+        if self.structured_output_manager is None:
+            return None
+        req_ids, so_requests = [], []
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(req_id)
+            if request is not None and request.use_structured_output and \
+                    request.num_computed_tokens == request.num_tokens:
+                req_ids.append(req_id)
+                so_requests.append(request.structured_output_request)
+        if not so_requests:
+            return None
+        return GrammarOutput(req_ids,
+                             self.structured_output_manager.grammar_bitmask(so_requests))
 
     def _update_after_schedule(self, out: SchedulerOutput) -> None:
         # computed tokens advance now, so the next step can schedule the next chunk
@@ -225,12 +285,26 @@ class Scheduler:
                 continue
             new_token_ids, stopped = self._update_request_with_output(request,
                                                                       list(new_token_ids))
+            if request.use_structured_output and not self._accept_tokens(request, new_token_ids) \
+                    and not stopped:
+                self.running.remove(request)
+                self._fail_request(request, VllmError(
+                    f"the structured output grammar of request {req_id} rejected the sampled "
+                    f"token(s) {new_token_ids}; the constraint cannot be honoured with these "
+                    "sampling parameters"))
+                results.append((request, new_token_ids))
+                continue
             if stopped:
                 stopped_reqs.add(request)
                 self._free_request(request)
             results.append((request, new_token_ids))
         self.running = remove_all(self.running, stopped_reqs)
         return results
+
+    def _accept_tokens(self, request: Request, new_token_ids: list[int]) -> bool:
+        manager = self.structured_output_manager
+        return manager is None or manager.accept_tokens(request.structured_output_request,
+                                                        new_token_ids)
 
     def _update_request_with_output(self, request: Request, new_token_ids: list[int]
                                     ) -> tuple[list[int], bool]:

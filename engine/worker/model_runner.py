@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from engine.core.sched_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
 from engine.layers.attention import Attention, AttentionMetadata
 from engine.sample.metadata import SamplingMetadata, build_sampling_metadata
 from engine.sample.ops.logprobs import compute_logprobs, gather_logprobs
@@ -25,6 +25,7 @@ from engine.sample.ops.torch_utils import async_tensor_h2d
 from engine.sample.outputs import LogprobsLists, LogprobsTensors
 from engine.sample.sampler import Sampler
 from engine.sampling_params import SamplingParams, SamplingType
+from engine.structured_output.utils import apply_grammar_bitmask
 
 _PROMPT_LOGITS_ROWS = 512  # prompt positions per logits matmul (bounds [rows, vocab] memory)
 
@@ -93,7 +94,8 @@ class ModelRunner:
             state.num_computed_tokens = num_computed
 
     @torch.inference_mode()
-    def execute_model(self, so: SchedulerOutput) -> SampledModelRunnerOutput:
+    def execute_model(self, so: SchedulerOutput,
+                      grammar_output: GrammarOutput | None = None) -> SampledModelRunnerOutput:
         self._update_states(so)
         req_ids = list(so.num_scheduled_tokens)
         if not req_ids:
@@ -128,6 +130,8 @@ class ModelRunner:
         if rows:
             last = async_tensor_h2d([qsl[i + 1] - 1 for i in rows], torch.long, self.device)
             logits = self.model.compute_logits(hidden[last])
+            if grammar_output is not None:
+                _apply_grammar(logits, grammar_output, [req_ids[i] for i in rows])
             states = [self.requests[req_ids[i]] for i in rows]
             out = self.sampler(logits, self._sampling_metadata(states))
             if out.logprobs_tensors is not None:
@@ -175,6 +179,21 @@ class ModelRunner:
             [s.num_prompt_tokens for s in states],
             {i: s.generator for i, s in enumerate(states) if s.generator},
             self.model.config.vocab_size, self.device)
+
+
+def _apply_grammar(logits: torch.Tensor, grammar_output: GrammarOutput,
+                   sampled_req_ids: list[str]) -> None:
+    """Mask the logits rows [num_sampled, vocab] of the structured requests in place;
+    bitmask rows of requests not sampled this step are skipped."""
+    row_of = {req_id: i for i, req_id in enumerate(sampled_req_ids)}
+    picked = [(j, row_of[r]) for j, r in enumerate(grammar_output.structured_output_request_ids)
+              if r in row_of]
+    if not picked:
+        return
+    bitmask = grammar_output.grammar_bitmask
+    if len(picked) != bitmask.shape[0]:
+        bitmask = bitmask[[j for j, _ in picked]]
+    apply_grammar_bitmask(logits, bitmask, [row for _, row in picked])
 
 
 def _t(values: list[int], device: torch.device) -> torch.Tensor:

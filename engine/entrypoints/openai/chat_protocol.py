@@ -2,8 +2,8 @@
 
 Mirrors vllm/entrypoints/openai/chat_completion/protocol.py (ChatCompletionRequest fields,
 defaults and mode="before" validators with vLLM's messages; ChatCompletionResponse,
-ChatCompletionStreamResponse and the chat logprobs shapes). Tool calling, reasoning and
-structured outputs are declared so that serving_chat can reject them until they exist.
+ChatCompletionStreamResponse and the chat logprobs shapes; ChatMessage.tool_calls left out
+when empty, as vLLM's responses show it).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from engine.entrypoints.openai.completion_protocol import (
     check_numeric,
@@ -23,7 +23,6 @@ from engine.entrypoints.openai.errors import VLLMValidationError
 from engine.entrypoints.openai.protocol import (
     INT64_MAX,
     INT64_MIN,
-    DeltaMessage,
     OpenAIBaseModel,
     Seed,
     StopParam,
@@ -36,6 +35,7 @@ from engine.entrypoints.openai.protocol import (
     random_uuid,
     validate_cache_salt,
 )
+from engine.tool_parsers.protocol import DeltaMessage, ToolCall
 
 
 class ChatCompletionRequest(OpenAIBaseModel):
@@ -172,7 +172,15 @@ class ChatMessage(OpenAIBaseModel):
     annotations: Any | None = None
     audio: Any | None = None
     function_call: Any | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
     reasoning: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler):
+        data = handler(self)
+        if not data.get("tool_calls"):
+            data.pop("tool_calls", None)
+        return data
 
 
 class ChatCompletionLogProb(OpenAIBaseModel):

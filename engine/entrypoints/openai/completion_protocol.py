@@ -112,6 +112,10 @@ def check_structured_outputs_count(data: dict) -> None:
         raise VLLMValidationError(
             "You can only use one kind of constraints for structured outputs ('json', "
             "'regex' or 'choice').", parameter="structured_outputs")
+    if isinstance(so, dict) and any(so.get(k) is not None for k in ("json", "regex", "choice")) \
+            and data.get("tool_choice", "none") not in ("none", "auto", "required"):
+        raise VLLMValidationError(
+            "You can only either use constraints for structured outputs or tools, not both.")
 
 
 def check_prompt_logprobs(data: dict) -> None:

@@ -2,7 +2,7 @@
 
 Mirrors vllm/entrypoints/serve/engine/protocol.py (OpenAIBaseModel, UsageInfo, ModelCard;
 the error body is built in errors.py), vllm/entrypoints/generate/base/protocol.py (StreamOptions,
-StopParam, DeltaMessage, validate_cache_salt) and vllm/entrypoints/serve/tokenize/protocol.py.
+StopParam, validate_cache_salt) and vllm/entrypoints/serve/tokenize/protocol.py.
 Unknown request fields are accepted and ignored, as in vLLM (extra="allow").
 """
 
@@ -75,12 +75,6 @@ class ModelCard(OpenAIBaseModel):
 class ModelList(OpenAIBaseModel):
     object: str = "list"
     data: list[ModelCard] = Field(default_factory=list)
-
-
-class DeltaMessage(OpenAIBaseModel):
-    role: str | None = None
-    content: str | None = None
-    reasoning: str | None = None
 
 
 def validate_cache_salt(cache_salt: object) -> None:

@@ -3,8 +3,10 @@
 Mirrors vllm/entrypoints/openai/chat_completion/serving.py (create_chat_completion,
 chat_completion_stream_generator: a role chunk per choice, content deltas, a finish chunk
 per choice, the include_usage chunk; chat_completion_full_generator) and
-ChatCompletionRequest.to_sampling_params (max_tokens None fills the context). Tools,
-reasoning and structured outputs are refused until the engine has them.
+ChatCompletionRequest.to_sampling_params (max_tokens None fills the context; response_format
+and structured_outputs -> the grammar). Tools are rendered by the chat template; reasoning
+and tool calls are split from each choice by engine/entrypoints/openai/chat_parser.py
+(required / named tool_choice forced with a JSON-schema grammar, as vLLM's adjust_request).
 """
 
 from __future__ import annotations
@@ -12,6 +14,11 @@ from __future__ import annotations
 import time
 
 from engine.entrypoints.openai.accumulate import StreamClock, collect, include_usage
+from engine.entrypoints.openai.chat_parser import (
+    ChatParser,
+    check_tool_choice,
+    resolve_finish_reason,
+)
 from engine.entrypoints.openai.chat_protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -21,16 +28,17 @@ from engine.entrypoints.openai.chat_protocol import (
     ChatMessage,
 )
 from engine.entrypoints.openai.chat_render import render_prompt
-from engine.entrypoints.openai.errors import not_supported
 from engine.entrypoints.openai.logprobs import chat_logprobs
-from engine.entrypoints.openai.protocol import DeltaMessage, UsageInfo
+from engine.entrypoints.openai.protocol import UsageInfo
 from engine.entrypoints.openai.serving_engine import (
     ServingContext,
     build_sampling_params,
     refuse_unsupported,
 )
+from engine.structured_output.response_format import structured_outputs_from_response_format
+from engine.tool_parsers.protocol import DeltaMessage
 
-_UNSUPPORTED = {"tools": None, "use_beam_search": False, "structured_outputs": None,
+_UNSUPPORTED = {"use_beam_search": False,
                 "reasoning_effort": None, "documents": None, "mm_processor_kwargs": None,
                 "media_io_kwargs": None, "priority": 0, "cache_salt": None,
                 "kv_transfer_params": None}
@@ -43,10 +51,7 @@ class ChatJob:
     def __init__(self, ctx: ServingContext, request: ChatCompletionRequest) -> None:
         ctx.check_model(request.model)
         refuse_unsupported(request, _UNSUPPORTED)
-        if request.tool_choice not in ("none", None):
-            raise not_supported("tool_choice")
-        if request.response_format and request.response_format.get("type") != "text":
-            raise not_supported("response_format")
+        check_tool_choice(request, ctx.tool_parser_cls, ctx.enable_auto_tools)
         max_out = request.max_completion_tokens if request.max_completion_tokens is not None \
             else request.max_tokens
         ctx.check_output_budget(max_out, "max_completion_tokens"
@@ -62,10 +67,24 @@ class ChatJob:
             self.decode = lambda t: tok.decode([t], skip_special_tokens=False)
         self.prompt_ids = ctx.fit_prompt(ids, request.truncate_prompt_tokens,
                                          request.truncation_side)
-        sampling = build_sampling_params(
-            _sampling_values(request, ctx.get_max_tokens(max_out, len(self.prompt_ids))),
-            _REQUEST_NAMES, ctx.default_sampling)
-        self.merged = ctx.submit(self.id, [self.prompt_ids], [sampling])
+        with ctx.client.lock:
+            parser = self.new_parser()
+        values = _sampling_values(request, ctx.get_max_tokens(max_out, len(self.prompt_ids)))
+        forced = parser.structured_outputs()  # required / named tool_choice
+        values["structured_outputs"] = forced or structured_outputs_from_response_format(
+            request.structured_outputs, request.response_format)
+        if parser.keep_special_tokens:  # tool-call markers may be special tokens
+            values["skip_special_tokens"] = False
+        sampling = build_sampling_params(values, _REQUEST_NAMES, ctx.default_sampling)
+        self.merged = ctx.submit(self.id, [self.prompt_ids], [sampling],
+                                 reasoning_parser_kwargs={
+                                     "chat_template_kwargs": request.chat_template_kwargs or {}})
+
+    def new_parser(self) -> ChatParser:
+        """A parser for one choice (they keep streaming state)."""
+        return ChatParser(self.ctx.client.engine.tokenizer, self.request,
+                          self.ctx.tool_parser_cls, self.ctx.reasoning_parser_cls,
+                          self.ctx.enable_auto_tools)
 
     def _echo_text(self) -> str:
         last = self.request.messages[-1] if self.request.messages else {}
@@ -80,14 +99,23 @@ class ChatJob:
         return chat_logprobs(ids, lps, req.top_logprobs, self.decode,
                              bool(req.return_tokens_as_token_ids)) if req.logprobs else None
 
+    def _choice(self, index: int, final, echo: str) -> ChatCompletionResponseChoice:
+        with self.ctx.client.lock:
+            reasoning, content, calls = self.new_parser().parse(final.text)
+        if echo:
+            content = echo + (content or "")
+        return ChatCompletionResponseChoice(
+            index=index, message=ChatMessage(role=self.role, content=content,
+                                             reasoning=reasoning, tool_calls=calls),
+            logprobs=self._logprobs(final.token_ids, final.logprobs),
+            finish_reason=resolve_finish_reason(final.finish_reason, self.request, bool(calls)),
+            stop_reason=final.stop_reason,
+            token_ids=final.token_ids if self.request.return_token_ids else None)
+
     def response(self) -> str:
         req, finals = self.request, collect(self.merged)
         echo = self._echo_text() if req.echo else ""
-        choices = [ChatCompletionResponseChoice(
-            index=i, message=ChatMessage(role=self.role, content=echo + f.text),
-            logprobs=self._logprobs(f.token_ids, f.logprobs), finish_reason=f.finish_reason,
-            stop_reason=f.stop_reason, token_ids=f.token_ids if req.return_token_ids else None)
-            for i, f in sorted(finals.items())]
+        choices = [self._choice(i, f, echo) for i, f in sorted(finals.items())]
         pt = len(self.prompt_ids)
         ct = sum(len(f.token_ids) for f in finals.values())
         return ChatCompletionResponse(
@@ -109,6 +137,9 @@ class ChatJob:
         req, n, pt = self.request, self.request.n or 1, len(self.prompt_ids)
         usage_on, continuous = include_usage(req.stream_options)
         sent, done = [0] * n, [False] * n
+        with self.ctx.client.lock:
+            parsers = [self.new_parser() for _ in range(n)]
+        called = [False] * n  # a tool-call delta was sent (finish_reason tool_calls)
 
         def usage(ct: int) -> UsageInfo | None:
             return UsageInfo(prompt_tokens=pt, completion_tokens=ct,
@@ -145,12 +176,20 @@ class ChatJob:
                         out.finish_reason is None:
                     continue
                 sent[i] += len(out.token_ids)
-                fields = dict(index=i, delta=DeltaMessage(content=out.text),
+                finished = out.finish_reason is not None
+                with self.ctx.client.lock:
+                    delta = parsers[i].parse_delta(out.text, list(out.token_ids),
+                                                   self.prompt_ids, finished)
+                if delta is None and not finished:
+                    continue
+                called[i] |= bool(delta is not None and delta.tool_calls)
+                fields = dict(index=i, delta=delta or DeltaMessage(content=""),
                               logprobs=self._logprobs(out.token_ids,
                                                       getattr(out, "logprobs", None)),
-                              finish_reason=out.finish_reason,
+                              finish_reason=resolve_finish_reason(
+                                  out.finish_reason, req, called[i]) if finished else None,
                               token_ids=list(out.token_ids) if req.return_token_ids else None)
-                if out.finish_reason is not None:
+                if finished:
                     fields["stop_reason"], done[i] = out.stop_reason, True
                 yield self._chunk(ChatCompletionResponseStreamChoice(**fields), usage(sent[i]))
         if usage_on:

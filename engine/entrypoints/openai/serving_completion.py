@@ -3,7 +3,8 @@
 Mirrors vllm/entrypoints/openai/completion/serving.py (create_completion,
 completion_stream_generator, request_output_to_completion_response) and
 CompletionRequest.to_sampling_params: echo (max_tokens=0 echoes only), several prompts
-(choice index = prompt_idx * n + i), usage, stream_options, return_token_ids.
+(choice index = prompt_idx * n + i), usage, stream_options, return_token_ids,
+response_format / structured_outputs (the grammar of every prompt's choices).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from engine.entrypoints.openai.completion_protocol import (
     CompletionResponseStreamChoice,
     CompletionStreamResponse,
 )
-from engine.entrypoints.openai.errors import not_supported
 from engine.entrypoints.openai.logprobs import completion_logprobs
 from engine.entrypoints.openai.protocol import UsageInfo
 from engine.entrypoints.openai.serving_engine import (
@@ -26,10 +26,11 @@ from engine.entrypoints.openai.serving_engine import (
     build_sampling_params,
     refuse_unsupported,
 )
+from engine.structured_output.response_format import structured_outputs_from_response_format
 
 # Fields whose feature this engine does not have yet: any non-default value is a 400.
 _UNSUPPORTED = {"use_beam_search": False, "suffix": None, "prompt_embeds": None,
-                "structured_outputs": None, "priority": 0, "cache_salt": None,
+                "priority": 0, "cache_salt": None,
                 "kv_transfer_params": None}
 _REQUEST_NAMES = {"extra_args": "vllm_xargs"}
 
@@ -40,8 +41,8 @@ class CompletionJob:
     def __init__(self, ctx: ServingContext, request: CompletionRequest) -> None:
         ctx.check_model(request.model)
         refuse_unsupported(request, _UNSUPPORTED)
-        if request.response_format and request.response_format.get("type") != "text":
-            raise not_supported("response_format")
+        structured_outputs = structured_outputs_from_response_format(
+            request.structured_outputs, request.response_format)
         ctx.check_output_budget(request.max_tokens or 0, "max_tokens")
         self.ctx, self.request = ctx, request
         self.id = f"cmpl-{request.request_id}"
@@ -55,8 +56,9 @@ class CompletionJob:
                 request.truncate_prompt_tokens, request.truncation_side)
                 for p in _prompt_list(request.prompt)]
         echo_only = request.echo and request.max_tokens == 0
-        samplings = [build_sampling_params(_sampling_values(
+        samplings = [build_sampling_params({**_sampling_values(
             request, 1 if echo_only else ctx.get_max_tokens(request.max_tokens, len(ids))),
+            "structured_outputs": structured_outputs},
             _REQUEST_NAMES, ctx.default_sampling) for ids in self.prompts]
         self.merged = ctx.submit(self.id, self.prompts, samplings)
         self.prompt_texts = self._prompt_texts(tok) if request.echo else []

@@ -15,7 +15,9 @@ from typing import Any
 
 from engine.entrypoints.openai.errors import VLLMNotFoundError, VLLMValidationError, not_supported
 from engine.entrypoints.openai.stream_merge import MergedStream
+from engine.reasoning import ReasoningParserManager
 from engine.sampling_params import RequestOutputKind, SamplingParams
+from engine.tool_parsers import ToolParserManager
 
 # vLLM SamplingParams fields whose engine counterpart may not exist yet, with vLLM's default:
 # a request that leaves them at the default is served, any other value is refused.
@@ -32,7 +34,8 @@ _DEFAULT_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0,
 
 
 class ServingContext:
-    """What every endpoint needs: the engine client and the served model's name."""
+    """What every endpoint needs: the engine client, the served model's name and the
+    server's parsers (--tool-call-parser, --enable-auto-tool-choice, --reasoning-parser)."""
 
     def __init__(self, client, served_model_name: str) -> None:
         self.client = client
@@ -41,6 +44,12 @@ class ServingContext:
             self.max_model_len = client.engine.model_info.max_model_len
             # generation_config.json defaults: request value > model default > vLLM default
             self.default_sampling = dict(client.engine.default_sampling_params)
+            config = client.engine.config
+        self.enable_auto_tools = config.enable_auto_tool_choice
+        self.tool_parser_cls = ToolParserManager.get_tool_parser(config.tool_call_parser) \
+            if config.tool_call_parser else None
+        self.reasoning_parser_cls = ReasoningParserManager.get_reasoning_parser(
+            config.reasoning_parser) if config.reasoning_parser else None
 
     def check_model(self, model: str | None) -> None:
         if model and model != self.served_model_name:
@@ -81,8 +90,8 @@ class ServingContext:
         model_max = self.max_model_len - prompt_len
         return model_max if fallback is None else min(model_max, fallback)
 
-    def submit(self, base_id: str, prompts: list[list[int]], samplings: list[dict[str, Any]]
-               ) -> MergedStream:
+    def submit(self, base_id: str, prompts: list[list[int]], samplings: list[dict[str, Any]],
+               reasoning_parser_kwargs: dict | None = None) -> MergedStream:
         """One engine request per (prompt, choice); choice index = prompt_idx * n + i.
         samplings[p]: the SamplingParams keyword arguments of prompt p."""
         streams, salt = [], secrets.token_hex(4)
@@ -92,7 +101,9 @@ class ServingContext:
                 for i in range(n):
                     seed = None if sampling.get("seed") is None else sampling["seed"] + i
                     child = SamplingParams.from_optional(**{**sampling, "n": 1, "seed": seed})
-                    stream = self.client.add_request(f"{base_id}-{p}-{i}-{salt}", ids, child)
+                    stream = self.client.add_request(
+                        f"{base_id}-{p}-{i}-{salt}", ids, child,
+                        reasoning_parser_kwargs=reasoning_parser_kwargs)
                     streams.append((p * n + i, p, stream))
         except BaseException:
             for _, _, stream in streams:
