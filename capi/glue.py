@@ -97,6 +97,11 @@ def _engine_config(model: str, p) -> EngineConfig:
         enforce_eager=bool(p.enforce_eager),
         served_model_name=optional_text(p.served_model_name, "params->served_model_name"),
         tokenizer=optional_text(p.tokenizer, "params->tokenizer"),
+        structured_outputs_backend=optional_text(
+            p.structured_outputs_backend, "params->structured_outputs_backend") or "auto",
+        reasoning_parser=optional_text(p.reasoning_parser, "params->reasoning_parser") or "",
+        tool_call_parser=optional_text(p.tool_call_parser, "params->tool_call_parser") or "",
+        enable_auto_tool_choice=bool(p.enable_auto_tool_choice),
     )
 
 

@@ -25,6 +25,7 @@ from engine.async_llm import AsyncLLM, StatsCollector
 from engine.config import EngineConfig
 from engine.errors import InvalidArgumentError, OutOfResourcesError, VllmError
 from engine.sampling_params import RequestOutputKind, SamplingParams
+from engine.structured_output.params import StructuredOutputsParams
 
 
 class BufferTooSmallError(VllmError):
@@ -139,8 +140,22 @@ def sampling_params(p) -> SamplingParams:
         allowed_token_ids=None if p.allowed_token_ids == ffi.NULL else list(
             p.allowed_token_ids[0 : p.n_allowed_token_ids]),
         bad_words=[text(p.bad_words[i], "params->bad_words[]") for i in range(p.n_bad_words)],
+        structured_outputs=_structured_outputs(p),
         output_kind=RequestOutputKind.DELTA,
     )
+
+
+def _structured_outputs(p) -> StructuredOutputsParams | None:
+    """The typed structured-output fields (since 0.3); None when none is set."""
+    values = {name: optional_text(getattr(p, field), f"params->{field}")
+              for name, field in (("json", "json_schema"), ("regex", "regex"),
+                                  ("grammar", "grammar"), ("structural_tag", "structural_tag"))}
+    if p.n_choice:
+        values["choice"] = [text(p.choice[i], "params->choice[]") for i in range(p.n_choice)]
+    if p.json_object:
+        values["json_object"] = True
+    values = {k: v for k, v in values.items() if v is not None}
+    return StructuredOutputsParams(**values) if values else None
 
 
 def prompt_arg(prompt, prompt_token_ids, n_prompt_token_ids) -> str | list[int]:

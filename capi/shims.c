@@ -140,7 +140,8 @@ static vllm_status copy_sampling_params(vllm_sampling_params *copy,
         (copy->bad_words == NULL && copy->n_bad_words > 0) ||
         ((copy->logit_bias_token_ids == NULL || copy->logit_bias_values == NULL) &&
          copy->n_logit_bias > 0) ||
-        (copy->allowed_token_ids == NULL && copy->n_allowed_token_ids > 0))
+        (copy->allowed_token_ids == NULL && copy->n_allowed_token_ids > 0) ||
+        (copy->choice == NULL && copy->n_choice > 0))
         return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: a params array pointer is NULL but its "
                     "count is not 0", function);
     for (size_t i = 0; i < copy->n_stop; i++)
@@ -150,6 +151,10 @@ static vllm_status copy_sampling_params(vllm_sampling_params *copy,
         if (copy->bad_words[i] == NULL)
             return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: params->bad_words[%zu] is NULL",
                         function, i);
+    for (size_t i = 0; i < copy->n_choice; i++)
+        if (copy->choice[i] == NULL)
+            return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: params->choice[%zu] is NULL", function,
+                        i);
     return VLLM_OK;
 }
 

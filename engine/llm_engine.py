@@ -272,6 +272,7 @@ def _structured_output_manager(config: EngineConfig, tokenizer: Tokenizer,
         from engine.reasoning import ReasoningParserManager
 
         reasoner_cls = ReasoningParserManager.get_reasoning_parser(config.reasoning_parser)
+        reasoner_cls(tokenizer)  # fails now if the vocab lacks its markers, not per request
     so_config = StructuredOutputsConfig(backend=config.structured_outputs_backend,
                                         reasoning_parser=config.reasoning_parser)
     return StructuredOutputManager(tokenizer, vocab_size, so_config, reasoner_cls)

@@ -59,7 +59,7 @@
 
 /* ABI version: the major changes on any incompatible change (and with it the SONAME). */
 #define VLLM_ABI_VERSION_MAJOR 0
-#define VLLM_ABI_VERSION_MINOR 2
+#define VLLM_ABI_VERSION_MINOR 3
 #define VLLM_ABI_VERSION ((VLLM_ABI_VERSION_MAJOR << 16) | VLLM_ABI_VERSION_MINOR)
 
 #ifdef __cplusplus
@@ -97,7 +97,9 @@ enum vllm_finish_reason {
     VLLM_FINISH_STOP = 1,    /* EOS or a stop token */
     VLLM_FINISH_LENGTH = 2,  /* max_tokens or the context length reached */
     VLLM_FINISH_ABORT = 3,   /* vllm_request_abort(), vllm_request_cancel() */
-    VLLM_FINISH_ERROR = 4    /* since 0.2: the engine failed; see vllm_event.status */
+    VLLM_FINISH_ERROR = 4    /* since 0.2: the engine failed (since 0.3 also: this request
+                                alone failed, e.g. its grammar did not compile); see
+                                vllm_event.status and vllm_event.error */
 };
 
 /* Log levels (the Python logging levels of the engine). Since 0.2. */
@@ -145,6 +147,16 @@ typedef struct vllm_engine_params {
     const char *tokenizer;           /* NULL: the model's; else a Hugging Face tokenizer
                                         directory (tokenizer.json, tokenizer_config.json),
                                         as vLLM's --tokenizer */
+    /* since 0.3: structured outputs, reasoning and tool calling (vLLM's serve flags) */
+    const char *structured_outputs_backend; /* NULL or "auto" (xgrammar, else guidance),
+                                               "xgrammar", "guidance" */
+    const char *reasoning_parser;    /* NULL: none; "deepseek_r1", "qwen3": the OpenAI
+                                        layer splits <think> text into `reasoning` */
+    const char *tool_call_parser;    /* NULL: none; "hermes", "qwen3_json", "llama3_json",
+                                        "llama4_json", "mistral", "pythonic", "qwen3_xml",
+                                        "qwen3_coder" (vLLM's --tool-call-parser) */
+    int32_t enable_auto_tool_choice; /* 1: tool_choice "auto" parses tool calls (needs
+                                        tool_call_parser); default 0 */
 } vllm_engine_params;
 
 /* What vllm_engine_model_info() reports. */
@@ -187,6 +199,16 @@ typedef struct vllm_sampling_params {
     size_t n_allowed_token_ids;
     const char *const *bad_words;        /* words never generated (UTF-8, copied) */
     size_t n_bad_words;
+    /* since 0.3: structured outputs (vLLM's StructuredOutputsParams). At most one of
+     * these constraints may be set; an invalid one fails vllm_request_add /
+     * vllm_request_submit with VLLM_ERR_INVALID_ARGUMENT and its reason. */
+    const char *json_schema;             /* NULL: none; a JSON schema (JSON text) */
+    int32_t json_object;                 /* 1: any JSON object; default 0 */
+    const char *regex;                   /* NULL: none; the output matches this regex */
+    const char *const *choice;           /* the output is exactly one of these strings */
+    size_t n_choice;                     /* 0: no choice constraint */
+    const char *grammar;                 /* NULL: none; EBNF / GBNF (llama.cpp) or Lark */
+    const char *structural_tag;          /* NULL: none; an xgrammar structural tag (JSON) */
 } vllm_sampling_params;
 
 /* One request's progress in one step. Owned by the engine (see vllm_engine_step). */

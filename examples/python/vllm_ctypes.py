@@ -51,6 +51,10 @@ class EngineParams(Structure):
         ("progress_callback", PROGRESS_CALLBACK),
         ("progress_callback_user_data", c_void_p),
         ("tokenizer", c_char_p),
+        ("structured_outputs_backend", c_char_p),
+        ("reasoning_parser", c_char_p),
+        ("tool_call_parser", c_char_p),
+        ("enable_auto_tool_choice", c_int32),
     ]
 
 
@@ -82,6 +86,13 @@ class SamplingParams(Structure):
         ("n_allowed_token_ids", c_size_t),
         ("bad_words", POINTER(c_char_p)),
         ("n_bad_words", c_size_t),
+        ("json_schema", c_char_p),
+        ("json_object", c_int32),
+        ("regex", c_char_p),
+        ("choice", POINTER(c_char_p)),
+        ("n_choice", c_size_t),
+        ("grammar", c_char_p),
+        ("structural_tag", c_char_p),
     ]
 
 

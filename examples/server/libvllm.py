@@ -30,6 +30,9 @@ class EngineParams(ctypes.Structure):
         ("enable_chunked_prefill", _c_int32), ("enforce_eager", _c_int32),
         ("served_model_name", _c_char_p), ("chat_template", _c_char_p),
         ("progress_callback", _PROGRESS_CB), ("progress_callback_user_data", _c_void_p),
+        ("tokenizer", _c_char_p),  # since 0.2
+        ("structured_outputs_backend", _c_char_p), ("reasoning_parser", _c_char_p),  # 0.3
+        ("tool_call_parser", _c_char_p), ("enable_auto_tool_choice", _c_int32),
     ]
 
 

@@ -52,6 +52,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction)
     p.add_argument("--enforce-eager", action="store_true", default=None)
     p.add_argument("--chat-template", help="a template file or the template text")
+    p.add_argument("--tokenizer", help="a Hugging Face tokenizer directory; default: the model's")
+    p.add_argument("--structured-outputs-config.backend", dest="structured_outputs_backend",
+                   choices=["auto", "xgrammar", "guidance"])
+    p.add_argument("--reasoning-parser", help="deepseek_r1 | qwen3: split <think> reasoning")
+    p.add_argument("--tool-call-parser", help="hermes | llama3_json | mistral | pythonic | ...")
+    p.add_argument("--enable-auto-tool-choice", action="store_true", default=None,
+                   help='parse tool calls for tool_choice "auto" (needs --tool-call-parser)')
     p.add_argument("--max-num-queued-reqs", "--max-queued-requests", type=int, default=1024,
                    help="requests in flight beyond which new ones get 503 + Retry-After")
     p.add_argument("--shutdown-timeout", type=float, default=0.0,
@@ -63,6 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.model = args.model or args.model_tag
     if not args.model:
         p.error("the model (a GGUF file) is required")
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        p.error("--enable-auto-tool-choice requires --tool-call-parser")
     if args.max_num_queued_reqs < 1:
         p.error("--max-num-queued-reqs must be at least 1")
     env_key = os.environ.get("VLLM_API_KEY")
@@ -74,7 +83,9 @@ def engine_fields(args: argparse.Namespace) -> dict:
     """vllm_engine_params fields set on the command line (None: the library's default)."""
     names = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
              "kv_cache_memory_bytes", "device", "dtype", "seed", "enable_prefix_caching",
-             "enable_chunked_prefill", "enforce_eager", "served_model_name", "chat_template")
+             "enable_chunked_prefill", "enforce_eager", "served_model_name", "chat_template",
+             "tokenizer", "structured_outputs_backend", "reasoning_parser", "tool_call_parser",
+             "enable_auto_tool_choice")
     return {name: getattr(args, name) for name in names}
 
 

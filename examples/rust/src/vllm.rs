@@ -41,6 +41,10 @@ mod sys {
         pub progress_callback: Option<extern "C" fn(f32, *mut c_void)>,
         pub progress_callback_user_data: *mut c_void,
         pub tokenizer: *const c_char,
+        pub structured_outputs_backend: *const c_char,
+        pub reasoning_parser: *const c_char,
+        pub tool_call_parser: *const c_char,
+        pub enable_auto_tool_choice: i32,
     }
 
     #[repr(C)]
@@ -71,6 +75,13 @@ mod sys {
         pub n_allowed_token_ids: usize,
         pub bad_words: *const *const c_char,
         pub n_bad_words: usize,
+        pub json_schema: *const c_char,
+        pub json_object: i32,
+        pub regex: *const c_char,
+        pub choice: *const *const c_char,
+        pub n_choice: usize,
+        pub grammar: *const c_char,
+        pub structural_tag: *const c_char,
     }
 
     #[repr(C)]
