@@ -49,9 +49,9 @@ class Spy:
         self._client, self.params = client, []
         self.engine, self.lock = client.engine, client.lock
 
-    def add_request(self, request_id, prompt, params):
+    def add_request(self, request_id, prompt, params, **kwargs):
         self.params.append(params)
-        return self._client.add_request(request_id, prompt, params)
+        return self._client.add_request(request_id, prompt, params, **kwargs)
 
 
 def call(client, endpoint, body, method="POST"):
@@ -463,8 +463,8 @@ def test_tokenize_detokenize_models(client):
 class _FailingClient(Spy):
     """Its requests fail after their first output, as when the engine loop dies."""
 
-    def add_request(self, request_id, prompt, params):
-        inner = super().add_request(request_id, prompt, params)
+    def add_request(self, request_id, prompt, params, **kwargs):
+        inner = super().add_request(request_id, prompt, params, **kwargs)
         outer = self
 
         class Stream:

@@ -66,6 +66,7 @@ def server(built, model_path, child_env, tmp_path_factory, c_api):
         [sys.executable, str(SERVER / "server.py"), model_path, "--port", str(port),
          "--api-key", KEY, "--served-model-name", MODEL, "--max-model-len", str(MAX_MODEL_LEN),
          "--max-num-seqs", "8", "--max-num-queued-reqs", "2", "--shutdown-timeout", "60",
+         "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
          "--lib", str(built / "libvllm.so"), "--uvicorn-log-level", "warning"],
         stdout=log, stderr=subprocess.STDOUT, env=child_env)
     deadline = time.monotonic() + 300  # the oracle loads the model at the same time
@@ -189,9 +190,10 @@ def test_bad_requests_keep_serving(server, client):
         client.completions.create(model=MODEL, prompt="x", max_tokens=-3)
     with pytest.raises(openai.BadRequestError, match="n must be at most 16384"):
         client.chat.completions.create(model=MODEL, messages=messages, n=20000, temperature=1)
-    with pytest.raises(openai.BadRequestError, match='"auto" tool choice requires'):
+    with pytest.raises(openai.BadRequestError, match="does not match any of the specified"):
         client.chat.completions.create(model=MODEL, messages=messages, tools=[
-            {"type": "function", "function": {"name": "f", "parameters": {}}}])
+            {"type": "function", "function": {"name": "f", "parameters": {}}}],
+            tool_choice={"type": "function", "function": {"name": "g"}})
     status, _, body = _status(server[1], "POST", "/v1/chat/completions", body="{not json",
                               headers=_auth())
     assert status == 400 and set(json.loads(body)["error"]) == {"message", "type", "param",
@@ -226,6 +228,42 @@ def _open_stream(port, max_tokens):
     assert res.status == 200 and res.getheader("content-type").startswith("text/event-stream")
     assert res.readline().startswith(b"data: {")
     return conn, res
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                   "required": ["city"], "additionalProperties": False}}}
+
+
+def test_openai_client_tool_call_loop(server, client):
+    """The official client's tool loop (tool_choice required through the hermes server),
+    then the same call streamed: id and name once, arguments that concatenate to JSON."""
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER_TOOL],
+                                           tool_choice="required", temperature=0, max_tokens=60)
+    choice = first.choices[0]
+    (call,) = choice.message.tool_calls
+    assert choice.finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert set(json.loads(call.function.arguments)) == {"city"}
+    messages.append(choice.message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 21}'})
+    final = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER_TOOL],
+                                           tool_choice="none", temperature=0, max_tokens=16)
+    assert final.choices[0].message.content and not final.choices[0].message.tool_calls
+
+    ids, names, args = set(), [], ""
+    for chunk in client.chat.completions.create(
+            model=MODEL, messages=messages[:1], tools=[WEATHER_TOOL], tool_choice="required",
+            temperature=0, max_tokens=60, stream=True):
+        for delta in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+            assert delta.index == 0
+            ids |= {delta.id} if delta.id else set()
+            names += [delta.function.name] if delta.function.name else []
+            args += delta.function.arguments or ""
+        finish = chunk.choices[0].finish_reason if chunk.choices else None
+    assert len(ids) == 1 and names == ["get_weather"] and finish == "tool_calls"
+    assert json.loads(args) == json.loads(call.function.arguments)
 
 
 def test_metrics_text(server, client):

@@ -163,6 +163,28 @@ def _check_tool_usage(data: dict) -> None:
         raise VLLMValidationError(
             f"Invalid value for `tool_choice`: {choice}! Only named tools, \"none\", "
             "\"auto\" or \"required\" are supported.", parameter="tool_choice")
+    if isinstance(choice, dict):
+        _check_named_tool(choice, data["tools"])
+
+
+def _check_named_tool(choice: dict, tools: list) -> None:
+    usage = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
+    function = choice.get("function")
+    if not isinstance(function, dict):
+        raise VLLMValidationError(
+            f"Invalid value for `function`: `{function}` in `tool_choice`! {usage}",
+            parameter="tool_choice.function")
+    if "name" not in function:
+        raise VLLMValidationError(f"Expected field `name` in `function` in `tool_choice`! "
+                                  f"{usage}", parameter="tool_choice.function.name")
+    name = function["name"]
+    if not isinstance(name, str) or not name:
+        raise VLLMValidationError(f"Invalid `name` in `function`: `{name}` in `tool_choice`! "
+                                  f"{usage}", parameter="tool_choice.function.name")
+    names = [(t.get("function") or {}).get("name") for t in tools if isinstance(t, dict)]
+    if name not in names:
+        raise VLLMValidationError("The tool specified in `tool_choice` does not match any of "
+                                  "the specified `tools`", parameter="tool_choice")
 
 
 class ChatMessage(OpenAIBaseModel):

@@ -46,8 +46,9 @@ class ServingContext:
             self.default_sampling = dict(client.engine.default_sampling_params)
             config = client.engine.config
         self.enable_auto_tools = config.enable_auto_tool_choice
+        # vLLM's ParserManager.get_tool_parser: no parser without --enable-auto-tool-choice
         self.tool_parser_cls = ToolParserManager.get_tool_parser(config.tool_call_parser) \
-            if config.tool_call_parser else None
+            if config.tool_call_parser and self.enable_auto_tools else None
         self.reasoning_parser_cls = ReasoningParserManager.get_reasoning_parser(
             config.reasoning_parser) if config.reasoning_parser else None
 

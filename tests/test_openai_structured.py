@@ -1,0 +1,256 @@
+"""Structured outputs and forced tool calls through the OpenAI layer, on the default model.
+
+Ports cases of tests/entrypoints/openai/chat_completion/test_chat.py (vLLM 0.33:
+test_structured_outputs_{choice,json,regex}_chat, _type_error, _choice_chat_logprobs,
+test_response_format_{json_object,json_schema,text}) and the required / named tool_choice
+behaviour of tests/entrypoints/openai/chat_completion/test_completion_with_function_calling.py
+and test_message_assembly.py. The oracles are the constraints themselves: json.loads +
+jsonschema for a schema (20 sampled choices, streamed and not), re.fullmatch, membership,
+a Python regex equivalent to a llama.cpp-style GBNF grammar; and vLLM's messages.
+Also: a malformed constraint is a 400 and the next request is served; a grammar that fails
+after validation fails its request alone while another one in the same batch finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from engine.async_llm import AsyncLLM
+from engine.config import EngineConfig
+from engine.entrypoints.openai.api import handle_openai_request
+from engine.entrypoints.openai.chat_parser import check_tool_choice
+from engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
+from engine.entrypoints.openai.errors import VLLMValidationError
+from engine.errors import InvalidArgumentError
+from engine.llm_engine import LLMEngine
+from tests.test_structured_output import LLAMA_CPP_STYLE_JSON_GBNF
+from tests.test_structured_output_model import ANSWER_GBNF, ANSWER_RE
+
+pytestmark = pytest.mark.slow
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 16},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "skills": {"type": "array", "items": {"type": "string", "maxLength": 12},
+                   "maxItems": 3},
+    },
+    "required": ["name", "age", "skills"],
+    "additionalProperties": False,
+}
+ASK = [{"role": "user", "content": "Describe a software engineer as JSON."}]
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "get_time", "parameters": {"type": "object", "properties": {
+            "zone": {"type": "string", "maxLength": 10}}, "required": ["zone"],
+            "additionalProperties": False}}}]
+WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def client(model_path):
+    engine = LLMEngine.from_config(EngineConfig(
+        model=model_path, device="cpu", max_model_len=1024, max_num_seqs=24,
+        tool_call_parser="hermes", enable_auto_tool_choice=True))
+    llm = AsyncLLM(engine)
+    yield llm
+    llm.shutdown()
+
+
+def call(client, body, endpoint="/v1/chat/completions"):
+    res = handle_openai_request(client, "POST", endpoint, json.dumps(body),
+                                served_model_name="smol")
+    if res.stream is None:
+        return res.status, json.loads(res.body)
+    chunks = []
+    while (chunk := res.stream.get(120)) != "":
+        assert chunk is not None, "no chunk within 120 s"
+        chunks.append(json.loads(chunk))
+    return res.status, chunks
+
+
+def ok(client, body, endpoint="/v1/chat/completions"):
+    status, out = call(client, body, endpoint)
+    assert status == 200, out
+    return out
+
+
+def streamed_choices(chunks) -> dict[int, dict]:
+    """Per choice index: joined content, tool-call deltas by tool index, finish_reason."""
+    choices: dict[int, dict] = {}
+    for chunk in chunks:
+        assert "error" not in chunk, chunk
+        for c in chunk["choices"]:
+            ch = choices.setdefault(c["index"], {"content": "", "calls": {}, "finish": None})
+            ch["content"] += c["delta"].get("content") or ""
+            for call_delta in c["delta"].get("tool_calls") or []:
+                ch["calls"].setdefault(call_delta["index"], []).append(call_delta)
+            ch["finish"] = c["finish_reason"] or ch["finish"]
+    return choices
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["full", "streamed"])
+def test_json_schema_holds_on_20_sampled_runs(client, stream):
+    out = ok(client, {"messages": ASK, "n": 20, "seed": 0, "temperature": 1.0,
+                      "max_tokens": 200, "stream": stream, "response_format": {
+                          "type": "json_schema",
+                          "json_schema": {"name": "person", "schema": PERSON}}})
+    texts = [c["content"] for c in streamed_choices(out).values()] if stream else \
+        [c["message"]["content"] for c in out["choices"]]
+    assert len(texts) == 20
+    for text in texts:
+        jsonschema.validate(json.loads(text), PERSON)
+    assert len(set(texts)) > 1  # sampled, not one greedy answer 20 times
+
+
+def test_choice_regex_and_grammar_chat(client):
+    choices = ["Python", "Java", "JavaScript", "C++", "C#", "PHP", "TypeScript", "Ruby"]
+    msgs = [{"role": "user", "content": "The best language for type-safe systems is"}]
+    first = ok(client, {"messages": msgs, "temperature": 0.7, "seed": 1, "max_tokens": 10,
+                        "structured_outputs": {"choice": choices}})
+    assert first["choices"][0]["message"]["content"] in choices
+    ip = r"((25[0-5]|(2[0-4]|1\d|[1-9]|)\d)\.){3}(25[0-5]|(2[0-4]|1\d|[1-9]|)\d)"
+    out = ok(client, {"messages": [{"role": "user", "content": "Give an example IP address"}],
+                      "max_tokens": 20, "seed": 2, "structured_outputs": {"regex": ip}})
+    assert re.fullmatch(ip, out["choices"][0]["message"]["content"])
+    out = ok(client, {"messages": [{"role": "user", "content": "Is the sky blue?"}],
+                      "max_tokens": 40, "seed": 3,
+                      "structured_outputs": {"grammar": ANSWER_GBNF}})
+    assert re.fullmatch(ANSWER_RE, out["choices"][0]["message"]["content"])
+    # llama.cpp's json.gbnf (guidance: xgrammar rejects its `ws ::= |`), strings capped
+    bounded = LLAMA_CPP_STYLE_JSON_GBNF.replace(')* "\\"" ws', '){0,12} "\\"" ws')
+    assert bounded != LLAMA_CPP_STYLE_JSON_GBNF
+    out = ok(client, {"messages": ASK, "max_tokens": 200, "temperature": 0,
+                      "structured_outputs": {"grammar": bounded}})
+    assert isinstance(json.loads(out["choices"][0]["message"]["content"]), dict)
+
+
+def test_choice_logprobs_and_json_object_and_completions(client):
+    out = ok(client, {"messages": ASK, "max_tokens": 10, "logprobs": True, "top_logprobs": 5,
+                      "structured_outputs": {"choice": ["yes", "no"]}})
+    assert all(t["logprob"] >= -9999.0
+               for t in out["choices"][0]["logprobs"]["content"][0]["top_logprobs"])
+    out = ok(client, {"messages": [{"role": "user", "content": 'what is 1+1? respond with '
+                                    'a JSON object, the format is {"result": 2}'}],
+                      "max_tokens": 60, "temperature": 0,
+                      "response_format": {"type": "json_object"}})
+    assert isinstance(json.loads(out["choices"][0]["message"]["content"]), dict)
+    out = ok(client, {"prompt": "The colour of the sky is", "max_tokens": 5,
+                      "structured_outputs": {"choice": ["blue", "green"]}}, "/v1/completions")
+    assert out["choices"][0]["text"] in ("blue", "green")
+    text = ok(client, {"messages": ASK, "max_tokens": 5, "response_format": {"type": "text"}})
+    assert text["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "bogus"}}}}}},
+     "bogus"),
+    ({"structured_outputs": {"regex": {"1": "Python"}}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"regex": "(unclosed"}}, "regex"),
+    ({"structured_outputs": {"grammar": "root ::= (("}}, "grammar"),
+    ({"structured_outputs": {"json": "{not json"}}, "Invalid JSON grammar"),
+    ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "one kind of constraints"),
+    ({"structured_outputs": {"nope": 1}}, "unknown fields"),
+    ({"structured_outputs": {"choice": ["a"]}, "tools": TOOLS,
+      "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+     "either use constraints for structured outputs or tools"),
+    ({"response_format": {"type": "yaml"}}, "response_format type must be one of"),
+])
+def test_malformed_constraints_are_400_and_the_next_request_succeeds(client, body, message):
+    status, out = call(client, {"messages": ASK, "max_tokens": 5, **body})
+    assert status == 400 and out["error"]["type"] == "BadRequestError", out
+    assert message in out["error"]["message"]
+    after = ok(client, {"messages": ASK, "max_tokens": 3, "structured_outputs": {
+        "choice": ["fine"]}})
+    assert after["choices"][0]["message"]["content"] == "fine"
+
+
+def test_a_grammar_failing_after_validation_fails_only_its_request(client, monkeypatch):
+    manager = client.engine.structured_output_manager
+
+    def broken(request, backend):
+        raise InvalidArgumentError("Failed to compile the structured output grammar: boom")
+
+    monkeypatch.setattr(manager, "_create_grammar", broken)
+    healthy = handle_openai_request(client, "POST", "/v1/chat/completions", json.dumps(
+        {"messages": ASK, "max_tokens": 8, "stream": True}), served_model_name="smol")
+    failing = handle_openai_request(client, "POST", "/v1/chat/completions", json.dumps(
+        {"messages": ASK, "max_tokens": 8, "structured_outputs": {"regex": "a+"}}),
+        served_model_name="smol")
+    assert failing.status == 400 and "boom" in json.loads(failing.body)["error"]["message"]
+    monkeypatch.undo()
+    chunks = []
+    while (chunk := healthy.stream.get(60)) != "":
+        chunks.append(json.loads(chunk))
+    assert streamed_choices(chunks)[0]["finish"] == "length"
+    stats = client.get_stats()
+    assert stats["request_success"]["error"] >= 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["full", "streamed"])
+def test_required_tool_choice_calls_a_tool(client, stream):
+    out = ok(client, {"messages": WEATHER, "tools": TOOLS, "tool_choice": "required",
+                      "parallel_tool_calls": False, "temperature": 0, "max_tokens": 80,
+                      "stream": stream})
+    if stream:
+        choice = streamed_choices(out)[0]
+        (deltas,) = choice["calls"].values()  # parallel_tool_calls false: one call
+        first, rest = deltas[0], deltas[1:]
+        assert first["id"].startswith("chatcmpl-tool-") and first["type"] == "function"
+        assert all("id" not in d and "name" not in d["function"] for d in rest)
+        name = first["function"]["name"]
+        arguments = "".join(d["function"].get("arguments") or "" for d in deltas)
+        finish = choice["finish"]
+    else:
+        message = out["choices"][0]["message"]
+        (tool_call,) = message["tool_calls"]
+        assert message["content"] == "" and tool_call["id"].startswith("chatcmpl-tool-")
+        name, arguments = tool_call["function"]["name"], tool_call["function"]["arguments"]
+        finish = out["choices"][0]["finish_reason"]
+    schema = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[name]
+    jsonschema.validate(json.loads(arguments), schema)
+    assert finish == "tool_calls"
+
+
+def test_named_tool_choice_finishes_with_stop(client):
+    out = ok(client, {"messages": WEATHER, "tools": TOOLS, "temperature": 0, "max_tokens": 60,
+                      "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    choice = out["choices"][0]
+    (tool_call,) = choice["message"]["tool_calls"]
+    assert tool_call["function"]["name"] == "get_weather" and choice["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(tool_call["function"]["arguments"]),
+                        TOOLS[0]["function"]["parameters"])
+
+
+def test_auto_and_none_and_the_server_flags(client):
+    """auto: the hermes parser finds no <tool_call> in this model's answer, so it is plain
+    content with finish_reason from the engine; none: tools rendered, nothing parsed.
+    online_renderer.py: without a parser (vLLM makes none unless --enable-auto-tool-choice)
+    auto, required and named are refused by name."""
+    for choice in ("auto", "none"):
+        out = ok(client, {"messages": WEATHER, "tools": TOOLS, "tool_choice": choice,
+                          "max_tokens": 4, "temperature": 0})
+        message = out["choices"][0]["message"]
+        assert "tool_calls" not in message and message["content"]
+        assert out["choices"][0]["finish_reason"] == "length"
+    request = ChatCompletionRequest.model_validate({"messages": WEATHER, "tools": TOOLS})
+    with pytest.raises(VLLMValidationError, match='^"auto" tool choice requires '
+                       "--enable-auto-tool-choice and --tool-call-parser to be set$"):
+        check_tool_choice(request, None, False)
+    for choice, desc in (("required", '"required"'), (
+            {"type": "function", "function": {"name": "get_time"}}, 'function "get_time"')):
+        request = ChatCompletionRequest.model_validate(
+            {"messages": WEATHER, "tools": TOOLS, "tool_choice": choice})
+        with pytest.raises(VLLMValidationError,
+                           match=f"^tool_choice={desc} requires --tool-call-parser to be set$"):
+            check_tool_choice(request, None, False)
