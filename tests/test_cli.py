@@ -3,6 +3,7 @@ generate, --help, usage errors, and clear one-line errors for bad model paths.""
 
 from __future__ import annotations
 
+import json
 import re
 import struct
 import subprocess
@@ -27,6 +28,10 @@ FLAGS = [
     "--top-k",
     "--seed",
     "--max-model-len",
+    "--grammar",
+    "--grammar-file",
+    "-j",
+    "--json-schema",
     "-h",
     "--help",
 ]
@@ -109,6 +114,8 @@ def test_help_lists_every_flag(cli):
         ["chat", "-m"],
         ["generate", "-m", "x"],
         ["chat", "-m", "x", "-n", "many"],
+        ["chat", "-m", "x", "--grammar", "a", "-j", "{}"],
+        ["chat", "-m", "x", "--grammar-file", "/nonexistent/g.gbnf"],
     ],
 )
 def test_usage_errors_exit_2(cli, args):
@@ -123,6 +130,26 @@ def test_library_error_exits_1(cli, model_path):
     assert run.stderr.strip().splitlines()[-1] == (
         "vllm-cli: error: temperature must be in [0, 2], got 5.0."
     )
+
+
+def test_grammar_and_json_schema_constrain_the_answer(cli, model_path, tmp_path):
+    """llama.cpp's --grammar-file / --json-schema: the answer matches the grammar (oracle:
+    an equivalent Python regex) or parses as JSON with the schema's required key; a
+    malformed grammar is the library's error, exit 1."""
+    grammar = tmp_path / "answer.gbnf"
+    grammar.write_text('# yes or no, then a reason\n'
+                       'root ::= ("Yes" | "No") ", " [a-z ]{1,20} "."\n')
+    run = cli("chat", "-m", model_path, "-p", "Is Paris in France?", "--grammar-file",
+              str(grammar))
+    assert run.returncode == 0, run.stderr
+    assert re.fullmatch(r"(Yes|No), [a-z ]{1,20}\.\n", run.stdout), run.stdout
+    schema = '{"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},' \
+        ' "required": ["city"], "additionalProperties": false}'
+    run = cli("chat", "-m", model_path, "-p", "Name a city.", "-j", schema, "-n", "40")
+    assert run.returncode == 0, run.stderr
+    assert set(json.loads(run.stdout)) == {"city"}
+    run = cli("chat", "-m", model_path, "-p", "Hi", "--grammar", "root ::= ((")
+    assert run.returncode == 1 and "Invalid grammar specification" in run.stderr
 
 
 def _truncated(model: str, path) -> None:

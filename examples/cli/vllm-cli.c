@@ -45,6 +45,9 @@ static const char usage_text[] =
     "      --top-k K            keep the K most likely tokens; 0 is off (default 0)\n"
     "      --seed N             sampling seed (default: random)\n"
     "      --max-model-len N    context length in tokens (default 2048)\n"
+    "      --grammar GRAMMAR    constrain answers to a GBNF/EBNF (llama.cpp) or Lark grammar\n"
+    "      --grammar-file FILE  the same, read from FILE\n"
+    "  -j, --json-schema SCHEMA answers are JSON following this JSON schema\n"
     "  -h, --help               show this help and exit\n"
     "\n"
     "After each answer, stderr gets a line\n"
@@ -63,6 +66,9 @@ typedef struct {
     long long seed;
     int has_seed;
     long max_model_len;
+    const char *grammar;      /* --grammar, or the text of --grammar-file */
+    const char *grammar_file;
+    const char *json_schema;
 } options;
 
 enum { EXIT_LIBRARY_ERROR = 1, EXIT_USAGE = 2 };
@@ -147,7 +153,7 @@ static void buffer_json_string(buffer *b, const char *s) {
 
 typedef enum {
     OPT_MODEL, OPT_PROMPT, OPT_SYSTEM, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_TOP_K,
-    OPT_SEED, OPT_MAX_MODEL_LEN
+    OPT_SEED, OPT_MAX_MODEL_LEN, OPT_GRAMMAR, OPT_GRAMMAR_FILE, OPT_JSON_SCHEMA
 } option_id;
 
 static const struct {
@@ -163,6 +169,9 @@ static const struct {
     {NULL, "--top-k", NULL, OPT_TOP_K},
     {NULL, "--seed", NULL, OPT_SEED},
     {NULL, "--max-model-len", NULL, OPT_MAX_MODEL_LEN},
+    {NULL, "--grammar", NULL, OPT_GRAMMAR},
+    {NULL, "--grammar-file", NULL, OPT_GRAMMAR_FILE},
+    {"-j", "--json-schema", NULL, OPT_JSON_SCHEMA},
 };
 
 static int same(const char *a, const char *b) { return a != NULL && strcmp(a, b) == 0; }
@@ -200,6 +209,9 @@ static int set_option(options *o, option_id id, const char *value) {
     case OPT_MODEL: o->model = value; return 0;
     case OPT_PROMPT: o->prompt = value; return 0;
     case OPT_SYSTEM: o->system = value; return 0;
+    case OPT_GRAMMAR: o->grammar = value; return 0;
+    case OPT_GRAMMAR_FILE: o->grammar_file = value; return 0;
+    case OPT_JSON_SCHEMA: o->json_schema = value; return 0;
     case OPT_TEMPERATURE: return parse_number(value, &o->temperature);
     case OPT_TOP_P: return parse_number(value, &o->top_p);
     case OPT_SEED:
@@ -258,7 +270,22 @@ static int parse_args(int argc, char **argv, options *o) {
     if (o->model == NULL) return usage_error("missing --model", "");
     if (same(o->command, "generate") && o->prompt == NULL)
         return usage_error("generate needs --prompt", "");
+    if ((o->grammar != NULL) + (o->grammar_file != NULL) + (o->json_schema != NULL) > 1)
+        return usage_error("give one of --grammar, --grammar-file, --json-schema", "");
     return -1;
+}
+
+/* The whole file as a NUL-terminated string (the caller frees it), or NULL. */
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    buffer b = {0};
+    char chunk[4096];
+    size_t n;
+    if (f == NULL) return NULL;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) buffer_append(&b, chunk, n);
+    fclose(f);
+    if (b.data == NULL) buffer_append(&b, "", 0);
+    return b.data;
 }
 
 static vllm_sampling_params sampling_params(const options *o) {
@@ -270,6 +297,8 @@ static vllm_sampling_params sampling_params(const options *o) {
     sp.top_k = (int32_t)o->top_k;
     sp.seed = (int64_t)o->seed;
     sp.has_seed = o->has_seed;
+    sp.grammar = o->grammar;
+    sp.json_schema = o->json_schema;
     return sp;
 }
 
@@ -406,8 +435,14 @@ int main(int argc, char **argv) {
     vllm_engine_params params;
     vllm_engine *engine = NULL;
     vllm_status status;
+    char *grammar_text = NULL;
     int rc = parse_args(argc, argv, &o);
     if (rc >= 0) return rc;
+    if (o.grammar_file != NULL) {
+        if ((grammar_text = read_file(o.grammar_file)) == NULL)
+            return usage_error("cannot read --grammar-file ", o.grammar_file);
+        o.grammar = grammar_text;
+    }
     vllm_engine_params_init(&params);
     params.max_model_len = (int32_t)o.max_model_len;
     if ((status = vllm_engine_create(o.model, &params, &engine)) != VLLM_OK)
@@ -418,5 +453,6 @@ int main(int argc, char **argv) {
         rc = chat(engine, &o);
     vllm_engine_free(engine);
     vllm_shutdown();
+    free(grammar_text);
     return rc == 0 ? 0 : EXIT_LIBRARY_ERROR;
 }
