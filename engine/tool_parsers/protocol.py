@@ -41,11 +41,8 @@ class DeltaToolCall(BaseModel):
     function: DeltaFunctionCall | None = None
 
 
-class DeltaMessage(BaseModel):
-    role: str | None = None
-    content: str | None = None
-    reasoning: str | None = None
-    tool_calls: list[DeltaToolCall] = Field(default_factory=list)
+class OmitEmptyToolCalls(BaseModel):
+    """`tool_calls` is left out of the JSON when empty, as vLLM's responses show it."""
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler):
@@ -53,6 +50,13 @@ class DeltaMessage(BaseModel):
         if not data.get("tool_calls"):
             data.pop("tool_calls", None)
         return data
+
+
+class DeltaMessage(OmitEmptyToolCalls):
+    role: str | None = None
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[DeltaToolCall] = Field(default_factory=list)
 
 
 class ExtractedToolCallInformation(BaseModel):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_serializer, model_validator
+from pydantic import Field, model_validator
 
 from engine.entrypoints.openai.completion_protocol import (
     check_numeric,
@@ -35,7 +35,7 @@ from engine.entrypoints.openai.protocol import (
     random_uuid,
     validate_cache_salt,
 )
-from engine.tool_parsers.protocol import DeltaMessage, ToolCall
+from engine.tool_parsers.protocol import DeltaMessage, OmitEmptyToolCalls, ToolCall
 
 
 class ChatCompletionRequest(OpenAIBaseModel):
@@ -187,7 +187,7 @@ def _check_named_tool(choice: dict, tools: list) -> None:
                                   "the specified `tools`", parameter="tool_choice")
 
 
-class ChatMessage(OpenAIBaseModel):
+class ChatMessage(OpenAIBaseModel, OmitEmptyToolCalls):
     role: str
     content: str | None = None
     refusal: str | None = None
@@ -196,13 +196,6 @@ class ChatMessage(OpenAIBaseModel):
     function_call: Any | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
     reasoning: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler):
-        data = handler(self)
-        if not data.get("tool_calls"):
-            data.pop("tool_calls", None)
-        return data
 
 
 class ChatCompletionLogProb(OpenAIBaseModel):
