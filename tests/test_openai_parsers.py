@@ -146,6 +146,26 @@ def test_reasoning_then_content(tokenizer, stream):
     assert finish == "stop"
 
 
+def test_usage_counts_reasoning_tokens(tokenizer):
+    """completion_tokens_details.reasoning_tokens (a reasoning parser is set): the tokens
+    between the markers (oracle: the tokenizer on the reasoning text alone)."""
+    client = ScriptedClient(tokenizer, REASONED_ANSWER)
+    want = len(tokenizer.encode("Simple greeting.", add_special_tokens=False))
+    body = {"messages": [{"role": "user", "content": "Hi"}]}
+    res = handle_openai_request(client, "POST", "/v1/chat/completions", json.dumps(body),
+                                served_model_name="m")
+    usage = json.loads(res.body)["usage"]
+    assert usage["completion_tokens_details"] == {"reasoning_tokens": want}
+    res = handle_openai_request(client, "POST", "/v1/chat/completions", json.dumps(
+        {**body, "stream": True, "stream_options": {"include_usage": True}}),
+        served_model_name="m")
+    chunks = []
+    while (chunk := res.stream.get(10)) != "":
+        chunks.append(json.loads(chunk))
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"]["completion_tokens_details"] == {"reasoning_tokens": want}
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_include_reasoning_false_hides_it(tokenizer, stream):
     client = ScriptedClient(tokenizer, REASONED_ANSWER)

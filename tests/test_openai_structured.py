@@ -147,8 +147,17 @@ def test_choice_logprobs_and_json_object_and_completions(client):
     out = ok(client, {"prompt": "The colour of the sky is", "max_tokens": 5,
                       "structured_outputs": {"choice": ["blue", "green"]}}, "/v1/completions")
     assert out["choices"][0]["text"] in ("blue", "green")
+    tag = {"type": "structural_tag", "format": {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "Answer: "},
+        {"type": "json_schema", "json_schema": {"type": "object", "properties": {
+            "ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}}]}}
+    out = ok(client, {"messages": ASK, "max_tokens": 40, "temperature": 0,
+                      "response_format": tag})
+    head, _, rest = out["choices"][0]["message"]["content"].partition("Answer: ")
+    assert head == "" and isinstance(json.loads(rest)["ok"], bool)
     text = ok(client, {"messages": ASK, "max_tokens": 5, "response_format": {"type": "text"}})
     assert text["choices"][0]["message"]["content"]
+    assert "completion_tokens_details" not in text["usage"]  # no reasoning parser
 
 
 @pytest.mark.parametrize("body, message", [

@@ -42,6 +42,11 @@ class ReasoningParser:
         """(offset in delta_ids where reasoning ends, whether that token is content) or None."""
         raise NotImplementedError
 
+    def count_reasoning_tokens(self, token_ids: Sequence[int]) -> int:
+        """Generated tokens that are reasoning (usage.completion_tokens_details); 0 when
+        the parser cannot tell, as upstream's default."""
+        return 0
+
     def extract_content_ids(self, input_ids: list[int]) -> list[int]:
         raise NotImplementedError
 

@@ -50,6 +50,18 @@ class BaseThinkingReasoningParser(ReasoningParser):
                 return i, False
         return None
 
+    def count_reasoning_tokens(self, token_ids: Sequence[int]) -> int:
+        """Tokens inside start/end markers (a depth count: nesting and stray ends are safe)."""
+        count = depth = 0
+        for token_id in token_ids:
+            if token_id == self.start_token_id:
+                depth += 1
+            elif token_id == self.end_token_id:
+                depth = max(0, depth - 1)
+            elif depth:
+                count += 1
+        return count
+
     def extract_content_ids(self, input_ids: list[int]) -> list[int]:
         """The ids after the end token (none while it is the last or absent)."""
         if self.end_token_id not in islice(input_ids, 0, max(0, len(input_ids) - 1)):

@@ -75,6 +75,9 @@ class ChatParser:
         return self.tool_parser.structured_outputs_for_tools(
             self.request.tool_choice, self.request.parallel_tool_calls)
 
+    def count_reasoning_tokens(self, token_ids) -> int:
+        return 0 if self.reasoner is None else self.reasoner.count_reasoning_tokens(token_ids)
+
     @property
     def keep_special_tokens(self) -> bool:
         return self.tool_parser is not None and self.tool_parser.keep_special_tokens and \

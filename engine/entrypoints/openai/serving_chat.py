@@ -29,7 +29,7 @@ from engine.entrypoints.openai.chat_protocol import (
 )
 from engine.entrypoints.openai.chat_render import render_prompt
 from engine.entrypoints.openai.logprobs import chat_logprobs
-from engine.entrypoints.openai.protocol import UsageInfo
+from engine.entrypoints.openai.protocol import CompletionTokenUsageInfo, UsageInfo
 from engine.entrypoints.openai.serving_engine import (
     ServingContext,
     build_sampling_params,
@@ -99,9 +99,19 @@ class ChatJob:
         return chat_logprobs(ids, lps, req.top_logprobs, self.decode,
                              bool(req.return_tokens_as_token_ids)) if req.logprobs else None
 
-    def _choice(self, index: int, final, echo: str) -> ChatCompletionResponseChoice:
+    def _usage(self, completion_tokens: int, reasoning_tokens: int) -> UsageInfo:
+        """Usage; completion_tokens_details.reasoning_tokens only with a reasoning parser."""
+        pt = len(self.prompt_ids)
+        details = None if self.ctx.reasoning_parser_cls is None else \
+            CompletionTokenUsageInfo(reasoning_tokens=reasoning_tokens)
+        return UsageInfo(prompt_tokens=pt, completion_tokens=completion_tokens,
+                         total_tokens=pt + completion_tokens, completion_tokens_details=details)
+
+    def _choice(self, index: int, final, echo: str) -> tuple[ChatCompletionResponseChoice, int]:
+        """The choice and its number of reasoning tokens."""
         with self.ctx.client.lock:
-            reasoning, content, calls = self.new_parser().parse(final.text)
+            parser = self.new_parser()
+            reasoning, content, calls = parser.parse(final.text)
         if echo:
             content = echo + (content or "")
         return ChatCompletionResponseChoice(
@@ -110,17 +120,18 @@ class ChatJob:
             logprobs=self._logprobs(final.token_ids, final.logprobs),
             finish_reason=resolve_finish_reason(final.finish_reason, self.request, bool(calls)),
             stop_reason=final.stop_reason,
-            token_ids=final.token_ids if self.request.return_token_ids else None)
+            token_ids=final.token_ids if self.request.return_token_ids else None), \
+            parser.count_reasoning_tokens(final.token_ids)
 
     def response(self) -> str:
         req, finals = self.request, collect(self.merged)
         echo = self._echo_text() if req.echo else ""
-        choices = [self._choice(i, f, echo) for i, f in sorted(finals.items())]
-        pt = len(self.prompt_ids)
+        choices, counts = zip(*(self._choice(i, f, echo) for i, f in sorted(finals.items()))) \
+            if finals else ((), ())
         ct = sum(len(f.token_ids) for f in finals.values())
         return ChatCompletionResponse(
-            id=self.id, created=self.created, model=self.ctx.served_model_name, choices=choices,
-            usage=UsageInfo(prompt_tokens=pt, completion_tokens=ct, total_tokens=pt + ct),
+            id=self.id, created=self.created, model=self.ctx.served_model_name,
+            choices=list(choices), usage=self._usage(ct, sum(counts)),
             prompt_token_ids=self.prompt_ids if req.return_token_ids else None,
             prompt_text=self.prompt_text if req.return_prompt_text else None).model_dump_json()
 
@@ -134,16 +145,17 @@ class ChatJob:
 
     def chunks(self, clock: StreamClock):
         """Yields chunk JSON, or None when the clock ran out before the next chunk."""
-        req, n, pt = self.request, self.request.n or 1, len(self.prompt_ids)
+        req, n = self.request, self.request.n or 1
         usage_on, continuous = include_usage(req.stream_options)
         sent, done = [0] * n, [False] * n
         with self.ctx.client.lock:
             parsers = [self.new_parser() for _ in range(n)]
         called = [False] * n  # a tool-call delta was sent (finish_reason tool_calls)
+        generated: list[list[int]] = [[] for _ in range(n)]
 
-        def usage(ct: int) -> UsageInfo | None:
-            return UsageInfo(prompt_tokens=pt, completion_tokens=ct,
-                             total_tokens=pt + ct) if continuous else None
+        def usage(i: int) -> UsageInfo | None:
+            return self._usage(sent[i], parsers[i].count_reasoning_tokens(generated[i])) \
+                if continuous else None
 
         first = True
         while True:
@@ -162,12 +174,12 @@ class ChatJob:
                 for i in range(n):
                     yield self._chunk(ChatCompletionResponseStreamChoice(
                         index=i, delta=DeltaMessage(role=self.role, content=""), logprobs=None,
-                        finish_reason=None), usage(0), **extra)
+                        finish_reason=None), usage(i), **extra)
                 echo = self._echo_text() if req.echo else ""
                 for i in range(n if echo else 0):
                     yield self._chunk(ChatCompletionResponseStreamChoice(
                         index=i, delta=DeltaMessage(content=echo), logprobs=None,
-                        finish_reason=None), usage(0))
+                        finish_reason=None), usage(i))
             i, _, res = item
             for out in res.outputs:
                 if done[i]:
@@ -176,6 +188,7 @@ class ChatJob:
                         out.finish_reason is None:
                     continue
                 sent[i] += len(out.token_ids)
+                generated[i].extend(out.token_ids)
                 finished = out.finish_reason is not None
                 with self.ctx.client.lock:
                     delta = parsers[i].parse_delta(out.text, list(out.token_ids),
@@ -191,13 +204,12 @@ class ChatJob:
                               token_ids=list(out.token_ids) if req.return_token_ids else None)
                 if finished:
                     fields["stop_reason"], done[i] = out.stop_reason, True
-                yield self._chunk(ChatCompletionResponseStreamChoice(**fields), usage(sent[i]))
+                yield self._chunk(ChatCompletionResponseStreamChoice(**fields), usage(i))
         if usage_on:
-            ct = sum(sent)
+            reasoning = sum(p.count_reasoning_tokens(g) for p, g in zip(parsers, generated))
             final = ChatCompletionStreamResponse(
                 id=self.id, object="chat.completion.chunk", created=self.created, choices=[],
-                model=self.ctx.served_model_name,
-                usage=UsageInfo(prompt_tokens=pt, completion_tokens=ct, total_tokens=pt + ct))
+                model=self.ctx.served_model_name, usage=self._usage(sum(sent), reasoning))
             yield final.model_dump_json(exclude_unset=True, exclude_none=True)
 
 
