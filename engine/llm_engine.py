@@ -46,7 +46,7 @@ class ModelInfo:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, model: torch.nn.Module, arch: ModelArchConfig,
-                 tokenizer: Tokenizer, device: torch.device, dtype: torch.dtype) -> None:
+                 tokenizer: Tokenizer | None, device: torch.device, dtype: torch.dtype) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.device = device
@@ -75,7 +75,13 @@ class LLMEngine:
         self.default_sampling_params: dict = get_diff_sampling_param(arch.generation_config)
         self.model_info = ModelInfo(
             arch.architecture, config.served_model_name or arch.name, arch.vocab_size,
-            self.max_model_len, _or_neg(tokenizer.bos_token_id), _or_neg(tokenizer.eos_token_id))
+            self.max_model_len, _or_neg(tokenizer and tokenizer.bos_token_id),
+            _or_neg(self.eos_token_id))
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The tokenizer's eos id; None without a tokenizer (vLLM's InputPreprocessor)."""
+        return None if self.tokenizer is None else self.tokenizer.eos_token_id
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -86,8 +92,10 @@ class LLMEngine:
         dtype = _DTYPES.get(config.dtype) or (
             torch.bfloat16 if device.type == "cuda" else torch.float32)
         torch.manual_seed(config.seed)
-        model, arch, source = load_model(config.model)
-        if config.tokenizer is not None:  # vLLM --tokenizer
+        model, arch, source = load_model(config.model, config.load_format, device, dtype)
+        if config.skip_tokenizer_init:  # vLLM: token-id prompts, token-id outputs
+            tokenizer = None
+        elif config.tokenizer is not None:  # vLLM --tokenizer
             tokenizer = Tokenizer.from_hf_dir(config.tokenizer)
         elif isinstance(source, str):  # a Hugging Face directory
             tokenizer = Tokenizer.from_hf_dir(source)
@@ -113,7 +121,7 @@ class LLMEngine:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str:
-        if not self.tokenizer.chat_template:
+        if self.tokenizer is None or not self.tokenizer.chat_template:
             raise InvalidArgumentError("the model has no chat template")
         return render_chat_template(
             self.tokenizer.chat_template, messages, add_generation_prompt=add_generation_prompt,
@@ -135,6 +143,9 @@ class LLMEngine:
             raise InvalidArgumentError(
                 f"params must be a SamplingParams, got {type(params).__name__}")
         text = prompt if isinstance(prompt, str) else None
+        if text is not None and self.tokenizer is None:
+            raise InvalidArgumentError(
+                "You cannot pass text prompts when `skip_tokenizer_init=True`")
         ids = self.tokenizer.encode(prompt) if text is not None else list(prompt)
         self._validate_prompt(ids)
         params = self._process_params(params, len(ids))
@@ -146,7 +157,7 @@ class LLMEngine:
                 raise InvalidArgumentError(f"request id {rid!r} is already in use")
         now = time.time()
         for index, (rid, sp) in enumerate(children):
-            req = Request(rid, ids, sp, self.tokenizer.eos_token_id, now,
+            req = Request(rid, ids, sp, self.eos_token_id, now,
                           self.config.block_size, priority=priority, cache_salt=cache_salt)
             self.output_processor.add_request(req, text, parent, index)
             self.scheduler.add_request(req)
@@ -160,8 +171,9 @@ class LLMEngine:
                 raise InvalidArgumentError(
                     f"min_tokens must be less than or equal to max_tokens={sp.max_tokens}, "
                     f"got {sp.min_tokens}.")
-        sp.update_from_generation_config(self.tokenizer.eos_token_id)
-        sp.update_from_tokenizer(self.tokenizer)
+        sp.update_from_generation_config(self.eos_token_id)
+        if self.tokenizer is not None:
+            sp.update_from_tokenizer(self.tokenizer)
         return sp
 
     def _validate_prompt(self, ids: list[int]) -> None:

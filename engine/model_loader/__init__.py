@@ -6,6 +6,8 @@ a path is a .gguf file (or a directory holding exactly one), else a directory wi
 config.json and safetensors files. Before any parameter memory is allocated, the model
 is built on the meta device and its parameter count checked against the elements the
 checkpoint actually holds, so a hostile config cannot ask for a giant allocation.
+load_format "dummy" (vLLM's DummyModelLoader, engine/model_loader/dummy_loader.py) reads
+config.json only and fills random weights on the target device.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch import nn
 from engine.errors import ModelLoadError
 from engine.gguf.reader import GGUFReader
 from engine.model_loader import gguf_loader
+from engine.model_loader.dummy_loader import load_dummy_model
 from engine.model_loader.safetensors_loader import load_hf_model
 from engine.models.config import ModelArchConfig
 from engine.models.registry import resolve_model_cls
@@ -50,12 +53,21 @@ def build_model(cls: type[nn.Module], cfg: ModelArchConfig, checkpoint_numel: in
     return cls(cfg)
 
 
-def load_model(path: str) -> tuple[nn.Module, ModelArchConfig, GGUFReader | str]:
+def load_model(path: str, load_format: str = "auto", device: torch.device | None = None,
+               dtype: torch.dtype = torch.float32
+               ) -> tuple[nn.Module, ModelArchConfig, GGUFReader | str]:
     """(model in eval mode, its config, tokenizer source).
 
     The tokenizer source is the open GGUFReader (its metadata holds the vocabulary; the
-    caller closes it) or, for a Hugging Face directory, the directory path.
+    caller closes it) or, for a Hugging Face directory, the directory path. With
+    load_format "dummy" the model is built on `device` in `dtype` with random weights;
+    otherwise on the host in fp32 (the caller moves it).
     """
+    if load_format == "dummy":
+        if not os.path.isdir(path):
+            raise ModelLoadError(f"load_format 'dummy' needs a model directory, got {path}")
+        model, cfg = load_dummy_model(path, device or torch.device("cpu"), dtype)
+        return model, cfg, path
     kind, resolved = resolve_model_path(path)
     if kind == "hf":
         model, cfg = load_hf_model(resolved, build_model)
