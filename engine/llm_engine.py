@@ -3,7 +3,10 @@
 add_request (input processing + validation) -> Scheduler.schedule -> ModelRunner ->
 Scheduler.update_from_output -> OutputProcessor (detokenize, stop strings) ->
 RequestOutput list from step(). Everything runs in-process; the engine-core process
-split of vLLM v1 arrives with the background loop (ABI issue).
+split of vLLM v1 arrives with the background loop (ABI issue). Start-up follows vLLM's
+engine core: load the model (load_format auto | dummy), profile the activation peak on
+CUDA and size the KV cache from gpu_memory_utilization (kv_cache_memory_bytes overrides),
+allocate and bind the cache, capture the decode CUDA graphs (not with enforce_eager).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from engine.parallel_sampling import ParentRequest
 from engine.request import Request, RequestStatus, validate_cache_salt
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
+from engine.worker.gpu_worker import determine_available_memory
 from engine.worker.model_runner import ModelRunner, SampledModelRunnerOutput
 
 _CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
@@ -59,15 +63,21 @@ class LLMEngine:
             config.max_num_batched_tokens = 8192 if config.enable_chunked_prefill else max(
                 self.max_model_len, 2048)
         config.verify_max_model_len(self.max_model_len)  # vLLM's SchedulerConfig checks
+        self.model_runner = ModelRunner(
+            model, None, device, config.block_size, max_num_reqs=config.max_num_seqs,
+            max_num_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len)
         num_blocks = self._num_kv_blocks(arch, dtype)
         shape = (2, num_blocks, config.block_size, arch.num_key_value_heads, arch.head_dim)
         kv_caches = [torch.empty(shape, dtype=dtype, device=device)
                      for _ in range(arch.num_hidden_layers)]
+        self.model_runner.initialize_kv_cache(kv_caches)
+        # decode CUDA graphs, captured at start-up (vLLM's capture_model); 0.0 without
+        self.cudagraph_capture_time_s = self.model_runner.capture_model(
+            config.cudagraph_batch_sizes())
         kv = KVCacheManager(num_blocks, config.block_size, self.max_model_len,
                             config.enable_prefix_caching, watermark=config.watermark)
         self.scheduler = Scheduler(config, kv, self.max_model_len)
         self.stats = StatsAggregator()
-        self.model_runner = ModelRunner(model, kv_caches, device, config.block_size)
         self.output_processor = OutputProcessor(tokenizer)
         self.max_logprobs = config.max_logprobs  # -1: the whole vocab
         self._pending_outputs: list[RequestOutput] = []
@@ -112,8 +122,10 @@ class LLMEngine:
                        * arch.head_dim * torch.finfo(dtype).bits // 8)
         budget = self.config.kv_cache_memory_bytes
         if not budget:
-            if self.device.type == "cuda":
-                budget = int(torch.cuda.mem_get_info(self.device)[0] * 0.8)
+            if self.device.type == "cuda":  # vLLM's profile run + gpu_memory_utilization
+                budget = determine_available_memory(
+                    self.model_runner, self.config.max_num_batched_tokens,
+                    self.config.gpu_memory_utilization)
             else:  # the CPU default, capped at what max_num_seqs full contexts need
                 need = self.config.max_num_seqs * (-(-self.max_model_len // bs) + 1) * block_bytes
                 budget = min(_CPU_KV_CACHE_BYTES, need)

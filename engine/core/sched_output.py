@@ -5,12 +5,16 @@ logprobs).
 New requests, and preempted ones resuming (recompute), carry all their token ids
 (vLLM's v2 model-runner form); requests already in the runner carry only their new
 block ids. finished_req_ids are requests finished since the last step; preempted ones
-are listed apart in preempted_req_ids.
+are listed apart in preempted_req_ids. GrammarOutput is vLLM's grammar-bitmask hand-off
+(vllm/v1/core/sched/output.py GrammarOutput): the runner masks those requests' logits
+rows before sampling.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import torch
 
 from engine.sampling_params import SamplingParams
 
@@ -48,6 +52,12 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str]  # finished since the last step: the runner drops them
     preempted_req_ids: set[str] = field(default_factory=set)
+
+
+@dataclass
+class GrammarOutput:
+    structured_output_request_ids: list[str]  # one per bitmask row
+    grammar_bitmask: torch.Tensor  # int32 [n, ceil(vocab / 32)] on the host; bit set = allowed
 
 
 @dataclass
