@@ -7,6 +7,7 @@ split of vLLM v1 arrives with the background loop (ABI issue). Start-up follows 
 engine core: load the model (load_format auto | dummy), profile the activation peak on
 CUDA and size the KV cache from gpu_memory_utilization (kv_cache_memory_bytes overrides),
 allocate and bind the cache, capture the decode CUDA graphs (not with enforce_eager).
+On CUDA a GGUF model's quantized linear weights stay quantized (GGUF GEMV/GEMM kernels).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ config.json and safetensors files. Before any parameter memory is allocated, the
 is built on the meta device and its parameter count checked against the elements the
 checkpoint actually holds, so a hostile config cannot ask for a giant allocation.
 load_format "dummy" (vLLM's DummyModelLoader, engine/model_loader/dummy_loader.py) reads
-config.json only and fills random weights on the target device.
+config.json only and fills random weights on the target device. On CUDA, a GGUF file's
+quantized linear weights stay quantized (engine/model_loader/gguf_quant.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from engine.errors import ModelLoadError
 from engine.gguf.reader import GGUFReader
 from engine.model_loader import gguf_loader
 from engine.model_loader.dummy_loader import load_dummy_model
+from engine.model_loader.gguf_quant import keep_gguf_quantized
 from engine.model_loader.safetensors_loader import load_hf_model
 from engine.models.config import ModelArchConfig
 from engine.models.registry import resolve_model_cls
@@ -72,12 +74,21 @@ def load_model(path: str, load_format: str = "auto", device: torch.device | None
     if kind == "hf":
         model, cfg = load_hf_model(resolved, build_model)
         return model.eval(), cfg, resolved
-    reader = GGUFReader(resolved)
+    return load_gguf_model(resolved, keep_quantized=device is not None and device.type == "cuda")
+
+
+def load_gguf_model(path: str, keep_quantized: bool = False
+                    ) -> tuple[nn.Module, ModelArchConfig, GGUFReader]:
+    """(model, config, open reader) of a GGUF file. keep_quantized (the CUDA path): linear
+    weights with a GGUF kernel keep their raw blocks (gguf_quant.py) and are never
+    dequantized; their dense parameters are dropped before the load."""
+    reader = GGUFReader(path)
     try:
         cfg = gguf_loader.arch_config_from_gguf(reader)
         cls, _ = resolve_model_cls(list(cfg.architectures))
         model = build_model(cls, cfg, gguf_loader.checkpoint_numel(reader))
-        model.load_weights(gguf_loader.gguf_weights_iterator(reader, cfg))
+        absorbed = keep_gguf_quantized(model, reader, cfg) if keep_quantized else set()
+        model.load_weights(gguf_loader.gguf_weights_iterator(reader, cfg, skip=absorbed))
     except BaseException:
         reader.close()
         raise
