@@ -5,7 +5,8 @@
   (RMSNorm, RoPE, SiLU-and-mul, reshape_and_cache, paged prefill attention, sync-free MoE),
   against transformers fp32 on the same weights: within 1e-3 in fp32, bf16 tolerance in bf16.
 - Greedy tokens: the CUDA engine with decode CUDA graphs (batches padded to captured
-  sizes) equals the CPU engine (fp32), and in bf16 equals itself with enforce_eager.
+  sizes) agrees with the CPU engine in fp32 (vLLM's check_logprobs_close: equal up to a
+  near tie), and in bf16 equals itself with enforce_eager exactly.
 - A decode step syncs with the host once (the sampled token ids); KV cache sized from
   gpu_memory_utilization after the profile run; dummy weights load on the device.
 Mirrors vLLM 0.33 tests/models/language/generation/test_common.py (HF vs vLLM),
@@ -92,36 +93,53 @@ def test_prompt_logits_match_transformers(hf_dir, dtype, tol):
     assert err < tol, f"relative logits error {err:.2e} (tolerance {tol})"
 
 
-def greedy(path: str, device: str, dtype: str, enforce_eager: bool = False,
-           **kw) -> tuple[list[list[int]], LLMEngine]:
+def greedy(path: str, device: str, dtype: str, enforce_eager: bool = False, logprobs=None,
+           **kw) -> tuple[list[list[int]], list, LLMEngine]:
+    """(tokens per prompt, their top-`logprobs` dicts per position, the engine)."""
     engine = LLMEngine.from_config(EngineConfig(
         path, device=device, dtype=dtype, skip_tokenizer_init=True, enforce_eager=enforce_eager,
         max_num_seqs=8, max_model_len=512, **kw))
     for i, (p, m) in enumerate(zip(PROMPTS, MAX_TOKENS)):
         engine.add_request(str(i), p, SamplingParams(temperature=0.0, max_tokens=m,
-                                                     ignore_eos=True))
-    out: dict[str, list[int]] = {}
+                                                     ignore_eos=True, logprobs=logprobs))
+    out = {}
     while engine.has_unfinished_requests():
         for o in engine.step():
             if o.finished:
-                out[o.request_id] = o.outputs[0].token_ids
-    return [out[str(i)] for i in range(len(PROMPTS))], engine
+                out[o.request_id] = o.outputs[0]
+    done = [out[str(i)] for i in range(len(PROMPTS))]
+    return [c.token_ids for c in done], [c.logprobs for c in done], engine
 
 
-def test_cuda_graphs_fp32_equal_cpu_fp32(hf_dir):
+def check_logprobs_close(a: tuple[list, list], b: tuple[list, list]) -> None:
+    """vLLM tests/models/utils.py check_logprobs_close: greedy tokens equal, or at the first
+    difference each side's token is among the other's top logprobs (a near tie that fp32
+    rounding on another device may break either way); the sequences are not compared past
+    it."""
+    for (ta, la), (tb, lb) in zip(zip(*a), zip(*b)):
+        for pos, (x, y) in enumerate(zip(ta, tb)):
+            if x != y:
+                assert x in lb[pos] and y in la[pos], (pos, x, y)
+                break
+
+
+def test_cuda_graphs_fp32_close_to_cpu_fp32(hf_dir):
     _, path, _ = hf_dir
-    cpu, _ = greedy(path, "cpu", "float32")
-    cuda, engine = greedy(path, "cuda", "float32", gpu_memory_utilization=0.05)
+    cpu_tokens, cpu_lps, _ = greedy(path, "cpu", "float32", logprobs=5)
+    cuda_tokens, cuda_lps, engine = greedy(path, "cuda", "float32", logprobs=5,
+                                           kv_cache_memory_bytes=64 << 20)
     assert engine.model_runner.cudagraphs.sizes == [1, 2, 4, 8]
     assert engine.cudagraph_capture_time_s > 0
-    assert cuda == cpu
+    check_logprobs_close((cuda_tokens, cuda_lps), (cpu_tokens, cpu_lps))
+    same = sum(x == y for a, b in zip(cuda_tokens, cpu_tokens) for x, y in zip(a, b))
+    assert same >= 0.9 * sum(MAX_TOKENS)  # ties are rare: nearly every token agrees
 
 
 def test_cuda_graphs_bf16_equal_eager_bf16(hf_dir):
     _, path, _ = hf_dir
-    graphs, engine = greedy(path, "cuda", "bfloat16", kv_cache_memory_bytes=64 << 20)
-    eager, eager_engine = greedy(path, "cuda", "bfloat16", enforce_eager=True,
-                                 kv_cache_memory_bytes=64 << 20)
+    graphs, _, engine = greedy(path, "cuda", "bfloat16", kv_cache_memory_bytes=64 << 20)
+    eager, _, eager_engine = greedy(path, "cuda", "bfloat16", enforce_eager=True,
+                                    kv_cache_memory_bytes=64 << 20)
     assert eager_engine.model_runner.cudagraphs is None
     assert eager_engine.cudagraph_capture_time_s == 0.0
     assert [len(t) for t in graphs] == MAX_TOKENS
@@ -151,23 +169,24 @@ def test_decode_step_syncs_once(hf_dir):
         assert len(syncs) == 1, [str(w.message) for w in syncs]
 
 
-def test_kv_cache_follows_gpu_memory_utilization(hf_dir):
-    _, path, _ = hf_dir
-    small = LLMEngine.from_config(EngineConfig(path, device="cuda", skip_tokenizer_init=True,
-                                               gpu_memory_utilization=0.05, enforce_eager=True))
-    cache = small.model_runner.model.model.layers[0].self_attn.attn.kv_cache
-    bytes_small = cache.numel() * cache.element_size() * len(small.model_runner.model.model.layers)
-    total = torch.cuda.mem_get_info()[1]
-    del small, cache
-    torch.cuda.empty_cache()
-    big = LLMEngine.from_config(EngineConfig(path, device="cuda", skip_tokenizer_init=True,
-                                             gpu_memory_utilization=0.10, enforce_eager=True))
-    cache = big.model_runner.model.model.layers[0].self_attn.attn.kv_cache
-    bytes_big = cache.numel() * cache.element_size() * len(big.model_runner.model.model.layers)
-    assert bytes_small > 0
-    # 5% more of the GPU goes to the KV cache (weights and activations are tiny here)
-    assert abs((bytes_big - bytes_small) - 0.05 * total) < 0.01 * total
-    assert bytes_big < 0.10 * total
+def kv_cache_bytes(engine: LLMEngine) -> int:
+    layers = [m.self_attn.attn.kv_cache for m in engine.model_runner.model.model.layers]
+    return sum(c.numel() * c.element_size() for c in layers)
+
+
+@pytest.mark.parametrize("util", [0.05, 0.1])
+def test_kv_cache_follows_gpu_memory_utilization(hf_dir, util):
+    """KV bytes = whole blocks of total * util - (torch peak + non-torch), vLLM's formula."""
+    _, path, model = hf_dir
+    engine = LLMEngine.from_config(EngineConfig(path, device="cuda", skip_tokenizer_init=True,
+                                                gpu_memory_utilization=util, enforce_eager=True))
+    prof = engine.model_runner.memory_profile
+    weights = sum(p.numel() * p.element_size() for p in engine.model_runner.model.parameters())
+    assert prof["torch_peak"] >= weights and prof["non_torch"] > 0
+    assert prof["available"] == int(prof["total"] * util) - prof["torch_peak"] - prof["non_torch"]
+    cache = engine.model_runner.model.model.layers[0].self_attn.attn.kv_cache
+    block_bytes = cache[:, 0].numel() * cache.element_size() * len(model.model.layers)
+    assert kv_cache_bytes(engine) == prof["available"] // block_bytes * block_bytes
 
 
 def test_dummy_llama_runs_on_cuda_with_graphs(tmp_path):

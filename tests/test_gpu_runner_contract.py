@@ -63,6 +63,7 @@ def sched(new: list[NewRequestData], tokens: dict[str, int], cached: CachedReque
 
 
 def test_grammar_bitmask_masks_only_sampled_listed_requests(runner):
+    pytest.importorskip("xgrammar")  # the CPU bitmask kernel
     so = sched([new_req("a", [1, 2, 3], [1]), new_req("b", [4, 5, 6, 7, 8], [2]),
                 new_req("c", [9, 10], [3])], {"a": 3, "b": 2, "c": 2})  # b: a partial chunk
     free = runner.execute_model(so, None)  # the same prompts again, under a grammar:

@@ -39,6 +39,8 @@ def determine_available_memory(runner: ModelRunner, num_tokens: int,
     non_torch = max(0, total - free - torch.cuda.memory_reserved(device))
     torch.cuda.empty_cache()
     available = int(total * gpu_memory_utilization) - peak - non_torch
+    runner.memory_profile = {"total": total, "torch_peak": peak, "non_torch": non_torch,
+                             "available": available}
     logger.info("memory profile: total %.2f GiB x %.2f, torch peak %.2f GiB, non-torch "
                 "%.2f GiB -> KV cache %.2f GiB", total / _GIB, gpu_memory_utilization,
                 peak / _GIB, non_torch / _GIB, available / _GIB)

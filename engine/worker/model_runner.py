@@ -87,6 +87,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.requests: dict[str, CachedRequestState] = {}
         self.cudagraphs: DecodeCudaGraphs | None = None
+        self.memory_profile: dict[str, int] = {}  # bytes, from gpu_worker's profile run
         buf = {"device": device}
         self.input_ids = CpuGpuBuffer(max_num_tokens, dtype=torch.long, **buf)
         self.positions = CpuGpuBuffer(max_num_tokens, dtype=torch.long, **buf)
