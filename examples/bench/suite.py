@@ -9,7 +9,8 @@ prompts) and runs benchmarks on it through examples/bench/{startup,latency,throu
 
 - llama8b-graphs: start-up to the first token (imports, dummy init, KV cache, CUDA-graph
   capture, one request); `latency` batch 1/8/32 (32 in, 128 out); `throughput` random
-  N x (1024 in, 128 out), temperature 1.0, ignore_eos.
+  N x (1024 in, 128 out), temperature 1.0, ignore_eos; `throughput` on 200
+  sharegpt-synthetic prompts (the size of vLLM CI's H200 ShareGPT run).
 - llama8b-eager: `latency` batch 1 with --enforce-eager.
 - qwen3-8b, qwen3-30b-a3b: `latency` batch 1 with CUDA graphs.
 
@@ -49,6 +50,7 @@ ROOFLINE_B1 = {"llama-3.1-8b": 286.0, "qwen3-8b": BW / (2 * (8.191e9 - 151936 * 
                "qwen3-30b-a3b": BW / (2 * 3.04e9)}
 THROUGHPUT_BOUND = 47.7  # req/s, 1000 x (1024, 128) at 799 TFLOP/s (performance anchors)
 VLLM_H200 = 22.6  # req/s, vLLM CI throughput_llama8B_tp1 (ShareGPT, 200 prompts, H200)
+SHAREGPT_PROMPTS = 200  # as vLLM CI's throughput_llama8B_tp1
 TARGETS = {"b1": 243.0, "throughput": 24.0, "startup": 60.0}
 
 
@@ -83,6 +85,10 @@ def run_step(name: str, out_dir: Path, throughput_prompts: int) -> None:
             "--dataset-name", "random", "--input-len", "1024", "--output-len", "128",
             "--num-prompts", str(throughput_prompts), "--temperature", "1.0"]))
         save()
+        print(f"[{name}] throughput sharegpt-synthetic {SHAREGPT_PROMPTS}", flush=True)
+        results["throughput_sharegpt"] = throughput.run(engine, parse(throughput, [
+            "--dataset-name", "sharegpt-synthetic", "--num-prompts", str(SHAREGPT_PROMPTS)]))
+        save()
 
 
 def _device_name() -> str:
@@ -97,8 +103,8 @@ def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "PENDING" if value is None else format(value, spec)
 
 
-def _ratio(value: float | None, ref: float) -> str:
-    return "" if value is None else f"{100 * value / ref:.0f}%"
+def _ratio(value: float, ref: float) -> str:
+    return f"{100 * value / ref:.0f}%"
 
 
 def table(results: dict[str, dict], status: dict[str, str]) -> str:
@@ -116,8 +122,9 @@ def table(results: dict[str, dict], status: dict[str, str]) -> str:
         v = get(step, "latency_b1", "decode_tokens_per_second")
         model = STEPS[step][0]
         note = f">= {TARGETS['b1']:.0f}" if model == "llama-3.1-8b" else ""
-        rows.append((label, f"{_fmt(v)} tok/s", f"{_ratio(v, ROOFLINE_B1[model])} of "
-                     f"{ROOFLINE_B1[model]:.0f} roofline", note or status.get(step, "")))
+        ratio = f"{_ratio(v, ROOFLINE_B1[model])} of {ROOFLINE_B1[model]:.0f} roofline" \
+            if v is not None else status.get(step, "not run")
+        rows.append((label, f"{_fmt(v)} tok/s", ratio, note))
     for b in (1, 8, 32):
         lat = get("llama8b-graphs", f"latency_b{b}", "avg_latency")
         dec = get("llama8b-graphs", f"latency_b{b}", "decode_tokens_per_second")
@@ -125,11 +132,17 @@ def table(results: dict[str, dict], status: dict[str, str]) -> str:
                      f"decode {_fmt(dec)} tok/s", ""))
     tp = get("llama8b-graphs", "throughput") or {}
     rps = tp.get("requests_per_second")
+    ratio = f"{_ratio(rps, THROUGHPUT_BOUND)} of {THROUGHPUT_BOUND} bound; " \
+        f"{_ratio(rps, VLLM_H200)} of vLLM {VLLM_H200}" if rps is not None else ""
     rows.append((f"Llama-8B throughput {tp.get('num_requests', '-')} x (1024, 128)",
                  f"{_fmt(rps, '.2f')} req/s, {_fmt(tp.get('output_tokens_per_second'))} "
-                 "out tok/s", f"{_ratio(rps, THROUGHPUT_BOUND)} of {THROUGHPUT_BOUND} bound; "
-                 f"{_ratio(rps, VLLM_H200)} of vLLM {VLLM_H200}",
-                 f">= {TARGETS['throughput']:.0f}"))
+                 "out tok/s", ratio, f">= {TARGETS['throughput']:.0f}"))
+    sg = get("llama8b-graphs", "throughput_sharegpt") or {}
+    rps = sg.get("requests_per_second")
+    rows.append((f"Llama-8B throughput sharegpt-synthetic {sg.get('num_requests', '-')}",
+                 f"{_fmt(rps, '.2f')} req/s, {_fmt(sg.get('output_tokens_per_second'))} "
+                 "out tok/s", "" if rps is None else f"{_ratio(rps, VLLM_H200)} of vLLM "
+                 f"{VLLM_H200} (real ShareGPT)", ""))
     rows.append(("Llama-8B peak GPU memory (throughput)",
                  f"{_fmt(tp.get('peak_gpu_memory_gib'))} GiB", "", ""))
     st = get("llama8b-graphs", "startup") or {}
