@@ -74,7 +74,7 @@ def test_startup(tiny, capsys):
 
 def test_suite_step_and_table(tiny, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(suite, "MODELS", tiny.parent)
-    monkeypatch.setattr(suite, "COMMON", [*suite.COMMON, "--device", "cpu"])
+    monkeypatch.setattr(suite, "COMMON", [*suite.COMMON, "--device", "cpu", "--dtype", "float32"])
     monkeypatch.setattr(suite, "LAT", ["--input-len", "8", "--output-len", "4",
                                        "--num-iters-warmup", "0", "--num-iters", "1"])
     monkeypatch.setitem(suite.STEPS, "llama8b-graphs", ("llama-3.1-8b", [], [1, 8]))
