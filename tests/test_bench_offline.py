@@ -92,3 +92,12 @@ def test_suite_step_and_table(tiny, tmp_path, monkeypatch, capsys):
     assert "of 286 roofline" in rows["Llama-8B b1 decode, CUDA graphs"]
     assert "req/s" in rows["Llama-8B throughput 2 x (1024, 128)"]
     assert "PENDING" not in rows["Llama-8B start-up to first token (graphs)"]
+
+
+def test_latency_decode_rate_needs_one_prefill_step(tiny, capsys):
+    res = main(["latency", "--batch-size", "3", "--input-len", "16", "--output-len", "3",
+                "--num-iters-warmup", "0", "--num-iters", "1", "--max-num-batched-tokens", "32",
+                "--max-num-seqs", "4",
+                *_engine_flags(tiny)])
+    assert res["decode_tokens_per_second"] is None  # 48 prompt tokens need two steps
+    assert "Avg decode throughput" not in capsys.readouterr().out

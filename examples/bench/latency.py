@@ -12,7 +12,8 @@ same prompts every iteration would otherwise hit the cache). Prints vLLM's lines
 
 and ours after them: the decode throughput excluding the first step (the step that runs
 the prefill and samples the first tokens), batch * (output_len - 1) / (latency - first
-step), averaged over the iterations. --output-json writes vLLM's keys plus ours.
+step), averaged over the iterations; only when batch * input_len fits one step's token
+budget (max_num_batched_tokens), else null. --output-json writes vLLM's keys plus ours.
 """
 
 from __future__ import annotations
@@ -76,7 +77,10 @@ def run(engine, args: argparse.Namespace) -> dict:
     for percentage, percentile in results["percentiles"].items():
         print(f"{percentage}% percentile latency: {percentile} seconds")
     decode_tokens = args.batch_size * args.n * (args.output_len - 1)
-    rates = [decode_tokens / (lat - first) for lat, first in runs if lat > first]
+    # the first step samples every first token only when all prompts fit in it
+    one_step = args.batch_size * args.input_len <= engine.config.max_num_batched_tokens
+    rates = [decode_tokens / (lat - first) for lat, first in runs if lat > first] \
+        if one_step else []
     results["decode_tokens_per_second"] = float(np.mean(rates)) if rates else None
     results["first_step_seconds"] = float(np.mean([first for _, first in runs]))
     if rates:
