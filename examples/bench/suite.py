@@ -16,9 +16,10 @@ prompts) and runs benchmarks on it through examples/bench/{startup,latency,throu
 
 Batch-1 decode is latency's decode throughput excluding the first step. Prefix caching is
 off in every step (latency's default; the random prompts share no prefix). A child writes
-$OUT/suite-<step>.json after each benchmark, so one that runs out of time keeps what it
-measured; the parent gives each step what is left of --budget-s and marks what did not run
-as PENDING. Ratios use the measured H200 ceilings of /work/shared/device/README.md.
+$OUT/suite-<step>.json after each benchmark and its output to $OUT/suite.log, so one that
+runs out of time keeps what it measured; the parent gives each step what is left of
+--budget-s and marks what did not run as PENDING. Ratios use the measured H200 ceilings
+of /work/shared/device/README.md.
 """
 
 from __future__ import annotations
@@ -176,9 +177,12 @@ def main() -> None:
         if left < 30:
             status[step] = "PENDING: suite time budget spent"
             continue
-        log = out_dir / f"suite-{step}.log"
+        log = out_dir / "suite.log"  # one log for all steps: the device returns few files
         t0 = time.monotonic()
-        with log.open("w") as f:
+        with log.open("a") as f:
+            f.write(f"===== {step}\n")
+            f.flush()
+            start = f.tell()
             try:
                 rc = subprocess.run([sys.executable, "-m", "examples.bench.suite", "--step", step,
                                      "--out", str(out_dir), "--throughput-prompts",
@@ -187,9 +191,11 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 rc = "timeout"
         status[step] = "" if rc == 0 else f"step ended: {rc}"
-        print(f"== {step}: rc={rc} in {time.monotonic() - t0:.0f} s (log {log.name})", flush=True)
+        print(f"== {step}: rc={rc} in {time.monotonic() - t0:.0f} s", flush=True)
         if rc != 0:
-            print("\n".join(log.read_text(errors="replace").splitlines()[-25:]), flush=True)
+            with log.open(errors="replace") as f:
+                f.seek(start)
+                print("\n".join(f.read().splitlines()[-25:]), flush=True)
         path = out_dir / f"suite-{step}.json"
         if path.exists():
             results[step] = json.loads(path.read_text())
