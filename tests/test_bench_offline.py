@@ -79,9 +79,11 @@ def test_suite_step_and_table(tiny, tmp_path, monkeypatch, capsys):
                                        "--num-iters-warmup", "0", "--num-iters", "1"])
     monkeypatch.setitem(suite.STEPS, "llama8b-graphs", ("llama-3.1-8b", [], [1, 8]))
     monkeypatch.setattr(suite, "SHAREGPT_PROMPTS", 3)
+    monkeypatch.setattr(suite, "THROUGHPUT_LENS", (64, 4))
     suite.run_step("llama8b-graphs", tmp_path, throughput_prompts=2)
     res = json.loads((tmp_path / "suite-llama8b-graphs.json").read_text())
     assert res["throughput"]["num_requests"] == 2
+    assert res["throughput"]["total_prompt_tokens"] == 2 * 64
     assert res["throughput_sharegpt"]["num_requests"] == suite.SHAREGPT_PROMPTS
     assert res["latency_b8"]["decode_tokens_per_second"] > 0
     table = suite.table({"llama8b-graphs": res}, {"qwen3-8b": "PENDING: budget"})
@@ -90,7 +92,7 @@ def test_suite_step_and_table(tiny, tmp_path, monkeypatch, capsys):
     qwen = [c.strip() for c in rows["Qwen3-8B b1 decode, CUDA graphs"].split(" | ")]
     assert qwen[1:3] == ["PENDING tok/s", "PENDING: budget"]
     assert "of 286 roofline" in rows["Llama-8B b1 decode, CUDA graphs"]
-    assert "req/s" in rows["Llama-8B throughput 2 x (1024, 128)"]
+    assert "req/s" in rows["Llama-8B throughput 2 x (64, 4)"]
     assert "PENDING" not in rows["Llama-8B start-up to first token (graphs)"]
 
 

@@ -51,6 +51,7 @@ ROOFLINE_B1 = {"llama-3.1-8b": 286.0, "qwen3-8b": BW / (2 * (8.191e9 - 151936 * 
                "qwen3-30b-a3b": BW / (2 * 3.04e9)}
 THROUGHPUT_BOUND = 47.7  # req/s, 1000 x (1024, 128) at 799 TFLOP/s (performance anchors)
 VLLM_H200 = 22.6  # req/s, vLLM CI throughput_llama8B_tp1 (ShareGPT, 200 prompts, H200)
+THROUGHPUT_LENS = (1024, 128)  # (input, output) tokens of the random throughput run
 SHAREGPT_PROMPTS = 200  # as vLLM CI's throughput_llama8B_tp1
 TARGETS = {"b1": 243.0, "throughput": 24.0, "startup": 60.0}
 
@@ -81,9 +82,10 @@ def run_step(name: str, out_dir: Path, throughput_prompts: int) -> None:
         results[f"latency_b{b}"] = {k: v for k, v in r.items() if k != "latencies"}
         save()
     if name == "llama8b-graphs" and throughput_prompts > 0:
-        print(f"[{name}] throughput {throughput_prompts} x (1024, 128)", flush=True)
+        print(f"[{name}] throughput {throughput_prompts} x {THROUGHPUT_LENS}", flush=True)
         results["throughput"] = throughput.run(engine, parse(throughput, [
-            "--dataset-name", "random", "--input-len", "1024", "--output-len", "128",
+            "--dataset-name", "random", "--input-len", str(THROUGHPUT_LENS[0]),
+            "--output-len", str(THROUGHPUT_LENS[1]),
             "--num-prompts", str(throughput_prompts), "--temperature", "1.0"]))
         save()
         print(f"[{name}] throughput sharegpt-synthetic {SHAREGPT_PROMPTS}", flush=True)
@@ -135,7 +137,7 @@ def table(results: dict[str, dict], status: dict[str, str]) -> str:
     rps = tp.get("requests_per_second")
     ratio = f"{_ratio(rps, THROUGHPUT_BOUND)} of {THROUGHPUT_BOUND} bound; " \
         f"{_ratio(rps, VLLM_H200)} of vLLM {VLLM_H200}" if rps is not None else ""
-    rows.append((f"Llama-8B throughput {tp.get('num_requests', '-')} x (1024, 128)",
+    rows.append((f"Llama-8B throughput {tp.get('num_requests', '-')} x {THROUGHPUT_LENS}",
                  f"{_fmt(rps, '.2f')} req/s, {_fmt(tp.get('output_tokens_per_second'))} "
                  "out tok/s", ratio, f">= {TARGETS['throughput']:.0f}"))
     sg = get("llama8b-graphs", "throughput_sharegpt") or {}
