@@ -146,15 +146,27 @@ def test_cuda_graphs_bf16_equal_eager_bf16(hf_dir):
     assert graphs == eager
 
 
-def test_decode_step_syncs_once(hf_dir):
-    """Only the final copy of the sampled ids waits for the GPU (eager and graphs)."""
+SAMPLED = [SamplingParams(temperature=0.0, max_tokens=6),
+           SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, seed=7,
+                          max_tokens=6),
+           SamplingParams(temperature=1.0, presence_penalty=0.5, frequency_penalty=0.3,
+                          repetition_penalty=1.2, logit_bias={5: 2.0}, min_tokens=4,
+                          stop_token_ids=[3], allowed_token_ids=list(range(3, 200)),
+                          max_tokens=6)]
+
+
+@pytest.mark.parametrize("params", [SAMPLED[:1] * 3, SAMPLED], ids=["greedy", "sampled"])
+def test_decode_step_syncs_once(hf_dir, params):
+    """Only the final copy of the sampled ids waits for the GPU (eager and graphs), also
+    with top-k/top-p/min-p, a seeded generator, penalties, logit bias, min_tokens and
+    allowed_token_ids."""
     _, path, _ = hf_dir
     for eager in (False, True):
         engine = LLMEngine.from_config(EngineConfig(
             path, device="cuda", skip_tokenizer_init=True, enforce_eager=eager, max_num_seqs=4,
             max_model_len=512, kv_cache_memory_bytes=64 << 20))
-        for i in range(3):
-            engine.add_request(str(i), PROMPTS[i], SamplingParams(temperature=0.0, max_tokens=6))
+        for i, sp in enumerate(params):
+            engine.add_request(str(i), PROMPTS[i], sp)
         engine.step()  # prefill (its prompt-index copy may sync)
         engine.step()
         torch.cuda.synchronize()
@@ -167,6 +179,30 @@ def test_decode_step_syncs_once(hf_dir):
             torch.cuda.set_sync_debug_mode("default")
         syncs = [w for w in caught if "synchroniz" in str(w.message)]
         assert len(syncs) == 1, [str(w.message) for w in syncs]
+
+
+def test_chunked_prefill_with_a_busy_gpu_keeps_its_inputs(hf_dir):
+    """Steps that sample nothing (prefill chunks) end without a host sync; the next step
+    must not overwrite the pinned input buffers before the GPU has copied them. The GPU
+    is held back (torch.cuda._sleep) before every step: outputs must not change."""
+    _, path, _ = hf_dir
+
+    def run(busy: bool) -> list[list[int]]:
+        engine = LLMEngine.from_config(EngineConfig(
+            path, device="cuda", skip_tokenizer_init=True, enforce_eager=True, max_num_seqs=4,
+            max_num_batched_tokens=16, max_model_len=512, kv_cache_memory_bytes=64 << 20))
+        for i in range(2):
+            engine.add_request(str(i), PROMPTS[i % 2] * 2, SamplingParams(
+                temperature=0.0, max_tokens=4, ignore_eos=True))
+        out = {}
+        while engine.has_unfinished_requests():
+            if busy:
+                torch.cuda._sleep(20_000_000)  # ~10 ms of GPU time before this step
+            out.update({o.request_id: o.outputs[0].token_ids for o in engine.step()
+                        if o.finished})
+        return [out["0"], out["1"]]
+
+    assert run(busy=True) == run(busy=False)
 
 
 def kv_cache_bytes(engine: LLMEngine) -> int:

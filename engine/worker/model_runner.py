@@ -88,6 +88,9 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.cudagraphs: DecodeCudaGraphs | None = None
         self.memory_profile: dict[str, int] = {}  # bytes, from gpu_worker's profile run
+        # the last step's host -> device copies out of the pinned buffers, while no host
+        # sync has shown them done (a step that samples nothing ends without one)
+        self._copies_in_flight: torch.cuda.Event | None = None
         buf = {"device": device}
         self.input_ids = CpuGpuBuffer(max_num_tokens, dtype=torch.long, **buf)
         self.positions = CpuGpuBuffer(max_num_tokens, dtype=torch.long, **buf)
@@ -146,6 +149,9 @@ class ModelRunner:
     def _prepare_inputs(self, so: SchedulerOutput) -> _StepInputs:
         """Fill the persistent buffers for this step (host numpy), one copy each to the
         device; a uniform decode batch that a graph covers is padded to its size."""
+        if self._copies_in_flight is not None:  # the pinned buffers may still be read
+            self._copies_in_flight.synchronize()
+            self._copies_in_flight = None
         req_ids = list(so.num_scheduled_tokens)
         states = [self.requests[r] for r in req_ids]
         n = len(req_ids)
@@ -186,9 +192,13 @@ class ModelRunner:
             total, self.slot_mapping.copy_to_gpu(padded), qsl[:n + 1].tolist(),
             seq_lens[:n].tolist(), block_table, self.query_start_loc.copy_to_gpu(rows + 1),
             self.seq_lens.copy_to_gpu(rows), max_query_len)
-        return _StepInputs(req_ids, qsl[:n + 1].copy(), seq_lens[:n].copy(),
-                           self.input_ids.copy_to_gpu(padded),
-                           self.positions.copy_to_gpu(padded), md, graph)
+        inputs = _StepInputs(req_ids, qsl[:n + 1].copy(), seq_lens[:n].copy(),
+                             self.input_ids.copy_to_gpu(padded),
+                             self.positions.copy_to_gpu(padded), md, graph)
+        if self.device.type == "cuda":
+            self._copies_in_flight = torch.cuda.Event()
+            self._copies_in_flight.record()
+        return inputs
 
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput, grammar_output: GrammarOutput | None = None
@@ -225,6 +235,7 @@ class ModelRunner:
             for i, st, tok in zip(rows, states, out.sampled_token_ids.tolist()):
                 st.token_ids.append(tok)
                 sampled_per_req[i] = [tok]
+            self._copies_in_flight = None  # that copy waited for the whole step
         for i, r in enumerate(req_ids):
             self.requests[r].num_computed_tokens = int(seq_lens[i])
         return SampledModelRunnerOutput(
