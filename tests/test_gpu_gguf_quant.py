@@ -12,9 +12,14 @@ CUDA graphs equals enforce_eager. Mirrors vLLM 0.33 tests/models/quantization/te
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
+
+if not torch.cuda.is_available():  # as tests/test_kernels_common.py: kernels/ defined for
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # the interpreter before any import
 
 from engine.config import EngineConfig
 from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
