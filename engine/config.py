@@ -1,8 +1,10 @@
 """EngineConfig: the one flat configuration of an engine (vLLM's EngineArgs, flattened).
 
 Mirrors the names and defaults of vllm/engine/arg_utils.py (EngineArgs) for the fields
-that exist so far, and the checks of vllm/config/scheduler.py (SchedulerConfig).
-0 / None means "derive from the model or the machine".
+that exist so far, the checks of vllm/config/scheduler.py (SchedulerConfig) and
+vllm/config/cache.py (gpu_memory_utilization), and the CUDA-graph capture ladder of
+vllm/config/compilation.py (CompilationConfig: cudagraph_capture_sizes,
+max_cudagraph_capture_size). 0 / None means "derive from the model or the machine".
 """
 
 from __future__ import annotations
@@ -21,11 +23,16 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 0  # 0: derived (vLLM: 8192 when chunked prefill is on)
     block_size: int = 16
-    kv_cache_memory_bytes: int = 0  # 0: derived from device memory
+    kv_cache_memory_bytes: int = 0  # 0: derived from device memory (overrides the fraction)
+    gpu_memory_utilization: float = 0.9  # fraction of the GPU this engine may use (vLLM)
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     seed: int = 0
-    enforce_eager: bool = False
+    enforce_eager: bool = False  # True: no CUDA graphs
+    cudagraph_capture_sizes: list[int] | None = None  # None: vLLM's ladder (below)
+    max_cudagraph_capture_size: int | None = None  # None: min(max_num_seqs, 512)
+    load_format: str = "auto"  # auto: the checkpoint's weights | dummy: random, config only
+    skip_tokenizer_init: bool = False  # no tokenizer: token-id prompts, token-id outputs
     max_logprobs: int = 20  # vLLM --max-logprobs; -1: the whole vocab
     served_model_name: str | None = None
     tokenizer: str | None = None  # vLLM --tokenizer: a Hugging Face tokenizer directory
@@ -64,6 +71,20 @@ class EngineConfig:
                                        f"{self.long_prefill_token_threshold}")
         if not 0.0 <= self.watermark < 1.0:
             raise InvalidArgumentError(f"watermark must be in [0, 1), got {self.watermark}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise InvalidArgumentError("GPU memory utilization must be in (0, 1], got "
+                                       f"{self.gpu_memory_utilization}")
+        if self.load_format not in ("auto", "dummy"):
+            raise InvalidArgumentError(
+                f"load_format must be auto or dummy, got {self.load_format!r}")
+        sizes = self.cudagraph_capture_sizes
+        if sizes is not None and (not isinstance(sizes, list) or any(
+                isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes)):
+            raise InvalidArgumentError(
+                f"cudagraph_capture_sizes must be a list of positive ints, got {sizes!r}")
+        if self.max_cudagraph_capture_size is not None and self.max_cudagraph_capture_size < 1:
+            raise InvalidArgumentError("max_cudagraph_capture_size must be >= 1, got "
+                                       f"{self.max_cudagraph_capture_size}")
         self._check_parsers()
 
     def _check_parsers(self) -> None:
@@ -80,6 +101,19 @@ class EngineConfig:
         if self.enable_auto_tool_choice and not self.tool_call_parser:
             raise InvalidArgumentError(
                 "--enable-auto-tool-choice requires --tool-call-parser")
+
+    def cudagraph_batch_sizes(self) -> list[int]:
+        """Decode batch sizes to capture, ascending (vLLM CompilationConfig): the given
+        list, else [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16); capped at
+        max_cudagraph_capture_size and at max_num_seqs (a decode batch is never larger).
+        Empty with enforce_eager."""
+        if self.enforce_eager:
+            return []
+        cap = min(self.max_cudagraph_capture_size or 512, self.max_num_seqs)
+        sizes = self.cudagraph_capture_sizes
+        if sizes is None:
+            sizes = [1, 2, 4, *range(8, 256, 8), *range(256, cap + 1, 16)]
+        return sorted({s for s in sizes if s <= cap})
 
     def verify_max_model_len(self, max_model_len: int) -> None:
         """vllm/config/scheduler.py::SchedulerConfig.verify_max_model_len."""

@@ -4,6 +4,11 @@ add_request (input processing + validation, structured-output grammar compile st
 -> Scheduler.schedule -> grammar bitmask -> ModelRunner -> Scheduler.update_from_output
 -> OutputProcessor (detokenize, stop strings) -> RequestOutput list from step().
 Everything runs in-process; the engine-core process split of vLLM v1 is not done yet.
+Start-up follows vLLM's engine core: load the model (load_format auto | dummy), profile
+the activation peak on CUDA and size the KV cache from gpu_memory_utilization
+(kv_cache_memory_bytes overrides), allocate and bind the cache, capture the decode CUDA
+graphs (not with enforce_eager). On CUDA a GGUF model's quantized linear weights stay
+quantized (GGUF GEMV/GEMM kernels).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from engine.structured_output import (
     StructuredOutputsConfig,
 )
 from engine.tokenizer import Tokenizer
+from engine.worker.gpu_worker import determine_available_memory
 from engine.worker.model_runner import ModelRunner, SampledModelRunnerOutput
 
 _CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
@@ -51,7 +57,7 @@ class ModelInfo:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, model: torch.nn.Module, arch: ModelArchConfig,
-                 tokenizer: Tokenizer, device: torch.device, dtype: torch.dtype) -> None:
+                 tokenizer: Tokenizer | None, device: torch.device, dtype: torch.dtype) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.device = device
@@ -64,18 +70,24 @@ class LLMEngine:
             config.max_num_batched_tokens = 8192 if config.enable_chunked_prefill else max(
                 self.max_model_len, 2048)
         config.verify_max_model_len(self.max_model_len)  # vLLM's SchedulerConfig checks
+        self.model_runner = ModelRunner(
+            model, None, device, config.block_size, max_num_reqs=config.max_num_seqs,
+            max_num_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len)
         num_blocks = self._num_kv_blocks(arch, dtype)
         shape = (2, num_blocks, config.block_size, arch.num_key_value_heads, arch.head_dim)
         kv_caches = [torch.empty(shape, dtype=dtype, device=device)
                      for _ in range(arch.num_hidden_layers)]
+        self.model_runner.initialize_kv_cache(kv_caches)
+        # decode CUDA graphs, captured at start-up (vLLM's capture_model); 0.0 without
+        self.cudagraph_capture_time_s = self.model_runner.capture_model(
+            config.cudagraph_batch_sizes())
         kv = KVCacheManager(num_blocks, config.block_size, self.max_model_len,
                             config.enable_prefix_caching, watermark=config.watermark)
-        self.structured_output_manager = _structured_output_manager(config, tokenizer,
-                                                                    arch.vocab_size)
+        self.structured_output_manager = None if tokenizer is None else \
+            _structured_output_manager(config, tokenizer, arch.vocab_size)
         self.scheduler = Scheduler(config, kv, self.max_model_len,
                                    structured_output_manager=self.structured_output_manager)
         self.stats = StatsAggregator()
-        self.model_runner = ModelRunner(model, kv_caches, device, config.block_size)
         self.output_processor = OutputProcessor(tokenizer)
         self.max_logprobs = config.max_logprobs  # -1: the whole vocab
         self._pending_outputs: list[RequestOutput] = []
@@ -83,7 +95,13 @@ class LLMEngine:
         self.default_sampling_params: dict = get_diff_sampling_param(arch.generation_config)
         self.model_info = ModelInfo(
             arch.architecture, config.served_model_name or arch.name, arch.vocab_size,
-            self.max_model_len, _or_neg(tokenizer.bos_token_id), _or_neg(tokenizer.eos_token_id))
+            self.max_model_len, _or_neg(tokenizer and tokenizer.bos_token_id),
+            _or_neg(self.eos_token_id))
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The tokenizer's eos id; None without a tokenizer (vLLM's InputPreprocessor)."""
+        return None if self.tokenizer is None else self.tokenizer.eos_token_id
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -94,8 +112,10 @@ class LLMEngine:
         dtype = _DTYPES.get(config.dtype) or (
             torch.bfloat16 if device.type == "cuda" else torch.float32)
         torch.manual_seed(config.seed)
-        model, arch, source = load_model(config.model)
-        if config.tokenizer is not None:  # vLLM --tokenizer
+        model, arch, source = load_model(config.model, config.load_format, device, dtype)
+        if config.skip_tokenizer_init:  # vLLM: token-id prompts, token-id outputs
+            tokenizer = None
+        elif config.tokenizer is not None:  # vLLM --tokenizer
             tokenizer = Tokenizer.from_hf_dir(config.tokenizer)
         elif isinstance(source, str):  # a Hugging Face directory
             tokenizer = Tokenizer.from_hf_dir(source)
@@ -112,8 +132,10 @@ class LLMEngine:
                        * arch.head_dim * torch.finfo(dtype).bits // 8)
         budget = self.config.kv_cache_memory_bytes
         if not budget:
-            if self.device.type == "cuda":
-                budget = int(torch.cuda.mem_get_info(self.device)[0] * 0.8)
+            if self.device.type == "cuda":  # vLLM's profile run + gpu_memory_utilization
+                budget = determine_available_memory(
+                    self.model_runner, self.config.max_num_batched_tokens,
+                    self.config.gpu_memory_utilization)
             else:  # the CPU default, capped at what max_num_seqs full contexts need
                 need = self.config.max_num_seqs * (-(-self.max_model_len // bs) + 1) * block_bytes
                 budget = min(_CPU_KV_CACHE_BYTES, need)
@@ -121,7 +143,7 @@ class LLMEngine:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str:
-        if not self.tokenizer.chat_template:
+        if self.tokenizer is None or not self.tokenizer.chat_template:
             raise InvalidArgumentError("the model has no chat template")
         return render_chat_template(
             self.tokenizer.chat_template, messages, add_generation_prompt=add_generation_prompt,
@@ -145,6 +167,9 @@ class LLMEngine:
             raise InvalidArgumentError(
                 f"params must be a SamplingParams, got {type(params).__name__}")
         text = prompt if isinstance(prompt, str) else None
+        if text is not None and self.tokenizer is None:
+            raise InvalidArgumentError(
+                "You cannot pass text prompts when `skip_tokenizer_init=True`")
         ids = self.tokenizer.encode(prompt) if text is not None else list(prompt)
         self._validate_prompt(ids)
         params = self._process_params(params, len(ids))
@@ -159,7 +184,7 @@ class LLMEngine:
             so_request = None if sp.structured_outputs is None else StructuredOutputRequest(
                 sp.structured_outputs, rid, set(sp.all_stop_token_ids), ids,
                 reasoning_parser_kwargs)
-            req = Request(rid, ids, sp, self.tokenizer.eos_token_id, now,
+            req = Request(rid, ids, sp, self.eos_token_id, now,
                           self.config.block_size, priority=priority, cache_salt=cache_salt,
                           structured_output_request=so_request)
             if so_request is not None:  # compiles on the manager's threads
@@ -176,9 +201,13 @@ class LLMEngine:
                 raise InvalidArgumentError(
                     f"min_tokens must be less than or equal to max_tokens={sp.max_tokens}, "
                     f"got {sp.min_tokens}.")
-        sp.update_from_generation_config(self.tokenizer.eos_token_id)
-        sp.update_from_tokenizer(self.tokenizer)
+        sp.update_from_generation_config(self.eos_token_id)
+        if self.tokenizer is not None:
+            sp.update_from_tokenizer(self.tokenizer)
         if sp.structured_outputs is not None:  # vLLM's _validate_structured_output
+            if self.structured_output_manager is None:
+                raise InvalidArgumentError("Structured outputs requires a tokenizer so it "
+                                           "can't be used with 'skip_tokenizer_init'")
             self.structured_output_manager.validate(sp.structured_outputs)
         return sp
 
@@ -245,7 +274,8 @@ class LLMEngine:
         for req_id in list(self.output_processor.request_states):
             self.abort_request(req_id)
         self._pending_outputs = []
-        self.structured_output_manager.clear_backend()
+        if self.structured_output_manager is not None:
+            self.structured_output_manager.clear_backend()
 
 
 def _engine_core_outputs(results: list[tuple[Request, list[int]]],

@@ -89,7 +89,8 @@ class OutputProcessor:
     def add_request(self, request: Request, prompt: str | None,
                     parent_req: ParentRequest | None = None, request_index: int = 0) -> None:
         self.request_states[request.request_id] = RequestState(
-            request, prompt, self.tokenizer.backend, parent_req, request_index)
+            request, prompt, self.tokenizer and self.tokenizer.backend, parent_req,
+            request_index)
         if parent_req is not None:
             self.parent_requests[parent_req.request_id] = parent_req
 

@@ -55,4 +55,4 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     """The engine's SiluAndMul (engine/layers/activation.py): [n, 2d] -> [n, d]."""
-    return SiluAndMul()(x)
+    return SiluAndMul().forward_native(x)

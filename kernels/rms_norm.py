@@ -89,4 +89,4 @@ def rms_norm_ref(
     """The engine's RMSNorm / GemmaRMSNorm forward (engine/layers/layernorm.py)."""
     norm = (GemmaRMSNorm if weight_offset == 1.0 else RMSNorm)(x.shape[-1], eps)
     norm.weight.data = weight
-    return norm(x) if residual is None else norm(x, residual)
+    return norm.forward_native(x, residual)

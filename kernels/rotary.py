@@ -102,5 +102,5 @@ def rotary_embedding_ref(
     given table, out of place: [T, nq * hs], [T, nkv * hs]."""
     rope = RotaryEmbedding(head_size, cos_sin_cache.shape[1], 1, 10000.0)
     rope.cos_sin_cache = cos_sin_cache
-    return rope(positions, query.reshape(positions.shape[0], -1),
-                key.reshape(positions.shape[0], -1))
+    return rope.forward_native(positions, query.reshape(positions.shape[0], -1),
+                               key.reshape(positions.shape[0], -1))

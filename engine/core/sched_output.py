@@ -5,7 +5,9 @@ logprobs).
 New requests, and preempted ones resuming (recompute), carry all their token ids
 (vLLM's v2 model-runner form); requests already in the runner carry only their new
 block ids. finished_req_ids are requests finished since the last step; preempted ones
-are listed apart in preempted_req_ids.
+are listed apart in preempted_req_ids. GrammarOutput is vLLM's grammar-bitmask hand-off
+(vllm/v1/core/sched/output.py GrammarOutput): the runner masks those requests' logits
+rows before sampling.
 """
 
 from __future__ import annotations
@@ -57,8 +59,8 @@ class GrammarOutput:
     """The structured-output rows of one step (vllm/v1/core/sched/output.py GrammarOutput):
     the requests sampled under a grammar and their allowed-token bitmask."""
 
-    structured_output_request_ids: list[str]
-    grammar_bitmask: torch.Tensor  # int32 [len(ids), ceil(vocab / 32)], CPU
+    structured_output_request_ids: list[str]  # one per bitmask row
+    grammar_bitmask: torch.Tensor  # int32 [n, ceil(vocab / 32)] on the host; bit set = allowed
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Gated activations, as vllm/model_executor/layers/activation.py: act(x[:d]) * x[d:].
 
 get_act_and_mul_fn maps a Hugging Face `hidden_act` name to its gated module; an
-unknown name is an UnsupportedError naming it.
+unknown name is an UnsupportedError naming it. On CUDA, SiluAndMul runs the Triton kernel
+kernels/activation.py (vLLM's forward_cuda -> ops.silu_and_mul); the torch form is the CPU
+path and the kernel's reference.
 """
 
 from __future__ import annotations
@@ -16,6 +18,13 @@ from engine.errors import UnsupportedError
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, 2 * d] -> [num_tokens, d]
+        if x.is_cuda and x.dim() == 2:
+            from kernels.activation import silu_and_mul  # lazy: kernels import this module
+
+            return silu_and_mul(x)
+        return self.forward_native(x)
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]
 

@@ -3,8 +3,12 @@
 Mirrors vllm/attention/layer.py (Attention) and the metadata shape of
 vllm/v1/attention/backends/*: one flat batch of query tokens from many requests,
 a slot mapping that says where each new K/V goes in the paged cache, and a block
-table per request. The GPU path replaces `paged_attention_ref` with Triton kernels
-(kernels/); this reference stays as their test oracle and the CPU path.
+table per request. On CUDA the layer runs the Triton kernels (kernels/reshape_and_cache.py,
+kernels/paged_attention.py: the decode kernel when every request has one query token,
+else the varlen prefill kernel) on the device copies of the metadata, with no host sync,
+so a decode step can be captured in a CUDA graph (vllm/v1/attention/backends/triton_attn.py);
+`paged_attention_ref` is the CPU path and the kernels' test oracle. Without metadata
+(vLLM's profile run) the layer skips the cache and attention and returns zeros.
 
 Sliding window (vLLM's `per_layer_sliding_window`): a query at position p sees keys at
 positions p - window + 1 .. p, as flash-attention's window (window - 1, 0) and
@@ -27,6 +31,10 @@ class AttentionMetadata:
     query_start_loc: list[int]  # [num_reqs + 1] cumulative query lengths (host)
     seq_lens: list[int]  # [num_reqs] context length incl. this step's tokens (host)
     block_table: torch.Tensor  # [num_reqs, max_num_blocks] int32
+    # device copies for the CUDA kernels (None on CPU); padded rows have seq_len 0, slot -1
+    query_start_loc_t: torch.Tensor | None = None  # [num_reqs + 1] int32
+    seq_lens_t: torch.Tensor | None = None  # [num_reqs] int32
+    max_query_len: int = 0  # 1: a uniform decode batch (the decode kernel)
 
 
 class Attention(nn.Module):
@@ -48,12 +56,32 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         # q: [num_tokens, nq * hd]; k, v: [num_tokens, nkv * hd] -> [num_tokens, nq * hd]
         n = q.shape[0]
+        if md is None:  # profile run: activations only
+            return torch.zeros_like(q)
         k = k.view(n, self.num_kv_heads, self.head_size)
         v = v.view(n, self.num_kv_heads, self.head_size)
+        if q.is_cuda:
+            return self._forward_cuda(q.view(n, self.num_heads, self.head_size), k, v, md)
         reshape_and_cache(k, v, self.kv_cache, md.slot_mapping)
         out = paged_attention_ref(q.view(n, self.num_heads, self.head_size), self.kv_cache, md,
                                   self.scale, self.sliding_window)
         return out.reshape(n, self.num_heads * self.head_size)
+
+    def _forward_cuda(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      md: AttentionMetadata) -> torch.Tensor:
+        # q: [n, nq, hd]; k, v: [n, nkv, hd] -> [n, nq * hd]
+        from kernels.paged_attention import paged_attention_decode, paged_attention_prefill
+        from kernels.reshape_and_cache import reshape_and_cache as cache_kernel
+
+        cache_kernel(k, v, self.kv_cache, md.slot_mapping)
+        if md.max_query_len == 1:
+            out = paged_attention_decode(q, self.kv_cache, md.block_table, md.seq_lens_t,
+                                         self.scale, sliding_window=self.sliding_window)
+        else:
+            out = paged_attention_prefill(q, self.kv_cache, md.query_start_loc_t, md.seq_lens_t,
+                                          md.block_table, self.scale,
+                                          sliding_window=self.sliding_window)
+        return out.view(q.shape[0], self.num_heads * self.head_size)
 
 
 def reshape_and_cache(

@@ -5,8 +5,12 @@ expert weights and make_expert_params_mapping), router/fused_topk_router.py (fus
 Dispatch is the sort-by-expert form of vLLM's moe_align_block_size + grouped GEMM: the
 (token, slot) pairs are sorted by expert, each expert runs one matmul over its contiguous
 segment, and the weighted results are scattered back with one index_add. There is no loop
-over tokens. The per-expert segment sizes are read on the host (one sync per layer): the
-GPU path replaces `fused_experts` with a Triton grouped GEMM.
+over tokens. On the host the per-expert segment sizes are read (one sync per layer); on CUDA
+in bf16, `fused_experts_grouped` runs both expert GEMMs as torch's grouped GEMM
+(torch._grouped_mm, CUTLASS on sm90) with the segment offsets found on the device, so
+the layer has no host sync and can be captured in a CUDA graph; in other dtypes on CUDA,
+`fused_experts_dense` (every expert over every token, unrouted pairs weighted 0) is the
+sync-free fallback.
 """
 
 from __future__ import annotations
@@ -50,6 +54,39 @@ def fused_experts(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tens
     return torch.zeros_like(hidden_states).index_add_(0, token_of, out * weights[:, None])
 
 
+def fused_experts_grouped(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                          topk_weights: torch.Tensor, topk_ids: torch.Tensor, act: nn.Module
+                          ) -> torch.Tensor:
+    """fused_experts without host syncs. Shapes as fused_experts."""
+    n, k = topk_ids.shape
+    flat_ids = topk_ids.reshape(-1)  # [n * k]
+    sorted_ids, order = flat_ids.sort(stable=True)
+    experts = torch.arange(w13.shape[0], device=flat_ids.device)
+    offs = torch.searchsorted(sorted_ids, experts, right=True).to(torch.int32)  # [E] ends
+    token_of = order // k
+    x = hidden_states.index_select(0, token_of)  # [n * k, H]
+    h = torch._grouped_mm(x, w13.transpose(1, 2), offs=offs)  # [n * k, 2I]
+    out = torch._grouped_mm(act(h), w2.transpose(1, 2), offs=offs)  # [n * k, H]
+    weights = topk_weights.reshape(-1)[order].to(out.dtype)  # [n * k]
+    return torch.zeros_like(hidden_states).index_add_(0, token_of, out * weights[:, None])
+
+
+def fused_experts_dense(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                        topk_weights: torch.Tensor, topk_ids: torch.Tensor, act: nn.Module
+                        ) -> torch.Tensor:
+    """fused_experts without host syncs for any dtype (E times the FLOPs). Shapes as
+    fused_experts."""
+    n, num_experts = topk_ids.shape[0], w13.shape[0]
+    # [n, E] routing weight of each (token, expert); 0 where the expert is not chosen
+    dense = torch.zeros(n, num_experts, dtype=torch.float32, device=topk_ids.device)
+    dense.scatter_(1, topk_ids, topk_weights.float())
+    out = torch.zeros_like(hidden_states)
+    for e in range(num_experts):
+        h = F.linear(act(F.linear(hidden_states, w13[e])), w2[e])  # [n, H]
+        out += h * dense[:, e:e + 1].to(h.dtype)
+    return out
+
+
 class FusedMoE(nn.Module):
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
                  renormalize: bool = True, activation: str = "silu") -> None:
@@ -81,7 +118,11 @@ class FusedMoE(nn.Module):
                 ) -> torch.Tensor:
         # hidden_states: [n, H]; router_logits: [n, E] -> [n, H]
         topk_weights, topk_ids = fused_topk(router_logits, self.top_k, self.renormalize)
-        return fused_experts(hidden_states, self.w13_weight, self.w2_weight, topk_weights,
+        experts = fused_experts
+        if hidden_states.is_cuda:
+            experts = fused_experts_grouped if hidden_states.dtype == torch.bfloat16 \
+                else fused_experts_dense
+        return experts(hidden_states, self.w13_weight, self.w2_weight, topk_weights,
                              topk_ids, self.act)
 
     @staticmethod

@@ -4,6 +4,9 @@ vllm/model_executor/layers/layernorm.py.
 `forward(x, residual)` returns (norm(x + residual), x + residual) so a decoder layer
 carries the residual stream without extra adds (the GPU path fuses this in a kernel).
 GemmaRMSNorm scales by (1 + w) in fp32 and casts once at the end, as Gemma's reference.
+On CUDA both run the Triton kernels of kernels/rms_norm.py (vLLM's forward_cuda: ops.rms_norm,
+ops.fused_add_rms_norm, the latter in place on x and residual); the torch form is the CPU
+path and the kernels' reference.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
+    weight_offset = 0.0  # the kernel computes x_norm * (weight + weight_offset)
+
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
@@ -30,14 +35,35 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if x.is_cuda:
+            return self._forward_cuda(x, residual)
+        return self.forward_native(x, residual)
+
+    def forward_native(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             return self._norm(x)
         x = x + residual
         return self._norm(x), x
 
 
+    def _forward_cuda(self, x: torch.Tensor, residual: torch.Tensor | None
+                      ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        from kernels.rms_norm import fused_add_rms_norm, rms_norm  # lazy: import cycle
+
+        if residual is None:  # x: [..., hidden]; per-head norms (Qwen3 q/k) flatten the rows
+            shape = x.shape
+            return rms_norm(x.reshape(-1, shape[-1]), self.weight, self.variance_epsilon,
+                            self.weight_offset).view(shape)
+        fused_add_rms_norm(x, residual, self.weight, self.variance_epsilon, self.weight_offset)
+        return x, residual
+
+
 class GemmaRMSNorm(RMSNorm):
     """x * (1 + w): checkpoints store w around 0 (GGUF stores 1 + w; the loader undoes it)."""
+
+    weight_offset = 1.0
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__(hidden_size, eps)

@@ -5,6 +5,10 @@ ReplicatedLinear / RowParallelLinear (one weight), MergedColumnParallelLinear (g
 several outputs stacked on dim 0) and QKVParallelLinear (q, k, v stacked). Each parameter
 carries a `weight_loader(param, loaded, shard_id=None)` that checks the checkpoint shape
 before copying; forward returns the output tensor only (vLLM also returns the bias).
+GGUFWeight is the quantized form of a weight on CUDA (vLLM's GGUFLinearMethod,
+vllm/model_executor/layers/quantization/gguf.py): the raw GGUF blocks of each output shard
+stay on the device and every matmul runs kernels/gguf_gemm.py; a layer that has one
+(`gguf_weight`) has no dense weight.
 """
 
 from __future__ import annotations
@@ -27,9 +31,29 @@ def _new_param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
 
 
+class GGUFWeight(nn.Module):
+    """Raw GGUF blocks of consecutive output shards: qweight{i} [N_i, row_bytes_i] uint8
+    buffers (moved by .to(device), never cast), each of GGML type qtypes[i]."""
+
+    def __init__(self, shards: list[tuple[torch.Tensor, int]]) -> None:
+        super().__init__()
+        self.qtypes = [qtype for _, qtype in shards]
+        for i, (raw, _) in enumerate(shards):
+            self.register_buffer(f"qweight{i}", raw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [num_tokens, in] -> [num_tokens, sum N_i]
+        from kernels.gguf_gemm import gguf_gemm  # lazy: CUDA path only
+
+        outs = [gguf_gemm(x, getattr(self, f"qweight{i}"), qtype)
+                for i, qtype in enumerate(self.qtypes)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+
 class ReplicatedLinear(nn.Module):
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__()
+        self.gguf_weight: GGUFWeight | None = None  # set by the GGUF loader on CUDA
         self.input_size = input_size
         self.output_size = output_size
         self.weight = _new_param(output_size, input_size)  # [out, in]
@@ -44,6 +68,9 @@ class ReplicatedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, in] -> [num_tokens, out]
+        if self.gguf_weight is not None:
+            y = self.gguf_weight(x)
+            return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)
 
 

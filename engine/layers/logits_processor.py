@@ -1,5 +1,7 @@
 """LogitsProcessor: hidden states -> fp32 logits, as vllm/model_executor/layers/
 logits_processor.py (scale, then optional tanh soft cap: Gemma's final_logit_softcapping).
+An LM head kept as GGUF blocks on CUDA (`gguf_weight`, engine/layers/linear.py) runs the
+GGUF GEMV/GEMM kernels.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ class LogitsProcessor(nn.Module):
     def forward(self, lm_head: VocabParallelEmbedding, hidden_states: torch.Tensor
                 ) -> torch.Tensor:
         # hidden_states: [num_seqs, hidden] -> [num_seqs, vocab] fp32
-        logits = F.linear(hidden_states, lm_head.weight).float()
+        gguf_weight = getattr(lm_head, "gguf_weight", None)
+        logits = (gguf_weight(hidden_states) if gguf_weight is not None
+                  else F.linear(hidden_states, lm_head.weight)).float()
         if self.scale != 1.0:
             logits = logits * self.scale
         if self.soft_cap is not None:

@@ -8,9 +8,12 @@ overriding `_compute_inv_freq`; get_rope shares one instance per distinct parame
 
 `cos_sin_cache` is [max_position, rotary_dim] fp32 (cos half, then sin half), the layout
 kernels/rotary.py reads. It is a plain attribute, not a buffer, so model.to(bfloat16)
-cannot round it; it follows the device of `positions` on first use. GGUF llama weights are
+cannot round it; a copy per device is made on first use there and kept (get_rope shares
+one instance between models, and a CUDA graph keeps the address it captured). GGUF llama weights are
 stored permuted for ggml's interleaved rope; the loader un-permutes Q/K so every model
-here uses the rotate-half form.
+here uses the rotate-half form. On CUDA, forward rotates q and k in place with the Triton
+kernel kernels/rotary.py (vLLM's forward_cuda -> ops.rotary_embedding); the torch form is
+the CPU path and the kernel's reference.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class RotaryEmbedding(nn.Module):
         self.base = base
         self.freq_factors = freq_factors
         self.cos_sin_cache = self._compute_cos_sin_cache()
+        self._device_tables: dict[torch.device, torch.Tensor] = {}
 
     def _compute_inv_freq(self, base: float) -> torch.Tensor:
         # explicit device: real values even while a model is probed on the meta device
@@ -58,11 +62,17 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(t, inv_freq)  # [max_position, rotary_dim / 2]
         return torch.cat((freqs.cos(), freqs.sin()), dim=-1) * self._mscale()
 
+    def _table(self, device: torch.device) -> torch.Tensor:
+        """cos_sin_cache on `device` (a kept copy when it lives elsewhere)."""
+        if self.cos_sin_cache.device == device:
+            return self.cos_sin_cache
+        if device not in self._device_tables:
+            self._device_tables[device] = self.cos_sin_cache.to(device)
+        return self._device_tables[device]
+
     def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.cos_sin_cache.device != positions.device:
-            self.cos_sin_cache = self.cos_sin_cache.to(positions.device)
         # [num_tokens, 1, rotary_dim / 2] each
-        return self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
+        return self._table(positions.device)[positions].unsqueeze(1).chunk(2, dim=-1)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, num_heads, head_size]; cos/sin: [num_tokens, 1, rotary_dim / 2]
@@ -75,6 +85,18 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: [num_tokens]; query: [num_tokens, nq * head]; key: [num_tokens, nkv * head]
+        if query.is_cuda:
+            from kernels.rotary import rotary_embedding  # lazy: kernels import this module
+
+            rotary_embedding(positions, query, key, self._table(positions.device),
+                             self.head_size)
+            return query, key
+        return self.forward_native(positions, query, key)
+
+    def forward_native(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The torch form (out of place): the CPU path and the kernel's reference."""
         cos, sin = self._cos_sin(positions)
         n = positions.shape[0]
         q = self._rotate(query.view(n, -1, self.head_size), cos, sin)

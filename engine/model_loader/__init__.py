@@ -6,6 +6,9 @@ a path is a .gguf file (or a directory holding exactly one), else a directory wi
 config.json and safetensors files. Before any parameter memory is allocated, the model
 is built on the meta device and its parameter count checked against the elements the
 checkpoint actually holds, so a hostile config cannot ask for a giant allocation.
+load_format "dummy" (vLLM's DummyModelLoader, engine/model_loader/dummy_loader.py) reads
+config.json only and fills random weights on the target device. On CUDA, a GGUF file's
+quantized linear weights stay quantized (engine/model_loader/gguf_quant.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from torch import nn
 from engine.errors import ModelLoadError
 from engine.gguf.reader import GGUFReader
 from engine.model_loader import gguf_loader
+from engine.model_loader.dummy_loader import load_dummy_model
+from engine.model_loader.gguf_quant import keep_gguf_quantized
 from engine.model_loader.safetensors_loader import load_hf_model
 from engine.models.config import ModelArchConfig
 from engine.models.registry import resolve_model_cls
@@ -50,22 +55,40 @@ def build_model(cls: type[nn.Module], cfg: ModelArchConfig, checkpoint_numel: in
     return cls(cfg)
 
 
-def load_model(path: str) -> tuple[nn.Module, ModelArchConfig, GGUFReader | str]:
+def load_model(path: str, load_format: str = "auto", device: torch.device | None = None,
+               dtype: torch.dtype = torch.float32
+               ) -> tuple[nn.Module, ModelArchConfig, GGUFReader | str]:
     """(model in eval mode, its config, tokenizer source).
 
     The tokenizer source is the open GGUFReader (its metadata holds the vocabulary; the
-    caller closes it) or, for a Hugging Face directory, the directory path.
+    caller closes it) or, for a Hugging Face directory, the directory path. With
+    load_format "dummy" the model is built on `device` in `dtype` with random weights;
+    otherwise on the host in fp32 (the caller moves it).
     """
+    if load_format == "dummy":
+        if not os.path.isdir(path):
+            raise ModelLoadError(f"load_format 'dummy' needs a model directory, got {path}")
+        model, cfg = load_dummy_model(path, device or torch.device("cpu"), dtype)
+        return model, cfg, path
     kind, resolved = resolve_model_path(path)
     if kind == "hf":
         model, cfg = load_hf_model(resolved, build_model)
         return model.eval(), cfg, resolved
-    reader = GGUFReader(resolved)
+    return load_gguf_model(resolved, keep_quantized=device is not None and device.type == "cuda")
+
+
+def load_gguf_model(path: str, keep_quantized: bool = False
+                    ) -> tuple[nn.Module, ModelArchConfig, GGUFReader]:
+    """(model, config, open reader) of a GGUF file. keep_quantized (the CUDA path): linear
+    weights with a GGUF kernel keep their raw blocks (gguf_quant.py) and are never
+    dequantized; their dense parameters are dropped before the load."""
+    reader = GGUFReader(path)
     try:
         cfg = gguf_loader.arch_config_from_gguf(reader)
         cls, _ = resolve_model_cls(list(cfg.architectures))
         model = build_model(cls, cfg, gguf_loader.checkpoint_numel(reader))
-        model.load_weights(gguf_loader.gguf_weights_iterator(reader, cfg))
+        absorbed = keep_gguf_quantized(model, reader, cfg) if keep_quantized else set()
+        model.load_weights(gguf_loader.gguf_weights_iterator(reader, cfg, skip=absorbed))
     except BaseException:
         reader.close()
         raise

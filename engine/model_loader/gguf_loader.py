@@ -164,12 +164,14 @@ def _hf_name(name: str, cfg: ModelArchConfig) -> str | None:
     raise UnsupportedError(f"unexpected GGUF tensor {name!r} for {cfg.architecture}")
 
 
-def gguf_weights_iterator(reader: GGUFReader, cfg: ModelArchConfig
+def gguf_weights_iterator(reader: GGUFReader, cfg: ModelArchConfig,
+                          skip: set[str] = frozenset()
                           ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Dequantized fp32 weights under Hugging Face names, one at a time."""
+    """Dequantized fp32 weights under Hugging Face names, one at a time; GGUF tensors
+    named in `skip` (kept quantized elsewhere) are left out."""
     for name in reader.tensors:
         hf = _hf_name(name, cfg)
-        if hf is None:
+        if hf is None or name in skip:
             continue
         w = reader.load_tensor(name)
         if cfg.architecture == "llama" and ".q_proj." in hf:

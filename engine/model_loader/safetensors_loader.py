@@ -29,8 +29,8 @@ from engine.models.registry import resolve_model_cls
 MAX_ARCHITECTURES = 16
 
 
-def load_hf_model(model_dir: str, build) -> tuple[nn.Module, ModelArchConfig]:
-    """Model and config of an HF directory; `build(cls, cfg, numel)` makes the module."""
+def read_hf_arch(model_dir: str) -> tuple[type[nn.Module], ModelArchConfig]:
+    """Model class and config of an HF directory (config.json + generation_config.json)."""
     config = read_json_object(os.path.join(model_dir, "config.json"))
     archs = config.get("architectures")
     if not isinstance(archs, list) or not archs or len(archs) > MAX_ARCHITECTURES or \
@@ -40,6 +40,12 @@ def load_hf_model(model_dir: str, build) -> tuple[nn.Module, ModelArchConfig]:
     cls, arch = resolve_model_cls(archs)
     cfg = arch_config_from_hf(config, arch, os.path.basename(os.path.normpath(model_dir)))
     cfg.generation_config = read_generation_config(model_dir)
+    return cls, cfg
+
+
+def load_hf_model(model_dir: str, build) -> tuple[nn.Module, ModelArchConfig]:
+    """Model and config of an HF directory; `build(cls, cfg, numel)` makes the module."""
+    cls, cfg = read_hf_arch(model_dir)
     files = safetensors_files(model_dir)
     model = build(cls, cfg, checkpoint_numel(files))
     model.load_weights(safetensors_weights_iterator(files))

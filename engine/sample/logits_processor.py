@@ -20,7 +20,8 @@ def apply_min_tokens(logits: torch.Tensor, min_tokens: dict[int, set[int]]) -> t
     rows = [r for r, ids in min_tokens.items() for _ in ids]
     cols = [t for ids in min_tokens.values() for t in ids]
     index = async_tensor_h2d([rows, cols], torch.long, logits.device)
-    logits[index[0], index[1]] = -float("inf")
+    # a device scalar: a Python one would be copied from pageable memory (a host sync)
+    logits.index_put_((index[0], index[1]), logits.new_full((), -float("inf")))
     return logits
 
 

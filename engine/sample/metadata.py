@@ -88,8 +88,10 @@ def build_sampling_metadata(sps: list[SamplingParams], token_ids: list[list[int]
 def _allowed_token_ids_mask(allowed: dict[int, list[int]], num_reqs: int, vocab_size: int,
                             device: torch.device) -> torch.Tensor:
     mask = torch.zeros((num_reqs, vocab_size), dtype=torch.bool, device=device)
-    mask[async_tensor_h2d(list(allowed), torch.long, device)] = True
+    # device scalars: a Python bool would be copied from pageable memory (a host sync)
+    mask.index_put_((async_tensor_h2d(list(allowed), torch.long, device),),
+                    mask.new_ones(()))
     index = async_tensor_h2d([[r for r, ids in allowed.items() for _ in ids],
                               [t for ids in allowed.values() for t in ids]], torch.long, device)
-    mask[index[0], index[1]] = False
+    mask.index_put_((index[0], index[1]), mask.new_zeros(()))
     return mask

@@ -1,23 +1,29 @@
-"""ModelRunner: turns a SchedulerOutput into one forward pass and sampled tokens.
+"""ModelRunner: turns a SchedulerOutput into one forward pass and sampled tokens, on CPU or CUDA.
 
 Mirrors vllm/v1/worker/gpu_model_runner.py in shape: it keeps its own per-request
-state (CachedRequestState), updated from the scheduler's diff each step, builds the
-flat input batch and attention metadata, runs the model, computes prompt logprobs for
-the requests that ask (over the scheduled chunk; chunks of a chunked prefill are
-concatenated and handed over with the first sampled token, as vLLM's
-_get_prompt_logprobs_dict), and samples the requests whose scheduled tokens reach the
-end of their known sequence. Everything stays on the logits' device until the host
-copies at the end of the step. The persistent device-side input batch and CUDA
-graphs arrive with the GPU issue.
+state (CachedRequestState), updated from the scheduler's diff each step, and a persistent
+input batch (engine/worker/input_batch.py: preallocated input ids, positions, slot
+mapping, query start locations, sequence lengths and a [max_num_reqs, max_blocks] block
+table, filled on the host with numpy and copied to the device once each per step); it
+builds the attention metadata once per step, runs the model (a captured CUDA graph for
+uniform decode batches, engine/worker/cudagraph.py), applies the grammar bitmask of
+structured-output requests, samples on the device, and computes prompt logprobs for the
+requests that ask (over the scheduled chunk; chunks of a chunked prefill are concatenated
+and handed over with the first sampled token, as vLLM's _get_prompt_logprobs_dict). The
+only host sync of a step is the final copy of the sampled token ids (plus logprobs when
+asked). profile_run is vLLM's profiling forward pass (KV cache sizing,
+engine/worker/gpu_worker.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from engine.core.sched_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
+from engine.errors import InvalidArgumentError
 from engine.layers.attention import Attention, AttentionMetadata
 from engine.sample.metadata import SamplingMetadata, build_sampling_metadata
 from engine.sample.ops.logprobs import compute_logprobs, gather_logprobs
@@ -26,8 +32,11 @@ from engine.sample.outputs import LogprobsLists, LogprobsTensors
 from engine.sample.sampler import Sampler
 from engine.sampling_params import SamplingParams, SamplingType
 from engine.structured_output.utils import apply_grammar_bitmask
+from engine.worker.cudagraph import DecodeCudaGraphs
+from engine.worker.input_batch import BlockTable, CpuGpuBuffer
 
 _PROMPT_LOGITS_ROWS = 512  # prompt positions per logits matmul (bounds [rows, vocab] memory)
+PAD_SLOT_ID = -1  # slot of a padding token: the cache kernel skips it
 
 
 @dataclass
@@ -35,7 +44,7 @@ class CachedRequestState:
     req_id: str
     token_ids: list[int]  # prompt + generated, as the runner knows them
     sampling_params: SamplingParams
-    block_ids: list[int]
+    row: int  # its row in the block table; -1 while preempted (no blocks)
     num_computed_tokens: int
     generator: torch.Generator | None
     num_prompt_tokens: int = 0
@@ -52,30 +61,74 @@ class SampledModelRunnerOutput(ModelRunnerOutput):
     prompt_logprobs_dict: dict[str, LogprobsLists] = field(default_factory=dict)
 
 
+@dataclass
+class _StepInputs:
+    req_ids: list[str]
+    qsl: np.ndarray  # [num_reqs + 1] int32 (host)
+    seq_lens: np.ndarray  # [num_reqs] int32 (host)
+    input_ids: torch.Tensor  # [num_padded_tokens] on the device
+    positions: torch.Tensor  # [num_padded_tokens]
+    md: AttentionMetadata
+    graph_size: int | None  # padded batch size of a captured decode graph; None: eager
+
+
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor],
-                 device: torch.device, block_size: int) -> None:
+    def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor] | None,
+                 device: torch.device, block_size: int, max_num_reqs: int = 256,
+                 max_num_tokens: int = 8192, max_model_len: int | None = None) -> None:
+        """kv_caches may come later (initialize_kv_cache, after profile_run); without
+        max_model_len a request may hold every block of the cache."""
         self.model = model
         self.device = device
         self.block_size = block_size
+        self.max_num_reqs = max_num_reqs
+        self.max_num_tokens = max_num_tokens
+        self.max_model_len = max_model_len
         self.sampler = Sampler()
         self.requests: dict[str, CachedRequestState] = {}
-        attn_layers = [m for m in model.modules() if isinstance(m, Attention)]
+        self.cudagraphs: DecodeCudaGraphs | None = None
+        self.memory_profile: dict[str, int] = {}  # bytes, from gpu_worker's profile run
+        # the last step's host -> device copies out of the pinned buffers, while no host
+        # sync has shown them done (a step that samples nothing ends without one)
+        self._copies_in_flight: torch.cuda.Event | None = None
+        buf = {"device": device}
+        self.input_ids = CpuGpuBuffer(max_num_tokens, dtype=torch.long, **buf)
+        self.positions = CpuGpuBuffer(max_num_tokens, dtype=torch.long, **buf)
+        self.slot_mapping = CpuGpuBuffer(max_num_tokens, dtype=torch.long, **buf)
+        self.query_start_loc = CpuGpuBuffer(max_num_reqs + 1, dtype=torch.int32, **buf)
+        self.seq_lens = CpuGpuBuffer(max_num_reqs, dtype=torch.int32, **buf)
+        self.block_table: BlockTable | None = None
+        if kv_caches is not None:
+            self.initialize_kv_cache(kv_caches)
+
+    def initialize_kv_cache(self, kv_caches: list[torch.Tensor]) -> None:
+        """Bind one [2, num_blocks, block_size, nkv, hd] cache per attention layer (vLLM's
+        bind_kv_cache) and size the block table."""
+        attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         for layer, cache in zip(attn_layers, kv_caches, strict=True):
-            layer.kv_cache = cache  # vLLM's bind_kv_cache
+            layer.kv_cache = cache
+        max_blocks = -(-self.max_model_len // self.block_size) if self.max_model_len \
+            else kv_caches[0].shape[1]
+        self.block_table = BlockTable(self.max_num_reqs, max_blocks, self.device)
 
     def _update_states(self, so: SchedulerOutput) -> None:
         for req_id in so.finished_req_ids:
             state = self.requests.pop(req_id, None)
-            if state is not None and req_id in so.preempted_req_ids:
+            if state is None:
+                continue
+            if state.row >= 0:
+                self.block_table.free_row(state.row)
+                state.row = -1
+            if req_id in so.preempted_req_ids:
                 self.requests[req_id] = state  # keep its generator across recompute
-                state.block_ids = []
         vocab = self.model.config.vocab_size
         for new in so.scheduled_new_reqs:
             old = self.requests.get(new.req_id)
+            if old is not None and old.row >= 0:
+                self.block_table.free_row(old.row)
             sp = new.sampling_params
             state = CachedRequestState(
-                new.req_id, list(new.token_ids), sp, list(new.block_ids),
+                new.req_id, list(new.token_ids), sp, self.block_table.add_row(new.block_ids),
                 new.num_computed_tokens,
                 old.generator if old else _make_generator(sp, self.device),
                 len(new.prompt_token_ids) or (old.num_prompt_tokens if old
@@ -90,37 +143,76 @@ class ModelRunner:
         for req_id, new_blocks, num_computed in zip(c.req_ids, c.new_block_ids,
                                                     c.num_computed_tokens):
             state = self.requests[req_id]
-            state.block_ids.extend(new_blocks)
+            self.block_table.append(state.row, new_blocks)
             state.num_computed_tokens = num_computed
 
-    @torch.inference_mode()
-    def execute_model(self, so: SchedulerOutput,
-                      grammar_output: GrammarOutput | None = None) -> SampledModelRunnerOutput:
-        self._update_states(so)
+    def _prepare_inputs(self, so: SchedulerOutput) -> _StepInputs:
+        """Fill the persistent buffers for this step (host numpy), one copy each to the
+        device; a uniform decode batch that a graph covers is padded to its size."""
+        if self._copies_in_flight is not None:  # the pinned buffers may still be read
+            self._copies_in_flight.synchronize()
+            self._copies_in_flight = None
         req_ids = list(so.num_scheduled_tokens)
-        if not req_ids:
+        states = [self.requests[r] for r in req_ids]
+        n = len(req_ids)
+        num_sched = np.fromiter((so.num_scheduled_tokens[r] for r in req_ids), np.int32, n)
+        starts = np.fromiter((st.num_computed_tokens for st in states), np.int32, n)
+        total = int(num_sched.sum())
+        if n > self.max_num_reqs or total > self.max_num_tokens:
+            raise InvalidArgumentError(f"a step of {n} requests / {total} tokens exceeds the "
+                                       f"runner's {self.max_num_reqs} / {self.max_num_tokens}")
+        max_query_len = int(num_sched.max())
+        graph = self.cudagraphs.padded_size(n) if self.cudagraphs and max_query_len == 1 \
+            else None
+        padded = graph or total
+        qsl = self.query_start_loc.np
+        qsl[0] = 0
+        np.cumsum(num_sched, out=qsl[1:n + 1])
+        seq_lens = self.seq_lens.np
+        seq_lens[:n] = starts + num_sched
+        tokens: list[int] = []
+        for st, s, k in zip(states, starts.tolist(), num_sched.tolist()):
+            tokens.extend(st.token_ids[s:s + k])
+        self.input_ids.np[:total] = tokens
+        req_of = np.repeat(np.arange(n), num_sched)  # [total] request index of each token
+        pos = starts[req_of] + (np.arange(total, dtype=np.int32) - qsl[req_of])
+        self.positions.np[:total] = pos
+        block_table = self.block_table.commit(np.fromiter((st.row for st in states), np.int64, n))
+        blocks = self.block_table.step.np[req_of, pos // self.block_size].astype(np.int64)
+        self.slot_mapping.np[:total] = blocks * self.block_size + pos % self.block_size
+        if graph:  # padding rows: no context, no KV write
+            seq_lens[n:graph] = 0
+            self.slot_mapping.np[total:graph] = PAD_SLOT_ID
+            self.input_ids.np[total:graph] = 0
+            self.positions.np[total:graph] = 0
+            qsl[n + 1:graph + 1] = total
+            block_table = self.block_table.step.gpu[:graph]
+        rows = graph or n
+        md = AttentionMetadata(
+            total, self.slot_mapping.copy_to_gpu(padded), qsl[:n + 1].tolist(),
+            seq_lens[:n].tolist(), block_table, self.query_start_loc.copy_to_gpu(rows + 1),
+            self.seq_lens.copy_to_gpu(rows), max_query_len)
+        inputs = _StepInputs(req_ids, qsl[:n + 1].copy(), seq_lens[:n].copy(),
+                             self.input_ids.copy_to_gpu(padded),
+                             self.positions.copy_to_gpu(padded), md, graph)
+        if self.device.type == "cuda":
+            self._copies_in_flight = torch.cuda.Event()
+            self._copies_in_flight.record()
+        return inputs
+
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput, grammar_output: GrammarOutput | None = None
+                      ) -> SampledModelRunnerOutput:
+        self._update_states(so)
+        if not so.num_scheduled_tokens:
             return SampledModelRunnerOutput([], [])
-        input_ids, positions, slots, qsl, seq_lens = [], [], [], [0], []
-        for req_id in req_ids:
-            st = self.requests[req_id]
-            n = so.num_scheduled_tokens[req_id]
-            start = st.num_computed_tokens
-            input_ids.extend(st.token_ids[start:start + n])
-            pos = range(start, start + n)
-            positions.extend(pos)
-            slots.extend(st.block_ids[p // self.block_size] * self.block_size
-                         + p % self.block_size for p in pos)
-            qsl.append(qsl[-1] + n)
-            seq_lens.append(start + n)
-        max_blocks = max(len(self.requests[r].block_ids) for r in req_ids)
-        block_table = torch.zeros(len(req_ids), max_blocks, dtype=torch.int32)
-        for i, r in enumerate(req_ids):
-            ids = self.requests[r].block_ids
-            block_table[i, :len(ids)] = torch.tensor(ids, dtype=torch.int32)
-        md = AttentionMetadata(len(input_ids), _t(slots, self.device), qsl, seq_lens,
-                               block_table.to(self.device))
-        hidden = self.model(_t(input_ids, self.device), _t(positions, self.device), md)
-        prompt_logprobs = self._get_prompt_logprobs_dict(hidden, req_ids, qsl)
+        inp = self._prepare_inputs(so)
+        req_ids, qsl, seq_lens = inp.req_ids, inp.qsl, inp.seq_lens
+        if inp.graph_size:
+            hidden = self.cudagraphs.replay(inp.graph_size)[:len(req_ids)]
+        else:
+            hidden = self.model(inp.input_ids, inp.positions, inp.md)
+        prompt_logprobs = self._get_prompt_logprobs_dict(hidden, req_ids, qsl.tolist())
 
         # sample only requests whose scheduled tokens reach the end of what is known
         rows = [i for i, r in enumerate(req_ids)
@@ -128,10 +220,14 @@ class ModelRunner:
         sampled_per_req: list[list[int]] = [[] for _ in req_ids]
         logprobs = None
         if rows:
-            last = async_tensor_h2d([qsl[i + 1] - 1 for i in rows], torch.long, self.device)
-            logits = self.model.compute_logits(hidden[last])
+            if len(rows) == hidden.shape[0]:  # every token is a request's last one (decode)
+                logits = self.model.compute_logits(hidden)
+            else:
+                last = async_tensor_h2d([int(qsl[i + 1]) - 1 for i in rows], torch.long,
+                                        self.device)
+                logits = self.model.compute_logits(hidden[last])
             if grammar_output is not None:
-                _apply_grammar(logits, grammar_output, [req_ids[i] for i in rows])
+                self._apply_grammar_bitmask(logits, grammar_output, [req_ids[i] for i in rows])
             states = [self.requests[req_ids[i]] for i in rows]
             out = self.sampler(logits, self._sampling_metadata(states))
             if out.logprobs_tensors is not None:
@@ -139,11 +235,59 @@ class ModelRunner:
             for i, st, tok in zip(rows, states, out.sampled_token_ids.tolist()):
                 st.token_ids.append(tok)
                 sampled_per_req[i] = [tok]
+            self._copies_in_flight = None  # that copy waited for the whole step
         for i, r in enumerate(req_ids):
-            self.requests[r].num_computed_tokens = seq_lens[i]
+            self.requests[r].num_computed_tokens = int(seq_lens[i])
         return SampledModelRunnerOutput(
             req_ids, sampled_per_req, logprobs,
             {r: t.tolists() for r, t in prompt_logprobs.items()})
+
+    @staticmethod
+    def _apply_grammar_bitmask(logits: torch.Tensor, grammar: GrammarOutput,
+                               sampled_req_ids: list[str]) -> None:
+        """Mask the logits rows of the listed requests that are sampled this step."""
+        row_of = {r: j for j, r in enumerate(sampled_req_ids)}
+        keep = [k for k, r in enumerate(grammar.structured_output_request_ids) if r in row_of]
+        if not keep:
+            return
+        bitmask = grammar.grammar_bitmask
+        if len(keep) != bitmask.shape[0]:
+            bitmask = bitmask[keep]
+        rows = [row_of[grammar.structured_output_request_ids[k]] for k in keep]
+        apply_grammar_bitmask(logits, bitmask, rows)
+
+    @torch.inference_mode()
+    def profile_run(self, num_tokens: int) -> None:
+        """vLLM's profile_run: a forward pass over num_tokens tokens without KV cache
+        (attention skipped) plus logits and a sort of max_num_reqs rows (the sampler's
+        top-k/top-p peak), so the activation peak can be measured."""
+        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        hidden = self.model(ids, ids, None)
+        logits = self.model.compute_logits(hidden[:min(num_tokens, self.max_num_reqs)])
+        logits.sort(dim=-1)
+
+    def capture_model(self, sizes: list[int]) -> float:
+        """Capture decode graphs for `sizes` (CUDA only); returns the capture time in s."""
+        if self.device.type != "cuda" or not sizes:
+            return 0.0
+        sizes = [s for s in sizes if s <= self.max_num_reqs]
+        graphs = DecodeCudaGraphs(sizes)
+        bs_max = graphs.sizes[-1]
+        self.seq_lens.gpu[:bs_max].zero_()  # capture-time values: padding everywhere
+        self.slot_mapping.gpu[:bs_max].fill_(PAD_SLOT_ID)
+        self.input_ids.gpu[:bs_max].zero_()
+        self.positions.gpu[:bs_max].zero_()
+        self.query_start_loc.gpu[:bs_max + 1].zero_()
+
+        def forward(bs: int) -> torch.Tensor:
+            md = AttentionMetadata(bs, self.slot_mapping.gpu[:bs], [], [],
+                                   self.block_table.step.gpu[:bs],
+                                   self.query_start_loc.gpu[:bs + 1], self.seq_lens.gpu[:bs], 1)
+            return self.model(self.input_ids.gpu[:bs], self.positions.gpu[:bs], md)
+
+        graphs.capture(forward)
+        self.cudagraphs = graphs
+        return graphs.capture_time_s
 
     def _get_prompt_logprobs_dict(self, hidden: torch.Tensor, req_ids: list[str],
                                   qsl: list[int]) -> dict[str, LogprobsTensors]:
@@ -179,25 +323,6 @@ class ModelRunner:
             [s.num_prompt_tokens for s in states],
             {i: s.generator for i, s in enumerate(states) if s.generator},
             self.model.config.vocab_size, self.device)
-
-
-def _apply_grammar(logits: torch.Tensor, grammar_output: GrammarOutput,
-                   sampled_req_ids: list[str]) -> None:
-    """Mask the logits rows [num_sampled, vocab] of the structured requests in place;
-    bitmask rows of requests not sampled this step are skipped."""
-    row_of = {req_id: i for i, req_id in enumerate(sampled_req_ids)}
-    picked = [(j, row_of[r]) for j, r in enumerate(grammar_output.structured_output_request_ids)
-              if r in row_of]
-    if not picked:
-        return
-    bitmask = grammar_output.grammar_bitmask
-    if len(picked) != bitmask.shape[0]:
-        bitmask = bitmask[[j for j, _ in picked]]
-    apply_grammar_bitmask(logits, bitmask, [row for _, row in picked])
-
-
-def _t(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.long, device=device)
 
 
 def _first_rows(rows: list[int], num_reqs: int) -> list[int]:

@@ -27,4 +27,5 @@ def apply_bad_words(logits: torch.Tensor, bad_words_token_ids: dict[int, list[li
                 cols.append(word[-1])
     if rows:
         index = async_tensor_h2d([rows, cols], torch.long, logits.device)
-        logits[index[0], index[1]] = -float("inf")
+        # a device scalar: a Python one would be copied from pageable memory (a host sync)
+        logits.index_put_((index[0], index[1]), logits.new_full((), -float("inf")))

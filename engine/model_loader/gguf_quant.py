@@ -1,0 +1,81 @@
+"""GGUF weights that stay quantized on the GPU: linear layers and an untied LM head.
+
+Mirrors vllm/model_executor/layers/quantization/gguf.py (GGUFLinearMethod: the raw blocks
+of each shard of a fused qkv / gate_up projection kept with their own GGML type, the
+matmul through the GGUF kernels) and the shard handling of vllm/model_executor/
+model_loader/gguf_loader.py. Before the dense load, each linear layer whose GGUF
+tensors all have a Triton kernel (kernels/gguf_tiles.py) and the layer's shapes gets a
+GGUFWeight holding the raw rows (Llama Q/K rows un-permuted as the dense path does; rows
+are independent blocks, so this is a row permutation), adjacent shards of one type merged
+into one buffer; its dense weight is dropped (never touched, so never allocated) and
+those tensors are never dequantized. Embeddings, norms and tensors of other types load
+dense.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.errors import ModelLoadError
+from engine.gguf.reader import GGUFReader
+from engine.layers.linear import GGUFWeight, ReplicatedLinear
+from engine.layers.vocab_parallel_embedding import ParallelLMHead
+from engine.model_loader.gguf_loader import _hf_name, _reverse_permute
+from engine.models.config import ModelArchConfig
+
+# fused module -> checkpoint projections, in output order (models/utils.py's mapping)
+_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def _raw_rows(reader: GGUFReader, gguf_name: str, hf_name: str, cfg: ModelArchConfig
+              ) -> torch.Tensor:
+    """[N, row_bytes] uint8 copy of a quantized 2-D tensor's blocks."""
+    rows = reader.tensors[gguf_name].shape[0]
+    raw = torch.from_numpy(reader.tensor_bytes(gguf_name).copy()).view(rows, -1)
+    if cfg.architecture == "llama" and hf_name.endswith(".q_proj.weight"):
+        raw = _reverse_permute(raw, cfg.num_attention_heads)
+    elif cfg.architecture == "llama" and hf_name.endswith(".k_proj.weight"):
+        raw = _reverse_permute(raw, cfg.num_key_value_heads)
+    return raw.contiguous()
+
+
+def _checkpoint_names(name: str, module: nn.Module, cfg: ModelArchConfig) -> list[str] | None:
+    if isinstance(module, ParallelLMHead) and not cfg.tie_word_embeddings:
+        return [f"{name}.weight"]
+    if not isinstance(module, ReplicatedLinear):
+        return None
+    base, _, leaf = name.rpartition(".")
+    parts = _SHARDS.get(leaf)
+    return [f"{base}.{p}.weight" for p in parts] if parts else [f"{name}.weight"]
+
+
+def keep_gguf_quantized(model: nn.Module, reader: GGUFReader, cfg: ModelArchConfig
+                        ) -> set[str]:
+    """Swap dense weights for GGUF blocks where kernels exist; returns the GGUF tensor
+    names now held quantized (the dense load skips them)."""
+    from kernels.gguf_tiles import TILE_TYPES  # lazy: triton, CUDA path only
+
+    by_hf = {hf: name for name in reader.tensors if (hf := _hf_name(name, cfg)) is not None}
+    absorbed: set[str] = set()
+    for name, module in list(model.named_modules()):
+        hf_names = _checkpoint_names(name, module, cfg)
+        gguf_names = [by_hf.get(h) for h in hf_names or ()]
+        if not gguf_names or None in gguf_names or any(
+                reader.tensors[g].ggml_type not in TILE_TYPES for g in gguf_names):
+            continue
+        rows = sum(reader.tensors[g].shape[0] for g in gguf_names)
+        if any(reader.tensors[g].shape[1:] != tuple(module.weight.shape[1:])
+               for g in gguf_names) or rows != module.weight.shape[0]:
+            raise ModelLoadError(f"{gguf_names}: shapes do not match {name} "
+                                 f"{tuple(module.weight.shape)}")
+        shards: list[tuple[torch.Tensor, int]] = []
+        for g, h in zip(gguf_names, hf_names):
+            raw, qtype = _raw_rows(reader, g, h, cfg), int(reader.tensors[g].ggml_type)
+            if shards and shards[-1][1] == qtype:  # same type: one buffer, one kernel
+                raw = torch.cat([shards.pop()[0], raw])
+            shards.append((raw, qtype))
+        module.gguf_weight = GGUFWeight(shards)
+        module.weight = None
+        absorbed.update(gguf_names)
+    return absorbed

@@ -1,0 +1,47 @@
+"""How much GPU memory the KV cache may take, as vllm/v1/worker/gpu_worker.py
+(determine_available_memory) and vllm/utils/mem_utils.py (memory_profiling).
+
+The model runner's profile_run does one forward pass at max_num_batched_tokens (and the
+sampler's logits peak) before the KV cache exists; then
+
+    kv_cache_bytes = total * gpu_memory_utilization - (torch peak + non-torch memory)
+
+where the torch peak includes the weights and the activation peak, and non-torch memory
+is what the device reports used beyond torch's reserved pool (CUDA context, cuBLAS
+workspaces, other processes). CUDA graphs are captured afterwards, out of the remaining
+(1 - gpu_memory_utilization) headroom, as in vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+_GIB = 1 << 30
+
+
+def determine_available_memory(runner: ModelRunner, num_tokens: int,
+                               gpu_memory_utilization: float) -> int:
+    """Bytes left for the KV cache (may be <= 0: the caller reports it)."""
+    device = runner.device
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    runner.profile_run(num_tokens)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    free, total = torch.cuda.mem_get_info(device)
+    non_torch = max(0, total - free - torch.cuda.memory_reserved(device))
+    torch.cuda.empty_cache()
+    available = int(total * gpu_memory_utilization) - peak - non_torch
+    runner.memory_profile = {"total": total, "torch_peak": peak, "non_torch": non_torch,
+                             "available": available}
+    logger.info("memory profile: total %.2f GiB x %.2f, torch peak %.2f GiB, non-torch "
+                "%.2f GiB -> KV cache %.2f GiB", total / _GIB, gpu_memory_utilization,
+                peak / _GIB, non_torch / _GIB, available / _GIB)
+    return available

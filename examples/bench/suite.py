@@ -1,0 +1,213 @@
+"""The fixed GPU benchmark suite: one command, a table printed last, JSON under $OUT.
+
+    cd .gpuwt && PYTHONPATH=. python -m examples.bench.suite [--throughput-prompts 1000]
+        [--budget-s 540] [--steps llama8b-graphs llama8b-eager qwen3-8b qwen3-30b-a3b]
+
+Every step is a child process (`--step NAME`) that builds one engine with random weights
+of a real architecture (examples/bench/models/, --load-format dummy, bf16, token-id
+prompts) and runs benchmarks on it through examples/bench/{startup,latency,throughput}.py:
+
+- llama8b-graphs: start-up to the first token (imports, dummy init, KV cache, CUDA-graph
+  capture, one request); `latency` batch 1/8/32 (32 in, 128 out); `throughput` random
+  N x (1024 in, 128 out), temperature 1.0, ignore_eos; `throughput` on 200
+  sharegpt-synthetic prompts (the size of vLLM CI's H200 ShareGPT run).
+- llama8b-eager: `latency` batch 1 with --enforce-eager.
+- qwen3-8b, qwen3-30b-a3b: `latency` batch 1 with CUDA graphs.
+
+Batch-1 decode is latency's decode throughput excluding the first step. Prefix caching is
+off in every step (latency's default; the random prompts share no prefix). A child writes
+$OUT/suite-<step>.json after each benchmark and its output to $OUT/suite.log, so one that
+runs out of time keeps what it measured; the parent gives each step what is left of
+--budget-s and marks what did not run as PENDING. Ratios use the measured H200 ceilings
+of /work/shared/device/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = Path(__file__).resolve().parent / "models"
+COMMON = ["--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16",
+          "--max-model-len", "2048"]
+LAT = ["--input-len", "32", "--output-len", "128", "--num-iters-warmup", "1",
+       "--num-iters", "3"]
+STEPS = {  # name: (model directory, extra engine flags, latency batch sizes)
+    "llama8b-graphs": ("llama-3.1-8b", [], [1, 8, 32]),
+    "llama8b-eager": ("llama-3.1-8b", ["--enforce-eager"], [1]),
+    "qwen3-8b": ("qwen3-8b", [], [1]),
+    "qwen3-30b-a3b": ("qwen3-30b-a3b", [], [1]),
+}
+# batch-1 decode rooflines, tok/s: bytes read per step (weights less the embedding table)
+# over 4.28 TB/s; Llama-3.1-8B as the brief's 286 (15.01 GB at 4.3 TB/s)
+BW = 4.28e12
+ROOFLINE_B1 = {"llama-3.1-8b": 286.0, "qwen3-8b": BW / (2 * (8.191e9 - 151936 * 4096)),
+               "qwen3-30b-a3b": BW / (2 * 3.04e9)}
+THROUGHPUT_BOUND = 47.7  # req/s, 1000 x (1024, 128) at 799 TFLOP/s (performance anchors)
+VLLM_H200 = 22.6  # req/s, vLLM CI throughput_llama8B_tp1 (ShareGPT, 200 prompts, H200)
+THROUGHPUT_LENS = (1024, 128)  # (input, output) tokens of the random throughput run
+SHAREGPT_PROMPTS = 200  # as vLLM CI's throughput_llama8B_tp1
+TARGETS = {"b1": 243.0, "throughput": 24.0, "startup": 60.0}
+
+
+def run_step(name: str, out_dir: Path, throughput_prompts: int) -> None:
+    """Child: one engine, its benchmarks, JSON rewritten after each."""
+    from examples.bench import latency, startup, throughput
+
+    model, extra, batches = STEPS[name]
+    engine_flags = ["--model", str(MODELS / model), *COMMON, *extra]
+    path = out_dir / f"suite-{name}.json"
+    results: dict = {"step": name, "model": model, "engine_flags": engine_flags}
+
+    def save() -> None:
+        path.write_text(json.dumps(results, indent=2))
+
+    def parse(module, argv: list[str]) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        module.add_cli_args(parser)
+        return parser.parse_args([*argv, *engine_flags])
+
+    engine, results["startup"] = startup.timed_start(parse(startup, []))
+    results["device"] = _device_name()
+    save()
+    for b in batches:
+        print(f"[{name}] latency batch {b}", flush=True)
+        r = latency.run(engine, parse(latency, [*LAT, "--batch-size", str(b)]))
+        results[f"latency_b{b}"] = {k: v for k, v in r.items() if k != "latencies"}
+        save()
+    if name == "llama8b-graphs" and throughput_prompts > 0:
+        print(f"[{name}] throughput {throughput_prompts} x {THROUGHPUT_LENS}", flush=True)
+        results["throughput"] = throughput.run(engine, parse(throughput, [
+            "--dataset-name", "random", "--input-len", str(THROUGHPUT_LENS[0]),
+            "--output-len", str(THROUGHPUT_LENS[1]),
+            "--num-prompts", str(throughput_prompts), "--temperature", "1.0"]))
+        save()
+        print(f"[{name}] throughput sharegpt-synthetic {SHAREGPT_PROMPTS}", flush=True)
+        results["throughput_sharegpt"] = throughput.run(engine, parse(throughput, [
+            "--dataset-name", "sharegpt-synthetic", "--num-prompts", str(SHAREGPT_PROMPTS)]))
+        save()
+
+
+def _device_name() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    return f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
+
+
+def _fmt(value: float | None, spec: str = ".1f") -> str:
+    return "PENDING" if value is None else format(value, spec)
+
+
+def _ratio(value: float, ref: float) -> str:
+    return f"{100 * value / ref:.0f}%"
+
+
+def table(results: dict[str, dict], status: dict[str, str]) -> str:
+    def get(step: str, *keys: str):
+        node = results.get(step)
+        for k in keys:
+            node = node.get(k) if isinstance(node, dict) else None
+        return node
+
+    rows = [("workload", "result", "ratio", "target / note")]
+    for step, label in (("llama8b-graphs", "Llama-8B b1 decode, CUDA graphs"),
+                        ("llama8b-eager", "Llama-8B b1 decode, eager"),
+                        ("qwen3-8b", "Qwen3-8B b1 decode, CUDA graphs"),
+                        ("qwen3-30b-a3b", "Qwen3-30B-A3B b1 decode, CUDA graphs")):
+        v = get(step, "latency_b1", "decode_tokens_per_second")
+        model = STEPS[step][0]
+        note = f">= {TARGETS['b1']:.0f}" if model == "llama-3.1-8b" else ""
+        ratio = f"{_ratio(v, ROOFLINE_B1[model])} of {ROOFLINE_B1[model]:.0f} roofline" \
+            if v is not None else status.get(step, "not run")
+        rows.append((label, f"{_fmt(v)} tok/s", ratio, note))
+    for b in (1, 8, 32):
+        lat = get("llama8b-graphs", f"latency_b{b}", "avg_latency")
+        dec = get("llama8b-graphs", f"latency_b{b}", "decode_tokens_per_second")
+        rows.append((f"Llama-8B latency bs {b} (32 in, 128 out)", f"{_fmt(lat, '.3f')} s",
+                     f"decode {_fmt(dec)} tok/s", ""))
+    tp = get("llama8b-graphs", "throughput") or {}
+    rps = tp.get("requests_per_second")
+    ratio = f"{_ratio(rps, THROUGHPUT_BOUND)} of {THROUGHPUT_BOUND} bound; " \
+        f"{_ratio(rps, VLLM_H200)} of vLLM {VLLM_H200}" if rps is not None else ""
+    rows.append((f"Llama-8B throughput {tp.get('num_requests', '-')} x {THROUGHPUT_LENS}",
+                 f"{_fmt(rps, '.2f')} req/s, {_fmt(tp.get('output_tokens_per_second'))} "
+                 "out tok/s", ratio, f">= {TARGETS['throughput']:.0f}"))
+    sg = get("llama8b-graphs", "throughput_sharegpt") or {}
+    rps = sg.get("requests_per_second")
+    rows.append((f"Llama-8B throughput sharegpt-synthetic {sg.get('num_requests', '-')}",
+                 f"{_fmt(rps, '.2f')} req/s, {_fmt(sg.get('output_tokens_per_second'))} "
+                 "out tok/s", "" if rps is None else f"{_ratio(rps, VLLM_H200)} of vLLM "
+                 f"{VLLM_H200} (real ShareGPT)", ""))
+    rows.append(("Llama-8B peak GPU memory (throughput)",
+                 f"{_fmt(tp.get('peak_gpu_memory_gib'))} GiB", "", ""))
+    st = get("llama8b-graphs", "startup") or {}
+    rows.append(("Llama-8B start-up to first token (graphs)",
+                 f"{_fmt(st.get('total_startup_time'))} s",
+                 f"import {_fmt(st.get('import_time'))}, init {_fmt(st.get('engine_init_time'))}"
+                 f", 1st tok {_fmt(st.get('first_token_time'), '.2f')}",
+                 f"<= {TARGETS['startup']:.0f} s"))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return "\n".join(" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", nargs="+", choices=list(STEPS), default=list(STEPS))
+    ap.add_argument("--throughput-prompts", type=int, default=1000)
+    ap.add_argument("--budget-s", type=float, default=540.0)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--step", choices=list(STEPS), help=argparse.SUPPRESS)  # child mode
+    args = ap.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.step:
+        run_step(args.step, out_dir, args.throughput_prompts)
+        return
+    deadline = time.monotonic() + args.budget_s
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    results, status = {}, {}
+    for step in args.steps:
+        left = deadline - time.monotonic()
+        if left < 30:
+            status[step] = "PENDING: suite time budget spent"
+            continue
+        log = out_dir / "suite.log"  # one log for all steps: the device returns few files
+        t0 = time.monotonic()
+        with log.open("a") as f:
+            f.write(f"===== {step}\n")
+            f.flush()
+            start = f.tell()
+            try:
+                rc = subprocess.run([sys.executable, "-m", "examples.bench.suite", "--step", step,
+                                     "--out", str(out_dir), "--throughput-prompts",
+                                     str(args.throughput_prompts)], cwd=ROOT, env=env,
+                                    stdout=f, stderr=subprocess.STDOUT, timeout=left).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        status[step] = "" if rc == 0 else f"step ended: {rc}"
+        print(f"== {step}: rc={rc} in {time.monotonic() - t0:.0f} s", flush=True)
+        if rc != 0:
+            with log.open(errors="replace") as f:
+                f.seek(start)
+                print("\n".join(f.read().splitlines()[-25:]), flush=True)
+        path = out_dir / f"suite-{step}.json"
+        if path.exists():
+            results[step] = json.loads(path.read_text())
+    (out_dir / "suite.json").write_text(json.dumps({"results": results, "status": status},
+                                                   indent=2))
+    device = next((r.get("device") for r in results.values() if r.get("device")), "?")
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    print(f"\nlibvllm bench suite on {device}, {when}")
+    print(table(results, status))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""`python -m examples.bench throughput|latency|startup` end to end on CPU, with a tiny
+Llama-shaped config and --load-format dummy (token-id prompts, no tokenizer), and the
+suite's child step on the same tiny shapes. Checks vLLM's printed lines and JSON keys
+(vllm/benchmarks/throughput.py, latency.py) and that the token counts are what the
+workload asks for."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from examples.bench import suite
+from examples.bench.__main__ import main
+
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 10240, "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "bos_token_id": 1, "eos_token_id": 2}
+FLOAT = r"[0-9]+(?:\.[0-9]+)?(?:e-?[0-9]+)?"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny") / "llama-3.1-8b"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(TINY))
+    return d
+
+
+def _engine_flags(tiny):
+    return ["--model", str(tiny), "--load-format", "dummy", "--skip-tokenizer-init",
+            "--device", "cpu"]
+
+
+def test_throughput(tiny, tmp_path, capsys):
+    out = tmp_path / "tp.json"
+    res = main(["throughput", "--input-len", "48", "--output-len", "6", "--num-prompts", "12",
+                "--random-range-ratio", "0.5", "--output-json", str(out), *_engine_flags(tiny)])
+    text = capsys.readouterr().out
+    assert re.search(rf"^Throughput: {FLOAT} requests/s, {FLOAT} total tokens/s, {FLOAT} "
+                     "output tokens/s$", text, re.M)
+    saved = json.loads(out.read_text())
+    assert saved["num_requests"] == 12
+    assert f"Total num prompt tokens:  {saved['total_prompt_tokens']}" in text
+    assert f"Total num output tokens:  {saved['total_output_tokens']}" in text
+    assert 12 * 24 <= saved["total_prompt_tokens"] <= 12 * 72  # 48 +- 50%
+    assert 12 * 3 <= saved["total_output_tokens"] <= 12 * 9  # ignore_eos: all generated
+    assert saved["total_num_tokens"] == saved["total_prompt_tokens"] + \
+        saved["total_output_tokens"]
+    assert saved["requests_per_second"] == pytest.approx(12 / saved["elapsed_time"])
+    assert "Peak GPU memory: n/a" in text and res == saved
+
+
+def test_latency(tiny, capsys):
+    res = main(["latency", "--batch-size", "3", "--input-len", "16", "--output-len", "5",
+                "--num-iters-warmup", "1", "--num-iters", "4", *_engine_flags(tiny)])
+    text = capsys.readouterr().out
+    assert re.search(rf"^Avg latency: {FLOAT} seconds$", text, re.M)
+    for p in (10, 25, 50, 75, 90, 99):
+        assert re.search(rf"^{p}% percentile latency: {FLOAT} seconds$", text, re.M)
+    assert len(res["latencies"]) == 4 and res["decode_tokens_per_second"] > 0
+    assert 0 < res["first_step_seconds"] < res["avg_latency"]
+
+
+def test_startup(tiny, capsys):
+    res = main(["startup", *_engine_flags(tiny)])
+    text = capsys.readouterr().out
+    assert res["total_startup_time"] == pytest.approx(
+        res["import_time"] + res["engine_init_time"] + res["first_token_time"])
+    assert re.search(rf"^Startup time: {FLOAT} seconds$", text, re.M)
+
+
+def test_suite_step_and_table(tiny, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(suite, "MODELS", tiny.parent)
+    monkeypatch.setattr(suite, "COMMON", [*suite.COMMON, "--device", "cpu", "--dtype", "float32"])
+    monkeypatch.setattr(suite, "LAT", ["--input-len", "8", "--output-len", "4",
+                                       "--num-iters-warmup", "0", "--num-iters", "1"])
+    monkeypatch.setitem(suite.STEPS, "llama8b-graphs", ("llama-3.1-8b", [], [1, 8]))
+    monkeypatch.setattr(suite, "SHAREGPT_PROMPTS", 3)
+    monkeypatch.setattr(suite, "THROUGHPUT_LENS", (64, 4))
+    suite.run_step("llama8b-graphs", tmp_path, throughput_prompts=2)
+    res = json.loads((tmp_path / "suite-llama8b-graphs.json").read_text())
+    assert res["throughput"]["num_requests"] == 2
+    assert res["throughput"]["total_prompt_tokens"] == 2 * 64
+    assert res["throughput_sharegpt"]["num_requests"] == suite.SHAREGPT_PROMPTS
+    assert res["latency_b8"]["decode_tokens_per_second"] > 0
+    table = suite.table({"llama8b-graphs": res}, {"qwen3-8b": "PENDING: budget"})
+    capsys.readouterr()
+    rows = {line.split(" | ")[0].strip(): line for line in table.splitlines()}
+    qwen = [c.strip() for c in rows["Qwen3-8B b1 decode, CUDA graphs"].split(" | ")]
+    assert qwen[1:3] == ["PENDING tok/s", "PENDING: budget"]
+    assert "of 286 roofline" in rows["Llama-8B b1 decode, CUDA graphs"]
+    assert "req/s" in rows["Llama-8B throughput 2 x (64, 4)"]
+    assert "PENDING" not in rows["Llama-8B start-up to first token (graphs)"]
+
+
+def test_latency_decode_rate_needs_one_prefill_step(tiny, capsys):
+    res = main(["latency", "--batch-size", "3", "--input-len", "16", "--output-len", "3",
+                "--num-iters-warmup", "0", "--num-iters", "1", "--max-num-batched-tokens", "32",
+                "--max-num-seqs", "4",
+                *_engine_flags(tiny)])
+    assert res["decode_tokens_per_second"] is None  # 48 prompt tokens need two steps
+    assert "Avg decode throughput" not in capsys.readouterr().out

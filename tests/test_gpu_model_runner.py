@@ -1,0 +1,243 @@
+"""The CUDA path end to end (marked gpu; skipped without a CUDA device).
+
+- Logits: tiny Llama (Llama 3 rope scaling), Qwen3 (q/k norm) and Qwen3-MoE models with
+  random weights, saved by transformers and loaded by our loader, through our CUDA kernels
+  (RMSNorm, RoPE, SiLU-and-mul, reshape_and_cache, paged prefill attention, sync-free MoE),
+  against transformers fp32 on the same weights: within 1e-3 in fp32, bf16 tolerance in bf16.
+- Greedy tokens: the CUDA engine with decode CUDA graphs (batches padded to captured
+  sizes) agrees with the CPU engine in fp32 (vLLM's check_logprobs_close: equal up to a
+  near tie), and in bf16 equals itself with enforce_eager exactly.
+- A decode step syncs with the host once (the sampled token ids); KV cache sized from
+  gpu_memory_utilization after the profile run; dummy weights load on the device.
+Mirrors vLLM 0.33 tests/models/language/generation/test_common.py (HF vs vLLM),
+tests/compile/test_full_graph.py / tests/v1/cudagraph (graph vs eager outputs) and
+tests/basic_correctness (gpu_memory_utilization).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.layers.attention import AttentionMetadata
+from engine.llm_engine import LLMEngine
+from engine.model_loader import load_model
+from engine.sampling_params import SamplingParams
+from engine.worker.model_runner import ModelRunner
+
+transformers = pytest.importorskip("transformers")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+_COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=300, max_position_embeddings=512,
+               tie_word_embeddings=False)
+CONFIGS = {
+    "llama": dict(model_type="llama", rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}),
+    "qwen3": dict(model_type="qwen3", head_dim=32),
+    "qwen3_moe": dict(model_type="qwen3_moe", head_dim=16, num_experts=8, num_experts_per_tok=2,
+                      moe_intermediate_size=32, norm_topk_prob=True),
+}
+PROMPTS = [[(7 * i + 3 * j) % 300 for j in range(n)] for i, n in enumerate((37, 5, 20, 11))]
+MAX_TOKENS = [12, 5, 9, 16]  # requests finish at different steps: batches 4, 3, 2, 1
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def hf_dir(request, tmp_path_factory):
+    """(name, directory with config.json + model.safetensors, the transformers model)."""
+    kw = {**_COMMON, **CONFIGS[request.param]}
+    cfg = transformers.AutoConfig.for_model(kw.pop("model_type"), **kw)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    d = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(d)
+    return request.param, str(d), model.eval()
+
+
+def our_prompt_logits(path: str, ids: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """[len(ids), vocab] fp32 logits of one prefill through the CUDA kernels."""
+    model, cfg, _ = load_model(path)
+    model = model.to("cuda", dtype)
+    n, bs = len(ids), 16
+    nblocks = math.ceil(n / bs)
+    kv = [torch.zeros(2, nblocks + 1, bs, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype,
+                      device="cuda") for _ in range(cfg.num_hidden_layers)]
+    ModelRunner(model, kv, torch.device("cuda"), bs)  # binds the caches
+    i32 = dict(dtype=torch.int32, device="cuda")
+    md = AttentionMetadata(n, torch.arange(bs, bs + n, device="cuda"), [0, n], [n],
+                           torch.arange(1, nblocks + 1, **i32)[None],
+                           torch.tensor([0, n], **i32), torch.tensor([n], **i32), n)
+    with torch.inference_mode():
+        ids_t = torch.tensor(ids, device="cuda")
+        return model.compute_logits(model(ids_t, torch.arange(n, device="cuda"), md))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-3), (torch.bfloat16, 4e-2)])
+def test_prompt_logits_match_transformers(hf_dir, dtype, tol):
+    _, path, hf = hf_dir
+    ids = PROMPTS[0]
+    with torch.inference_mode():
+        want = hf.to("cuda")(torch.tensor([ids], device="cuda")).logits[0].float()
+    got = our_prompt_logits(path, ids, dtype)
+    err = ((got - want).abs().max() / want.abs().max()).item()
+    assert err < tol, f"relative logits error {err:.2e} (tolerance {tol})"
+
+
+def greedy(path: str, device: str, dtype: str, enforce_eager: bool = False, logprobs=None,
+           **kw) -> tuple[list[list[int]], list, LLMEngine]:
+    """(tokens per prompt, their top-`logprobs` dicts per position, the engine)."""
+    engine = LLMEngine.from_config(EngineConfig(
+        path, device=device, dtype=dtype, skip_tokenizer_init=True, enforce_eager=enforce_eager,
+        max_num_seqs=8, max_model_len=512, **kw))
+    for i, (p, m) in enumerate(zip(PROMPTS, MAX_TOKENS)):
+        engine.add_request(str(i), p, SamplingParams(temperature=0.0, max_tokens=m,
+                                                     ignore_eos=True, logprobs=logprobs))
+    out = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                out[o.request_id] = o.outputs[0]
+    done = [out[str(i)] for i in range(len(PROMPTS))]
+    return [c.token_ids for c in done], [c.logprobs for c in done], engine
+
+
+def check_logprobs_close(a: tuple[list, list], b: tuple[list, list]) -> None:
+    """vLLM tests/models/utils.py check_logprobs_close: greedy tokens equal, or at the first
+    difference each side's token is among the other's top logprobs (a near tie that fp32
+    rounding on another device may break either way); the sequences are not compared past
+    it."""
+    for (ta, la), (tb, lb) in zip(zip(*a), zip(*b)):
+        for pos, (x, y) in enumerate(zip(ta, tb)):
+            if x != y:
+                assert x in lb[pos] and y in la[pos], (pos, x, y)
+                break
+
+
+def test_cuda_graphs_fp32_close_to_cpu_fp32(hf_dir):
+    _, path, _ = hf_dir
+    cpu_tokens, cpu_lps, _ = greedy(path, "cpu", "float32", logprobs=5)
+    cuda_tokens, cuda_lps, engine = greedy(path, "cuda", "float32", logprobs=5,
+                                           kv_cache_memory_bytes=64 << 20)
+    assert engine.model_runner.cudagraphs.sizes == [1, 2, 4, 8]
+    assert engine.cudagraph_capture_time_s > 0
+    check_logprobs_close((cuda_tokens, cuda_lps), (cpu_tokens, cpu_lps))
+    same = sum(x == y for a, b in zip(cuda_tokens, cpu_tokens) for x, y in zip(a, b))
+    assert same >= 0.9 * sum(MAX_TOKENS)  # ties are rare: nearly every token agrees
+
+
+def test_cuda_graphs_bf16_equal_eager_bf16(hf_dir):
+    _, path, _ = hf_dir
+    graphs, _, engine = greedy(path, "cuda", "bfloat16", kv_cache_memory_bytes=64 << 20)
+    eager, _, eager_engine = greedy(path, "cuda", "bfloat16", enforce_eager=True,
+                                    kv_cache_memory_bytes=64 << 20)
+    assert eager_engine.model_runner.cudagraphs is None
+    assert eager_engine.cudagraph_capture_time_s == 0.0
+    assert [len(t) for t in graphs] == MAX_TOKENS
+    assert graphs == eager
+
+
+SAMPLED = [SamplingParams(temperature=0.0, max_tokens=6),
+           SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, seed=7,
+                          max_tokens=6),
+           SamplingParams(temperature=1.0, presence_penalty=0.5, frequency_penalty=0.3,
+                          repetition_penalty=1.2, logit_bias={5: 2.0}, min_tokens=4,
+                          stop_token_ids=[3], allowed_token_ids=list(range(3, 200)),
+                          max_tokens=6)]
+
+
+@pytest.mark.parametrize("params", [SAMPLED[:1] * 3, SAMPLED], ids=["greedy", "sampled"])
+def test_decode_step_syncs_once(hf_dir, params):
+    """Only the final copy of the sampled ids waits for the GPU (eager and graphs), also
+    with top-k/top-p/min-p, a seeded generator, penalties, logit bias, min_tokens and
+    allowed_token_ids."""
+    _, path, _ = hf_dir
+    for eager in (False, True):
+        engine = LLMEngine.from_config(EngineConfig(
+            path, device="cuda", skip_tokenizer_init=True, enforce_eager=eager, max_num_seqs=4,
+            max_model_len=512, kv_cache_memory_bytes=64 << 20))
+        for i, sp in enumerate(params):
+            engine.add_request(str(i), PROMPTS[i], sp)
+        engine.step()  # prefill (its prompt-index copy may sync)
+        engine.step()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                engine.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+        assert len(syncs) == 1, [str(w.message) for w in syncs]
+
+
+def test_chunked_prefill_with_a_busy_gpu_keeps_its_inputs(hf_dir):
+    """Steps that sample nothing (prefill chunks) end without a host sync; the next step
+    must not overwrite the pinned input buffers before the GPU has copied them. The GPU
+    is held back (torch.cuda._sleep) before every step: outputs must not change."""
+    _, path, _ = hf_dir
+
+    def run(busy: bool) -> list[list[int]]:
+        engine = LLMEngine.from_config(EngineConfig(
+            path, device="cuda", skip_tokenizer_init=True, enforce_eager=True, max_num_seqs=4,
+            max_num_batched_tokens=16, max_model_len=512, kv_cache_memory_bytes=64 << 20))
+        for i in range(2):
+            engine.add_request(str(i), PROMPTS[i % 2] * 2, SamplingParams(
+                temperature=0.0, max_tokens=4, ignore_eos=True))
+        out = {}
+        while engine.has_unfinished_requests():
+            if busy:
+                torch.cuda._sleep(20_000_000)  # ~10 ms of GPU time before this step
+            out.update({o.request_id: o.outputs[0].token_ids for o in engine.step()
+                        if o.finished})
+        return [out["0"], out["1"]]
+
+    assert run(busy=True) == run(busy=False)
+
+
+def kv_cache_bytes(engine: LLMEngine) -> int:
+    layers = [m.self_attn.attn.kv_cache for m in engine.model_runner.model.model.layers]
+    return sum(c.numel() * c.element_size() for c in layers)
+
+
+@pytest.mark.parametrize("util", [0.05, 0.1])
+def test_kv_cache_follows_gpu_memory_utilization(hf_dir, util):
+    """KV bytes = whole blocks of total * util - (torch peak + non-torch), vLLM's formula."""
+    _, path, model = hf_dir
+    engine = LLMEngine.from_config(EngineConfig(path, device="cuda", skip_tokenizer_init=True,
+                                                gpu_memory_utilization=util, enforce_eager=True))
+    prof = engine.model_runner.memory_profile
+    weights = sum(p.numel() * p.element_size() for p in engine.model_runner.model.parameters())
+    assert prof["torch_peak"] >= weights and prof["non_torch"] > 0
+    assert prof["available"] == int(prof["total"] * util) - prof["torch_peak"] - prof["non_torch"]
+    cache = engine.model_runner.model.model.layers[0].self_attn.attn.kv_cache
+    block_bytes = cache[:, 0].numel() * cache.element_size() * len(model.model.layers)
+    assert kv_cache_bytes(engine) == prof["available"] // block_bytes * block_bytes
+
+
+def test_dummy_llama_runs_on_cuda_with_graphs(tmp_path):
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 512,
+           "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+           "vocab_size": 1000, "max_position_embeddings": 1024}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    engine = LLMEngine.from_config(EngineConfig(str(tmp_path), load_format="dummy",
+                                                skip_tokenizer_init=True, max_num_seqs=16,
+                                                kv_cache_memory_bytes=32 << 20))
+    w = engine.model_runner.model.model.embed_tokens.weight
+    assert w.is_cuda and w.dtype == torch.bfloat16 and w.abs().max().item() <= 1e-3
+    assert engine.model_runner.cudagraphs.sizes == [1, 2, 4, 8, 16]
+    engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
+    done = []
+    while engine.has_unfinished_requests():
+        done += [o for o in engine.step() if o.finished]
+    assert len(done[0].outputs[0].token_ids) == 4 and done[0].outputs[0].text == ""
