@@ -21,10 +21,12 @@ from capi.plumbing import (
     FINISH_REASONS,
     BufferTooSmallError,
     EngineRecord,
+    InvalidStateError,
     RuntimeInitError,
     c_string,
     engines,
     export,
+    f32,
     optional_text,
     prompt_arg,
     sampling_params,
@@ -102,6 +104,9 @@ def _engine_config(model: str, p) -> EngineConfig:
         reasoning_parser=optional_text(p.reasoning_parser, "params->reasoning_parser") or "",
         tool_call_parser=optional_text(p.tool_call_parser, "params->tool_call_parser") or "",
         enable_auto_tool_choice=bool(p.enable_auto_tool_choice),
+        load_format=optional_text(p.load_format, "params->load_format") or "auto",
+        gpu_memory_utilization=f32(p.gpu_memory_utilization),
+        skip_tokenizer_init=bool(p.skip_tokenizer_init),
     )
 
 
@@ -132,6 +137,8 @@ def glue_engine_create(model_path, params, out) -> None:
     _report_progress(params, 0.0)
     engine = _engine_class().from_config(config)
     if chat_template is not None:
+        if engine.tokenizer is None:
+            raise InvalidArgumentError("chat_template needs a tokenizer (skip_tokenizer_init)")
         engine.tokenizer.chat_template = chat_template
     _report_progress(params, 1.0)
     out[0] = engines.add(EngineRecord(engine, config))
@@ -184,7 +191,7 @@ def glue_engine_metrics(key, out) -> None:
 
 @export
 def glue_tokenize(key, text_ptr, add_special_tokens, tokens, capacity, n_tokens) -> None:
-    tokenizer = engines.get_live(key).engine.tokenizer
+    tokenizer = _tokenizer(key)
     ids = tokenizer.encode(text(text_ptr, "text"), add_special_tokens=bool(add_special_tokens))
     n_tokens[0] = len(ids)
     if len(ids) > capacity:
@@ -208,6 +215,13 @@ def glue_detokenize(key, tokens, n_tokens, skip_special_tokens, buf, capacity, n
     _copy_out(decoded.encode("utf-8", "replace"), buf, capacity, n_bytes)
 
 
+def _tokenizer(key):
+    tokenizer = engines.get_live(key).engine.tokenizer
+    if tokenizer is None:
+        raise InvalidStateError("the engine has no tokenizer (skip_tokenizer_init)")
+    return tokenizer
+
+
 def _token_bytes(tokenizer, token: int, special: bool) -> bytes:
     """llama_token_to_piece: the bytes the token stands for; special tokens only on request."""
     data = tokenizer.id_to_bytes(token)  # checks the range
@@ -216,7 +230,7 @@ def _token_bytes(tokenizer, token: int, special: bool) -> bytes:
 
 @export
 def glue_token_to_piece(key, token, special, buf, capacity, n_bytes) -> None:
-    tokenizer = engines.get_live(key).engine.tokenizer
+    tokenizer = _tokenizer(key)
     _copy_out(_token_bytes(tokenizer, token, bool(special)), buf, capacity, n_bytes)
 
 

@@ -141,6 +141,7 @@ VLLM_API void vllm_engine_params_init(vllm_engine_params *params) {
     params->block_size = 16;
     params->enable_prefix_caching = 1;
     params->enable_chunked_prefill = 1;
+    params->gpu_memory_utilization = 0.9f;
 }
 
 /* Defaults of engine/sampling_params.py (vLLM's SamplingParams). */

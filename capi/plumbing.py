@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +23,7 @@ from _libvllm import ffi, lib
 from engine.async_llm import AsyncLLM, StatsCollector
 from engine.config import EngineConfig
 from engine.errors import InvalidArgumentError, OutOfResourcesError, VllmError
+from engine.fair_lock import FairRLock
 from engine.sampling_params import RequestOutputKind, SamplingParams
 from engine.structured_output.params import StructuredOutputsParams
 
@@ -112,7 +112,7 @@ FINISH_REASONS = {
 }
 
 
-def _f32(value: float) -> float:
+def f32(value: float) -> float:
     """A C float as the short decimal its caller wrote (0.9f -> 0.9, not 0.8999999761)."""
     return float(str(np.float32(value)))
 
@@ -121,21 +121,21 @@ def sampling_params(p) -> SamplingParams:
     """vllm_sampling_params -> SamplingParams (DELTA outputs: what the ABI streams)."""
     return SamplingParams.from_optional(
         max_tokens=None if p.max_tokens < 0 else p.max_tokens,
-        temperature=_f32(p.temperature),
-        top_p=_f32(p.top_p),
+        temperature=f32(p.temperature),
+        top_p=f32(p.top_p),
         top_k=p.top_k,
-        min_p=_f32(p.min_p),
+        min_p=f32(p.min_p),
         seed=p.seed if p.has_seed else None,
         ignore_eos=bool(p.ignore_eos),
         stop_token_ids=list(p.stop_token_ids[0 : p.n_stop_token_ids]),
         skip_special_tokens=bool(p.skip_special_tokens),
-        presence_penalty=_f32(p.presence_penalty),
-        frequency_penalty=_f32(p.frequency_penalty),
-        repetition_penalty=_f32(p.repetition_penalty),
+        presence_penalty=f32(p.presence_penalty),
+        frequency_penalty=f32(p.frequency_penalty),
+        repetition_penalty=f32(p.repetition_penalty),
         min_tokens=p.min_tokens,
         stop=[text(p.stop[i], "params->stop[]") for i in range(p.n_stop)],
         include_stop_str_in_output=bool(p.include_stop_str_in_output),
-        logit_bias={p.logit_bias_token_ids[i]: _f32(p.logit_bias_values[i])
+        logit_bias={p.logit_bias_token_ids[i]: f32(p.logit_bias_values[i])
                     for i in range(p.n_logit_bias)} or None,
         allowed_token_ids=None if p.allowed_token_ids == ffi.NULL else list(
             p.allowed_token_ids[0 : p.n_allowed_token_ids]),
@@ -198,7 +198,7 @@ class Registry(dict):
 class EngineRecord:
     engine: Any  # LLMEngine
     config: EngineConfig
-    lock: threading.RLock = field(default_factory=threading.RLock)
+    lock: FairRLock = field(default_factory=FairRLock)
     stats: StatsCollector = field(default_factory=StatsCollector)
     loop: AsyncLLM | None = None
     # caller-driven mode: request id -> output tokens so far, until its last output

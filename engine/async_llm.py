@@ -6,8 +6,9 @@ vllm/v1/engine/exceptions.py) and RequestOutputCollector of
 vllm/v1/engine/output_processor.py, with threads instead of asyncio: the C ABI and the
 HTTP server call it from plain OS threads.
 
-- `lock` (an RLock) serializes every LLMEngine call; the loop holds it for one step at a
-  time and sleeps on a condition variable when no request is unfinished (no busy spin).
+- `lock` (a FairRLock) serializes every LLMEngine call; the loop holds it for one step at
+  a time, steps aside between steps while other threads wait for it (so adds and aborts
+  are not starved), and sleeps on a condition variable when no request is unfinished.
 - Outputs are DELTA (add_request sets output_kind) and are handed to their stream after
   the lock is released: a stream's consumer or push callback may call back in.
 - A failing step kills the engine: every live stream ends with EngineDeadError and later
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine.errors import NotFoundError, VllmError
+from engine.fair_lock import FairRLock
 from engine.outputs import RequestOutput
 from engine.sampling_params import RequestOutputKind, SamplingParams
 
@@ -140,9 +142,9 @@ class RequestStream:
 
 class AsyncLLM:
     def __init__(self, engine: LLMEngine, *, stats: StatsCollector | None = None,
-                 lock: threading.RLock | None = None) -> None:
+                 lock: FairRLock | None = None) -> None:
         self.engine = engine
-        self.lock = lock or threading.RLock()
+        self.lock = lock or FairRLock()
         self.stats = stats or StatsCollector()
         self._wakeup = threading.Condition(self.lock)
         self._streams: dict[str, RequestStream] = {}
@@ -236,6 +238,7 @@ class AsyncLLM:
             for stream, out in ready:
                 if stream is not None:
                     _deliver(stream, out if out.error is None else out.error)
+            self.lock.yield_to_waiters()
 
     def _die(self, exc: BaseException) -> None:
         self._dead = EngineDeadError(f"the engine loop failed: {type(exc).__name__}: {exc}")

@@ -157,6 +157,14 @@ typedef struct vllm_engine_params {
                                         "qwen3_coder" (vLLM's --tool-call-parser) */
     int32_t enable_auto_tool_choice; /* 1: tool_choice "auto" parses tool calls (needs
                                         tool_call_parser); default 0 */
+    const char *load_format;         /* NULL or "auto": the model's weights; "dummy": random
+                                        weights with the shapes of the config.json in the
+                                        model directory (benchmarks), as vLLM's
+                                        --load-format dummy */
+    float gpu_memory_utilization;    /* CUDA: fraction of GPU memory for weights,
+                                        activations and KV cache; default 0.9 */
+    int32_t skip_tokenizer_init;     /* 1: no tokenizer; token-id prompts only, outputs
+                                        carry token ids and empty text; default 0 */
 } vllm_engine_params;
 
 /* What vllm_engine_model_info() reports. */

@@ -55,6 +55,9 @@ class EngineParams(Structure):
         ("reasoning_parser", c_char_p),
         ("tool_call_parser", c_char_p),
         ("enable_auto_tool_choice", c_int32),
+        ("load_format", c_char_p),
+        ("gpu_memory_utilization", c_float),
+        ("skip_tokenizer_init", c_int32),
     ]
 
 

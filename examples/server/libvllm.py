@@ -33,6 +33,8 @@ class EngineParams(ctypes.Structure):
         ("tokenizer", _c_char_p),  # since 0.2
         ("structured_outputs_backend", _c_char_p), ("reasoning_parser", _c_char_p),  # 0.3
         ("tool_call_parser", _c_char_p), ("enable_auto_tool_choice", _c_int32),
+        ("load_format", _c_char_p), ("gpu_memory_utilization", ctypes.c_float),
+        ("skip_tokenizer_init", _c_int32),
     ]
 
 
@@ -111,7 +113,8 @@ class LibVLLM:
         self.lib.vllm_engine_params_init(ctypes.byref(params))
         for name, value in fields.items():
             if value is not None:
-                setattr(params, name, value.encode() if isinstance(value, str) else int(value))
+                setattr(params, name, value.encode() if isinstance(value, str) else
+                        value if isinstance(value, float) else int(value))
         engine = _c_void_p()
         self._check(self.lib.vllm_engine_create(model.encode(), ctypes.byref(params),
                                                 ctypes.byref(engine)))

@@ -33,7 +33,8 @@ _CANCEL_GRACE_S = 5.0  # after the drain: how long cancelled requests get to end
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="vllm-server", description=__doc__.split("\n")[0])
-    p.add_argument("model_tag", nargs="?", help="the GGUF model file (as `vllm serve MODEL`)")
+    p.add_argument("model_tag", nargs="?", help="the GGUF model file or a Hugging Face "
+                   "directory (as `vllm serve MODEL`)")
     p.add_argument("--model", help="the GGUF model file (instead of the positional argument)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -53,6 +54,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--enforce-eager", action="store_true", default=None)
     p.add_argument("--chat-template", help="a template file or the template text")
     p.add_argument("--tokenizer", help="a Hugging Face tokenizer directory; default: the model's")
+    p.add_argument("--load-format", choices=["auto", "dummy"],
+                   help="dummy: random weights shaped by the model directory's config.json")
+    p.add_argument("--gpu-memory-utilization", type=float)
+    p.add_argument("--skip-tokenizer-init", action="store_true", default=None,
+                   help="no tokenizer: token-id prompts only (completions), token-id outputs")
     p.add_argument("--structured-outputs-config.backend", dest="structured_outputs_backend",
                    choices=["auto", "xgrammar", "guidance"])
     p.add_argument("--reasoning-parser", help="deepseek_r1 | qwen3: split <think> reasoning")
@@ -85,7 +91,8 @@ def engine_fields(args: argparse.Namespace) -> dict:
              "kv_cache_memory_bytes", "device", "dtype", "seed", "enable_prefix_caching",
              "enable_chunked_prefill", "enforce_eager", "served_model_name", "chat_template",
              "tokenizer", "structured_outputs_backend", "reasoning_parser", "tool_call_parser",
-             "enable_auto_tool_choice")
+             "enable_auto_tool_choice", "load_format", "gpu_memory_utilization",
+             "skip_tokenizer_init")
     return {name: getattr(args, name) for name in names}
 
 

@@ -61,7 +61,7 @@ class ChatJob:
         self.created = int(time.time())
         self.role = "assistant" if request.add_generation_prompt else \
             request.messages[-1].get("role") if request.messages else "assistant"
-        tok = ctx.client.engine.tokenizer
+        tok = ctx.tokenizer("Chat completions")
         with ctx.client.lock:
             self.prompt_text, ids = render_prompt(ctx.client.engine, request)
             self.decode = lambda t: tok.decode([t], skip_special_tokens=False)

@@ -47,14 +47,18 @@ class CompletionJob:
         self.ctx, self.request = ctx, request
         self.id = f"cmpl-{request.request_id}"
         self.created = int(time.time())
+        prompts = _prompt_list(request.prompt)
         tok = ctx.client.engine.tokenizer
+        if tok is None and (request.echo or request.logprobs is not None or any(
+                isinstance(p, str) for p in prompts)):
+            tok = ctx.tokenizer("Text prompts, echo and logprobs")
         self.decode = lambda t: tok.decode([t], skip_special_tokens=False)
         with ctx.client.lock:
             self.prompts = [self.ctx.fit_prompt(
                 tok.encode(p, add_special_tokens=request.add_special_tokens)
                 if isinstance(p, str) else list(p),
                 request.truncate_prompt_tokens, request.truncation_side)
-                for p in _prompt_list(request.prompt)]
+                for p in prompts]
         echo_only = request.echo and request.max_tokens == 0
         samplings = [build_sampling_params({**_sampling_values(
             request, 1 if echo_only else ctx.get_max_tokens(request.max_tokens, len(ids))),

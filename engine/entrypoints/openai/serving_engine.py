@@ -52,6 +52,15 @@ class ServingContext:
         self.reasoning_parser_cls = ReasoningParserManager.get_reasoning_parser(
             config.reasoning_parser) if config.reasoning_parser else None
 
+    def tokenizer(self, what: str):
+        """The engine's tokenizer; a 400 naming `what` when it runs without one
+        (skip_tokenizer_init: only token-id prompts and token-id outputs)."""
+        tok = self.client.engine.tokenizer
+        if tok is None:
+            raise VLLMValidationError(f"{what} need a tokenizer, and this server runs with "
+                                      "skip_tokenizer_init")
+        return tok
+
     def check_model(self, model: str | None) -> None:
         if model and model != self.served_model_name:
             raise VLLMNotFoundError(

@@ -24,7 +24,7 @@ def create_tokenize(ctx: ServingContext, data: Any) -> str:
     chat = isinstance(data, dict) and "messages" in data
     request = (TokenizeChatRequest if chat else TokenizeCompletionRequest).model_validate(data)
     ctx.check_model(request.model)
-    tok = ctx.client.engine.tokenizer
+    tok = ctx.tokenizer("/tokenize requests")
     with ctx.client.lock:
         if chat:
             _, ids = render_prompt(ctx.client.engine, request)
@@ -38,6 +38,7 @@ def create_tokenize(ctx: ServingContext, data: Any) -> str:
 def create_detokenize(ctx: ServingContext, data: Any) -> str:
     request = DetokenizeRequest.model_validate(data)
     ctx.check_model(request.model)
+    tok = ctx.tokenizer("/detokenize requests")
     with ctx.client.lock:
-        text = ctx.client.engine.tokenizer.decode(request.tokens, skip_special_tokens=False)
+        text = tok.decode(request.tokens, skip_special_tokens=False)
     return DetokenizeResponse(prompt=text).model_dump_json()

@@ -45,6 +45,9 @@ mod sys {
         pub reasoning_parser: *const c_char,
         pub tool_call_parser: *const c_char,
         pub enable_auto_tool_choice: i32,
+        pub load_format: *const c_char,
+        pub gpu_memory_utilization: f32,
+        pub skip_tokenizer_init: i32,
     }
 
     #[repr(C)]
