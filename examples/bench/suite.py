@@ -1,6 +1,6 @@
 """The fixed GPU benchmark suite: one command, a table printed last, JSON under $OUT.
 
-    cd .gpuwt && PYTHONPATH=. python -m examples.bench.suite [--throughput-prompts 1000]
+    PYTHONPATH=. python -m examples.bench.suite [--throughput-prompts 1000]
         [--budget-s 540] [--steps llama8b-graphs llama8b-eager qwen3-8b qwen3-30b-a3b]
 
 Every step is a child process (`--step NAME`) that builds one engine with random weights
@@ -172,7 +172,8 @@ def main() -> None:
         run_step(args.step, out_dir, args.throughput_prompts)
         return
     deadline = time.monotonic() + args.budget_s
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     results, status = {}, {}
     for step in args.steps:
         left = deadline - time.monotonic()
