@@ -17,6 +17,15 @@ from pathlib import Path
 DEFAULT_MODEL = str(Path.home() / ".cache/libvllm/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
+def add_run_args(parser: argparse.ArgumentParser, results: str) -> None:
+    """The flags `latency` and `throughput` share (vLLM spells them alike in both)."""
+    parser.add_argument("--n", type=int, default=1,
+                        help="Number of generated sequences per prompt.")
+    parser.add_argument("--disable-detokenize", action="store_true")
+    parser.add_argument("--output-json", default=None,
+                        help=f"Path to save the {results} results in JSON format.")
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     B = argparse.BooleanOptionalAction
     parser.add_argument("--model", default=DEFAULT_MODEL,

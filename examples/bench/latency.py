@@ -33,15 +33,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--n", type=int, default=1,
-                        help="Number of generated sequences per prompt.")
     parser.add_argument("--num-iters-warmup", type=int, default=10,
                         help="Number of iterations to run for warmup.")
     parser.add_argument("--num-iters", type=int, default=30,
                         help="Number of iterations to run.")
-    parser.add_argument("--disable-detokenize", action="store_true")
-    parser.add_argument("--output-json", default=None,
-                        help="Path to save the latency results in JSON format.")
+    engine_args.add_run_args(parser, "latency")
     engine_args.add_engine_args(parser)
     parser.set_defaults(enable_prefix_caching=False)
 

@@ -26,13 +26,9 @@ from examples.bench import datasets, engine_args
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     datasets.add_dataset_args(parser)
-    parser.add_argument("--n", type=int, default=1,
-                        help="Number of generated sequences per prompt.")
     parser.add_argument("--temperature", type=float, default=1.0,
                         help="Sampling temperature (vLLM's throughput uses 1.0).")
-    parser.add_argument("--disable-detokenize", action="store_true")
-    parser.add_argument("--output-json", default=None,
-                        help="Path to save the throughput results in JSON format.")
+    engine_args.add_run_args(parser, "throughput")
     engine_args.add_engine_args(parser)
 
 
