@@ -29,39 +29,26 @@ from engine.llm_engine import LLMEngine
 from engine.model_loader import load_model
 from engine.sampling_params import SamplingParams
 from engine.worker.model_runner import ModelRunner
+from tests.test_models_parity import make_hf_model
 
 transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-_COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, vocab_size=300, max_position_embeddings=512,
-               tie_word_embeddings=False)
-CONFIGS = {
-    "llama": dict(model_type="llama", rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64}),
-    "qwen3": dict(model_type="qwen3", head_dim=32),
-    "qwen3_moe": dict(model_type="qwen3_moe", head_dim=16, num_experts=8, num_experts_per_tok=2,
-                      moe_intermediate_size=32, norm_topk_prob=True),
-}
+# the tiny configs of the CPU parity tests (both layers of qwen3_moe sparse here)
+NAMES = ["llama", "qwen3", "qwen3_moe"]
 PROMPTS = [[(7 * i + 3 * j) % 300 for j in range(n)] for i, n in enumerate((37, 5, 20, 11))]
 MAX_TOKENS = [12, 5, 9, 16]  # requests finish at different steps: batches 4, 3, 2, 1
 
 
-@pytest.fixture(scope="module", params=list(CONFIGS))
+@pytest.fixture(scope="module", params=NAMES)
 def hf_dir(request, tmp_path_factory):
     """(name, directory with config.json + model.safetensors, the transformers model)."""
-    kw = {**_COMMON, **CONFIGS[request.param]}
-    cfg = transformers.AutoConfig.for_model(kw.pop("model_type"), **kw)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    extra = {"mlp_only_layers": []} if request.param == "qwen3_moe" else {}
+    model = make_hf_model(request.param, max_position_embeddings=512, **extra)
     d = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(d)
-    return request.param, str(d), model.eval()
+    return request.param, str(d), model
 
 
 def our_prompt_logits(path: str, ids: list[int], dtype: torch.dtype) -> torch.Tensor:

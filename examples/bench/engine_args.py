@@ -128,3 +128,14 @@ def check_max_model_len(engine, needed: int) -> None:
     if engine.max_model_len < needed:
         sys.exit("Please ensure that max_model_len is greater than the sum of prompt_len and "
                  f"expected_output_len for all requests ({engine.max_model_len} < {needed}).")
+
+
+def run_and_save(run, args: argparse.Namespace) -> dict:
+    """Build the engine, run one benchmark on it, write --output-json; its result dict."""
+    import json
+
+    results = run(build_engine(args), args)
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(results, f, indent=4)
+    return results

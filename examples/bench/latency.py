@@ -19,7 +19,6 @@ budget (max_num_batched_tokens), else null. --output-json writes vLLM's keys plu
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numpy as np
@@ -88,9 +87,4 @@ def run(engine, args: argparse.Namespace) -> dict:
 
 
 def main(args: argparse.Namespace) -> dict:
-    engine = engine_args.build_engine(args)
-    results = run(engine, args)
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(results, f, indent=4)
-    return results
+    return engine_args.run_and_save(run, args)

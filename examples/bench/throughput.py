@@ -18,7 +18,6 @@ fallback without --dataset-path; or `sharegpt-synthetic`).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 from examples.bench import datasets, engine_args
@@ -64,9 +63,4 @@ def run(engine, args: argparse.Namespace) -> dict:
 
 
 def main(args: argparse.Namespace) -> dict:
-    engine = engine_args.build_engine(args)
-    results = run(engine, args)
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(results, f, indent=4)
-    return results
+    return engine_args.run_and_save(run, args)
