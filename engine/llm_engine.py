@@ -4,6 +4,9 @@ add_request (input processing + validation, structured-output grammar compile st
 -> Scheduler.schedule -> grammar bitmask -> ModelRunner -> Scheduler.update_from_output
 -> OutputProcessor (detokenize, stop strings) -> RequestOutput list from step().
 Everything runs in-process; the engine-core process split of vLLM v1 is not done yet.
+Async scheduling (on by default on CUDA) is vLLM's EngineCore.step_with_batch_queue: a
+queue of two steps, so step N+1 is scheduled and queued on the device before the output
+of step N is waited for and processed (engine/core/async_scheduler.py).
 Start-up follows vLLM's engine core: load the model (load_format auto | dummy), profile
 the activation peak on CUDA and size the KV cache from gpu_memory_utilization
 (kv_cache_memory_bytes overrides), allocate and bind the cache, capture the decode CUDA
@@ -14,14 +17,17 @@ quantized (GGUF GEMV/GEMM kernels).
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import torch
 
 from engine.chat_template import render_chat_template
 from engine.config import EngineConfig
+from engine.core.async_scheduler import AsyncScheduler
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.kv_cache_utils import get_num_kv_blocks
+from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
 from engine.errors import InvalidArgumentError, NotFoundError
 from engine.metrics import EngineStats, StatsAggregator
@@ -39,7 +45,11 @@ from engine.structured_output import (
 )
 from engine.tokenizer import Tokenizer
 from engine.worker.gpu_worker import determine_available_memory
-from engine.worker.model_runner import ModelRunner, SampledModelRunnerOutput
+from engine.worker.model_runner import (
+    AsyncModelRunnerOutput,
+    ModelRunner,
+    SampledModelRunnerOutput,
+)
 
 _CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -85,8 +95,14 @@ class LLMEngine:
                             config.enable_prefix_caching, watermark=config.watermark)
         self.structured_output_manager = None if tokenizer is None else \
             _structured_output_manager(config, tokenizer, arch.vocab_size)
-        self.scheduler = Scheduler(config, kv, self.max_model_len,
-                                   structured_output_manager=self.structured_output_manager)
+        if config.async_scheduling is None:  # vLLM: on unless incompatible; ours: CUDA
+            config.async_scheduling = device.type == "cuda"
+        scheduler_cls = AsyncScheduler if config.async_scheduling else Scheduler
+        self.scheduler = scheduler_cls(config, kv, self.max_model_len,
+                                       structured_output_manager=self.structured_output_manager)
+        # steps queued on the device whose output is not processed yet, newest first
+        self.batch_queue: deque[tuple[AsyncModelRunnerOutput, SchedulerOutput]] = deque()
+        self.batch_queue_size = 2 if config.async_scheduling else 1
         self.stats = StatsAggregator()
         self.output_processor = OutputProcessor(tokenizer)
         self.max_logprobs = config.max_logprobs  # -1: the whole vocab
@@ -234,22 +250,38 @@ class LLMEngine:
         self._pending_outputs.extend(self.output_processor.abort_requests(done))
 
     def step(self) -> list[RequestOutput]:
+        """Schedule and queue a step; unless the batch queue still has room (async
+        scheduling), wait for the oldest step queued and return its outputs."""
         outputs, self._pending_outputs = self._pending_outputs, []
-        if not self.scheduler.has_unfinished_requests():
-            return outputs
-        sched_out = self.scheduler.schedule()
-        grammar_output = self.scheduler.get_grammar_bitmask(sched_out)
-        runner_out = self.model_runner.execute_model(sched_out, grammar_output)
+        queue = self.batch_queue
+        if self.scheduler.has_unfinished_requests():
+            sched_out = self.scheduler.schedule()
+            if sched_out.pending_output_tokens and queue:  # its sampling needs that output
+                outputs += self._process_step(*queue.pop())
+            grammar_output = self.scheduler.get_grammar_bitmask(sched_out)
+            queue.appendleft((self.model_runner.execute_model_async(sched_out, grammar_output),
+                              sched_out))
+            if len(queue) < self.batch_queue_size and sched_out.total_num_scheduled_tokens:
+                return outputs
+        if queue:
+            outputs += self._process_step(*queue.pop())
+        return outputs
+
+    def _process_step(self, future: AsyncModelRunnerOutput, sched_out: SchedulerOutput
+                      ) -> list[RequestOutput]:
+        """Wait for a queued step's output: scheduler update, stop checks, outputs."""
+        runner_out = future.get_output()
         results = self.scheduler.update_from_output(sched_out, runner_out)
         results += [(req, []) for req in self.scheduler.take_errored_requests()]
         new_outputs, stopped = self.output_processor.process_outputs(
             _engine_core_outputs(results, runner_out))
         self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
         self.stats.observe(self.scheduler.make_stats(), self.scheduler.num_preemptions)
-        return outputs + new_outputs
+        return new_outputs
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._pending_outputs) or self.scheduler.has_unfinished_requests()
+        return bool(self._pending_outputs or self.batch_queue) or \
+            self.scheduler.has_unfinished_requests()
 
     def get_stats(self) -> EngineStats:
         """Cumulative metrics for vllm.h (vLLM's Prometheus gauges and counters):
@@ -273,6 +305,8 @@ class LLMEngine:
     def shutdown(self) -> None:
         for req_id in list(self.output_processor.request_states):
             self.abort_request(req_id)
+        while self.batch_queue:  # wait for the device; the outputs are of aborted requests
+            self.batch_queue.pop()[0].get_output()
         self._pending_outputs = []
         if self.structured_output_manager is not None:
             self.structured_output_manager.clear_backend()

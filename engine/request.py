@@ -96,6 +96,9 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit length, set when first scheduled
         self.num_preemptions = 0
+        # async scheduling: tokens sampled by steps still in flight (not yet appended)
+        self.num_output_placeholders = 0
+        self.is_prefill_chunk = False  # the last scheduled step samples nothing
         # prompt logprobs need every prompt position computed (vLLM sampling_params.py)
         self.skip_reading_prefix_cache = bool(sampling_params.skip_reading_prefix_cache)
         self.block_size = block_size

@@ -1,8 +1,19 @@
-"""Launcher helpers shared by the kernel files: argument checks that raise the engine's errors."""
+"""Launcher helpers shared by the kernel files: argument checks that raise the engine's errors,
+and programmatic dependent launch (PDL, sm_90+): a kernel launched with it may start while
+the kernel before it drains, and calls pdl_wait() before it touches memory (the wait
+returns once that kernel finished and flushed), then lets the next kernel launch early in
+turn. In a CUDA graph of tiny decode kernels this hides most of each launch gap.
+LIBVLLM_DISABLE_PDL=1 turns it off (A/B benchmarks); the interpreter never uses it.
+"""
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
+import triton
+import triton.language as tl
 
 from engine.errors import InvalidArgumentError
 
@@ -23,3 +34,24 @@ def check_float(name: str, t: torch.Tensor) -> None:
 def check_same_device(**tensors: torch.Tensor) -> None:
     devices = {str(t.device) for t in tensors.values()}
     check(len(devices) == 1, f"{', '.join(tensors)} must be on one device, got {sorted(devices)}")
+
+
+@functools.cache
+def _pdl_supported(device_index: int) -> bool:
+    return (os.environ.get("TRITON_INTERPRET") != "1"
+            and os.environ.get("LIBVLLM_DISABLE_PDL") != "1"
+            and torch.cuda.get_device_capability(device_index)[0] >= 9)
+
+
+def pdl_launch(t: torch.Tensor) -> dict:
+    """Launch options of a kernel whose tensors live with `t`: USE_PDL for its pdl_wait()
+    and Triton's launch_pdl flag, both on for a CUDA device of compute capability >= 9."""
+    on = t.is_cuda and _pdl_supported(t.device.index or 0)
+    return {"USE_PDL": on, "launch_pdl": on}
+
+
+@triton.jit
+def pdl_wait():
+    """Wait for the kernel before (all of it, its writes visible), then let the next launch."""
+    tl.extra.cuda.gdc_wait()
+    tl.extra.cuda.gdc_launch_dependents()

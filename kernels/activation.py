@@ -13,14 +13,16 @@ import triton
 import triton.language as tl
 
 from engine.layers.activation import SiluAndMul
-from kernels._common import check, check_float
+from kernels._common import check, check_float, pdl_launch, pdl_wait
 
 
 @triton.jit
 def _silu_and_mul_kernel(
     x_ptr, out_ptr, d, stride_x, stride_out,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # the kernel before wrote this one's inputs
+        pdl_wait()
     # one program: BLOCK output columns of one token; x row: [2 * d], out row: [d]
     tok = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -49,6 +51,7 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     block = min(4096, triton.next_power_of_2(d))
     _silu_and_mul_kernel[(n, triton.cdiv(d, block))](
         x, out, d, x.stride(0), out.stride(0), BLOCK=block, num_warps=4 if block >= 1024 else 1,
+        **pdl_launch(x),
     )
     return out
 

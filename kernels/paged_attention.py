@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from engine.layers.attention import AttentionMetadata, paged_attention_ref
-from kernels._common import check, check_float, check_same_device
+from kernels._common import check, check_float, check_same_device, pdl_launch, pdl_wait
 
 LOG2E = 1.4426950408889634
 
@@ -72,8 +72,10 @@ def _paged_attention_decode_kernel(
     num_q_heads, head_size, group, qk_scale, num_splits, window,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr,
     BLOCK_H: tl.constexpr, SPLIT: tl.constexpr, USE_WINDOW: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # the kernel before wrote this one's inputs
+        pdl_wait()
     # program (request, kv head, split): the `group` query heads of one kv head, one token
     req = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -117,7 +119,10 @@ def _paged_attention_decode_kernel(
 def _paged_attention_decode_reduce_kernel(
     part_acc_ptr, part_ml_ptr, out_ptr, stride_ot: tl.int64, stride_oh, num_q_heads,
     head_size, num_splits, HEAD_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # the decode kernel wrote the partials
+        pdl_wait()
     # program (request, query head): merge the splits' partial softmax states
     req = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -282,12 +287,13 @@ def paged_attention_decode(
         num_splits, sliding_window or 0, BLOCK_SIZE=block_size, TILE_N=tile_n,
         HEAD_PAD=head_pad, BLOCK_H=max(16, triton.next_power_of_2(group)), SPLIT=split,
         USE_WINDOW=sliding_window is not None, DOT_PREC=prec,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(q),
     )
     if split:
         _paged_attention_decode_reduce_kernel[(n, nq)](
             part_acc, part_ml, out, out.stride(0), out.stride(1), nq, hd, num_splits,
             HEAD_PAD=head_pad, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+            **pdl_launch(q),
         )
     return out
 

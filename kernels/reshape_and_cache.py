@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from engine.layers.attention import reshape_and_cache as engine_reshape_and_cache
-from kernels._common import check, check_float, check_same_device
+from kernels._common import check, check_float, check_same_device, pdl_launch, pdl_wait
 
 
 @triton.jit
@@ -25,8 +25,10 @@ def _reshape_and_cache_kernel(
     k_ptr, v_ptr, cache_ptr, slot_ptr,
     stride_kt: tl.int64, stride_vt: tl.int64, stride_kv: tl.int64,
     stride_block: tl.int64, stride_slot: tl.int64, row_size, block_size,
-    TILE: tl.constexpr,
+    TILE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # the kernel before wrote this one's inputs
+        pdl_wait()
     # k, v rows: [num_kv_heads * head_size] (heads contiguous); cache slot rows likewise
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
@@ -72,6 +74,7 @@ def reshape_and_cache(
         key, value, kv_cache, slot_mapping, key.stride(0), value.stride(0), kv_cache.stride(0),
         kv_cache.stride(1), kv_cache.stride(2), row, block_size, TILE=tile,
         num_warps=4 if tile >= 512 else 1,
+        **pdl_launch(key),
     )
 
 

@@ -14,14 +14,16 @@ import triton
 import triton.language as tl
 
 from engine.layers.layernorm import GemmaRMSNorm, RMSNorm
-from kernels._common import check, check_float, check_same_device
+from kernels._common import check, check_float, check_same_device, pdl_launch, pdl_wait
 
 
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, hidden, stride_x, stride_res, stride_out, eps, weight_offset,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # the kernel before wrote this one's inputs
+        pdl_wait()
     # one program: one row of `hidden` values; x, res, out rows: [hidden]; w: [hidden]
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -62,6 +64,7 @@ def _launch(x, residual, weight, out, eps, weight_offset):
         float(weight_offset),
         HAS_RESIDUAL=residual is not None, BLOCK=block,
         num_warps=min(16, max(1, block // 512)),
+        **pdl_launch(x),
     )
 
 

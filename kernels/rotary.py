@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from engine.layers.rotary_embedding import RotaryEmbedding
-from kernels._common import check, check_float, check_same_device
+from kernels._common import check, check_float, check_same_device, pdl_launch, pdl_wait
 
 
 @triton.jit
@@ -40,8 +40,10 @@ def _rotate_heads(ptr, stride_h, n_heads, cos, sin, half,
 def _rotary_embedding_kernel(
     pos_ptr, q_ptr, k_ptr, cache_ptr, stride_qt, stride_qh, stride_kt, stride_kh,
     n_q_heads, n_k_heads, half, stride_cache,
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # the kernel before wrote this one's inputs
+        pdl_wait()
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     d = tl.arange(0, BLOCK_D)[None, :]
@@ -91,6 +93,7 @@ def rotary_embedding(
         cos_sin_cache.stride(0), BLOCK_HQ=triton.next_power_of_2(nq),
         BLOCK_HK=triton.next_power_of_2(nk), BLOCK_D=triton.next_power_of_2(rot // 2),
         num_warps=4,
+        **pdl_launch(query),
     )
 
 

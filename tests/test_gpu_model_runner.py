@@ -123,14 +123,18 @@ def test_cuda_graphs_fp32_close_to_cpu_fp32(hf_dir):
 
 
 def test_cuda_graphs_bf16_equal_eager_bf16(hf_dir):
+    """Also async scheduling (on by default on CUDA) against none: the same tokens."""
     _, path, _ = hf_dir
     graphs, _, engine = greedy(path, "cuda", "bfloat16", kv_cache_memory_bytes=64 << 20)
+    assert engine.config.async_scheduling and engine.batch_queue_size == 2
     eager, _, eager_engine = greedy(path, "cuda", "bfloat16", enforce_eager=True,
-                                    kv_cache_memory_bytes=64 << 20)
+                                    kv_cache_memory_bytes=64 << 20, async_scheduling=False)
     assert eager_engine.model_runner.cudagraphs is None
     assert eager_engine.cudagraph_capture_time_s == 0.0
+    graphs_sync, _, _ = greedy(path, "cuda", "bfloat16", kv_cache_memory_bytes=64 << 20,
+                               async_scheduling=False)
     assert [len(t) for t in graphs] == MAX_TOKENS
-    assert graphs == eager
+    assert graphs == eager == graphs_sync
 
 
 SAMPLED = [SamplingParams(temperature=0.0, max_tokens=6),
@@ -143,20 +147,38 @@ SAMPLED = [SamplingParams(temperature=0.0, max_tokens=6),
 
 
 @pytest.mark.parametrize("params", [SAMPLED[:1] * 3, SAMPLED], ids=["greedy", "sampled"])
-def test_decode_step_syncs_once(hf_dir, params):
-    """Only the final copy of the sampled ids waits for the GPU (eager and graphs), also
-    with top-k/top-p/min-p, a seeded generator, penalties, logit bias, min_tokens and
-    allowed_token_ids."""
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_decode_step_syncs_once(hf_dir, params, async_scheduling, monkeypatch):
+    """A decode step waits for the GPU once, on the event after the copy of the sampled
+    ids to pinned memory; nothing else syncs (eager and graphs), also with
+    top-k/top-p/min-p, a seeded generator, penalties, logit bias, min_tokens and
+    allowed_token_ids, with and without async scheduling."""
     _, path, _ = hf_dir
+    output_events, waits = [], []
+    real_copy, real_sync = ModelRunner._copy_to_host, torch.cuda.Event.synchronize
+
+    def copy_to_host(self, t):
+        host, event = real_copy(self, t)
+        output_events.append(event)
+        return host, event
+
+    def synchronize(event):
+        waits.extend([event] if any(event is e for e in output_events) else [])
+        real_sync(event)
+
+    monkeypatch.setattr(ModelRunner, "_copy_to_host", copy_to_host)
+    monkeypatch.setattr(torch.cuda.Event, "synchronize", synchronize)
     for eager in (False, True):
         engine = LLMEngine.from_config(EngineConfig(
             path, device="cuda", skip_tokenizer_init=True, enforce_eager=eager, max_num_seqs=4,
-            max_model_len=512, kv_cache_memory_bytes=64 << 20))
+            max_model_len=512, kv_cache_memory_bytes=64 << 20,
+            async_scheduling=async_scheduling))
         for i, sp in enumerate(params):
             engine.add_request(str(i), PROMPTS[i], sp)
-        engine.step()  # prefill (its prompt-index copy may sync)
-        engine.step()
+        for _ in range(3):  # prefill (its prompt-index copy may sync), then decodes
+            engine.step()
         torch.cuda.synchronize()
+        waits.clear()
         torch.cuda.set_sync_debug_mode("warn")
         try:
             with warnings.catch_warnings(record=True) as caught:
@@ -164,8 +186,8 @@ def test_decode_step_syncs_once(hf_dir, params):
                 engine.step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        syncs = [w for w in caught if "synchroniz" in str(w.message)]
-        assert len(syncs) == 1, [str(w.message) for w in syncs]
+        syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+        assert syncs == [] and len(waits) == 1, (syncs, len(waits))
 
 
 def test_chunked_prefill_with_a_busy_gpu_keeps_its_inputs(hf_dir):
@@ -174,10 +196,11 @@ def test_chunked_prefill_with_a_busy_gpu_keeps_its_inputs(hf_dir):
     is held back (torch.cuda._sleep) before every step: outputs must not change."""
     _, path, _ = hf_dir
 
-    def run(busy: bool) -> list[list[int]]:
+    def run(busy: bool, async_scheduling: bool) -> list[list[int]]:
         engine = LLMEngine.from_config(EngineConfig(
             path, device="cuda", skip_tokenizer_init=True, enforce_eager=True, max_num_seqs=4,
-            max_num_batched_tokens=16, max_model_len=512, kv_cache_memory_bytes=64 << 20))
+            max_num_batched_tokens=16, max_model_len=512, kv_cache_memory_bytes=64 << 20,
+            async_scheduling=async_scheduling))
         for i in range(2):
             engine.add_request(str(i), PROMPTS[i % 2] * 2, SamplingParams(
                 temperature=0.0, max_tokens=4, ignore_eos=True))
@@ -189,7 +212,9 @@ def test_chunked_prefill_with_a_busy_gpu_keeps_its_inputs(hf_dir):
                         if o.finished})
         return [out["0"], out["1"]]
 
-    assert run(busy=True) == run(busy=False)
+    want = run(busy=False, async_scheduling=False)
+    assert run(busy=True, async_scheduling=False) == want
+    assert run(busy=True, async_scheduling=True) == want
 
 
 def kv_cache_bytes(engine: LLMEngine) -> int:

@@ -7,8 +7,9 @@ for our API: one token per step from the runner, resumed requests come back as
 NewRequestData (vLLM's v2 model-runner form), update_from_output returns
 (request, new token ids) pairs. Oracle: the upstream expectations; the block arithmetic
 of our own cases is written in their comments. Cases for multimodal, LoRA, spec decode,
-KV/EC connectors, async scheduling, structured output and DP throttling are not ported:
-those features do not exist in this engine (see .agents/specs/engine-core.md).
+KV/EC connectors, structured output and DP throttling are not ported: those features do
+not exist in this engine (see .agents/specs/engine-core.md). Async scheduling has its
+own file, tests/test_async_scheduling.py.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import random
 import pytest
 
 from engine.config import EngineConfig
+from engine.core.async_scheduler import AsyncScheduler
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.sched_output import CachedRequestData, ModelRunnerOutput, SchedulerOutput
 from engine.core.sched_utils import check_stop
@@ -36,8 +38,8 @@ def create_scheduler(max_num_seqs: int = 16, max_num_batched_tokens: int = 8192,
                      long_prefill_token_threshold_adaptive: bool = False,
                      num_blocks: int = 10000, block_size: int = 16,
                      max_model_len: int | None = None, scheduling_policy: str = "fcfs",
-                     scheduler_reserve_full_isl: bool = True, log_stats: bool = True
-                     ) -> Scheduler:
+                     scheduler_reserve_full_isl: bool = True, log_stats: bool = True,
+                     async_scheduling: bool = False) -> Scheduler:
     if max_model_len is None:
         max_model_len = max_num_batched_tokens
     config = EngineConfig(
@@ -51,7 +53,8 @@ def create_scheduler(max_num_seqs: int = 16, max_num_batched_tokens: int = 8192,
         scheduler_reserve_full_isl=scheduler_reserve_full_isl)
     kv = KVCacheManager(num_blocks, block_size, max_model_len, enable_prefix_caching,
                         log_stats=log_stats, watermark=config.watermark)
-    return Scheduler(config, kv, max_model_len, log_stats=log_stats)
+    scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
+    return scheduler_cls(config, kv, max_model_len, log_stats=log_stats)
 
 
 def create_requests(num_requests: int, num_tokens: int = 10, ignore_eos: bool = False,

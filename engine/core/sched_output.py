@@ -52,6 +52,10 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str]  # finished since the last step: the runner drops them
     preempted_req_ids: set[str] = field(default_factory=set)
+    # async scheduling: a request sampled this step needs, to be sampled, the token of a
+    # step still in flight (vLLM's pending_structured_output_tokens, widened to penalties
+    # and bad words, which read the output ids so far): that step's output comes first
+    pending_output_tokens: bool = False
 
 
 @dataclass

@@ -1,6 +1,5 @@
 """Scheduler: one token budget per step, no prefill/decode phases, as
-vllm/v1/core/sched/scheduler.py (synchronous: no async scheduling, spec decode,
-connectors or encoder inputs).
+vllm/v1/core/sched/scheduler.py (no spec decode, connectors or encoder inputs).
 
 Each step serves running requests first (a decode token or the next prefill chunk);
 when the KV pool is short a running request is preempted (recompute: its blocks are
@@ -11,6 +10,9 @@ prefix-cache hits. A request whose structured-output grammar is still compiling 
 skipped until it is ready (WAITING_FOR_FSM); one whose grammar failed ends FINISHED_ERROR.
 get_grammar_bitmask gives the bitmask rows of the structured requests sampled this step,
 and update_from_output advances their matchers (a rejected token fails the request).
+Async scheduling (engine/core/async_scheduler.py) counts the tokens of steps in flight as
+num_output_placeholders: a running request is scheduled past them, and not at all once
+the step in flight samples its last token (max_tokens).
 """
 
 from __future__ import annotations
@@ -116,7 +118,13 @@ class Scheduler:
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
-            num_new = request.num_tokens - request.num_computed_tokens
+            if request.num_output_placeholders > 0 and request.num_computed_tokens + 2 - \
+                    request.num_output_placeholders >= request.num_prompt_tokens + \
+                    request.max_tokens:  # the step in flight samples its last token
+                req_index += 1
+                continue
+            num_new = (request.num_tokens + request.num_output_placeholders
+                       - request.num_computed_tokens)
             if 0 < threshold < num_new:
                 num_new = threshold
             num_new = min(num_new, token_budget,
@@ -253,7 +261,10 @@ class Scheduler:
     def _update_after_schedule(self, out: SchedulerOutput) -> None:
         # computed tokens advance now, so the next step can schedule the next chunk
         for req_id, num_tokens in out.num_scheduled_tokens.items():
-            self.requests[req_id].num_computed_tokens += num_tokens
+            request = self.requests[req_id]
+            request.num_computed_tokens += num_tokens
+            request.is_prefill_chunk = request.num_computed_tokens < (
+                request.num_tokens + request.num_output_placeholders)
         self.finished_req_ids = set()
         self.reset_preempted_req_ids = set()
 
@@ -263,6 +274,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_output_placeholders = 0  # a step in flight still delivers its token
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
@@ -273,7 +285,9 @@ class Scheduler:
                            ) -> list[tuple[Request, list[int]]]:
         """Append sampled tokens, check stop conditions, free finished requests.
         Returns (request, new token ids) for each scheduled request that produced tokens
-        or finished; requests finished meanwhile (aborted) are skipped."""
+        or finished; requests finished meanwhile (aborted) are skipped. Under async
+        scheduling a request preempted while this step was in flight still takes its
+        token (it is recomputed with the rest)."""
         req_id_to_index = model_runner_output.req_id_to_index
         results, stopped_reqs = [], set()
         for req_id in scheduler_output.num_scheduled_tokens:
@@ -283,11 +297,17 @@ class Scheduler:
             new_token_ids = model_runner_output.sampled_token_ids[req_id_to_index[req_id]]
             if not new_token_ids:
                 continue
+            if request.num_output_placeholders > 0:
+                request.num_output_placeholders -= len(new_token_ids)
+            preempted = request.status == RequestStatus.PREEMPTED  # async: waits again
             new_token_ids, stopped = self._update_request_with_output(request,
                                                                       list(new_token_ids))
             if request.use_structured_output and not self._accept_tokens(request, new_token_ids) \
                     and not stopped:
-                self.running.remove(request)
+                if preempted:
+                    self.waiting.remove_requests([request])
+                else:
+                    self.running.remove(request)
                 self._fail_request(request, VllmError(
                     f"the structured output grammar of request {req_id} rejected the sampled "
                     f"token(s) {new_token_ids}; the constraint cannot be honoured with these "
@@ -295,11 +315,14 @@ class Scheduler:
                 results.append((request, new_token_ids))
                 continue
             if stopped:
+                if preempted:
+                    self.waiting.remove_requests([request])
                 stopped_reqs.add(request)
                 self._free_request(request)
             results.append((request, new_token_ids))
         self.running = remove_all(self.running, stopped_reqs)
         return results
+
 
     def _accept_tokens(self, request: Request, new_token_ids: list[int]) -> bool:
         manager = self.structured_output_manager

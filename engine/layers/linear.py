@@ -8,7 +8,9 @@ before copying; forward returns the output tensor only (vLLM also returns the bi
 GGUFWeight is the quantized form of a weight on CUDA (vLLM's GGUFLinearMethod,
 vllm/model_executor/layers/quantization/gguf.py): the raw GGUF blocks of each output shard
 stay on the device and every matmul runs kernels/gguf_gemm.py; a layer that has one
-(`gguf_weight`) has no dense weight.
+(`gguf_weight`) has no dense weight. A dense bf16/fp16 matmul of one row on CUDA (batch-1
+decode) runs the Triton GEMV kernels/gemv.py (dense_linear), which beats cuBLAS there; a
+gated MLP's down projection takes its SiLU-and-mul into that GEMV (forward_act_and_mul).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import ModelLoadError
+from engine.layers.activation import SiluAndMul
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -25,6 +28,24 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
     if tuple(param.shape) != tuple(loaded.shape):
         raise ModelLoadError(f"weight has shape {tuple(loaded.shape)}, want {tuple(param.shape)}")
     param.data.copy_(loaded.to(param.dtype))
+
+
+def _one_row_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether kernels/gemv.py takes this matmul: one bf16/fp16 row on CUDA."""
+    return (x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1
+            and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+            and weight.is_contiguous() and (bias is None or bias.dtype == x.dtype))
+
+
+def dense_linear(x: torch.Tensor, weight: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, or kernels/gemv.py dense_gemv for one bf16/fp16 row on CUDA."""
+    # x: [num_tokens, in], weight: [out, in] -> [num_tokens, out]
+    if _one_row_gemv(x, weight, bias):
+        from kernels.gemv import dense_gemv  # lazy: CUDA path only
+
+        return dense_gemv(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def _new_param(*shape: int) -> nn.Parameter:
@@ -71,7 +92,18 @@ class ReplicatedLinear(nn.Module):
         if self.gguf_weight is not None:
             y = self.gguf_weight(x)
             return y if self.bias is None else y + self.bias
-        return F.linear(x, self.weight, self.bias)
+        return dense_linear(x, self.weight, self.bias)
+
+    def forward_act_and_mul(self, gate_up: torch.Tensor, act_fn: nn.Module) -> torch.Tensor:
+        """self(act_fn(gate_up)) for a gated MLP's down projection; SiLU-and-mul of one row
+        on CUDA runs inside the GEMV (kernels/gemv.py silu_and_mul), one kernel for two."""
+        # gate_up: [num_tokens, 2 * in] -> [num_tokens, out]
+        if isinstance(act_fn, SiluAndMul) and self.gguf_weight is None and \
+                _one_row_gemv(gate_up, self.weight, self.bias):
+            from kernels.gemv import dense_gemv  # lazy: CUDA path only
+
+            return dense_gemv(gate_up, self.weight, self.bias, silu_and_mul=True)
+        return self(act_fn(gate_up))
 
 
 class RowParallelLinear(ReplicatedLinear):

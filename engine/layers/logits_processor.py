@@ -1,15 +1,16 @@
 """LogitsProcessor: hidden states -> fp32 logits, as vllm/model_executor/layers/
 logits_processor.py (scale, then optional tanh soft cap: Gemma's final_logit_softcapping).
 An LM head kept as GGUF blocks on CUDA (`gguf_weight`, engine/layers/linear.py) runs the
-GGUF GEMV/GEMM kernels.
+GGUF GEMV/GEMM kernels; a dense head with one row of hidden states on CUDA runs the Triton
+GEMV kernels/gemv.py (engine/layers/linear.py dense_linear).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.linear import dense_linear
 from engine.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
 
@@ -25,7 +26,7 @@ class LogitsProcessor(nn.Module):
         # hidden_states: [num_seqs, hidden] -> [num_seqs, vocab] fp32
         gguf_weight = getattr(lm_head, "gguf_weight", None)
         logits = (gguf_weight(hidden_states) if gguf_weight is not None
-                  else F.linear(hidden_states, lm_head.weight)).float()
+                  else dense_linear(hidden_states, lm_head.weight)).float()
         if self.scale != 1.0:
             logits = logits * self.scale
         if self.soft_cap is not None:

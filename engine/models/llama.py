@@ -37,7 +37,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, hidden] -> [num_tokens, hidden]
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        return self.down_proj.forward_act_and_mul(self.gate_up_proj(x), self.act_fn)
 
 
 class LlamaAttention(nn.Module):

@@ -38,6 +38,15 @@ class SamplingMetadata:
     logit_bias: dict[int, dict[int, float]] = field(default_factory=dict)  # row -> bias
 
 
+def has_penalties(sp: SamplingParams) -> bool:
+    return bool(sp.presence_penalty or sp.frequency_penalty or sp.repetition_penalty != 1.0)
+
+
+def reads_output_token_ids(sp: SamplingParams) -> bool:
+    """Penalties and bad words read the ids sampled so far (not just their count)."""
+    return has_penalties(sp) or bool(sp.bad_words_token_ids)
+
+
 def build_sampling_metadata(sps: list[SamplingParams], token_ids: list[list[int]],
                             num_prompt_tokens: list[int],
                             generators: dict[int, torch.Generator], vocab_size: int,
@@ -62,8 +71,7 @@ def build_sampling_metadata(sps: list[SamplingParams], token_ids: list[list[int]
     wanted = [vocab_size if sp.logprobs == -1 else min(sp.logprobs, vocab_size)
               for sp in sps if sp.logprobs is not None]
     md.max_num_logprobs = max(wanted, default=None)
-    if any(sp.presence_penalty or sp.frequency_penalty or sp.repetition_penalty != 1.0
-           for sp in sps):
+    if any(has_penalties(sp) for sp in sps):
         md.no_penalties = False
         md.prompt_token_ids = make_tensor_with_pad(
             [ids[:n] for ids, n in zip(token_ids, num_prompt_tokens, strict=True)],

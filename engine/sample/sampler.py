@@ -19,7 +19,7 @@ from engine.sample.metadata import SamplingMetadata
 from engine.sample.ops.bad_words import apply_bad_words
 from engine.sample.ops.logprobs import compute_logprobs, gather_logprobs
 from engine.sample.ops.penalties import apply_all_penalties
-from engine.sample.ops.topk_topp_sampler import apply_top_k_top_p, random_sample
+from engine.sample.ops.topk_topp_sampler import apply_top_k_top_p, argmax_rows, random_sample
 from engine.sample.outputs import SamplerOutput
 
 _SAMPLING_EPS = 1e-5
@@ -54,7 +54,7 @@ class Sampler(nn.Module):
 
     @staticmethod
     def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        greedy = None if md.all_random else logits.argmax(dim=-1)
+        greedy = None if md.all_random else argmax_rows(logits)
         if md.all_greedy:
             return greedy
         temp = md.temperature
@@ -64,8 +64,7 @@ class Sampler(nn.Module):
         if md.min_p is not None:
             logits = apply_min_p(logits, md.min_p)
         logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
-        probs = logits.softmax(dim=-1, dtype=torch.float32)
-        sampled = random_sample(probs, md.generators)
+        sampled = random_sample(logits, md.generators)  # argmax(softmax / q), no softmax
         if greedy is None:
             return sampled
         return torch.where(md.temperature < _SAMPLING_EPS, greedy, sampled)

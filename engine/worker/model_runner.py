@@ -10,8 +10,12 @@ uniform decode batches, engine/worker/cudagraph.py), applies the grammar bitmask
 structured-output requests, samples on the device, and computes prompt logprobs for the
 requests that ask (over the scheduled chunk; chunks of a chunked prefill are concatenated
 and handed over with the first sampled token, as vLLM's _get_prompt_logprobs_dict). The
-only host sync of a step is the final copy of the sampled token ids (plus logprobs when
-asked). profile_run is vLLM's profiling forward pass (KV cache sizing,
+only host sync of a step is AsyncModelRunnerOutput.get_output, which waits for the copy
+of the sampled token ids (plus logprobs when asked). execute_model_async returns before
+it (async scheduling, vLLM's AsyncGPUModelRunnerOutput): the next step can be prepared
+while this one runs; a token still in flight is a -1 placeholder in the request's token
+ids, and the next step's input takes it from the device tensor of sampled ids (vLLM's
+_prepare_input_ids). profile_run is vLLM's profiling forward pass (KV cache sizing,
 engine/worker/gpu_worker.py).
 """
 
@@ -25,7 +29,11 @@ import torch
 from engine.core.sched_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
 from engine.errors import InvalidArgumentError
 from engine.layers.attention import Attention, AttentionMetadata
-from engine.sample.metadata import SamplingMetadata, build_sampling_metadata
+from engine.sample.metadata import (
+    SamplingMetadata,
+    build_sampling_metadata,
+    reads_output_token_ids,
+)
 from engine.sample.ops.logprobs import compute_logprobs, gather_logprobs
 from engine.sample.ops.torch_utils import async_tensor_h2d
 from engine.sample.outputs import LogprobsLists, LogprobsTensors
@@ -37,6 +45,7 @@ from engine.worker.input_batch import BlockTable, CpuGpuBuffer
 
 _PROMPT_LOGITS_ROWS = 512  # prompt positions per logits matmul (bounds [rows, vocab] memory)
 PAD_SLOT_ID = -1  # slot of a padding token: the cache kernel skips it
+PLACEHOLDER_TOKEN_ID = -1  # a sampled token still in flight (async scheduling)
 
 
 @dataclass
@@ -51,6 +60,8 @@ class CachedRequestState:
     # prompt logprobs still to produce (vocab size for -1); None: not asked or delivered
     num_prompt_logprobs: int | None = None
     in_progress_prompt_logprobs: list[LogprobsTensors] = field(default_factory=list)
+    # positions in token_ids of sampled tokens still in flight (placeholders), oldest first
+    pending_positions: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -72,6 +83,42 @@ class _StepInputs:
     graph_size: int | None  # padded batch size of a captured decode graph; None: eager
 
 
+class AsyncModelRunnerOutput:
+    """A step's output once its sampled ids reach the host (vLLM's
+    AsyncGPUModelRunnerOutput): get_output waits for the copy, then writes the tokens
+    over the placeholders of the requests' token ids."""
+
+    def __init__(self, req_ids: list[str], sampled_rows: list[tuple[int, CachedRequestState]],
+                 sampled: torch.Tensor | None, copied: torch.cuda.Event | None,
+                 logprobs: LogprobsTensors | None, first_rows: list[int],
+                 prompt_logprobs: dict[str, LogprobsTensors]) -> None:
+        self.req_ids = req_ids
+        self.sampled_rows = sampled_rows  # (request index, its state) per sampled row
+        self.sampled = sampled  # [len(sampled_rows)] int64 on the host (pinned on CUDA)
+        self.copied = copied  # recorded after the device -> host copy of `sampled`
+        self.logprobs = logprobs
+        self.first_rows = first_rows
+        self.prompt_logprobs = prompt_logprobs
+        self._output: SampledModelRunnerOutput | None = None
+
+    def get_output(self) -> SampledModelRunnerOutput:
+        if self._output is not None:
+            return self._output
+        if self.copied is not None:
+            self.copied.synchronize()
+        sampled_per_req: list[list[int]] = [[] for _ in self.req_ids]
+        if self.sampled is not None:
+            for (i, st), tok in zip(self.sampled_rows, self.sampled.tolist()):
+                pos = st.pending_positions.pop(0)
+                st.token_ids[pos] = tok
+                sampled_per_req[i] = [tok]
+        self._output = SampledModelRunnerOutput(
+            self.req_ids, sampled_per_req,
+            None if self.logprobs is None else self.logprobs.tolists(self.first_rows),
+            {r: t.tolists() for r, t in self.prompt_logprobs.items()})
+        return self._output
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor] | None,
                  device: torch.device, block_size: int, max_num_reqs: int = 256,
@@ -91,6 +138,10 @@ class ModelRunner:
         # the last step's host -> device copies out of the pinned buffers, while no host
         # sync has shown them done (a step that samples nothing ends without one)
         self._copies_in_flight: torch.cuda.Event | None = None
+        # the last step's sampled ids on the device and each request's row in them: the
+        # source of the next step's placeholder inputs (async scheduling)
+        self._prev_sampled: torch.Tensor | None = None  # [num_sampled] int64
+        self._prev_sampled_row: dict[str, int] = {}
         buf = {"device": device}
         self.input_ids = CpuGpuBuffer(max_num_tokens, dtype=torch.long, **buf)
         self.positions = CpuGpuBuffer(max_num_tokens, dtype=torch.long, **buf)
@@ -171,8 +222,12 @@ class ModelRunner:
         seq_lens = self.seq_lens.np
         seq_lens[:n] = starts + num_sched
         tokens: list[int] = []
-        for st, s, k in zip(states, starts.tolist(), num_sched.tolist()):
+        dst, src = [], []  # input positions of tokens in flight, their rows in _prev_sampled
+        for req_id, st, s, k in zip(req_ids, states, starts.tolist(), num_sched.tolist()):
             tokens.extend(st.token_ids[s:s + k])
+            if st.pending_positions and st.pending_positions[-1] < s + k:
+                dst.append(len(tokens) - 1)
+                src.append(self._prev_sampled_row[req_id])
         self.input_ids.np[:total] = tokens
         req_of = np.repeat(np.arange(n), num_sched)  # [total] request index of each token
         pos = starts[req_of] + (np.arange(total, dtype=np.int32) - qsl[req_of])
@@ -195,17 +250,26 @@ class ModelRunner:
         inputs = _StepInputs(req_ids, qsl[:n + 1].copy(), seq_lens[:n].copy(),
                              self.input_ids.copy_to_gpu(padded),
                              self.positions.copy_to_gpu(padded), md, graph)
+        if dst:  # tokens sampled by the step in flight, straight from the device
+            index = async_tensor_h2d([dst, src], torch.long, self.device)
+            inputs.input_ids[index[0]] = self._prev_sampled[index[1]]
         if self.device.type == "cuda":
             self._copies_in_flight = torch.cuda.Event()
             self._copies_in_flight.record()
         return inputs
 
-    @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput, grammar_output: GrammarOutput | None = None
                       ) -> SampledModelRunnerOutput:
+        return self.execute_model_async(so, grammar_output).get_output()
+
+    @torch.inference_mode()
+    def execute_model_async(self, so: SchedulerOutput,
+                            grammar_output: GrammarOutput | None = None
+                            ) -> AsyncModelRunnerOutput:
+        """Queue the step on the device; its output comes from get_output()."""
         self._update_states(so)
         if not so.num_scheduled_tokens:
-            return SampledModelRunnerOutput([], [])
+            return AsyncModelRunnerOutput([], [], None, None, None, [], {})
         inp = self._prepare_inputs(so)
         req_ids, qsl, seq_lens = inp.req_ids, inp.qsl, inp.seq_lens
         if inp.graph_size:
@@ -217,8 +281,8 @@ class ModelRunner:
         # sample only requests whose scheduled tokens reach the end of what is known
         rows = [i for i, r in enumerate(req_ids)
                 if seq_lens[i] == len(self.requests[r].token_ids)]
-        sampled_per_req: list[list[int]] = [[] for _ in req_ids]
-        logprobs = None
+        states = [self.requests[req_ids[i]] for i in rows]
+        sampled = copied = logprobs = None
         if rows:
             if len(rows) == hidden.shape[0]:  # every token is a request's last one (decode)
                 logits = self.model.compute_logits(hidden)
@@ -228,19 +292,29 @@ class ModelRunner:
                 logits = self.model.compute_logits(hidden[last])
             if grammar_output is not None:
                 self._apply_grammar_bitmask(logits, grammar_output, [req_ids[i] for i in rows])
-            states = [self.requests[req_ids[i]] for i in rows]
             out = self.sampler(logits, self._sampling_metadata(states))
-            if out.logprobs_tensors is not None:
-                logprobs = out.logprobs_tensors.tolists(_first_rows(rows, len(req_ids)))
-            for i, st, tok in zip(rows, states, out.sampled_token_ids.tolist()):
-                st.token_ids.append(tok)
-                sampled_per_req[i] = [tok]
-            self._copies_in_flight = None  # that copy waited for the whole step
+            logprobs = out.logprobs_tensors
+            self._prev_sampled = out.sampled_token_ids  # [len(rows)] int64
+            self._prev_sampled_row = {req_ids[i]: j for j, i in enumerate(rows)}
+            sampled, copied = self._copy_to_host(out.sampled_token_ids)
+            for st in states:
+                st.pending_positions.append(len(st.token_ids))
+                st.token_ids.append(PLACEHOLDER_TOKEN_ID)
         for i, r in enumerate(req_ids):
             self.requests[r].num_computed_tokens = int(seq_lens[i])
-        return SampledModelRunnerOutput(
-            req_ids, sampled_per_req, logprobs,
-            {r: t.tolists() for r, t in prompt_logprobs.items()})
+        return AsyncModelRunnerOutput(req_ids, list(zip(rows, states)), sampled, copied,
+                                      logprobs, _first_rows(rows, len(req_ids)),
+                                      prompt_logprobs)
+
+    def _copy_to_host(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """A queued device -> pinned host copy and the event after it (CPU: t itself)."""
+        if self.device.type != "cuda":
+            return t, None
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return host, event
 
     @staticmethod
     def _apply_grammar_bitmask(logits: torch.Tensor, grammar: GrammarOutput,
@@ -318,6 +392,10 @@ class ModelRunner:
         return done
 
     def _sampling_metadata(self, states: list[CachedRequestState]) -> SamplingMetadata:
+        # penalties and bad words read the outputs: the engine resolves placeholders first
+        assert not (any(reads_output_token_ids(s.sampling_params) for s in states)
+                    and any(s.pending_positions for s in states)), \
+            "sampling needs a token still in flight"
         return build_sampling_metadata(
             [s.sampling_params for s in states], [s.token_ids for s in states],
             [s.num_prompt_tokens for s in states],

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType  # noqa: E402
 from kernels import gguf_gemm as gg  # noqa: E402
 from kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
+from kernels.gemv import dense_gemv, gemv_config  # noqa: E402
 from kernels.paged_attention import (  # noqa: E402
     paged_attention_decode,
     paged_attention_decode_ref,
@@ -138,6 +139,28 @@ def bench_small() -> None:
         tt = gpu_time(lambda: reshape_and_cache(k, v, kv, slots))
         row("reshape_and_cache", f"T={t} kv={NKV}x{HD}", tt, 4 * t * NKV * HD * 2, err=err,
             note="err = mismatched elements")
+
+
+def bench_dense() -> None:
+    """cuBLAS bf16 GEMV/GEMM (F.linear) at decode batch sizes on Llama-3.1-8B's weights, and
+    at M=1 kernels/gemv.py dense_gemv (what the layers run for one row on CUDA)."""
+    shapes = {"qkv": (6144, H), "o": (H, H), "gate_up": (2 * FF, H), "down": (H, FF),
+              "lm_head": (128256, H)}
+    for name, (n, k) in shapes.items():
+        ws = [torch.randn(n, k, dtype=BF16, device=DEV) for _ in range(copies(n * k * 2))]
+        for m in (1, 8, 32):
+            x = torch.randn(m, k, dtype=BF16, device=DEV)
+            err = rel_err(torch.nn.functional.linear(x, ws[0]), x.float() @ ws[0].float().T)
+            tt = gpu_time(lambda: [torch.nn.functional.linear(x, w) for w in ws])
+            row(f"dense_{name}", f"M={m} N={n} K={k}", tt / len(ws), n * k * 2 + m * (n + k) * 2,
+                2 * m * n * k, err=err)
+            if m == 1:
+                err = rel_err(dense_gemv(x, ws[0]), x.float() @ ws[0].float().T)
+                tt = gpu_time(lambda: [dense_gemv(x, w) for w in ws])
+                row(f"triton_gemv_{name}", f"M=1 N={n} K={k}", tt / len(ws),
+                    n * k * 2 + (n + k) * 2, 2 * n * k, err=err,
+                    note=f"(BN, BK, warps, stages) {gemv_config(n, k)}")
+        ws.clear()  # free this shape's copies before the next (the lambdas hold the list)
 
 
 def _attn_case(seq, q_lens):
@@ -288,7 +311,8 @@ def main() -> None:
     ap.add_argument("--sweep", nargs="*", help="sections whose launch configs to sweep "
                     "(no names: all)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--only", nargs="*", default=["small", "decode", "prefill", "gguf", "gemm"])
+    ap.add_argument("--only", nargs="*",
+                    default=["small", "dense", "decode", "prefill", "gguf", "gemm"])
     args = ap.parse_args()
     torch.manual_seed(0)
     start = time.time()
@@ -296,7 +320,7 @@ def main() -> None:
           f"triton {__import__('triton').__version__}", flush=True)
     sweep = {n for n in ("decode", "prefill", "gguf", "gemm")
              if args.sweep is not None and (not args.sweep or n in args.sweep)}
-    steps = {"small": lambda: bench_small(),
+    steps = {"small": lambda: bench_small(), "dense": bench_dense,
              "decode": lambda: bench_decode("decode" in sweep),
              "prefill": lambda: bench_prefill("prefill" in sweep),
              "gguf": lambda: bench_gguf("gguf" in sweep),

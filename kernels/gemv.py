@@ -1,0 +1,128 @@
+"""Dense one-row GEMV in Triton: y = x @ w.T (+ bias) for x [1, K], w [N, K], fp32 accumulation.
+
+The batch-1 decode path of the dense linear layers and the LM head (engine/layers/linear.py
+dense_linear): at M = 1 cuBLAS runs a GEMV (plus a split-K reduce kernel for some shapes)
+that this plain row-block kernel beats on every Llama-3.1-8B weight shape on the H200
+(docs/kernels.md). Mirrors vLLM's one-token dense GEMV on ROCm
+(vllm/model_executor/layers/utils.py rocm_unquantized_gemm -> ops.LLMM1,
+csrc/rocm/skinny_gemms.cu): each program streams a few whole weight rows against the one
+activation row, no split K; here BN rows in BK-wide steps into a [BN, BK] fp32
+accumulator reduced once at the end. Rounding follows F.linear in fp32 rounded once to x's
+dtype (the bias is added in fp32 before that rounding). With silu_and_mul the row is a
+gated MLP's gate_up output [1, 2K] and the kernel feeds silu(gate) * up to the GEMV as it
+loads it (the down projection of batch-1 decode without the SiLU-and-mul kernel), rounded
+as kernels/activation.py rounds. A weight prefetch before the PDL wait (peeling the first
+tile) measured slower: it broke Triton's pipelining of the loop.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from engine.layers.activation import SiluAndMul
+from kernels._common import check, check_float, check_same_device, pdl_launch, pdl_wait
+
+
+@triton.jit
+def _dense_gemv_kernel(
+    x_ptr, w_ptr, bias_ptr, y_ptr, N, K,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SILU_AND_MUL: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    if USE_PDL:  # the kernel before wrote this one's inputs
+        pdl_wait()
+    # one program: BN output values; x: [K] ([2K] gate | up with SILU_AND_MUL),
+    # w rows: [BN, K] (row stride K), y: [BN]
+    rn = tl.program_id(0) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    row_mask = rn[:, None] < N
+    acc = tl.zeros((BN, BK), dtype=tl.float32)
+    wp = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]  # [BN, BK] pointers
+    xp = x_ptr + rk
+    for k in range(0, K, BK):
+        if EVEN_K:
+            w = tl.load(wp, mask=row_mask, other=0.0, eviction_policy="evict_first")
+            x = tl.load(xp)
+            if SILU_AND_MUL:
+                up = tl.load(xp + K)
+        else:
+            k_mask = rk < K - k
+            w = tl.load(wp, mask=row_mask & k_mask[None, :], other=0.0,
+                        eviction_policy="evict_first")
+            x = tl.load(xp, mask=k_mask, other=0.0)
+            if SILU_AND_MUL:
+                up = tl.load(xp + K, mask=k_mask, other=0.0)
+        if SILU_AND_MUL:  # x = silu(gate) * up, each rounded to the activation dtype
+            g = x.to(tl.float32)
+            silu = (g / (1.0 + tl.exp(-g))).to(x.dtype)
+            x = (silu.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        wp += BK
+        xp += BK
+    y = tl.sum(acc, axis=1)  # [BN] fp32
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+
+
+def gemv_config(n: int, k: int, silu_and_mul: bool = False) -> tuple[int, int, int, int]:
+    """(BN, BK, num_warps, num_stages) for an [n, k] weight, the fastest of a sweep of the
+    Llama-3.1-8B shapes on the H200 (docs/kernels.md): 4-row blocks of 1024-wide steps for
+    the square and wide weights (o, gate_up) and the fused SiLU-and-mul down projection,
+    8-row blocks for qkv (n > k) and down (n < k), 16-row blocks for an LM head."""
+    if n > 65536:
+        bn, bk, warps, stages = 16, 256, 4, 2
+    elif silu_and_mul:
+        bn, bk, warps, stages = 4, 512, 4, 1
+    elif k < n < 16384:
+        bn, bk, warps, stages = 8, 512, 4, 2
+    elif n < k:
+        bn, bk, warps, stages = 8, 512, 8, 2
+    else:
+        bn, bk, warps, stages = 4, 1024, 2, 1
+    return bn, min(bk, triton.next_power_of_2(k)), warps, stages
+
+
+def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+               silu_and_mul: bool = False) -> torch.Tensor:
+    """x: [1, K] ([1, 2K] = gate | up with silu_and_mul), w: [N, K], bias: [N] or None
+    -> y: [1, N] in x's dtype."""
+    check(x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1, f"x must be one row [1, K] "
+          f"with a contiguous last dimension, got {tuple(x.shape)} strides {x.stride()}")
+    check_float("x", x)
+    check(not silu_and_mul or x.shape[1] % 2 == 0,
+          f"x must be [1, 2K] with silu_and_mul, got {tuple(x.shape)}")
+    k = x.shape[1] // 2 if silu_and_mul else x.shape[1]
+    check(k > 0, "x must have K > 0 columns")
+    check(w.dim() == 2 and w.shape[1] == k and w.is_contiguous(), f"w must be a contiguous "
+          f"[N, {k}], got {tuple(w.shape)} strides {w.stride()}")
+    n = w.shape[0]
+    check(w.dtype == x.dtype, f"w must be {x.dtype} like x, got {w.dtype}")
+    check_same_device(x=x, w=w)
+    if bias is not None:
+        check(bias.shape == (n,) and bias.is_contiguous() and bias.dtype == x.dtype,
+              f"bias must be a contiguous [{n}] {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
+        check_same_device(x=x, bias=bias)
+    y = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    if n == 0:
+        return y
+    bn, bk, warps, stages = gemv_config(n, k, silu_and_mul)
+    _dense_gemv_kernel[(triton.cdiv(n, bn),)](
+        x, w, bias if bias is not None else w, y, n, k,
+        HAS_BIAS=bias is not None, EVEN_K=k % bk == 0, SILU_AND_MUL=silu_and_mul, BN=bn, BK=bk,
+        num_warps=warps, num_stages=stages,
+        **pdl_launch(x),
+    )
+    return y
+
+
+def dense_gemv_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+                   silu_and_mul: bool = False) -> torch.Tensor:
+    """F.linear computed in fp32 and rounded to x's dtype: [M, K] x [N, K] -> [M, N];
+    with silu_and_mul, of the engine's SiluAndMul of x ([M, 2K])."""
+    if silu_and_mul:
+        x = SiluAndMul().forward_native(x)
+    return F.linear(x.float(), w.float(), None if bias is None else bias.float()).to(x.dtype)

@@ -1,0 +1,183 @@
+"""kernels/gemv.py dense_gemv against F.linear in fp32, and its dispatch from the layers.
+
+Oracle: dense_gemv_ref = F.linear in fp32 rounded to x's dtype. Shapes cover the unmasked
+K loop (K % BK == 0), a masked K tail after full steps, N not a multiple of the row block,
+bias or none; on CUDA also Llama-3.1-8B's weights (both configs), 64-bit weight offsets,
+and ReplicatedLinear / LogitsProcessor taking the kernel for one bf16 row (the down
+projection with SiLU-and-mul fused into it). Runs on CUDA or
+under the Triton interpreter (tests/test_kernels_common.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_kernels_common import DEVICE, ON_CUDA, assert_close, gpu
+
+import kernels.gemv
+from engine.errors import InvalidArgumentError
+from engine.layers.activation import SiluAndMul
+from engine.layers.linear import ReplicatedLinear
+from engine.layers.logits_processor import LogitsProcessor
+from engine.layers.vocab_parallel_embedding import ParallelLMHead
+from kernels.gemv import dense_gemv, dense_gemv_ref, gemv_config
+
+# bf16 too on CPU: the interpreter truncates to bf16 (1 ulp), inside the bf16 tolerance
+ALL_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _inputs(n: int, k: int, dtype: torch.dtype, bias: bool, seed: int = 0):
+    torch.manual_seed(seed)
+    x = torch.randn(1, k, dtype=dtype, device=DEVICE)
+    w = (torch.randn(n, k, device=DEVICE) / k**0.5).to(dtype)
+    b = torch.randn(n, dtype=dtype, device=DEVICE) if bias else None
+    return x, w, b
+
+
+@pytest.mark.parametrize("n", [8, 37, 300])
+@pytest.mark.parametrize("k", [64, 100, 1024, 1100])  # EVEN_K, tail only, EVEN_K, full + tail
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_dense_gemv_matches_fp32_linear(n: int, k: int, dtype: torch.dtype, bias: bool) -> None:
+    x, w, b = _inputs(n, k, dtype, bias)
+    y = dense_gemv(x, w, b)
+    assert y.shape == (1, n) and y.dtype == dtype
+    assert_close(y, dense_gemv_ref(x, w, b))
+
+
+@pytest.mark.parametrize("n,k", [(37, 64), (300, 1100)])
+# not bf16 under the interpreter: it truncates the rounded SiLU where torch rounds to even
+@pytest.mark.parametrize("dtype", ALL_DTYPES if ON_CUDA else ALL_DTYPES[:2])
+def test_dense_gemv_silu_and_mul_matches_the_engine(n: int, k: int, dtype: torch.dtype
+                                                    ) -> None:
+    """The down projection fused with SiLU-and-mul: x is gate | up, [1, 2K]."""
+    x, w, b = _inputs(n, 2 * k, dtype, True)
+    w = w[:, :k].contiguous()
+    y = dense_gemv(x, w, b, silu_and_mul=True)
+    assert y.shape == (1, n) and y.dtype == dtype
+    assert_close(y, dense_gemv_ref(x, w, b, silu_and_mul=True))
+    with pytest.raises(InvalidArgumentError, match=r"\[1, 2K\]"):
+        dense_gemv(x[:, :-1], w, silu_and_mul=True)
+
+
+def test_dense_gemv_row_view_and_empty_n() -> None:
+    x, w, _ = _inputs(24, 96, torch.float32, False, seed=1)
+    rows = torch.randn(3, 96, device=DEVICE)
+    assert_close(dense_gemv(rows[1:2], w), dense_gemv_ref(rows[1:2], w))
+    assert dense_gemv(x, w[:0]).shape == (1, 0)
+
+
+def test_gemv_config_reproduces_the_h200_sweep() -> None:
+    assert gemv_config(6144, 4096) == (8, 512, 4, 2)  # qkv
+    assert gemv_config(4096, 4096) == (4, 1024, 2, 1)  # o
+    assert gemv_config(4096, 14336) == (8, 512, 8, 2)  # down
+    assert gemv_config(4096, 14336, silu_and_mul=True) == (4, 512, 4, 1)  # fused down
+    assert gemv_config(28672, 4096) == (4, 1024, 2, 1)  # gate_up
+    assert gemv_config(128256, 4096) == (16, 256, 4, 2)  # lm_head
+    assert gemv_config(300, 100)[1] == 128  # BK shrinks to next_power_of_2(K)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,x_dtype,w_dtype,match", [
+    ((16,), (8, 16), torch.float32, torch.float32, r"one row \[1, K\]"),
+    ((1, 1, 16), (8, 16), torch.float32, torch.float32, r"one row \[1, K\]"),
+    ((2, 16), (8, 16), torch.float32, torch.float32, r"one row \[1, K\]"),
+    ((1, 16), (8, 16), torch.int32, torch.int32, "float32, float16 or bfloat16"),
+    ((1, 16), (8, 16), torch.float32, torch.float16, "w must be torch.float32 like x"),
+    ((1, 16), (8, 12), torch.float32, torch.float32, r"contiguous \[N, 16\]"),
+    ((1, 16), (8,), torch.float32, torch.float32, r"contiguous \[N, 16\]"),
+    ((1, 0), (8, 0), torch.float32, torch.float32, "K > 0"),
+])
+def test_dense_gemv_rejects_bad_input(x_shape, w_shape, x_dtype, w_dtype, match) -> None:
+    x = torch.zeros(x_shape, dtype=x_dtype, device=DEVICE)
+    with pytest.raises(InvalidArgumentError, match=match):
+        dense_gemv(x, torch.zeros(w_shape, dtype=w_dtype, device=DEVICE))
+
+
+def test_dense_gemv_rejects_bad_bias_and_strides() -> None:
+    x, w, _ = _inputs(8, 16, torch.float32, False)
+    with pytest.raises(InvalidArgumentError, match=r"bias must be a contiguous \[8\]"):
+        dense_gemv(x, w, torch.zeros(7, device=DEVICE))
+    with pytest.raises(InvalidArgumentError, match=r"bias must be a contiguous \[8\]"):
+        dense_gemv(x, w, torch.zeros(8, dtype=torch.float16, device=DEVICE))
+    with pytest.raises(InvalidArgumentError, match=r"contiguous \[N, 16\]"):
+        dense_gemv(x, torch.zeros(16, 8, device=DEVICE).t())
+    with pytest.raises(InvalidArgumentError, match="contiguous last dimension"):
+        dense_gemv(torch.zeros(1, 32, device=DEVICE)[:, ::2], w)
+
+
+@pytest.fixture
+def gemv_calls(monkeypatch) -> list[tuple[int, ...]]:
+    """Shapes of the x each dense_gemv call got (the layers import it lazily, per call)."""
+    calls: list[tuple[int, ...]] = []
+    real = kernels.gemv.dense_gemv
+
+    def spy(x, w, bias=None, silu_and_mul=False):
+        calls.append(tuple(x.shape) + (("silu_and_mul",) if silu_and_mul else ()))
+        return real(x, w, bias, silu_and_mul)
+
+    monkeypatch.setattr(kernels.gemv, "dense_gemv", spy)
+    return calls
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU path")
+def test_layers_use_f_linear_off_cuda(gemv_calls) -> None:
+    lin = ReplicatedLinear(16, 8, bias=True)
+    lin.weight.data.normal_()
+    lin.bias.data.normal_()
+    x = torch.randn(1, 16)
+    torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=0, atol=0)
+    assert gemv_calls == []
+
+
+@gpu
+@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
+                                 (128256, 4096), (1000, 4000)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_dense_gemv_llama_shapes_bf16(n: int, k: int, bias: bool) -> None:
+    x, w, b = _inputs(n, k, torch.bfloat16, bias, seed=2)
+    assert_close(dense_gemv(x, w, b), dense_gemv_ref(x, w, b))
+
+
+@gpu
+def test_dense_gemv_64bit_offsets() -> None:
+    # 524_352 rows of 4096 bf16 = 2^31 + 2^18 elements: the last rows start past 2^31
+    n, k = 524_352, 4096
+    w = torch.zeros(n, k, dtype=torch.bfloat16, device=DEVICE)
+    x, tail, _ = _inputs(64, k, torch.bfloat16, False, seed=3)
+    w[-64:] = tail
+    y = dense_gemv(x, w)
+    assert_close(y[:, -64:], dense_gemv_ref(x, tail))
+    assert not y[:, :-64].any()
+    del w
+
+
+@gpu
+def test_layers_take_the_gemv_for_one_bf16_row(gemv_calls) -> None:
+    torch.manual_seed(4)
+    lin = ReplicatedLinear(4096, 6144, bias=True).to(DEVICE, torch.bfloat16)
+    lin.weight.data.normal_(std=4096**-0.5)
+    lin.bias.data.normal_()
+    for rows in (1, 2):
+        x = torch.randn(rows, 4096, dtype=torch.bfloat16, device=DEVICE)
+        assert_close(lin(x), F.linear(x, lin.weight, lin.bias))
+    head = ParallelLMHead(1000, 4096).to(DEVICE, torch.bfloat16)
+    head.weight.data.normal_(std=4096**-0.5)
+    h = torch.randn(1, 4096, dtype=torch.bfloat16, device=DEVICE)
+    logits = LogitsProcessor(1000)(head, h)
+    assert logits.dtype == torch.float32
+    assert_close(logits.bfloat16(), F.linear(h, head.weight))
+    assert gemv_calls == [(1, 4096), (1, 4096)]  # the 2-row input stays on cuBLAS
+
+
+@gpu
+def test_down_projection_takes_silu_and_mul_into_the_gemv(gemv_calls) -> None:
+    torch.manual_seed(5)
+    down = ReplicatedLinear(14336, 4096).to(DEVICE, torch.bfloat16)
+    down.weight.data.normal_(std=14336**-0.5)
+    act = SiluAndMul()
+    for rows in (1, 2):
+        gate_up = torch.randn(rows, 2 * 14336, dtype=torch.bfloat16, device=DEVICE)
+        assert_close(down.forward_act_and_mul(gate_up, act),
+                     F.linear(act.forward_native(gate_up), down.weight))
+    assert gemv_calls == [(1, 2 * 14336, "silu_and_mul")]  # 2 rows: the kernel + cuBLAS
