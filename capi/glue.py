@@ -107,7 +107,15 @@ def _engine_config(model: str, p) -> EngineConfig:
         load_format=optional_text(p.load_format, "params->load_format") or "auto",
         gpu_memory_utilization=f32(p.gpu_memory_utilization),
         skip_tokenizer_init=bool(p.skip_tokenizer_init),
+        async_scheduling=_tristate(p.async_scheduling, "params->async_scheduling"),
     )
+
+
+def _tristate(value: int, name: str) -> bool | None:
+    """1: True, -1: False, 0: None (the engine decides)."""
+    if value not in (-1, 0, 1):
+        raise InvalidArgumentError(f"{name} must be -1, 0 or 1, got {value}")
+    return None if value == 0 else value == 1
 
 
 def _load_chat_template(value: str) -> str:

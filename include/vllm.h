@@ -59,7 +59,7 @@
 
 /* ABI version: the major changes on any incompatible change (and with it the SONAME). */
 #define VLLM_ABI_VERSION_MAJOR 0
-#define VLLM_ABI_VERSION_MINOR 3
+#define VLLM_ABI_VERSION_MINOR 4
 #define VLLM_ABI_VERSION ((VLLM_ABI_VERSION_MAJOR << 16) | VLLM_ABI_VERSION_MINOR)
 
 #ifdef __cplusplus
@@ -165,6 +165,10 @@ typedef struct vllm_engine_params {
                                         activations and KV cache; default 0.9 */
     int32_t skip_tokenizer_init;     /* 1: no tokenizer; token-id prompts only, outputs
                                         carry token ids and empty text; default 0 */
+    /* since 0.4 */
+    int32_t async_scheduling;        /* vLLM's --async-scheduling: schedule step N+1 while
+                                        step N runs on the device. 1: on, -1: off,
+                                        0 (default): on with CUDA, off on CPU */
 } vllm_engine_params;
 
 /* What vllm_engine_model_info() reports. */

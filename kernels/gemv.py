@@ -87,9 +87,11 @@ def gemv_config(n: int, k: int, silu_and_mul: bool = False) -> tuple[int, int, i
 
 
 def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-               silu_and_mul: bool = False) -> torch.Tensor:
+               silu_and_mul: bool = False,
+               config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """x: [1, K] ([1, 2K] = gate | up with silu_and_mul), w: [N, K], bias: [N] or None
-    -> y: [1, N] in x's dtype."""
+    -> y: [1, N] in x's dtype. config: (BN, BK, num_warps, num_stages), for sweeps;
+    None: gemv_config's."""
     check(x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1, f"x must be one row [1, K] "
           f"with a contiguous last dimension, got {tuple(x.shape)} strides {x.stride()}")
     check_float("x", x)
@@ -109,7 +111,7 @@ def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     y = torch.empty(1, n, dtype=x.dtype, device=x.device)
     if n == 0:
         return y
-    bn, bk, warps, stages = gemv_config(n, k, silu_and_mul)
+    bn, bk, warps, stages = config or gemv_config(n, k, silu_and_mul)
     _dense_gemv_kernel[(triton.cdiv(n, bn),)](
         x, w, bias if bias is not None else w, y, n, k,
         HAS_BIAS=bias is not None, EVEN_K=k % bk == 0, SILU_AND_MUL=silu_and_mul, BN=bn, BK=bk,

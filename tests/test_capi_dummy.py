@@ -1,5 +1,6 @@
 """vllm.h 0.3 engine params load_format, skip_tokenizer_init and gpu_memory_utilization
-(vLLM's --load-format dummy, --skip-tokenizer-init, --gpu-memory-utilization), through
+(vLLM's --load-format dummy, --skip-tokenizer-init, --gpu-memory-utilization) and 0.4's
+async_scheduling (--async-scheduling: the same tokens on, off and by default), through
 build/libvllm.so loaded into this process, on a tiny Llama config.json directory.
 
 Oracles: the engine itself (LLMEngine with the same config gives the same greedy tokens:
@@ -38,18 +39,23 @@ def _step_tokens(api, engine, ids: list[int]) -> list[int]:
     return tokens
 
 
+def _oracle_tokens(path: str, ids: list[int]) -> list[int]:
+    """Greedy tokens of LLMEngine on the same dummy weights (seeded)."""
+    oracle = dummy_engine(path)
+    oracle.add_request("o", ids, SamplingParams(temperature=0.0, max_tokens=6,
+                                                ignore_eos=True))
+    finals = []
+    while oracle.has_unfinished_requests():
+        finals += [o for o in oracle.step() if o.finished]
+    return finals[0].outputs[0].token_ids
+
+
 def test_dummy_engine_through_the_abi(api, tmp_path):
     path = write_config(tmp_path, "LlamaForCausalLM")
     lib, ffi = api.lib, api.ffi
     e = api.create(path, load_format="dummy", skip_tokenizer_init=1, device="cpu")
     try:
-        oracle = dummy_engine(path)
-        oracle.add_request("o", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=6,
-                                                           ignore_eos=True))
-        finals = []
-        while oracle.has_unfinished_requests():
-            finals += [o for o in oracle.step() if o.finished]
-        want = finals[0].outputs[0].token_ids
+        want = _oracle_tokens(path, [1, 2, 3])
         assert _step_tokens(api, e, [1, 2, 3]) == want and len(want) == 6
         status = lib.vllm_request_add(e, b"t", b"hello", ffi.NULL, 0, api.greedy(2))
         assert status == lib.VLLM_ERR_INVALID_ARGUMENT
@@ -68,9 +74,22 @@ def test_dummy_engine_through_the_abi(api, tmp_path):
         lib.vllm_engine_free(e)
 
 
+@pytest.mark.parametrize("async_scheduling", [1, -1, 0])
+def test_async_scheduling_gives_the_same_tokens(api, tmp_path, async_scheduling):
+    path = write_config(tmp_path, "LlamaForCausalLM")
+    want = _oracle_tokens(path, [4, 5, 6])
+    e = api.create(path, load_format="dummy", skip_tokenizer_init=1, device="cpu",
+                   async_scheduling=async_scheduling)
+    try:
+        assert _step_tokens(api, e, [4, 5, 6]) == want
+    finally:
+        api.lib.vllm_engine_free(e)
+
+
 @pytest.mark.parametrize("fields, reason", [
     ({"load_format": "safetensors"}, "load_format must be auto or dummy"),
     ({"gpu_memory_utilization": 1.5}, "GPU memory utilization must be in (0, 1]"),
+    ({"async_scheduling": 2}, "params->async_scheduling must be -1, 0 or 1, got 2"),
 ])
 def test_bad_values_fail_create(api, tmp_path, fields, reason):
     p, _keep = api.params(**fields)

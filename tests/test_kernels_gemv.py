@@ -61,6 +61,13 @@ def test_dense_gemv_silu_and_mul_matches_the_engine(n: int, k: int, dtype: torch
         dense_gemv(x[:, :-1], w, silu_and_mul=True)
 
 
+def test_dense_gemv_launch_config_override() -> None:
+    """A sweep's config (examples/bench/kernels.py --sweep dense) computes the same."""
+    x, w, b = _inputs(37, 1100, torch.float32, True)
+    for config in ((4, 64, 2, 1), (16, 256, 4, 2)):
+        assert_close(dense_gemv(x, w, b, config=config), dense_gemv_ref(x, w, b))
+
+
 def test_dense_gemv_row_view_and_empty_n() -> None:
     x, w, _ = _inputs(24, 96, torch.float32, False, seed=1)
     rows = torch.randn(3, 96, device=DEVICE)

@@ -8,8 +8,8 @@ distinct input copies that the data does not sit in the 50 MB L2, as a model's l
 not. Each row: time per call, bytes moved or FLOPs, the ratio to the H200 ceilings measured
 in ../shared/device/README.md (4.28 TB/s copy, 799 TFLOP/s bf16), and the max relative
 error against the reference. --sweep also times other launch configs of the attention,
-GEMV, dequantize and fused GEMM kernels (sections: small decode prefill gguf gemm). Prints
-a table last; writes kernels.json to --out (default $OUT or .).
+GEMV, dequantize and fused GEMM kernels (sections: small dense decode prefill gguf
+gemm). Prints a table last; writes kernels.json to --out (default $OUT or .).
 """
 # ruff: noqa: B023  (every lambda is timed inside the loop iteration that defines it)
 
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType  # noqa: E402
 from kernels import gguf_gemm as gg  # noqa: E402
 from kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
-from kernels.gemv import dense_gemv, gemv_config  # noqa: E402
+from kernels.gemv import dense_gemv, dense_gemv_ref, gemv_config  # noqa: E402
 from kernels.paged_attention import (  # noqa: E402
     paged_attention_decode,
     paged_attention_decode_ref,
@@ -141,12 +141,14 @@ def bench_small() -> None:
             note="err = mismatched elements")
 
 
-def bench_dense() -> None:
+def bench_dense(sweep: bool) -> None:
     """cuBLAS bf16 GEMV/GEMM (F.linear) at decode batch sizes on Llama-3.1-8B's weights, and
-    at M=1 kernels/gemv.py dense_gemv (what the layers run for one row on CUDA)."""
-    shapes = {"qkv": (6144, H), "o": (H, H), "gate_up": (2 * FF, H), "down": (H, FF),
-              "lm_head": (128256, H)}
-    for name, (n, k) in shapes.items():
+    at M=1 kernels/gemv.py dense_gemv (what the layers run for one row on CUDA; the down
+    projection with SiLU-and-mul fused, as the MLP runs it). --sweep dense also times the
+    GEMV's other launch configs (BN, BK, num_warps, num_stages)."""
+    shapes = {"qkv": (6144, H, False), "o": (H, H, False), "gate_up": (2 * FF, H, False),
+              "down": (H, FF, True), "lm_head": (128256, H, False)}
+    for name, (n, k, silu) in shapes.items():
         ws = [torch.randn(n, k, dtype=BF16, device=DEV) for _ in range(copies(n * k * 2))]
         for m in (1, 8, 32):
             x = torch.randn(m, k, dtype=BF16, device=DEV)
@@ -154,12 +156,21 @@ def bench_dense() -> None:
             tt = gpu_time(lambda: [torch.nn.functional.linear(x, w) for w in ws])
             row(f"dense_{name}", f"M={m} N={n} K={k}", tt / len(ws), n * k * 2 + m * (n + k) * 2,
                 2 * m * n * k, err=err)
-            if m == 1:
-                err = rel_err(dense_gemv(x, ws[0]), x.float() @ ws[0].float().T)
-                tt = gpu_time(lambda: [dense_gemv(x, w) for w in ws])
-                row(f"triton_gemv_{name}", f"M=1 N={n} K={k}", tt / len(ws),
-                    n * k * 2 + (n + k) * 2, 2 * n * k, err=err,
-                    note=f"(BN, BK, warps, stages) {gemv_config(n, k)}")
+        x = torch.randn(1, 2 * k if silu else k, dtype=BF16, device=DEV)
+        ref = dense_gemv_ref(x.float(), ws[0].float(), silu_and_mul=silu)
+        err = rel_err(dense_gemv(x, ws[0], silu_and_mul=silu), ref)
+        configs = [gemv_config(n, k, silu)]
+        if sweep:
+            configs += [(bn, bk, w, st) for bn in (4, 8, 16) for bk in (256, 512, 1024)
+                        for w in (2, 4, 8) for st in (1, 2, 3, 4)
+                        if bn * bk <= 16384 and (bn, bk, w, st) != configs[0]]
+        for cfg in configs:
+            tt = gpu_time(lambda cfg=cfg: [dense_gemv(x, w, silu_and_mul=silu, config=cfg)
+                                           for w in ws])
+            row(f"triton_gemv_{name}", f"M=1 N={n} K={k}" + (" silu" if silu else ""),
+                tt / len(ws), n * k * 2 + x.numel() * 2 + n * 2, 2 * n * k,
+                err=err if cfg is configs[0] else None,
+                note=f"(BN, BK, warps, stages) {cfg}")
         ws.clear()  # free this shape's copies before the next (the lambdas hold the list)
 
 
@@ -318,9 +329,9 @@ def main() -> None:
     start = time.time()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"triton {__import__('triton').__version__}", flush=True)
-    sweep = {n for n in ("decode", "prefill", "gguf", "gemm")
+    sweep = {n for n in ("dense", "decode", "prefill", "gguf", "gemm")
              if args.sweep is not None and (not args.sweep or n in args.sweep)}
-    steps = {"small": lambda: bench_small(), "dense": bench_dense,
+    steps = {"small": lambda: bench_small(), "dense": lambda: bench_dense("dense" in sweep),
              "decode": lambda: bench_decode("decode" in sweep),
              "prefill": lambda: bench_prefill("prefill" in sweep),
              "gguf": lambda: bench_gguf("gguf" in sweep),

@@ -58,6 +58,7 @@ class EngineParams(Structure):
         ("load_format", c_char_p),
         ("gpu_memory_utilization", c_float),
         ("skip_tokenizer_init", c_int32),
+        ("async_scheduling", c_int32),  # since 0.4
     ]
 
 

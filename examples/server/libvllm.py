@@ -35,6 +35,7 @@ class EngineParams(ctypes.Structure):
         ("tool_call_parser", _c_char_p), ("enable_auto_tool_choice", _c_int32),
         ("load_format", _c_char_p), ("gpu_memory_utilization", ctypes.c_float),
         ("skip_tokenizer_init", _c_int32),
+        ("async_scheduling", _c_int32),  # since 0.4
     ]
 
 

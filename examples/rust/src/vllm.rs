@@ -48,6 +48,7 @@ mod sys {
         pub load_format: *const c_char,
         pub gpu_memory_utilization: f32,
         pub skip_tokenizer_init: i32,
+        pub async_scheduling: i32, // since 0.4
     }
 
     #[repr(C)]
