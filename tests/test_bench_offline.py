@@ -1,6 +1,6 @@
-"""`python -m examples.bench throughput|latency|startup` end to end on CPU, with a tiny
-Llama-shaped config and --load-format dummy (token-id prompts, no tokenizer), and the
-suite's child step on the same tiny shapes. Checks vLLM's printed lines and JSON keys
+"""`python -m examples.bench throughput|latency|startup` and examples/bench/profile_step.py
+end to end on CPU, with a tiny Llama-shaped config and --load-format dummy (token-id
+prompts, no tokenizer), and the suite's child step on the same tiny shapes. Checks vLLM's printed lines and JSON keys
 (vllm/benchmarks/throughput.py, latency.py) and that the token counts are what the
 workload asks for."""
 
@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from examples.bench import suite
+from examples.bench import profile_step, suite
 from examples.bench.__main__ import main
 
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
@@ -62,6 +62,24 @@ def test_latency(tiny, capsys):
         assert re.search(rf"^{p}% percentile latency: {FLOAT} seconds$", text, re.M)
     assert len(res["latencies"]) == 4 and res["decode_tokens_per_second"] > 0
     assert 0 < res["first_step_seconds"] < res["avg_latency"]
+
+
+def test_latency_with_async_scheduling(tiny, capsys):
+    """The first step ends when its tokens reach the scheduler, not when step() queued it."""
+    res = main(["latency", "--batch-size", "2", "--input-len", "16", "--output-len", "5",
+                "--num-iters-warmup", "0", "--num-iters", "2", "--async-scheduling",
+                *_engine_flags(tiny)])
+    assert res["decode_tokens_per_second"] > 0
+    assert 0 < res["first_step_seconds"] < res["avg_latency"]
+
+
+def test_profile_step(tiny, tmp_path, capsys):
+    res = profile_step.main(["--batch-size", "2", "--input-len", "16", "--output-len", "5",
+                             "--out", str(tmp_path), *_engine_flags(tiny)])
+    assert res["decode_steps"] == 4  # 5 tokens: the prefill samples the first
+    assert res["wall_us_per_step"] > 0 and res["kernels"] == []  # no CUDA kernels on CPU
+    assert json.loads((tmp_path / "profile_step-b2.json").read_text()) == res
+    assert "decode steps 4, batch 2" in capsys.readouterr().out
 
 
 def test_startup(tiny, capsys):

@@ -93,7 +93,7 @@ def run(engine, args: argparse.Namespace) -> dict:
     return res
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m examples.bench.profile_step")
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=64)
@@ -103,11 +103,12 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     engine_args.add_engine_args(parser)
     parser.set_defaults(enable_prefix_caching=False)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     res = run(engine_args.build_engine(args), args)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     path = Path(args.out) / f"profile_step-b{args.batch_size}.json"
     path.write_text(json.dumps(res, indent=1))
+    return res
 
 
 if __name__ == "__main__":
