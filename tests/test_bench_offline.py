@@ -1,8 +1,8 @@
 """`python -m examples.bench throughput|latency|startup` and examples/bench/profile_step.py
 end to end on CPU, with a tiny Llama-shaped config and --load-format dummy (token-id
-prompts, no tokenizer), and the suite's child step on the same tiny shapes. Checks vLLM's printed lines and JSON keys
-(vllm/benchmarks/throughput.py, latency.py) and that the token counts are what the
-workload asks for."""
+prompts, no tokenizer), and the suite's child step on the same tiny shapes. Checks
+vLLM's printed lines and JSON keys (vllm/benchmarks/throughput.py, latency.py) and that
+the token counts are what the workload asks for."""
 
 from __future__ import annotations
 
