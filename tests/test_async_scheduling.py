@@ -43,15 +43,19 @@ def _schedule(scheduler) -> tuple[SchedulerOutput, set[str]]:
     return so, sampling
 
 
-def _run_queued(scheduler, queue: deque, before=None) -> dict[str, list[int]]:
+def _run_queued(scheduler, queue: deque, before=None, processed: list | None = None
+                ) -> dict[str, list[int]]:
     """Process the oldest step, schedule the next, until nothing is left; returns the
-    tokens the runner sampled for each request (also those dropped after a finish)."""
+    tokens the runner sampled for each request (also those dropped after a finish).
+    `processed` collects the SchedulerOutputs run."""
     emitted: dict[str, list[int]] = {}
     step = 0
     while queue:
         if before is not None:
             before(step)
         so, sampling = queue.popleft()
+        if processed is not None:
+            processed.append(so)
         out = _runner_output(so, sampling, step)
         for r, toks in zip(out.req_ids, out.sampled_token_ids):
             emitted.setdefault(r, []).extend(toks)
@@ -74,14 +78,9 @@ def test_stop_by_max_tokens(max_tokens: int):
     scheduler.add_request(req1)
     queue.append(_schedule(scheduler))
     expected += req1.num_prompt_tokens + max_tokens - 1
-    scheduled = 0
-    while queue:
-        so, sampling = queue.popleft()
-        scheduled += so.total_num_scheduled_tokens
-        scheduler.update_from_output(so, _runner_output(so, sampling))
-        nxt = _schedule(scheduler)
-        if nxt[0].num_scheduled_tokens:
-            queue.append(nxt)
+    processed: list[SchedulerOutput] = []
+    _run_queued(scheduler, queue, processed=processed)
+    scheduled = sum(so.total_num_scheduled_tokens for so in processed)
     assert scheduler.get_num_unfinished_requests() == 0
     assert req0.num_output_tokens == max_tokens
     assert req1.num_output_tokens == max_tokens

@@ -393,8 +393,8 @@ class ModelRunner:
 
     def _sampling_metadata(self, states: list[CachedRequestState]) -> SamplingMetadata:
         # penalties and bad words read the outputs: the engine resolves placeholders first
-        assert not (any(reads_output_token_ids(s.sampling_params) for s in states)
-                    and any(s.pending_positions for s in states)), \
+        assert not (any(s.pending_positions for s in states)  # empty without async
+                    and any(reads_output_token_ids(s.sampling_params) for s in states)), \
             "sampling needs a token still in flight"
         return build_sampling_metadata(
             [s.sampling_params for s in states], [s.token_ids for s in states],
