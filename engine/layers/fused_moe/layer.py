@@ -89,3 +89,11 @@ class FusedMoE(nn.Module):
         return [("experts.w13_" if shard_id in ("w1", "w3") else "experts.w2_",
                  f"experts.{expert_id}.{name}.", expert_id, shard_id)
                 for expert_id in range(num_experts) for shard_id, name in shards]
+
+    @staticmethod
+    def make_stacked_expert_params_mapping() -> list[tuple[str, str, None, str]]:
+        """The same for all experts in one tensor (GGUF's ffn_{gate,up,down}_exps, which
+        engine/model_loader/gguf_loader.py names experts.{gate,up,down}_proj)."""
+        return [("experts.w13_", "experts.gate_proj.", None, "w1"),
+                ("experts.w2_", "experts.down_proj.", None, "w2"),
+                ("experts.w13_", "experts.up_proj.", None, "w3")]
