@@ -9,7 +9,8 @@ convert_hf_to_gguf.py writes MoE models: `{arch}.expert_count` / `expert_used_co
 "llama" with Q/K permuted. Checks: the config read from the metadata, every parameter
 equal to the safetensors twin's (F32 file) or to the gguf package's dequantization (Q8_0
 experts), prompt logits within 1e-4 of transformers. On CUDA (gpu): the GGUF model in bf16
-through the Triton MoE path against the CPU model.
+with its experts kept quantized against the CPU model (the CPU side of that load is
+tests/test_kernels_moe_gguf.py, under the Triton interpreter).
 Mirrors vLLM 0.33 tests/models/quantization/test_gguf.py (GGUF vs HF outputs) with tiny
 random MoE configs in place of hub checkpoints.
 """
@@ -148,8 +149,9 @@ def test_quantized_experts_load_as_the_file_dequantizes(case, tmp_path) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("case", ["qwen3_moe", "mixtral"])
 def test_gguf_moe_on_cuda_matches_the_cpu_model(case, tmp_path) -> None:
-    """Loaded for CUDA (GGUF linear weights kept quantized, experts dense bf16 through the
-    Triton fused MoE) against the fp32 CPU model's MoE block: bf16 tolerance."""
+    """Loaded for CUDA (Q8_0 experts kept as GGUF blocks: kernels/moe_gguf.py for few
+    tokens, dequantized + Triton fused MoE for many) against the fp32 CPU model's MoE
+    block: bf16 tolerance."""
     hf = _hf(case)
     write_moe_gguf(hf, tmp_path / "q8.gguf", expert_type=Q.Q8_0)
     cpu, cfg, reader = load_model(str(tmp_path / "q8.gguf"))
@@ -158,6 +160,7 @@ def test_gguf_moe_on_cuda_matches_the_cpu_model(case, tmp_path) -> None:
     gpu, _, reader = load_model(str(tmp_path / "q8.gguf"), device=dev)
     reader.close()
     gpu = gpu.to(dev, torch.bfloat16)
+    assert gpu.model.layers[0].mlp.experts.gguf_experts is not None
     for n in (1, 5, 40):
         h = torch.randn(n, cfg.hidden_size, device=dev, dtype=torch.bfloat16)
         with torch.inference_mode():

@@ -6,6 +6,8 @@ Triton path (triton_experts.py; vLLM's default), or with LIBVLLM_MOE_BACKEND=tor
 earlier torch grouped-GEMM path (torch_experts.py: torch._grouped_mm in bf16, every
 expert densely otherwise), kept as the fallback should the Triton path fail on a device.
 On the CPU the host path `fused_experts`. The variable is read when the layer is built.
+A GGUF file loaded for CUDA may leave the experts as raw blocks (`gguf_experts`,
+gguf_experts.py; set by engine/model_loader/gguf_quant.py, which drops w13/w2).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import nn
 
 from engine.errors import InvalidArgumentError, ModelLoadError
 from engine.layers.activation import get_act_and_mul_fn
+from engine.layers.fused_moe.gguf_experts import GGUFExperts
 from engine.layers.fused_moe.router import fused_topk
 from engine.layers.fused_moe.torch_experts import (
     fused_experts,
@@ -46,6 +49,7 @@ class FusedMoE(nn.Module):
         self.intermediate_size = intermediate_size
         self.renormalize = renormalize
         self.backend = moe_backend()
+        self.gguf_experts: GGUFExperts | None = None  # set by the GGUF loader on CUDA
         self.act = get_act_and_mul_fn(activation)
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size,
                                                    hidden_size), requires_grad=False)
@@ -70,6 +74,8 @@ class FusedMoE(nn.Module):
                 ) -> torch.Tensor:
         # hidden_states: [n, H]; router_logits: [n, E] -> [n, H]
         topk_weights, topk_ids = fused_topk(router_logits, self.top_k, self.renormalize)
+        if self.gguf_experts is not None:
+            return self.gguf_experts(hidden_states, topk_weights, topk_ids, self.act)
         args = (hidden_states, self.w13_weight, self.w2_weight, topk_weights)
         if hidden_states.is_cuda and self.backend == "triton":
             return fused_experts_triton(*args, topk_ids, self.act)
