@@ -129,3 +129,40 @@ def test_fused_experts_triton_all_tokens_to_one_expert_bf16() -> None:
     got = fused_experts_triton(x, w13, w2, weights, ids, SiluAndMul())
     want = fused_experts(x, w13, w2, weights, ids.long(), SiluAndMul())
     assert ((got.float() - want.float()).abs().max() / want.float().abs().max()) < 2e-2
+
+
+@gpu
+@pytest.mark.parametrize("m", [1, 4, 32])  # naive block assignment at 1 and 4, aligned at 32
+def test_fused_experts_triton_no_host_sync_and_cuda_graph_replay(m) -> None:
+    """No op of the path synchronizes with the host (torch's sync debug mode raises), and a
+    CUDA graph captured once replays new routings and inputs (the decode graphs and async
+    scheduling rely on both)."""
+    shape = QWEN3_30B
+    x, w13, w2, weights, ids = experts_inputs(m, shape["e"], shape["h"], shape["i"],
+                                              shape["topk"], torch.bfloat16, seed=m)
+    logits = torch.randn(m, shape["e"], device=DEVICE)
+    act = SiluAndMul()
+
+    def step():
+        w, i = fused_topk(logits, shape["topk"], True)
+        return fused_experts_triton(x, w13, w2, w, i, act)
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for seed in range(3):
+        g = torch.Generator(device=DEVICE).manual_seed(seed)
+        logits.copy_(torch.randn(logits.shape, device=DEVICE, generator=g))
+        x.copy_(torch.randn(x.shape, device=DEVICE, generator=g).to(x.dtype))
+        graph.replay()
+        torch.cuda.synchronize()
+        w, i = fused_topk(logits, shape["topk"], True)
+        want = fused_experts(x, w13, w2, w, i.long(), act)
+        assert ((out.float() - want.float()).abs().max() / want.float().abs().max()) < 2e-2
