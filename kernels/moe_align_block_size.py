@@ -7,7 +7,9 @@ One program per expert: it histograms all pair ids (tl.histogram), takes its sta
 sum of the padded counts of the experts before it, writes its pairs in token order (stable,
 so deterministic), pads its run with the sentinel `numel` and writes its block's expert id.
 Nothing is read back on the host, so it can be captured in a CUDA graph. Entries past
-`num_tokens_post_padded` are left unwritten: the GEMM returns before reading them.
+`num_tokens_post_padded` are left unwritten: the GEMM returns before reading them. Every
+program scans all pairs, so past TRITON_MAX_PAIRS pairs (prefill) the sort-based torch
+form runs instead (same outputs, also free of host syncs, ~15 small ops).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from kernels._common import check
 
 # pairs scanned per step by each program
 _BLOCK_T = 512
+# largest M * top_k aligned by the Triton kernel (decode: 512 tokens x top-8 = 4096)
+TRITON_MAX_PAIRS = 8192
 
 
 @triton.jit
@@ -75,6 +79,8 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: i
     check(block_size >= 1 and num_experts >= 1,
           f"block_size ({block_size}) and num_experts ({num_experts}) must be >= 1")
     numel = topk_ids.numel()
+    if numel > TRITON_MAX_PAIRS:
+        return moe_align_block_size_ref(topk_ids, block_size, num_experts)
     size = max_num_tokens_padded(numel, block_size, num_experts)
     dev = topk_ids.device
     sorted_ids = torch.empty(size, dtype=torch.int32, device=dev)

@@ -132,7 +132,7 @@ def test_fused_experts_triton_all_tokens_to_one_expert_bf16() -> None:
 
 
 @gpu
-@pytest.mark.parametrize("m", [1, 4, 32])  # naive block assignment at 1 and 4, aligned at 32
+@pytest.mark.parametrize("m", [1, 4, 32, 2048])  # naive at 1 and 4; Triton align; torch align
 def test_fused_experts_triton_no_host_sync_and_cuda_graph_replay(m) -> None:
     """No op of the path synchronizes with the host (torch's sync debug mode raises), and a
     CUDA graph captured once replays new routings and inputs (the decode graphs and async

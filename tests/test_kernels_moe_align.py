@@ -15,6 +15,7 @@ from test_kernels_common import DEVICE
 
 from engine.errors import InvalidArgumentError
 from kernels.moe_align_block_size import (
+    TRITON_MAX_PAIRS,
     max_num_tokens_padded,
     moe_align_block_size,
     moe_align_block_size_ref,
@@ -60,6 +61,12 @@ def test_all_pairs_to_one_expert_and_empty_experts() -> None:
 def test_more_pairs_than_one_scan_step() -> None:
     ids = torch.randint(0, 6, (700, 2), generator=torch.Generator().manual_seed(0))
     check_alignment(ids.to(DEVICE), 16, 6)
+
+
+def test_past_the_kernel_limit_the_torch_form_aligns() -> None:
+    ids = torch.randint(0, 64, (1100, 8), generator=torch.Generator().manual_seed(1))
+    assert ids.numel() > TRITON_MAX_PAIRS
+    check_alignment(ids.to(DEVICE), 64, 64)
 
 
 def test_upstream_docstring_example() -> None:
