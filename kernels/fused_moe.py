@@ -8,8 +8,9 @@ times BLOCK_SIZE_N output columns, grouped by GROUP_SIZE_M for L2 reuse; each bl
 to one expert (expert_ids), so that expert's weight tile is read once per block. With
 `sorted_token_ids=None` (upstream's naive_block_assignment, for batches much smaller than
 the expert count) block m is pair m alone and expert_ids is topk_ids flattened: no
-alignment pass. Programs past num_tokens_post_padded (read on the device) return at once,
-so the launch has no host sync and a fixed grid for a fixed M (CUDA-graph safe).
+alignment pass (and no num_tokens_post_padded: the grid is one block per pair). Programs
+past num_tokens_post_padded (read on the device) return at once, so the launch has no
+host sync and a fixed grid for a fixed M (CUDA-graph safe).
 """
 
 from __future__ import annotations
@@ -47,12 +48,11 @@ def fused_moe_kernel(
     pid_n = (pid % num_pid_in_group) // group_size_m
 
     offs = tl.arange(0, BLOCK_SIZE_M).to(tl.int64)
-    num_tokens_post_padded = tl.load(num_tokens_post_padded_ptr)
-    if pid_m * BLOCK_SIZE_M >= num_tokens_post_padded:
-        return
     if not naive_block_assignment:
+        if pid_m * BLOCK_SIZE_M >= tl.load(num_tokens_post_padded_ptr):
+            return
         offs_token = tl.load(sorted_token_ids_ptr + pid_m * BLOCK_SIZE_M + offs)
-    else:
+    else:  # the grid is exactly one block per pair: nothing to skip, nothing to load
         offs_token = tl.where(offs == 0, pid_m, num_valid_tokens)
     offs_token = offs_token.to(tl.int64)  # pair index; stride_cm * pair can pass 2^31
     token_mask = offs_token < num_valid_tokens
@@ -86,14 +86,15 @@ def fused_moe_kernel(
 def invoke_fused_moe_kernel(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                             topk_weights: torch.Tensor | None,
                             sorted_token_ids: torch.Tensor | None, expert_ids: torch.Tensor,
-                            num_tokens_post_padded: torch.Tensor, mul_routed_weight: bool,
+                            num_tokens_post_padded: torch.Tensor | None,
+                            mul_routed_weight: bool,
                             top_k: int, config: dict) -> None:
     """C[pair] = A[pair // top_k] @ B[expert]^T (x topk_weights[pair] if mul_routed_weight).
 
     A [M, K]; B [E, N, K] (last dim contiguous); C [M * top_k, N] or [M, top_k, N];
     topk_weights [M, top_k] fp32; sorted_token_ids / expert_ids / num_tokens_post_padded
     from moe_align_block_size, or sorted_token_ids None with expert_ids = topk_ids
-    flattened and num_tokens_post_padded = [M * top_k * BLOCK_SIZE_M]. `config` holds
+    flattened (num_tokens_post_padded unused, may be None). `config` holds
     BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps, num_stages (engine get_config)."""
     check(A.dim() == 2 and B.dim() == 3 and A.shape[1] == B.shape[2],
           f"A [M, K] and B [E, N, K] do not match: {tuple(A.shape)}, {tuple(B.shape)}")
@@ -101,6 +102,8 @@ def invoke_fused_moe_kernel(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
     check(B.dtype == A.dtype and C.dtype == A.dtype,
           f"A, B and C must share a dtype, got {A.dtype}, {B.dtype}, {C.dtype}")
     check_same_device(A=A, B=B, C=C, expert_ids=expert_ids)
+    check(sorted_token_ids is None or num_tokens_post_padded is not None,
+          "sorted_token_ids needs num_tokens_post_padded")
     check(B.stride(2) == 1, "B's last dimension must be contiguous")
     M, N = A.shape[0], B.shape[1]
     num_tokens = M * top_k

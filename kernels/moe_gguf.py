@@ -38,10 +38,10 @@ def fused_moe_gguf_kernel(
 ):
     # A [M, K]; W [E, N, row_bytes] raw blocks; C rows = pairs, N columns (stride_cm apart)
     pid_m = tl.program_id(0)
-    if pid_m * BLOCK_SIZE_M >= tl.load(num_tokens_post_padded_ptr):
-        return
     offs = tl.arange(0, BLOCK_SIZE_M).to(tl.int64)
     if not naive_block_assignment:
+        if pid_m * BLOCK_SIZE_M >= tl.load(num_tokens_post_padded_ptr):
+            return
         offs_token = tl.load(sorted_token_ids_ptr + pid_m * BLOCK_SIZE_M + offs)
     else:
         offs_token = tl.where(offs == 0, pid_m, num_valid_tokens)
@@ -84,7 +84,8 @@ def check_expert_blocks(qweight: torch.Tensor, qtype: int) -> tuple[int, int, in
 def invoke_fused_moe_gguf_kernel(A: torch.Tensor, qweight: torch.Tensor, qtype: int,
                                  C: torch.Tensor, topk_weights: torch.Tensor,
                                  sorted_token_ids: torch.Tensor | None,
-                                 expert_ids: torch.Tensor, num_tokens_post_padded: torch.Tensor,
+                                 expert_ids: torch.Tensor,
+                                 num_tokens_post_padded: torch.Tensor | None,
                                  mul_routed_weight: bool, top_k: int,
                                  config: dict | None = None) -> None:
     """C[pair] = A[pair // top_k] @ dequant(qweight[expert])^T (x weight): as
@@ -95,6 +96,8 @@ def invoke_fused_moe_gguf_kernel(A: torch.Tensor, qweight: torch.Tensor, qtype: 
     check(A.dim() == 2 and A.shape[1] == k and A.stride(1) == 1,
           f"A must be [M, {k}] with a contiguous last dimension, got {tuple(A.shape)}")
     check_same_device(A=A, qweight=qweight, C=C, expert_ids=expert_ids)
+    check(sorted_token_ids is None or num_tokens_post_padded is not None,
+          "sorted_token_ids needs num_tokens_post_padded")
     num_tokens = A.shape[0] * top_k
     check(C.dim() == 2 and tuple(C.shape) == (num_tokens, n) and C.stride(1) == 1
           and C.dtype == A.dtype, f"C must be [{num_tokens}, {n}] {A.dtype}")

@@ -19,6 +19,7 @@ from engine.layers.activation import SiluAndMul
 from engine.layers.fused_moe import fused_experts, fused_experts_triton, fused_topk
 from kernels.fused_moe import invoke_fused_moe_kernel, invoke_fused_moe_kernel_ref
 from kernels.moe_align_block_size import moe_align_block_size
+from kernels.moe_topk_softmax import MAX_EXPERTS, topk_softmax, topk_softmax_ref
 
 CONFIG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1,
           "num_warps": 4, "num_stages": 2}
@@ -54,8 +55,7 @@ def test_fused_moe_kernel_matches_reference(m, e, topk, kind, aligned, dtype) ->
     if aligned:
         sorted_ids, expert_ids, post_pad = moe_align_block_size(ids, 16, e)
     else:
-        sorted_ids, expert_ids = None, ids.reshape(-1)
-        post_pad = torch.tensor([ids.numel() * 16], dtype=torch.int32, device=DEVICE)
+        sorted_ids, expert_ids, post_pad = None, ids.reshape(-1), None
     for mul in (False, True):
         c = torch.full((m, topk, n), float("nan"), dtype=dtype, device=DEVICE)
         invoke_fused_moe_kernel(a, b, c, w, sorted_ids, expert_ids, post_pad, mul, topk,
@@ -75,6 +75,35 @@ def test_invoke_checks_its_arguments() -> None:
     with pytest.raises(InvalidArgumentError, match="share a dtype"):
         invoke_fused_moe_kernel(a.half(), b, c, w, None, ids.reshape(-1), post, True, 2,
                                 CONFIG)
+
+
+@pytest.mark.parametrize("m,e,topk", [(1, 8, 2), (5, 128, 8), (3, 512, 10), (4, 60, 1),
+                                       (2, 6, 6)])
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_topk_softmax_matches_torch(m, e, topk, renormalize, dtype) -> None:
+    logits = torch.randn(m, e, generator=torch.Generator().manual_seed(e)).to(dtype)
+    w, ids = topk_softmax(logits.to(DEVICE), topk, renormalize)
+    want_w, want_ids = topk_softmax_ref(logits, topk, renormalize)
+    assert ids.dtype == torch.int32 and w.dtype == torch.float32
+    assert_close(w.cpu(), want_w, atol=1e-6, rtol=1e-5)
+    # ids: distinct, and each one's probability is its weight (equal logits may swap)
+    probs = torch.softmax(logits.float(), -1).gather(1, ids.cpu().long())
+    if renormalize:
+        probs = probs / probs.sum(-1, keepdim=True)
+    assert_close(probs, w.cpu(), atol=1e-6, rtol=1e-5)
+    assert all(len(set(r)) == topk for r in ids.tolist())
+    if dtype == torch.float32:  # no ties: the same order as torch.topk
+        assert torch.equal(ids.cpu(), want_ids)
+
+
+def test_topk_softmax_bad_arguments() -> None:
+    with pytest.raises(InvalidArgumentError, match="out of range"):
+        topk_softmax(torch.zeros(2, 4, device=DEVICE), 5, True)
+    with pytest.raises(InvalidArgumentError, match="out of range"):
+        topk_softmax(torch.zeros(1, MAX_EXPERTS + 1, device=DEVICE), 2, True)
+    with pytest.raises(InvalidArgumentError, match="float32"):
+        topk_softmax(torch.zeros(2, 4, dtype=torch.int32, device=DEVICE), 2, True)
 
 
 def experts_inputs(m, e, h, i, topk, dtype, kind="random", seed=0):

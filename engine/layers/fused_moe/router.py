@@ -3,9 +3,9 @@
 Mirrors vllm/model_executor/layers/fused_moe/router/fused_topk_router.py (fused_topk:
 softmax or sigmoid scores, top-k, optional renormalize) and grouped_topk_router.py
 (grouped_topk: experts in `num_expert_group` groups, the best `topk_group` groups kept,
-DeepSeek's score-correction bias used for selection only, routed_scaling_factor). Torch
-ops only (upstream's CUDA topk_softmax is one fused op); no host sync. Weights fp32, ids
-int32 as upstream.
+DeepSeek's score-correction bias used for selection only, routed_scaling_factor). On
+CUDA, softmax top-k is one Triton launch (kernels/moe_topk_softmax.py, upstream's
+topk_softmax op); elsewhere torch ops. No host sync. Weights fp32, ids int32 as upstream.
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ def fused_topk(gating_output: torch.Tensor, topk: int, renormalize: bool,
                scoring_func: str = "softmax") -> tuple[torch.Tensor, torch.Tensor]:
     """gating_output [M, E] -> topk_weights [M, topk] fp32, topk_ids [M, topk] int32."""
     _check_topk(gating_output, topk)
+    if gating_output.is_cuda and scoring_func == "softmax":
+        from kernels.moe_topk_softmax import topk_softmax  # lazy: triton, CUDA path only
+
+        return topk_softmax(gating_output.contiguous(), topk, renormalize)
     topk_weights, topk_ids = _scores(gating_output, scoring_func).topk(topk, dim=-1)
     if renormalize:
         topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)

@@ -22,15 +22,14 @@ from engine.layers.fused_moe.config import get_config_dtype_str, try_get_optimal
 
 
 def _prepare_expert_assignment(topk_ids: torch.Tensor, config: dict, num_experts: int
-                               ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """(sorted_token_ids or None, expert_ids, num_tokens_post_padded) for the kernel."""
+                               ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """(sorted_token_ids, expert_ids, num_tokens_post_padded) for the kernel; upstream's
+    naive assignment is (None, topk_ids flattened, None)."""
     from kernels.moe_align_block_size import moe_align_block_size  # lazy: triton
 
     m, top_k = topk_ids.shape
-    if m * top_k * 4 <= num_experts:  # sparse: one pair per block
-        post_pad = torch.full((1,), topk_ids.numel() * config["BLOCK_SIZE_M"],
-                              dtype=torch.int32, device=topk_ids.device)
-        return None, topk_ids.reshape(-1), post_pad
+    if m * top_k * 4 <= num_experts:  # sparse: one pair per block, nothing to align
+        return None, topk_ids.reshape(-1), None
     return moe_align_block_size(topk_ids, config["BLOCK_SIZE_M"], num_experts)
 
 
