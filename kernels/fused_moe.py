@@ -10,7 +10,8 @@ to one expert (expert_ids), so that expert's weight tile is read once per block.
 the expert count) block m is pair m alone and expert_ids is topk_ids flattened: no
 alignment pass (and no num_tokens_post_padded: the grid is one block per pair). Programs
 past num_tokens_post_padded (read on the device) return at once, so the launch has no
-host sync and a fixed grid for a fixed M (CUDA-graph safe).
+host sync and a fixed grid for a fixed M (CUDA-graph safe). Launched with programmatic
+dependent launch on sm_90+ like the other decode kernels (kernels/_common.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check, check_float, check_same_device
+from kernels._common import check, check_float, check_same_device, pdl_launch, pdl_wait
 
 _COMPUTE_TYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16,
                   torch.float32: tl.float32}
@@ -34,9 +35,11 @@ def fused_moe_kernel(
     naive_block_assignment: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, top_k: tl.constexpr,
-    compute_type: tl.constexpr,
+    compute_type: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     # A: [M, K] tokens; B: [E, N, K] expert weights; C: [M * top_k, N] (row = pair)
+    if USE_PDL:  # the kernel before wrote A and the routing
+        pdl_wait()
     pid = tl.program_id(axis=0)
     num_pid_m = tl.cdiv(EM, BLOCK_SIZE_M)
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
@@ -132,7 +135,7 @@ def invoke_fused_moe_kernel(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         c2.stride(0), c2.stride(1),
         naive_block_assignment=sorted_token_ids is None,
         MUL_ROUTED_WEIGHT=mul_routed_weight, top_k=top_k,
-        compute_type=_COMPUTE_TYPES[A.dtype], **config,
+        compute_type=_COMPUTE_TYPES[A.dtype], **config, **pdl_launch(A),
     )
 
 

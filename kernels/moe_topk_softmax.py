@@ -6,7 +6,7 @@ softmax scoring; upstream's op is the CUDA kernel csrc/moe/topk_softmax_kernels.
 program per token holds its E logits (E <= 4096) in registers: fp32 softmax, then k
 rounds of argmax-and-mask (ties go to the lowest expert id). Outputs as upstream: weights
 fp32 [M, k], ids int32 [M, k], in descending weight order. At decode this replaces ~6
-small torch launches per MoE layer with one.
+small torch launches per MoE layer with one (launched with PDL on sm_90+).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check, check_float
+from kernels._common import check, check_float, pdl_launch, pdl_wait
 
 MAX_EXPERTS = 4096
 
@@ -24,9 +24,11 @@ MAX_EXPERTS = 4096
 def _topk_softmax_kernel(
     logits_ptr, weights_ptr, ids_ptr, E, stride_l,
     TOPK: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     # one program: one token's logits [E] -> weights, ids [TOPK]
+    if USE_PDL:  # the router GEMV before wrote the logits
+        pdl_wait()
     row = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     x = tl.load(logits_ptr + row * stride_l + e, mask=e < E, other=float("-inf"))
@@ -69,7 +71,7 @@ def topk_softmax(gating_output: torch.Tensor, topk: int, renormalize: bool
     _topk_softmax_kernel[(m,)](
         gating_output, weights, ids, e, gating_output.stride(0), TOPK=topk,
         RENORMALIZE=renormalize, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(topk),
-        num_warps=1 if block_e <= 256 else 4,
+        num_warps=1 if block_e <= 256 else 4, **pdl_launch(gating_output),
     )
     return weights, ids
 
