@@ -8,6 +8,8 @@ expert densely otherwise), kept as the fallback should the Triton path fail on a
 On the CPU the host path `fused_experts`. The variable is read when the layer is built.
 A GGUF file loaded for CUDA may leave the experts as raw blocks (`gguf_experts`,
 gguf_experts.py; set by engine/model_loader/gguf_quant.py, which drops w13/w2).
+`shared_experts` (vLLM's SharedFusedMoE; shared_expert.py for Qwen2-MoE / Qwen3-Next) is
+run on every token and added to the routed output.
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ def moe_backend() -> str:
 
 class FusedMoE(nn.Module):
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
-                 renormalize: bool = True, activation: str = "silu") -> None:
+                 renormalize: bool = True, activation: str = "silu",
+                 shared_experts: nn.Module | None = None) -> None:
         super().__init__()
+        self.shared_experts = shared_experts  # added to the routed output (SharedFusedMoE)
         self.num_experts = num_experts
         self.top_k = top_k
         self.intermediate_size = intermediate_size
@@ -73,6 +77,13 @@ class FusedMoE(nn.Module):
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor
                 ) -> torch.Tensor:
         # hidden_states: [n, H]; router_logits: [n, E] -> [n, H]
+        out = self.routed_experts(hidden_states, router_logits)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(hidden_states)
+        return out
+
+    def routed_experts(self, hidden_states: torch.Tensor, router_logits: torch.Tensor
+                       ) -> torch.Tensor:
         topk_weights, topk_ids = fused_topk(router_logits, self.top_k, self.renormalize)
         if self.gguf_experts is not None:
             return self.gguf_experts(hidden_states, topk_weights, topk_ids, self.act)
