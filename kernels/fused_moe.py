@@ -11,7 +11,9 @@ the expert count) block m is pair m alone and expert_ids is topk_ids flattened: 
 alignment pass (and no num_tokens_post_padded: the grid is one block per pair). Programs
 past num_tokens_post_padded (read on the device) return at once, so the launch has no
 host sync and a fixed grid for a fixed M (CUDA-graph safe). Launched with programmatic
-dependent launch on sm_90+ like the other decode kernels (kernels/_common.py).
+dependent launch on sm_90+ like the other decode kernels (kernels/_common.py). fp32
+inputs multiply in full fp32 ("ieee"), not TF32 as upstream's default, so the fp32 CUDA
+path keeps the engine's fp32 results.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def fused_moe_kernel(
     naive_block_assignment: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, top_k: tl.constexpr,
-    compute_type: tl.constexpr, USE_PDL: tl.constexpr,
+    compute_type: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     # A: [M, K] tokens; B: [E, N, K] expert weights; C: [M * top_k, N] (row = pair)
     if USE_PDL:  # the kernel before wrote A and the routing
@@ -72,7 +74,7 @@ def fused_moe_kernel(
         k_left = K - k * BLOCK_SIZE_K
         a = tl.load(a_ptrs, mask=token_mask[:, None] & (offs_k[None, :] < k_left), other=0.0)
         b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        accumulator += tl.dot(a, b)
+        accumulator += tl.dot(a, b, input_precision=DOT_PREC)
         a_ptrs += BLOCK_SIZE_K * stride_ak
         b_ptrs += BLOCK_SIZE_K * stride_bk
 
@@ -135,7 +137,8 @@ def invoke_fused_moe_kernel(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         c2.stride(0), c2.stride(1),
         naive_block_assignment=sorted_token_ids is None,
         MUL_ROUTED_WEIGHT=mul_routed_weight, top_k=top_k,
-        compute_type=_COMPUTE_TYPES[A.dtype], **config, **pdl_launch(A),
+        compute_type=_COMPUTE_TYPES[A.dtype],
+        DOT_PREC="ieee" if A.dtype == torch.float32 else "tf32", **config, **pdl_launch(A),
     )
 
 
