@@ -17,13 +17,16 @@ random MoE configs in place of hub checkpoints.
 
 from __future__ import annotations
 
-import gguf
 import numpy as np
 import pytest
 import torch
-from test_models_parity import _permute, make_hf_model, make_prompts, prompt_logits
 
-from engine.model_loader import load_model
+gguf = pytest.importorskip("gguf")
+pytest.importorskip("transformers")
+
+from test_models_parity import _permute, make_hf_model, make_prompts, prompt_logits  # noqa: E402
+
+from engine.model_loader import load_model  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 ARCH = {"qwen3_moe": "qwen3moe", "mixtral": "llama"}
