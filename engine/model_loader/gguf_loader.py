@@ -4,7 +4,11 @@ Mirrors transformers' modeling_gguf_pytorch_utils.py / integrations/ggml.py (met
 config, tensor names, Llama Q/K un-permute, Gemma norms stored as 1 + w) and, where
 transformers has no rule, llama.cpp (src/llama-model.cpp): `rope_freqs` (Llama 3 frequency
 factors), Gemma 3's local rope base (10000) and sliding-window pattern (every 6th layer
-global), rope scaling applied to Gemma 3's global layers only.
+global), rope scaling applied to Gemma 3's global layers only. Mixture-of-experts files in
+llama.cpp's layout (convert_hf_to_gguf.py): `{arch}.expert_count` / `expert_used_count` /
+`expert_feed_forward_length`, the router `ffn_gate_inp` and each layer's experts stacked as
+`ffn_gate_exps` / `ffn_up_exps` [E, I, H] and `ffn_down_exps` [E, H, I]; "qwen3moe" is
+Qwen3-MoE, "llama" with experts is Mixtral (vLLM's gguf_loader.py maps them the same way).
 """
 
 from __future__ import annotations
@@ -36,7 +40,13 @@ _BLOCK_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
     "ffn_norm": "post_attention_layernorm",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
+# GGUF architectures whose model class is only chosen here (MoE): name -> HF architecture
+_MOE_ARCHITECTURES = {"qwen3moe": "Qwen3MoeForCausalLM"}
 _GEMMA3_BLOCK_NAMES = {
     **_BLOCK_NAMES,
     "post_attention_norm": "post_attention_layernorm",
@@ -63,9 +73,9 @@ def arch_config_from_gguf(reader: GGUFReader) -> ModelArchConfig:
     arch = md.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelLoadError("GGUF metadata is missing general.architecture")
-    if arch not in GGUF_ARCHITECTURES:
+    if arch not in GGUF_ARCHITECTURES and arch not in _MOE_ARCHITECTURES:
         raise UnsupportedError(f"architecture {arch!r} is not supported (supported: "
-                               f"{', '.join(GGUF_ARCHITECTURES)})")
+                               f"{', '.join([*GGUF_ARCHITECTURES, *_MOE_ARCHITECTURES])})")
     a = arch + "."
     hidden = _get(md, a + "embedding_length", int)
     heads = _get(md, a + "attention.head_count", int, hi=4096)
@@ -94,7 +104,8 @@ def arch_config_from_gguf(reader: GGUFReader) -> ModelArchConfig:
         name=str(md.get("general.name", "")),
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=_get(md, a + "feed_forward_length", int),
+        intermediate_size=_get(md, a + "feed_forward_length", int,
+                               md.get(a + "expert_feed_forward_length")),
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
@@ -103,12 +114,30 @@ def arch_config_from_gguf(reader: GGUFReader) -> ModelArchConfig:
         rope_theta=theta,
         max_position_embeddings=max_pos,
         tie_word_embeddings="output.weight" not in reader.tensors,
-        architectures=(GGUF_ARCHITECTURES[arch],),
+        architectures=(GGUF_ARCHITECTURES.get(arch) or _MOE_ARCHITECTURES[arch],),
         rope_parameters=rope,
     )
     if arch == "gemma3":
         _gemma3(cfg, md, a)
+    if md.get(a + "expert_count"):
+        _moe(cfg, md, a, reader)
     return cfg
+
+
+def _moe(cfg: ModelArchConfig, md: dict, a: str, reader: GGUFReader) -> None:
+    if cfg.architecture not in ("llama", "qwen3moe"):
+        raise UnsupportedError(f"GGUF mixture-of-experts for {cfg.architecture!r} is not "
+                               f"supported (llama = Mixtral, qwen3moe)")
+    cfg.num_experts = _get(md, a + "expert_count", int, hi=4096)
+    cfg.num_experts_per_tok = _get(md, a + "expert_used_count", int, hi=cfg.num_experts)
+    if cfg.architecture == "llama":
+        cfg.architectures = ("MixtralForCausalLM",)
+        return
+    cfg.moe_intermediate_size = _get(md, a + "expert_feed_forward_length", int)
+    cfg.norm_topk_prob = bool(md.get(a + "expert_weights_norm", True))
+    # llama.cpp has no per-layer switch; a layer without stacked experts is a dense MLP
+    cfg.mlp_only_layers = tuple(i for i in range(cfg.num_hidden_layers)
+                                if f"blk.{i}.ffn_gate_exps.weight" not in reader.tensors)
 
 
 def _rope_scaling(md: dict, a: str, max_pos: int) -> dict:

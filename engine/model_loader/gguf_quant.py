@@ -8,8 +8,10 @@ tensors all have a Triton kernel (kernels/gguf_tiles.py) and the layer's shapes 
 GGUFWeight holding the raw rows (Llama Q/K rows un-permuted as the dense path does; rows
 are independent blocks, so this is a row permutation), adjacent shards of one type merged
 into one buffer; its dense weight is dropped (never touched, so never allocated) and
-those tensors are never dequantized. Embeddings, norms and tensors of other types load
-dense.
+those tensors are never dequantized. A FusedMoE layer whose ffn_gate_exps / ffn_up_exps /
+ffn_down_exps all have a kernel gets a GGUFExperts holding them as [E, rows, row_bytes]
+(gate and up merged when of one type; engine/layers/fused_moe/gguf_experts.py, vLLM's
+GGUFMoEMethod) and drops w13/w2. Embeddings, norms and tensors of other types load dense.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from torch import nn
 
 from engine.errors import ModelLoadError
 from engine.gguf.reader import GGUFReader
+from engine.layers.fused_moe import FusedMoE
+from engine.layers.fused_moe.gguf_experts import GGUFExperts
 from engine.layers.linear import GGUFWeight, ReplicatedLinear
 from engine.layers.vocab_parallel_embedding import ParallelLMHead
 from engine.model_loader.gguf_loader import _hf_name, _reverse_permute
@@ -59,6 +63,9 @@ def keep_gguf_quantized(model: nn.Module, reader: GGUFReader, cfg: ModelArchConf
     by_hf = {hf: name for name in reader.tensors if (hf := _hf_name(name, cfg)) is not None}
     absorbed: set[str] = set()
     for name, module in list(model.named_modules()):
+        if isinstance(module, FusedMoE):
+            absorbed.update(_keep_experts_quantized(name, module, reader, by_hf, TILE_TYPES))
+            continue
         hf_names = _checkpoint_names(name, module, cfg)
         gguf_names = [by_hf.get(h) for h in hf_names or ()]
         if not gguf_names or None in gguf_names or any(
@@ -79,3 +86,26 @@ def keep_gguf_quantized(model: nn.Module, reader: GGUFReader, cfg: ModelArchConf
         module.weight = None
         absorbed.update(gguf_names)
     return absorbed
+
+
+def _keep_experts_quantized(name: str, module: FusedMoE, reader: GGUFReader,
+                            by_hf: dict[str, str], tile_types: dict) -> set[str]:
+    """GGUFExperts for one FusedMoE when its three stacked tensors have kernels."""
+    names = [by_hf.get(f"{name}.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj")]
+    if None in names or any(reader.tensors[g].ggml_type not in tile_types for g in names):
+        return set()
+    want = [module.w13_weight.shape[1] // 2] * 2 + [module.w2_weight.shape[1]]
+    raws = []
+    for g, rows in zip(names, want):
+        info = reader.tensors[g]
+        if len(info.shape) != 3 or info.shape[:2] != (module.num_experts, rows):
+            raise ModelLoadError(f"{g} has shape {info.shape}, want ({module.num_experts}, "
+                                 f"{rows}, ...)")
+        raw = torch.from_numpy(reader.tensor_bytes(g).copy()).view(info.shape[0], rows, -1)
+        raws.append((raw, int(info.ggml_type)))
+    (gate, t1), (up, t2), w2 = raws
+    w13 = [(torch.cat([gate, up], dim=1), t1)] if t1 == t2 else [(gate, t1), (up, t2)]
+    module.gguf_experts = GGUFExperts(w13, w2)
+    module.w13_weight = None
+    module.w2_weight = None
+    return set(names)

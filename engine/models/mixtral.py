@@ -43,5 +43,6 @@ class MixtralForCausalLM(LlamaForCausalLM):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         mapping = FusedMoE.make_expert_params_mapping("w1", "w2", "w3", self.config.num_experts)
+        mapping += FusedMoE.make_stacked_expert_params_mapping()  # GGUF
         renamed = ((n.replace(".block_sparse_moe.", ".mlp."), w) for n, w in weights)
         return load_weights(self, renamed, mapping)

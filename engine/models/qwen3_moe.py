@@ -48,4 +48,5 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         mapping = FusedMoE.make_expert_params_mapping("gate_proj", "down_proj", "up_proj",
                                                       self.config.num_experts)
+        mapping += FusedMoE.make_stacked_expert_params_mapping()  # GGUF
         return load_weights(self, weights, mapping)

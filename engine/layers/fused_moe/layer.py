@@ -1,0 +1,116 @@
+"""FusedMoE: router top-k, then the experts, on stacked w13 (gate | up) and w2 weights.
+
+Mirrors vllm/model_executor/layers/fused_moe/layer.py (FusedMoE, its weight_loader into
+the stacked expert parameters and make_expert_params_mapping). Dispatch: on CUDA the
+Triton path (triton_experts.py; vLLM's default), or with LIBVLLM_MOE_BACKEND=torch the
+earlier torch grouped-GEMM path (torch_experts.py: torch._grouped_mm in bf16, every
+expert densely otherwise), kept as the fallback should the Triton path fail on a device.
+On the CPU the host path `fused_experts`. The variable is read when the layer is built.
+A GGUF file loaded for CUDA may leave the experts as raw blocks (`gguf_experts`,
+gguf_experts.py; set by engine/model_loader/gguf_quant.py, which drops w13/w2).
+`shared_experts` (vLLM's SharedFusedMoE; shared_expert.py for Qwen2-MoE / Qwen3-Next) is
+run on every token and added to the routed output.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from engine.errors import InvalidArgumentError, ModelLoadError
+from engine.layers.activation import get_act_and_mul_fn
+from engine.layers.fused_moe.gguf_experts import GGUFExperts
+from engine.layers.fused_moe.router import fused_topk
+from engine.layers.fused_moe.torch_experts import (
+    fused_experts,
+    fused_experts_dense,
+    fused_experts_grouped,
+)
+from engine.layers.fused_moe.triton_experts import fused_experts_triton
+
+MOE_BACKENDS = ("triton", "torch")
+
+
+def moe_backend() -> str:
+    """LIBVLLM_MOE_BACKEND: "triton" (default) or "torch"; anything else is an error."""
+    backend = os.environ.get("LIBVLLM_MOE_BACKEND", "triton")
+    if backend not in MOE_BACKENDS:
+        raise InvalidArgumentError(f"LIBVLLM_MOE_BACKEND={backend!r} is not one of "
+                                   f"{', '.join(MOE_BACKENDS)}")
+    return backend
+
+
+class FusedMoE(nn.Module):
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
+                 renormalize: bool = True, activation: str = "silu",
+                 shared_experts: nn.Module | None = None) -> None:
+        super().__init__()
+        self.shared_experts = shared_experts  # added to the routed output (SharedFusedMoE)
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.intermediate_size = intermediate_size
+        self.renormalize = renormalize
+        self.backend = moe_backend()
+        self.gguf_experts: GGUFExperts | None = None  # set by the GGUF loader on CUDA
+        self.act = get_act_and_mul_fn(activation)
+        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size,
+                                                   hidden_size), requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size),
+                                      requires_grad=False)
+        self.w13_weight.weight_loader = self.weight_loader
+        self.w2_weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, weight_name: str,
+                      shard_id: str, expert_id: int | None = None) -> None:
+        """One expert's w1 (gate), w3 (up) or w2 (down) into the stacked parameter; with
+        expert_id None, all experts at once (GGUF's ffn_*_exps: [E, rows, cols])."""
+        i = self.intermediate_size
+        rows = {"w1": slice(0, i), "w3": slice(i, 2 * i), "w2": slice(None)}[shard_id]
+        dst = param.data[:, rows] if expert_id is None else param.data[expert_id, rows]
+        if tuple(loaded.shape) != tuple(dst.shape):
+            raise ModelLoadError(f"{weight_name} has shape {tuple(loaded.shape)}, "
+                                 f"want {tuple(dst.shape)}")
+        dst.copy_(loaded.to(param.dtype))
+
+    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor
+                ) -> torch.Tensor:
+        # hidden_states: [n, H]; router_logits: [n, E] -> [n, H]
+        out = self.routed_experts(hidden_states, router_logits)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(hidden_states)
+        return out
+
+    def routed_experts(self, hidden_states: torch.Tensor, router_logits: torch.Tensor
+                       ) -> torch.Tensor:
+        topk_weights, topk_ids = fused_topk(router_logits, self.top_k, self.renormalize)
+        if self.gguf_experts is not None:
+            return self.gguf_experts(hidden_states, topk_weights, topk_ids, self.act)
+        args = (hidden_states, self.w13_weight, self.w2_weight, topk_weights)
+        if hidden_states.is_cuda and self.backend == "triton":
+            return fused_experts_triton(*args, topk_ids, self.act)
+        experts = fused_experts
+        if hidden_states.is_cuda:
+            experts = fused_experts_grouped if hidden_states.dtype == torch.bfloat16 \
+                else fused_experts_dense
+        return experts(*args, topk_ids.long(), self.act)
+
+    @staticmethod
+    def make_expert_params_mapping(ckpt_gate_proj_name: str, ckpt_down_proj_name: str,
+                                   ckpt_up_proj_name: str, num_experts: int
+                                   ) -> list[tuple[str, str, int, str]]:
+        """(param_name, checkpoint name fragment, expert_id, shard_id) for every expert."""
+        shards = [("w1", ckpt_gate_proj_name), ("w2", ckpt_down_proj_name),
+                  ("w3", ckpt_up_proj_name)]
+        return [("experts.w13_" if shard_id in ("w1", "w3") else "experts.w2_",
+                 f"experts.{expert_id}.{name}.", expert_id, shard_id)
+                for expert_id in range(num_experts) for shard_id, name in shards]
+
+    @staticmethod
+    def make_stacked_expert_params_mapping() -> list[tuple[str, str, None, str]]:
+        """The same for all experts in one tensor (GGUF's ffn_{gate,up,down}_exps, which
+        engine/model_loader/gguf_loader.py names experts.{gate,up,down}_proj)."""
+        return [("experts.w13_", "experts.gate_proj.", None, "w1"),
+                ("experts.w2_", "experts.down_proj.", None, "w2"),
+                ("experts.w13_", "experts.up_proj.", None, "w3")]

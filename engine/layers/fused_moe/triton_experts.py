@@ -1,0 +1,63 @@
+"""fused_experts on the Triton kernels: the CUDA path of the MoE layer.
+
+Mirrors vllm/model_executor/layers/fused_moe/fused_moe.py (fused_experts_impl,
+_prepare_expert_assignment), unquantized, no expert map: one launch of fused_moe_kernel
+for the merged gate|up projection (w13) over every (token, expert) pair, SiLU-and-mul,
+one launch for the down projection (w2) with the routing weight applied in its epilogue,
+then the top-k partial outputs summed per token (upstream's moe_sum). Pairs are grouped by
+expert with moe_align_block_size, except when the batch is much smaller than the expert
+count (M * top_k * 4 <= E: batch-1..4 decode of Qwen3-30B-A3B, E = 128, top-8): then
+each 16-row block holds one pair (upstream's naive_block_assignment) and no alignment
+runs. Either way each block reads its expert's weights once, the launch configs depend
+only on the host ints M, E, N, K (get_config), and nothing is read back on the host: CUDA
+graphs replay it at a padded M and async scheduling never waits on it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.layers.fused_moe.config import get_config_dtype_str, try_get_optimal_moe_config
+
+
+def _prepare_expert_assignment(topk_ids: torch.Tensor, config: dict, num_experts: int
+                               ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """(sorted_token_ids, expert_ids, num_tokens_post_padded) for the kernel; upstream's
+    naive assignment is (None, topk_ids flattened, None)."""
+    from kernels.moe_align_block_size import moe_align_block_size  # lazy: triton
+
+    m, top_k = topk_ids.shape
+    if m * top_k * 4 <= num_experts:  # sparse: one pair per block, nothing to align
+        return None, topk_ids.reshape(-1), None
+    return moe_align_block_size(topk_ids, config["BLOCK_SIZE_M"], num_experts)
+
+
+def fused_experts_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                         topk_weights: torch.Tensor, topk_ids: torch.Tensor, act: nn.Module,
+                         config: dict | None = None) -> torch.Tensor:
+    """hidden_states [M, H]; w13 [E, 2I, H]; w2 [E, H, I]; topk_weights [M, k] fp32;
+    topk_ids [M, k] -> [M, H]. `config` overrides try_get_optimal_moe_config."""
+    from kernels.fused_moe import invoke_fused_moe_kernel  # lazy: triton
+
+    m, h = hidden_states.shape
+    num_experts, n2, _ = w13.shape
+    top_k = topk_ids.shape[1]
+    if m == 0:
+        return torch.empty_like(hidden_states)
+    if config is None:
+        config = try_get_optimal_moe_config(tuple(w13.shape), tuple(w2.shape), top_k,
+                                            get_config_dtype_str(hidden_states.dtype), m)
+    hidden_states = hidden_states.contiguous()
+    topk_weights = topk_weights.float().contiguous()
+    sorted_ids, expert_ids, post_pad = _prepare_expert_assignment(topk_ids, config,
+                                                                  num_experts)
+    dev, dtype = hidden_states.device, hidden_states.dtype
+    cache1 = torch.empty(m * top_k, n2, dtype=dtype, device=dev)  # gate | up per pair
+    invoke_fused_moe_kernel(hidden_states, w13, cache1, topk_weights, sorted_ids, expert_ids,
+                            post_pad, False, top_k, config)
+    cache2 = act(cache1)  # [M * k, I]
+    cache3 = torch.empty(m, top_k, h, dtype=dtype, device=dev)  # weighted, per pair
+    invoke_fused_moe_kernel(cache2, w2, cache3, topk_weights, sorted_ids, expert_ids,
+                            post_pad, True, 1, config)
+    return cache3.sum(dim=1)

@@ -1,0 +1,179 @@
+"""Time the fused MoE layer and tune its launch configs on a CUDA device.
+
+    python examples/bench/benchmark_moe.py [--model DIR] [--batch-size M ...]
+        [--tune] [--budget-s S] [--save-dir DIR]
+
+Mirrors vLLM 0.33 benchmarks/kernels/benchmark_moe.py (model shapes from config.json,
+the same batch sizes, one fused_experts call timed per config, the best config per batch
+size written as "E=..,N=..,device_name=...json" with triton_version). Differences: the
+search is a coordinate descent from the current config (the tuned file, else the default)
+over upstream's parameter ranges, two rounds, so one device call of a few minutes covers
+all batch sizes (upstream tries the whole product, hours on one GPU); --budget-s stops it
+and keeps the tuned sizes so far, the others from the existing file. Times are CUDA-graph
+replays of 16 calls with different random routings (16 x 8 experts covers Qwen3-30B-A3B's
+128 once), so the selected experts' weights come from HBM as in a model step.
+
+Without --tune it prints, per batch size, the Triton path with the config it would use,
+the torch grouped-GEMM fallback (LIBVLLM_MOE_BACKEND=torch), and the bytes of distinct
+expert weights the call must read, as a share of the H200's 4.28 TB/s. Writes
+benchmark_moe.json (and with --tune the config file) to --save-dir (default $OUT or .).
+Default model: examples/bench/models/qwen3-30b-a3b (E=128, top-8, N=768, hidden 2048).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from engine.layers.activation import SiluAndMul  # noqa: E402
+from engine.layers.fused_moe import (  # noqa: E402
+    fused_experts_grouped,
+    fused_experts_triton,
+    fused_topk,
+    get_config_file_name,
+    override_config,
+    try_get_optimal_moe_config,
+)
+from examples.bench.kernels import gpu_time  # noqa: E402
+
+BW = 4.28e12  # measured H200 copy bandwidth, B/s
+BATCH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072,
+               4096]
+RANGES = {"BLOCK_SIZE_M": [16, 32, 64, 128, 256], "BLOCK_SIZE_N": [32, 64, 128, 256],
+          "BLOCK_SIZE_K": [64, 128, 256], "GROUP_SIZE_M": [1, 16, 32, 64],
+          "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}
+ROUTINGS = 16
+KEYS = list(RANGES)
+
+
+def model_params(model_dir: str) -> tuple[int, int, int, int]:
+    """(E, top_k, intermediate N, hidden) from a Hugging Face config.json."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    e = cfg.get("num_experts") or cfg.get("num_local_experts")
+    n = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+    return int(e), int(cfg["num_experts_per_tok"]), int(n), int(cfg["hidden_size"])
+
+
+class Case:
+    """Weights and ROUTINGS routings of one batch size; run() = ROUTINGS layer calls."""
+
+    def __init__(self, m: int, e: int, topk: int, n: int, h: int) -> None:
+        self.m, self.topk = m, topk
+        self.x = torch.randn(m, h, device="cuda", dtype=torch.bfloat16)
+        self.w13 = torch.randn(e, 2 * n, h, device="cuda", dtype=torch.bfloat16) / h**0.5
+        self.w2 = torch.randn(e, h, n, device="cuda", dtype=torch.bfloat16) / n**0.5
+        self.routes = [fused_topk(torch.randn(m, e, device="cuda"), topk, True)
+                       for _ in range(ROUTINGS)]
+        # distinct experts per call, averaged: what the call must read from HBM
+        distinct = sum(len(set(ids.flatten().tolist())) for _, ids in self.routes) / ROUTINGS
+        self.bytes = distinct * (self.w13[0].numel() + self.w2[0].numel()) * 2
+
+    def run(self, experts=fused_experts_triton) -> None:
+        for w, ids in self.routes:
+            experts(self.x, self.w13, self.w2, w, ids if experts is fused_experts_triton
+                    else ids.long(), SiluAndMul())
+
+    def time(self, config: dict | None) -> float:
+        with override_config(config):
+            return gpu_time(self.run) / ROUTINGS
+
+
+def valid(cfg: dict, m: int, topk: int, e: int) -> bool:
+    """Skip M blocks far larger than the pairs per expert (padding only)."""
+    return cfg["BLOCK_SIZE_M"] <= max(16, triton.next_power_of_2(4 * m * topk // e))
+
+
+def tune_one(case: Case, start: dict, e: int, deadline: float) -> tuple[dict, float]:
+    best = {k: start[k] for k in KEYS}
+    best_t = case.time(best)
+    for _ in range(2):
+        for key in KEYS:
+            for v in RANGES[key]:
+                cand = {**best, key: v}
+                if cand == best or not valid(cand, case.m, case.topk, e) \
+                        or time.time() > deadline:
+                    continue
+                try:
+                    t = case.time(cand)
+                except Exception as exc:  # out of shared memory / resources: skip it
+                    print(f"    skip {cand}: {type(exc).__name__}", flush=True)
+                    continue
+                if t < best_t:
+                    best, best_t = cand, t
+    return best, best_t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=str(Path(__file__).parent / "models/qwen3-30b-a3b"))
+    ap.add_argument("--batch-size", type=int, nargs="+", default=BATCH_SIZES)
+    ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=480.0)
+    ap.add_argument("--save-dir", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    start = time.time()
+    e, topk, n, h = model_params(args.model)
+    torch.manual_seed(0)
+    print(f"device {torch.cuda.get_device_name()}  triton {triton.__version__}  "
+          f"E={e} top_k={topk} N={n} hidden={h}", flush=True)
+    rows, tuned = [], {}
+    for m in args.batch_size:
+        case = Case(m, e, topk, n, h)
+        cfg = try_get_optimal_moe_config(tuple(case.w13.shape), tuple(case.w2.shape), topk,
+                                         None, m)
+        t = case.time(cfg)
+        row = {"M": m, "triton_us": t * 1e6, "pct_bw": 100 * case.bytes / t / BW,
+               "weight_MB": case.bytes / 1e6, "config": cfg}
+        if args.tune:
+            deadline = start + args.budget_s
+            best, best_t = tune_one(case, cfg, e, deadline)
+            tuned[m] = best
+            row.update(tuned_us=best_t * 1e6, tuned_pct_bw=100 * case.bytes / best_t / BW,
+                       tuned_config=best)
+        else:
+            t_torch = gpu_time(functools.partial(case.run, fused_experts_grouped)) / ROUTINGS
+            row["torch_grouped_us"] = t_torch * 1e6
+        rows.append(row)
+        print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v)
+                          for k, v in row.items()}), flush=True)
+        del case
+    out = Path(args.save_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "benchmark_moe.json").write_text(json.dumps(
+        {"device": torch.cuda.get_device_name(), "triton": triton.__version__,
+         "E": e, "top_k": topk, "N": n, "hidden": h, "rows": rows,
+         "seconds": time.time() - start}, indent=1))
+    if tuned:
+        save_configs(tuned, e, n, out)
+
+
+def save_configs(tuned: dict[int, dict], e: int, n: int, out: Path) -> None:
+    """Tuned sizes over the shipped file's entries for the others; upstream's layout."""
+    from engine.layers.fused_moe.config import CONFIG_DIR
+
+    name = get_config_file_name(e, n, None)
+    merged: dict[int, dict] = {}
+    shipped = Path(CONFIG_DIR) / name
+    if shipped.exists():
+        old = json.loads(shipped.read_text())
+        old.pop("triton_version", None)
+        merged = {int(k): v for k, v in old.items()}
+    merged.update(tuned)
+    body = {"triton_version": triton.__version__,
+            **{str(m): {k: merged[m][k] for k in KEYS} for m in sorted(merged)}}
+    (out / name).write_text(json.dumps(body, indent=4) + "\n")
+    print(f"wrote {out / name}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

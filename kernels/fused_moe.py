@@ -1,0 +1,154 @@
+"""The fused MoE grouped GEMM in Triton: every (token, expert) pair's x @ W_e^T in one
+launch, the routing weight applied in the fp32 epilogue.
+
+Mirrors vllm/model_executor/layers/fused_moe/fused_moe.py (fused_moe_kernel and
+invoke_fused_moe_triton_kernel, unquantized bf16/fp16/fp32 case, no expert map): the
+program grid walks BLOCK_SIZE_M rows of sorted_token_ids (kernels/moe_align_block_size.py)
+times BLOCK_SIZE_N output columns, grouped by GROUP_SIZE_M for L2 reuse; each block belongs
+to one expert (expert_ids), so that expert's weight tile is read once per block. With
+`sorted_token_ids=None` (upstream's naive_block_assignment, for batches much smaller than
+the expert count) block m is pair m alone and expert_ids is topk_ids flattened: no
+alignment pass (and no num_tokens_post_padded: the grid is one block per pair). Programs
+past num_tokens_post_padded (read on the device) return at once, so the launch has no
+host sync and a fixed grid for a fixed M (CUDA-graph safe). Launched with programmatic
+dependent launch on sm_90+ like the other decode kernels (kernels/_common.py). fp32
+inputs multiply in full fp32 ("ieee"), not TF32 as upstream's default, so the fp32 CUDA
+path keeps the engine's fp32 results.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import check, check_float, check_same_device, pdl_launch, pdl_wait
+
+_COMPUTE_TYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16,
+                  torch.float32: tl.float32}
+
+
+@triton.jit
+def fused_moe_kernel(
+    a_ptr, b_ptr, c_ptr, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr,
+    num_tokens_post_padded_ptr,
+    N, K, EM, num_valid_tokens,
+    stride_am, stride_ak, stride_be, stride_bk, stride_bn, stride_cm, stride_cn,
+    naive_block_assignment: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, top_k: tl.constexpr,
+    compute_type: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    # A: [M, K] tokens; B: [E, N, K] expert weights; C: [M * top_k, N] (row = pair)
+    if USE_PDL:  # the kernel before wrote A and the routing
+        pdl_wait()
+    pid = tl.program_id(axis=0)
+    num_pid_m = tl.cdiv(EM, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_SIZE_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs = tl.arange(0, BLOCK_SIZE_M).to(tl.int64)
+    if not naive_block_assignment:
+        if pid_m * BLOCK_SIZE_M >= tl.load(num_tokens_post_padded_ptr):
+            return
+        offs_token = tl.load(sorted_token_ids_ptr + pid_m * BLOCK_SIZE_M + offs)
+    else:  # the grid is exactly one block per pair: nothing to skip, nothing to load
+        offs_token = tl.where(offs == 0, pid_m, num_valid_tokens)
+    offs_token = offs_token.to(tl.int64)  # pair index; stride_cm * pair can pass 2^31
+    token_mask = offs_token < num_valid_tokens
+
+    off_experts = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_bn = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N).to(tl.int64)) % N
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    a_ptrs = a_ptr + (offs_token[:, None] // top_k * stride_am + offs_k[None, :] * stride_ak)
+    b_ptrs = (b_ptr + off_experts * stride_be
+              + (offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn))
+
+    accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+        k_left = K - k * BLOCK_SIZE_K
+        a = tl.load(a_ptrs, mask=token_mask[:, None] & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        accumulator += tl.dot(a, b, input_precision=DOT_PREC)
+        a_ptrs += BLOCK_SIZE_K * stride_ak
+        b_ptrs += BLOCK_SIZE_K * stride_bk
+
+    if MUL_ROUTED_WEIGHT:  # in fp32, before the single rounding
+        moe_weight = tl.load(topk_weights_ptr + offs_token, mask=token_mask, other=0)
+        accumulator *= moe_weight[:, None]
+    accumulator = accumulator.to(compute_type)
+
+    offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    c_ptrs = c_ptr + stride_cm * offs_token[:, None] + stride_cn * offs_cn[None, :]
+    tl.store(c_ptrs, accumulator, mask=token_mask[:, None] & (offs_cn[None, :] < N))
+
+
+def invoke_fused_moe_kernel(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                            topk_weights: torch.Tensor | None,
+                            sorted_token_ids: torch.Tensor | None, expert_ids: torch.Tensor,
+                            num_tokens_post_padded: torch.Tensor | None,
+                            mul_routed_weight: bool,
+                            top_k: int, config: dict) -> None:
+    """C[pair] = A[pair // top_k] @ B[expert]^T (x topk_weights[pair] if mul_routed_weight).
+
+    A [M, K]; B [E, N, K] (last dim contiguous); C [M * top_k, N] or [M, top_k, N];
+    topk_weights [M, top_k] fp32; sorted_token_ids / expert_ids / num_tokens_post_padded
+    from moe_align_block_size, or sorted_token_ids None with expert_ids = topk_ids
+    flattened (num_tokens_post_padded unused, may be None). `config` holds
+    BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps, num_stages (engine get_config)."""
+    check(A.dim() == 2 and B.dim() == 3 and A.shape[1] == B.shape[2],
+          f"A [M, K] and B [E, N, K] do not match: {tuple(A.shape)}, {tuple(B.shape)}")
+    check_float("A", A)
+    check(B.dtype == A.dtype and C.dtype == A.dtype,
+          f"A, B and C must share a dtype, got {A.dtype}, {B.dtype}, {C.dtype}")
+    check_same_device(A=A, B=B, C=C, expert_ids=expert_ids)
+    check(sorted_token_ids is None or num_tokens_post_padded is not None,
+          "sorted_token_ids needs num_tokens_post_padded")
+    check(B.stride(2) == 1, "B's last dimension must be contiguous")
+    M, N = A.shape[0], B.shape[1]
+    num_tokens = M * top_k
+    check(C.numel() == num_tokens * N and C.shape[-1] == N and C.is_contiguous(),
+          f"C must be a contiguous [{num_tokens}, {N}] or [{M}, {top_k}, {N}]")
+    c2 = C.view(num_tokens, N)
+    check(not mul_routed_weight or (topk_weights is not None and topk_weights.is_contiguous()
+                                    and topk_weights.numel() == num_tokens),
+          "mul_routed_weight needs contiguous topk_weights of M * top_k values")
+    if num_tokens == 0:
+        return
+    config = dict(config)
+    config.pop("SPLIT_K", None)
+    bm = config["BLOCK_SIZE_M"]
+    if sorted_token_ids is not None:
+        EM = sorted_token_ids.shape[0]
+        if M < bm:  # at most num_tokens non-empty experts, one block each
+            EM = min(EM, num_tokens * bm)
+    else:
+        EM = num_tokens * bm
+    grid = (triton.cdiv(EM, bm) * triton.cdiv(N, config["BLOCK_SIZE_N"]),)
+    fused_moe_kernel[grid](
+        A, B, c2, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
+        N, B.shape[2], EM, num_tokens,
+        A.stride(0), A.stride(1), B.stride(0), B.stride(2), B.stride(1),
+        c2.stride(0), c2.stride(1),
+        naive_block_assignment=sorted_token_ids is None,
+        MUL_ROUTED_WEIGHT=mul_routed_weight, top_k=top_k,
+        compute_type=_COMPUTE_TYPES[A.dtype],
+        DOT_PREC="ieee" if A.dtype == torch.float32 else "tf32", **config, **pdl_launch(A),
+    )
+
+
+def invoke_fused_moe_kernel_ref(A: torch.Tensor, B: torch.Tensor, topk_weights: torch.Tensor,
+                                topk_ids: torch.Tensor, mul_routed_weight: bool, top_k: int
+                                ) -> torch.Tensor:
+    """What invoke_fused_moe_kernel writes, in fp32 rounded once: [M * top_k, N]."""
+    rows = A.float().repeat_interleave(top_k, dim=0) if top_k > 1 else A.float()
+    w = B.float()[topk_ids.reshape(-1)]  # [M * top_k, N, K]
+    out = torch.einsum("pk,pnk->pn", rows, w)
+    if mul_routed_weight:
+        out = out * topk_weights.reshape(-1, 1).float()
+    return out.to(A.dtype)

@@ -1,0 +1,85 @@
+"""Router top-k in one Triton launch: softmax over the expert logits, the k largest, and
+optionally their renormalization, per token.
+
+Mirrors vllm/model_executor/layers/fused_moe/router/fused_topk_router.py (fused_topk,
+softmax scoring; upstream's op is the CUDA kernel csrc/moe/topk_softmax_kernels.cu). One
+program per token holds its E logits (E <= 4096) in registers: fp32 softmax, then k
+rounds of argmax-and-mask (ties go to the lowest expert id). Outputs as upstream: weights
+fp32 [M, k], ids int32 [M, k], in descending weight order. At decode this replaces ~6
+small torch launches per MoE layer with one (launched with PDL on sm_90+).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import check, check_float, pdl_launch, pdl_wait
+
+MAX_EXPERTS = 4096
+
+
+@triton.jit
+def _topk_softmax_kernel(
+    logits_ptr, weights_ptr, ids_ptr, E, stride_l,
+    TOPK: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    # one program: one token's logits [E] -> weights, ids [TOPK]
+    if USE_PDL:  # the router GEMV before wrote the logits
+        pdl_wait()
+    row = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, BLOCK_E)
+    x = tl.load(logits_ptr + row * stride_l + e, mask=e < E, other=float("-inf"))
+    x = x.to(tl.float32)
+    p = tl.exp(x - tl.max(x, 0))
+    p = p / tl.sum(p, 0)
+    p = tl.where(e < E, p, -1.0)  # padding lanes never win
+    slots = tl.arange(0, BLOCK_K)
+    top_w = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    top_i = tl.zeros((BLOCK_K,), dtype=tl.int32)
+    for j in tl.static_range(TOPK):
+        best = tl.max(p, 0)
+        idx = tl.min(tl.where(p == best, e, BLOCK_E), 0)  # lowest id among equals
+        top_w = tl.where(slots == j, best, top_w)
+        top_i = tl.where(slots == j, idx, top_i)
+        p = tl.where(e == idx, -1.0, p)
+    if RENORMALIZE:
+        top_w = top_w / tl.sum(top_w, 0)
+    tl.store(weights_ptr + row * TOPK + slots, top_w, mask=slots < TOPK)
+    tl.store(ids_ptr + row * TOPK + slots, top_i, mask=slots < TOPK)
+
+
+def topk_softmax(gating_output: torch.Tensor, topk: int, renormalize: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """gating_output [M, E] (E <= 4096, stride-1 rows) -> (weights [M, k] fp32, ids [M, k]
+    int32)."""
+    check_float("gating_output", gating_output)
+    check(gating_output.dim() == 2 and gating_output.stride(1) == 1,
+          f"gating_output must be [M, E] with contiguous rows, got "
+          f"{tuple(gating_output.shape)}")
+    m, e = gating_output.shape
+    check(1 <= e <= MAX_EXPERTS and 1 <= topk <= e,
+          f"top-{topk} of {e} experts is out of range (E <= {MAX_EXPERTS})")
+    dev = gating_output.device
+    weights = torch.empty(m, topk, dtype=torch.float32, device=dev)
+    ids = torch.empty(m, topk, dtype=torch.int32, device=dev)
+    if m == 0:
+        return weights, ids
+    block_e = triton.next_power_of_2(e)
+    _topk_softmax_kernel[(m,)](
+        gating_output, weights, ids, e, gating_output.stride(0), TOPK=topk,
+        RENORMALIZE=renormalize, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(topk),
+        num_warps=1 if block_e <= 256 else 4, **pdl_launch(gating_output),
+    )
+    return weights, ids
+
+
+def topk_softmax_ref(gating_output: torch.Tensor, topk: int, renormalize: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch form (engine/layers/fused_moe/router.py's CPU path)."""
+    weights, ids = torch.softmax(gating_output.float(), dim=-1).topk(topk, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids.to(torch.int32)

@@ -1,0 +1,173 @@
+"""Routing (fused_topk, grouped_topk), launch-config selection and backend choice of
+engine/layers/fused_moe: CPU only, no Triton needed.
+
+Mirrors vLLM 0.33 tests/kernels/moe/test_grouped_topk.py (grouped_topk against a
+per-token loop) and the config lookup of fused_moe.py (get_config_file_name naming,
+nearest-M choice in try_get_optimal_moe_config, VLLM_TUNED_CONFIG_FOLDER first, the
+default config when no file exists, override_config).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernels/ import
+
+from engine.errors import InvalidArgumentError
+from engine.layers.fused_moe import (
+    FusedMoE,
+    config,
+    fused_topk,
+    get_config_file_name,
+    get_default_config,
+    get_moe_configs,
+    grouped_topk,
+    override_config,
+    try_get_optimal_moe_config,
+)
+
+
+def test_fused_topk_softmax_renormalized() -> None:
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0], [0.0, 0.0, 5.0, 4.0]])
+    w, ids = fused_topk(logits, 2, renormalize=True)
+    assert ids.dtype == torch.int32 and w.dtype == torch.float32
+    assert ids.tolist() == [[1, 2], [2, 3]]
+    assert torch.allclose(w.sum(-1), torch.ones(2))
+    w_raw, _ = fused_topk(logits, 2, renormalize=False)
+    assert torch.allclose(w_raw, torch.softmax(logits, -1).topk(2).values)
+    w_sig, _ = fused_topk(logits, 1, renormalize=False, scoring_func="sigmoid")
+    assert torch.allclose(w_sig[:, 0], torch.tensor([3.0, 5.0]).sigmoid())
+
+
+def test_fused_topk_bad_arguments() -> None:
+    with pytest.raises(InvalidArgumentError, match="out of range"):
+        fused_topk(torch.zeros(2, 4), 5, True)
+    with pytest.raises(InvalidArgumentError, match="scoring function"):
+        fused_topk(torch.zeros(2, 4), 2, True, scoring_func="relu")
+
+
+def _grouped_topk_loop(logits, topk, groups, keep, bias):
+    scores = torch.softmax(logits.float(), -1)
+    ids, weights = [], []
+    for row in scores:
+        sel = row + (bias if bias is not None else 0)
+        per_group = sel.view(groups, -1)
+        gscore = per_group.topk(2).values.sum(-1) if bias is not None else per_group.max(-1)[0]
+        best = set(gscore.topk(keep).indices.tolist())
+        allowed = torch.tensor([i // (row.numel() // groups) in best
+                                for i in range(row.numel())])
+        top = sel.masked_fill(~allowed, float("-inf")).topk(topk).indices
+        ids.append(sorted(top.tolist()))
+        w = row[top]
+        weights.append(dict(zip(top.tolist(), (w / w.sum()).tolist())))
+    return ids, weights
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_grouped_topk_matches_a_per_token_loop(with_bias) -> None:
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(7, 32, generator=g)
+    bias = torch.randn(32, generator=g) / 10 if with_bias else None
+    w, ids = grouped_topk(logits, 4, True, num_expert_group=8, topk_group=3,
+                          e_score_correction_bias=bias)
+    want_ids, want_w = _grouped_topk_loop(logits, 4, 8, 3, bias)
+    assert [sorted(r) for r in ids.tolist()] == want_ids
+    for row_w, row_ids, want in zip(w.tolist(), ids.tolist(), want_w):
+        for wi, i in zip(row_w, row_ids):
+            assert abs(wi - want[i]) < 1e-6
+    w2, _ = grouped_topk(logits, 4, True, 8, 3, routed_scaling_factor=2.5,
+                         e_score_correction_bias=bias)
+    assert torch.allclose(w2, w * 2.5)
+
+
+def test_grouped_topk_bad_groups() -> None:
+    with pytest.raises(InvalidArgumentError, match="do not split"):
+        grouped_topk(torch.zeros(2, 10), 2, True, num_expert_group=4, topk_group=2)
+
+
+def test_config_file_name_is_upstreams(monkeypatch) -> None:
+    assert get_config_file_name(128, 768, None, "NVIDIA_H200") == \
+        "E=128,N=768,device_name=NVIDIA_H200.json"
+    assert get_config_file_name(8, 14336, "float32", "NVIDIA_H100_80GB_HBM3") == \
+        "E=8,N=14336,device_name=NVIDIA_H100_80GB_HBM3,dtype=float32.json"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200 NVL")
+    assert config.get_device_name() == "NVIDIA_H200"
+
+
+def test_tuned_file_nearest_m_and_folder_order(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(config, "get_device_name", lambda: "TEST_GPU")
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
+    get_moe_configs.cache_clear()
+    tuned = {str(m): {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": m, "BLOCK_SIZE_K": 64,
+                      "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3}
+             for m in (1, 16, 64, 256)}
+    (tmp_path / "E=6,N=40,device_name=TEST_GPU.json").write_text(
+        json.dumps({**tuned, "triton_version": "3.6.0"}))
+    try:
+        w1, w2 = (6, 80, 24), (6, 24, 40)
+        for m, want_n in [(1, 1), (9, 16), (40, 16), (41, 64), (5000, 256)]:
+            assert try_get_optimal_moe_config(w1, w2, 2, None, m)["BLOCK_SIZE_N"] == want_n
+        # fp32 has its own file: none here, so the default
+        assert try_get_optimal_moe_config(w1, w2, 2, "float32", 40) == \
+            get_default_config(40, 6, 40, 24, 2, "float32")
+        with override_config({"BLOCK_SIZE_M": 32}):
+            assert try_get_optimal_moe_config(w1, w2, 2, None, 1) == {"BLOCK_SIZE_M": 32}
+    finally:
+        get_moe_configs.cache_clear()
+
+
+def test_default_config_is_upstreams_heuristic() -> None:
+    small = get_default_config(1, 128, 768, 2048, 8, None)
+    assert small == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128,
+                     "GROUP_SIZE_M": 1, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4}
+    big = get_default_config(4096, 8, 14336, 4096, 2, None)
+    assert (big["BLOCK_SIZE_M"], big["BLOCK_SIZE_N"], big["BLOCK_SIZE_K"],
+            big["GROUP_SIZE_M"], big["num_warps"]) == (128, 128, 64, 16, 8)
+
+
+def test_committed_configs_are_valid() -> None:
+    """Every shipped file parses and names an int M per kernel config with all keys."""
+    keys = {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
+            "num_stages"}
+    files = [f for f in os.listdir(config.CONFIG_DIR) if f.endswith(".json")]
+    assert files
+    for name in files:
+        assert name.startswith("E=") and ",N=" in name and ",device_name=" in name
+        with open(os.path.join(config.CONFIG_DIR, name)) as f:
+            tuned = json.load(f)
+        tuned.pop("triton_version", None)
+        for m, cfg in tuned.items():
+            assert int(m) >= 1 and keys <= set(cfg), (name, m)
+            assert cfg["BLOCK_SIZE_M"] >= 16 and cfg["BLOCK_SIZE_K"] >= 16
+
+
+def test_backend_env(monkeypatch) -> None:
+    monkeypatch.setenv("LIBVLLM_MOE_BACKEND", "torch")
+    assert FusedMoE(4, 2, 8, 8).backend == "torch"
+    monkeypatch.setenv("LIBVLLM_MOE_BACKEND", "cutlass")
+    with pytest.raises(InvalidArgumentError, match="LIBVLLM_MOE_BACKEND"):
+        FusedMoE(4, 2, 8, 8)
+
+
+def test_tuning_script_reads_the_model_and_merges_configs(tmp_path, monkeypatch) -> None:
+    """examples/bench/benchmark_moe.py: shapes from config.json; tuned sizes over the
+    shipped file's others, in upstream's file layout."""
+    pytest.importorskip("triton")
+    from examples.bench import benchmark_moe as bm
+
+    assert bm.model_params(os.path.join(os.path.dirname(__file__), "..", "examples", "bench",
+                                           "models", "qwen3-30b-a3b")) == (128, 8, 768, 2048)
+    monkeypatch.setattr(config, "get_device_name", lambda: "NVIDIA_H200")
+    new = {k: 1 for k in bm.KEYS}
+    bm.save_configs({1: new, 5: new}, 128, 768, tmp_path)
+    written = json.loads((tmp_path / "E=128,N=768,device_name=NVIDIA_H200.json").read_text())
+    assert "triton_version" in written and written["1"] == new and written["5"] == new
+    assert written["4096"]["BLOCK_SIZE_M"] >= 16  # kept from the shipped file
+    assert bm.valid({"BLOCK_SIZE_M": 16}, 1, 8, 128)
+    assert not bm.valid({"BLOCK_SIZE_M": 64}, 1, 8, 128)
