@@ -40,12 +40,13 @@ from _libvllm import ffi, lib
 
 
 def _start():
-    source_dir = ffi.string(lib.glue_python_path()).decode("utf-8", "surrogateescape")
-    if "torch" not in sys.modules:  # its OpenMP threads then sleep between calls, not spin
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    if source_dir not in sys.path:
-        sys.path.insert(0, source_dir)
-    try:
+    source_dir = "(unknown)"
+    try:  # nothing may escape: cffi would print it, a SystemExit would end the host
+        source_dir = ffi.string(lib.glue_python_path()).decode("utf-8", "surrogateescape")
+        if "torch" not in sys.modules:  # its OpenMP threads then sleep between calls, not spin
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        if source_dir not in sys.path:
+            sys.path.insert(0, source_dir)
         import capi.glue  # noqa: F401  (registers the glue_* functions)
     except BaseException as e:
         message = f"cannot load libvllm's Python side from {source_dir}: {type(e).__name__}: {e}"

@@ -108,6 +108,7 @@ def _engine_config(model: str, p) -> EngineConfig:
         gpu_memory_utilization=f32(p.gpu_memory_utilization),
         skip_tokenizer_init=bool(p.skip_tokenizer_init),
         async_scheduling=_tristate(p.async_scheduling, "params->async_scheduling"),
+        n_threads=p.n_threads,
     )
 
 
@@ -143,6 +144,10 @@ def glue_engine_create(model_path, params, out) -> None:
     override = optional_text(params.chat_template, "params->chat_template")
     chat_template = None if override is None else _load_chat_template(override)
     _report_progress(params, 0.0)
+    if config.n_threads:  # vllm.h: process-wide, as torch's intra-op pool
+        import torch
+
+        torch.set_num_threads(config.n_threads)
     engine = _engine_class().from_config(config)
     if chat_template is not None:
         if engine.tokenizer is None:
