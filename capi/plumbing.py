@@ -121,13 +121,11 @@ def f32(value: float) -> float:
 
 
 def sampling_params(p) -> SamplingParams:
-    """vllm_sampling_params -> SamplingParams (DELTA outputs: what the ABI streams). A 0
-    where vLLM allows no 0 (max_tokens, top_p, repetition_penalty) is the default, so a
-    zeroed struct with only struct_size set is valid (and greedy)."""
+    """vllm_sampling_params -> SamplingParams (DELTA outputs: what the ABI streams)."""
     return SamplingParams.from_optional(
-        max_tokens=None if p.max_tokens < 0 else p.max_tokens or SamplingParams.max_tokens,
+        max_tokens=None if p.max_tokens < 0 else p.max_tokens,
         temperature=f32(p.temperature),
-        top_p=f32(p.top_p) or SamplingParams.top_p,
+        top_p=f32(p.top_p),
         top_k=p.top_k,
         min_p=f32(p.min_p),
         seed=p.seed if p.has_seed else None,
@@ -136,7 +134,7 @@ def sampling_params(p) -> SamplingParams:
         skip_special_tokens=bool(p.skip_special_tokens),
         presence_penalty=f32(p.presence_penalty),
         frequency_penalty=f32(p.frequency_penalty),
-        repetition_penalty=f32(p.repetition_penalty) or SamplingParams.repetition_penalty,
+        repetition_penalty=f32(p.repetition_penalty),
         min_tokens=p.min_tokens,
         stop=[text(p.stop[i], "params->stop[]") for i in range(p.n_stop)],
         include_stop_str_in_output=bool(p.include_stop_str_in_output),

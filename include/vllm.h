@@ -131,7 +131,8 @@ typedef struct vllm_engine vllm_engine;
 
 /* Engine configuration (vLLM's EngineArgs). A field left 0 takes its default (which may
  * be "derived from the model or machine"); the on/off flags are plain (0 = off). A
- * zeroed struct with only struct_size set is valid. */
+ * zeroed struct with only struct_size set is valid. (vllm_sampling_params keeps vLLM's
+ * checks instead: start it with vllm_sampling_params_init.) */
 typedef struct vllm_engine_params {
     uint32_t struct_size;            /* sizeof(vllm_engine_params), set by _init */
     int32_t max_model_len;           /* context length; 0: the model's */
@@ -196,14 +197,12 @@ typedef struct vllm_model_info {
     const char *name;           /* the model's name; valid until the engine is freed */
 } vllm_model_info;
 
-/* Per-request generation controls (vLLM's SamplingParams; same defaults and checks). A 0
- * where vLLM allows none (max_tokens, top_p, repetition_penalty) is the default, so a
- * zeroed struct with only struct_size set is valid: greedy, 16 tokens. */
+/* Per-request generation controls (vLLM's SamplingParams; same defaults and checks). */
 typedef struct vllm_sampling_params {
     uint32_t struct_size;            /* sizeof(vllm_sampling_params), set by _init */
-    int32_t max_tokens;              /* default (0) 16; < 0: until the context is full */
+    int32_t max_tokens;              /* default 16; < 0: until the context is full */
     float temperature;               /* default 1.0; 0: greedy */
-    float top_p;                     /* default (0) 1.0 */
+    float top_p;                     /* default 1.0 */
     int32_t top_k;                   /* default 0 (off) */
     float min_p;                     /* default 0.0 (off) */
     int64_t seed;                    /* per-request seed, used when has_seed != 0 */
@@ -215,7 +214,7 @@ typedef struct vllm_sampling_params {
     /* since 0.2 (n and logprobs: through vllm_openai_request) */
     float presence_penalty;          /* default 0.0, in [-2, 2] */
     float frequency_penalty;         /* default 0.0, in [-2, 2] */
-    float repetition_penalty;        /* default (0) 1.0, > 0 */
+    float repetition_penalty;        /* default 1.0, > 0 */
     int32_t min_tokens;              /* default 0: EOS and stop tokens blocked until reached */
     const char *const *stop;         /* stop strings (UTF-8, copied); may be NULL when n is 0 */
     size_t n_stop;

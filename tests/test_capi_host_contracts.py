@@ -1,12 +1,12 @@
 """What include/vllm.h's comments promise is what the library does (issue 15, item 5):
-a zeroed params struct with only struct_size set is valid (engine and sampling), a
-model directory holding one .gguf loads it (and two are refused), VLLM_END_OF_STREAM
-sets no error message, and vllm_engine_num_unfinished counts a pulled request until its
+a zeroed engine params struct with only struct_size set is valid, a model directory
+holding one .gguf loads it (and two are refused), VLLM_END_OF_STREAM sets no error
+message, and vllm_engine_num_unfinished counts a pulled request until its
 last event was pulled. (The SIGINT and thread-safety comments: test_capi_host_runtime.py,
 test_capi_step_threads.py.)
 
 A Python host drives build/libvllm.so through cffi's ABI mode in a child process.
-Oracle: the header's comments; vLLM's defaults (max_tokens 16, max_num_seqs 256).
+Oracle: the header's comments; vLLM's defaults (max_num_seqs 256, block_size 16).
 """
 
 from __future__ import annotations
@@ -34,14 +34,15 @@ seen = {}
 err = lambda: ffi.string(lib.vllm_last_error()).decode()
 engine = ffi.new("vllm_engine **")
 
-# a zeroed engine struct and a zeroed sampling struct, struct_size alone set
+# a zeroed engine struct, struct_size alone set
 params = ffi.new("vllm_engine_params *")
 params.struct_size = ffi.sizeof("vllm_engine_params")
 seen["zeroed_engine"] = [lib.vllm_engine_create(model.encode(), params, engine), err()]
 e = engine[0]
 sampling = ffi.new("vllm_sampling_params *")
-sampling.struct_size = ffi.sizeof("vllm_sampling_params")
-seen["zeroed_sampling_add"] = [lib.vllm_request_add(e, b"z", b"The capital of France is",
+lib.vllm_sampling_params_init(sampling)
+sampling.temperature = 0.0
+seen["zeroed_engine_add"] = [lib.vllm_request_add(e, b"z", b"The capital of France is",
                                                     ffi.NULL, 0, sampling), err()]
 text, tokens, left = "", 0, ffi.new("size_t *", 1)
 outs, n = ffi.new("vllm_request_output **"), ffi.new("size_t *")
@@ -51,7 +52,7 @@ while left[0]:
         text += ffi.string(outs[0][i].text).decode()
         tokens = outs[0][i].num_output_tokens
     lib.vllm_engine_num_unfinished(e, left)
-seen["zeroed_sampling_output"] = [text, tokens]
+seen["zeroed_engine_output"] = [text, tokens]
 
 # pull mode: unfinished until the last event is pulled; END_OF_STREAM leaves no message
 assert lib.vllm_engine_start_loop(e) == 0, err()
@@ -108,9 +109,9 @@ def test_zeroed_engine_params_take_the_defaults(seen):
     assert seen["zeroed_engine"] == [0, ""]
 
 
-def test_zeroed_sampling_params_are_greedy_with_16_tokens(seen):
-    assert seen["zeroed_sampling_add"] == [0, ""]
-    text, tokens = seen["zeroed_sampling_output"]
+def test_an_engine_of_zeroed_params_generates(seen):
+    assert seen["zeroed_engine_add"] == [0, ""]
+    text, tokens = seen["zeroed_engine_output"]
     assert "Paris" in text and 1 <= tokens <= 16
 
 
