@@ -357,7 +357,7 @@ static vllm_status locate_runtime(void) {
         return start_failed("cannot find the file libvllm was loaded from (dladdr failed)");
     read_runtime_cfg(dir);
     if ((env = getenv("LIBVLLM_SOURCE_DIR")) != NULL && env[0] != '\0')
-        resolve_path(dir, env, runtime_pythonpath, sizeof runtime_pythonpath);
+        snprintf(runtime_pythonpath, sizeof runtime_pythonpath, "%s", env);
     else if (runtime_pythonpath[0] == '\0')
         resolve_path(dir, "..", runtime_pythonpath, sizeof runtime_pythonpath);
     if ((env = getenv("LIBVLLM_PYTHON")) != NULL && env[0] != '\0') {
