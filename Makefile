@@ -1,11 +1,13 @@
 # Makefile: the two documented entry points and the steps behind them.
 #   make run      set up .venv, fetch the default model, build, one chat turn
 #   make test     the same setup plus test extras (and Go for examples/go), then ruff and pytest
-#   make install  PREFIX=/usr/local: lib/libvllm.so.<major>, include/vllm.h,
-#                 lib/pkgconfig/libvllm.pc, bin/vllm-cli (DESTDIR is honoured)
+#   make install  PREFIX=/usr/local: lib/libvllm.so.<major>, lib/libvllm.cfg, the Python
+#                 side in lib/libvllm/python, include/vllm.h, lib/pkgconfig/libvllm.pc,
+#                 bin/vllm-cli (DESTDIR is honoured; capi/install.py). The installed
+#                 library runs this .venv's python (the environment that holds torch).
 #   make clean    remove build/
 # build/libvllm.so is rebuilt only when C sources or the header change: it imports
-# capi/ and engine/ from this source tree at run time.
+# capi/ and engine/ from this source tree at run time (build/libvllm.cfg).
 
 PYTHON ?= python3
 VENV := .venv
@@ -21,8 +23,6 @@ GEMMA_SHA256 := a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 TORCH := torch==2.13.0
 CLI_CFLAGS := -std=c11 -O2 -Wall -Wextra -Werror -pedantic -Iinclude
 PREFIX ?= /usr/local
-ABI_MAJOR := $(shell sed -n 's/^\#define VLLM_ABI_VERSION_MAJOR \([0-9]*\)$$/\1/p' include/vllm.h)
-VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
 
 .PHONY: run test clean install go-toolchain fetch-gemma
 
@@ -40,13 +40,7 @@ go-toolchain:
 		echo "warning: no Go toolchain; the Go example test will be skipped" >&2
 
 install: build/libvllm.so build/vllm-cli
-	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin
-	install -m 755 build/libvllm.so.$(ABI_MAJOR) $(DESTDIR)$(PREFIX)/lib/
-	ln -sf libvllm.so.$(ABI_MAJOR) $(DESTDIR)$(PREFIX)/lib/libvllm.so
-	install -m 644 include/vllm.h $(DESTDIR)$(PREFIX)/include/
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' capi/libvllm.pc.in \
-		> $(DESTDIR)$(PREFIX)/lib/pkgconfig/libvllm.pc
-	install -m 755 build/vllm-cli $(DESTDIR)$(PREFIX)/bin/
+	$(VPY) capi/install.py --prefix $(abspath $(PREFIX)) $(if $(DESTDIR),--destdir $(DESTDIR))
 
 clean:
 	rm -rf build
@@ -82,7 +76,8 @@ $(GEMMA_MODEL): | $(VPY)
 	echo "$(GEMMA_SHA256)  $@.part" | sha256sum -c --quiet
 	mv $@.part $@
 
-build/libvllm.so: include/vllm.h capi/build.py capi/header.py $(wildcard capi/*.c capi/*.h) \
+build/libvllm.so: include/vllm.h capi/build.py capi/header.py capi/libvllm.pc.in \
+		$(wildcard capi/*.c capi/*.h) \
 		| $(VENV)/.stamp-install
 	$(VPY) capi/build.py
 

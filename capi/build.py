@@ -1,11 +1,12 @@
-"""Builds build/libvllm.so (SONAME libvllm.so.0) with cffi's embedding mode.
+"""Builds build/libvllm.so (SONAME libvllm.so.<major>) with cffi's embedding mode.
 
 Run with the python of the environment that holds the engine's packages:
     .venv/bin/python capi/build.py
-That python's path and this source tree's path are baked into the library, so a
-C program needs no environment variable to run it (overrides: LIBVLLM_PYTHON,
-LIBVLLM_SOURCE_DIR). The library imports capi/ and engine/ from the source tree
-at run time: only C and header changes need a rebuild.
+No path is compiled into the library: it finds its Python side from its own location
+(dladdr) and the libvllm.cfg written beside it (capi/libvllm.c, locate_runtime). Here
+that is build/libvllm.cfg (pythonpath: this source tree, python: this python, both
+relative when inside the tree), so only C and header changes need a rebuild. The same
+binary is installed by capi/install.py. build/libvllm.pc lets pkg-config find it.
 
 Layout of the generated C file (cffi): cffi's support code, then C_SOURCES (every
 vllm.h function), then the cffi-generated bodies of the glue_* functions of
@@ -21,8 +22,6 @@ import sys
 import sysconfig
 from pathlib import Path
 
-import cffi
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from capi.header import GLUE_HEADER, ROOT, abi_version, api_cdef, cdef_source, region  # noqa: E402
 
@@ -37,21 +36,24 @@ INIT_CODE = """
 import os
 import sys
 
-from _libvllm import lib
+from _libvllm import ffi, lib
 
 
-def _start(source_dir):
-    source_dir = os.environ.get("LIBVLLM_SOURCE_DIR") or source_dir
-    if source_dir not in sys.path:
-        sys.path.insert(0, source_dir)
-    try:
+def _start():
+    source_dir = "(unknown)"
+    try:  # nothing may escape: cffi would print it, a SystemExit would end the host
+        source_dir = ffi.string(lib.glue_python_path()).decode("utf-8", "surrogateescape")
+        if "torch" not in sys.modules:  # its OpenMP threads then sleep between calls, not spin
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        if source_dir not in sys.path:
+            sys.path.insert(0, source_dir)
         import capi.glue  # noqa: F401  (registers the glue_* functions)
     except BaseException as e:
         message = f"cannot load libvllm's Python side from {source_dir}: {type(e).__name__}: {e}"
         lib.glue_set_start_error(message.encode("utf-8", "replace"))
 
 
-_start(SOURCE_DIR)
+_start()
 """
 
 
@@ -65,27 +67,22 @@ def c_string(text: str) -> str:
 
 
 def project_version() -> str:
-    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    return re.search(r'^version\s*=\s*"([^"]+)"', text, re.M).group(1)
+    """The one version of libvllm: engine.__version__ (pyproject reads it too)."""
+    text = (ROOT / "engine" / "__init__.py").read_text(encoding="utf-8")
+    return re.search(r'^__version__\s*=\s*"([^"]+)"', text, re.M).group(1)
 
 
-def build_python() -> str:
-    """This python, not resolved through symlinks: a venv's python finds its venv."""
-    return os.path.abspath(sys.executable)
+def make_ffi():
+    import cffi
 
-
-def make_ffi() -> cffi.FFI:
     ffi = cffi.FFI()
     ffi.cdef(api_cdef())
     python_side = cdef_source(region(GLUE_HEADER, "GLUE_PYTHON"))
     ffi.cdef('extern "Python+C" {\n' + python_side + "\n}")
     ffi.cdef(cdef_source(region(GLUE_HEADER, "GLUE_C")))
-    ffi.embedding_init_code(f"SOURCE_DIR = {str(ROOT)!r}\n" + INIT_CODE)
-    preamble = (
-        f"#define VLLM_LIB_VERSION {c_string(project_version())}\n"
-        f"#define VLLM_BUILD_PYTHON {c_string(build_python())}\n"
-        + "\n".join((ROOT / "capi" / name).read_text(encoding="utf-8") for name in C_SOURCES)
-    )
+    ffi.embedding_init_code(INIT_CODE)
+    preamble = f"#define VLLM_LIB_VERSION {c_string(project_version())}\n" + "\n".join(
+        (ROOT / "capi" / name).read_text(encoding="utf-8") for name in C_SOURCES)
     ffi.set_source(MODULE, preamble)
     return ffi
 
@@ -101,25 +98,63 @@ def compile_command(c_file: Path, output: Path) -> list[str]:
         *(f"-I{path}" for path in includes),
         str(c_file),
         *("-o", str(output)),
-        *(f"-L{libdir}", f"-lpython{cfg('LDVERSION')}"),
-        *(f"-Wl,-rpath,{libdir}", f"-Wl,-soname,{SONAME}"),
+        # the libpython of the Python installation this environment is based on
+        *(f"-L{libdir}", f"-lpython{cfg('LDVERSION')}", f"-Wl,-rpath,{libdir}"),
+        f"-Wl,-soname,{SONAME}",
         # never unmapped by dlclose: the embedded runtime keeps pointers into this library
         # (its module stays in sys.modules; a Python host that dlcloses it must not crash)
         "-Wl,-z,nodelete",
     ]
 
 
-def main() -> None:
-    BUILD.mkdir(exist_ok=True)
-    c_file = BUILD / f"{MODULE}.c"
+def compile_library(work_dir: Path, output: Path) -> None:
+    """Generates work_dir/_libvllm.c and compiles it into output (atomically)."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    c_file = work_dir / f"{MODULE}.c"
     make_ffi().emit_c_code(str(c_file))
-    real, tmp, link = BUILD / SONAME, BUILD / f"{SONAME}.tmp", BUILD / "libvllm.so"
+    tmp = output.with_name(output.name + ".tmp")
     subprocess.run(compile_command(c_file, tmp), check=True)
-    os.replace(tmp, real)  # atomic: a running program keeps its old copy
+    os.replace(tmp, output)  # a running program keeps its old copy
+
+
+def relative_or_absolute(path: Path, base: Path, within: Path) -> str:
+    """path relative to base when it lies inside within, else absolute."""
+    return os.path.relpath(path, base) if path.is_relative_to(within) else str(path)
+
+
+def write_runtime_cfg(lib_dir: Path, python: str, pythonpath: str) -> None:
+    """lib_dir/libvllm.cfg: where the library beside it finds its Python side."""
+    (lib_dir / "libvllm.cfg").write_text(
+        "# Where libvllm.so finds its Python side (capi/libvllm.c, locate_runtime).\n"
+        "# Relative paths are relative to this file's folder.\n"
+        f"python = {python}\npythonpath = {pythonpath}\n", encoding="utf-8")
+
+
+def write_pkg_config(pc_file: Path, prefix: str, libdir: str, includedir: str) -> None:
+    """pc_file from capi/libvllm.pc.in; the paths are relative to ${pcfiledir}."""
+    text = (ROOT / "capi" / "libvllm.pc.in").read_text(encoding="utf-8")
+    for key, value in (("PREFIX", prefix), ("LIBDIR", libdir), ("INCLUDEDIR", includedir),
+                       ("VERSION", project_version())):
+        text = text.replace(f"@{key}@", value)
+    pc_file.parent.mkdir(parents=True, exist_ok=True)
+    pc_file.write_text(text, encoding="utf-8")
+
+
+def link_soname(lib_dir: Path) -> None:
+    link = lib_dir / "libvllm.so"
     if not link.is_symlink():
         link.unlink(missing_ok=True)
         link.symlink_to(SONAME)
-    print(f"built {link} -> {SONAME}")
+
+
+def main() -> None:
+    compile_library(BUILD, BUILD / SONAME)
+    link_soname(BUILD)
+    python = Path(os.path.abspath(sys.executable))  # unresolved: a venv's python finds its venv
+    write_runtime_cfg(BUILD, relative_or_absolute(python, BUILD, ROOT), "..")
+    write_pkg_config(BUILD / "libvllm.pc", "${pcfiledir}/..", "${pcfiledir}",
+                     "${pcfiledir}/../include")
+    print(f"built {BUILD / 'libvllm.so'} -> {SONAME}")
 
 
 if __name__ == "__main__":

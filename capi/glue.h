@@ -67,6 +67,8 @@ vllm_status glue_openai_stream_free(uint64_t stream);
 void glue_set_error(const char *message);
 /* Records why the Python side could not start (called by the start-up code). */
 void glue_set_start_error(const char *message);
+/* The folder that holds capi/, engine/ and kernels/ (found from the library's location). */
+const char *glue_python_path(void);
 /* 1 if libvllm started the interpreter, 0 if the host process runs Python itself. */
 int glue_owns_interpreter(void);
 /* A malloc'd NUL-terminated copy of data[0..size), for vllm_string_free; NULL if OOM. */

@@ -1,11 +1,11 @@
 """capi.glue: the Python side of libvllm.so, one function per glue_* of capi/glue.h.
 
-This module holds the engine, tokenizer, chat template and caller-driven request
-functions; capi.streams (background loop, pull/push streaming), capi.openai_glue (the
-OpenAI layer) and capi.logs (log routing) hold the rest, and capi.plumbing what they
-share (exception -> status mapping, handle registries). Importing this module registers
-all of them. The C shims have already checked NULL pointers and struct sizes. No engine
-logic lives here.
+This module holds the engine, tokenizer and chat template functions; capi.caller_driven
+(vllm_request_add / vllm_engine_step), capi.streams (background loop, pull/push
+streaming), capi.openai_glue (the OpenAI layer) and capi.logs (log routing) hold the
+rest, and capi.plumbing what they share (exception -> status mapping, handle
+registries). Importing this module registers all of them. The C shims have already
+checked NULL pointers and struct sizes. No engine logic lives here.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ import warnings
 
 from _libvllm import ffi, lib
 
-from capi import logs, openai_glue, streams  # noqa: F401  (register their glue_* functions)
+from capi import caller_driven, logs, openai_glue, streams  # noqa: F401  (glue_* bodies)
 from capi.plumbing import (
-    FINISH_REASONS,
     BufferTooSmallError,
     EngineRecord,
     InvalidStateError,
@@ -28,12 +27,10 @@ from capi.plumbing import (
     export,
     f32,
     optional_text,
-    prompt_arg,
-    sampling_params,
     text,
 )
 from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError, NotFoundError
+from engine.errors import InvalidArgumentError
 
 
 def _engine_class():
@@ -89,9 +86,9 @@ def _engine_config(model: str, p) -> EngineConfig:
         device=optional_text(p.device, "params->device") or "auto",
         dtype=optional_text(p.dtype, "params->dtype") or "auto",
         max_model_len=p.max_model_len,
-        max_num_seqs=p.max_num_seqs,
+        max_num_seqs=p.max_num_seqs or EngineConfig.max_num_seqs,  # vllm.h: 0 = default
         max_num_batched_tokens=p.max_num_batched_tokens,
-        block_size=p.block_size,
+        block_size=p.block_size or EngineConfig.block_size,
         kv_cache_memory_bytes=p.kv_cache_memory_bytes,
         enable_prefix_caching=bool(p.enable_prefix_caching),
         enable_chunked_prefill=bool(p.enable_chunked_prefill),
@@ -105,9 +102,10 @@ def _engine_config(model: str, p) -> EngineConfig:
         tool_call_parser=optional_text(p.tool_call_parser, "params->tool_call_parser") or "",
         enable_auto_tool_choice=bool(p.enable_auto_tool_choice),
         load_format=optional_text(p.load_format, "params->load_format") or "auto",
-        gpu_memory_utilization=f32(p.gpu_memory_utilization),
+        gpu_memory_utilization=f32(p.gpu_memory_utilization) or EngineConfig.gpu_memory_utilization,
         skip_tokenizer_init=bool(p.skip_tokenizer_init),
         async_scheduling=_tristate(p.async_scheduling, "params->async_scheduling"),
+        n_threads=p.n_threads,
     )
 
 
@@ -143,6 +141,10 @@ def glue_engine_create(model_path, params, out) -> None:
     override = optional_text(params.chat_template, "params->chat_template")
     chat_template = None if override is None else _load_chat_template(override)
     _report_progress(params, 0.0)
+    if config.n_threads:  # vllm.h: process-wide, as torch's intra-op pool
+        import torch
+
+        torch.set_num_threads(config.n_threads)
     engine = _engine_class().from_config(config)
     if chat_template is not None:
         if engine.tokenizer is None:
@@ -274,80 +276,6 @@ def glue_chat_template_apply(key, messages_json, add_generation_prompt, out) -> 
 @export
 def glue_chat_template_render(key, messages_json, tools_json, add_generation_prompt, out):
     _render(key, messages_json, tools_json, add_generation_prompt, out)
-
-
-# --------------------------------------------------------------------------- requests
-
-
-@export
-def glue_request_add(key, request_id, prompt, prompt_token_ids, n_prompt_token_ids, params):
-    record = engines.get_live(key)
-    rid = text(request_id, "request_id")
-    sampling = sampling_params(params)
-    with record.lock:
-        record.require_caller_driven("vllm_request_add")
-        if rid in record.requests:  # includes aborted ones whose last output is still due
-            raise InvalidArgumentError(f"request id {rid!r} is already in use")
-        record.engine.add_request(rid, prompt_arg(prompt, prompt_token_ids, n_prompt_token_ids),
-                                  sampling)
-        record.requests[rid] = 0
-
-
-@export
-def glue_request_abort(key, request_id) -> None:
-    record = engines.get_live(key)
-    rid = text(request_id, "request_id")
-    with record.lock:
-        if record.loop is not None:
-            if not record.loop.has_request(rid):
-                raise NotFoundError(f"no running request with id {rid!r}")
-            record.loop.abort(rid)
-        else:
-            record.engine.abort_request(rid)
-
-
-def _step_outputs(record: EngineRecord, results) -> tuple[object, list]:
-    """A vllm_request_output array for the engine's outputs, and every cdata it points
-    into. Counts output tokens and forgets finished requests."""
-    array = ffi.new("vllm_request_output[]", len(results))
-    memory = [array]
-    for i, result in enumerate(results):
-        completion, out = result.outputs[0], array[i]
-        rid = ffi.new("char[]", result.request_id.encode("utf-8"))
-        delta = ffi.new("char[]", completion.text.encode("utf-8", "replace"))
-        ids = ffi.new("int32_t[]", completion.token_ids)
-        memory += [rid, delta, ids]
-        record.requests[result.request_id] += len(completion.token_ids)
-        out.request_id, out.text = rid, delta
-        out.token_ids, out.n_token_ids = ids, len(completion.token_ids)
-        out.finished = int(result.finished)
-        out.finish_reason = FINISH_REASONS[completion.finish_reason]
-        out.num_prompt_tokens = len(result.prompt_token_ids)
-        out.num_output_tokens = record.requests[result.request_id]
-        if result.finished:
-            del record.requests[result.request_id]
-    return array, memory
-
-
-@export
-def glue_engine_step(key, outputs, n_outputs) -> None:
-    record = engines.get_live(key)
-    with record.lock:
-        record.require_caller_driven("vllm_engine_step")
-        record.step_memory = []  # the previous step's outputs are no longer valid
-        engine = record.engine
-        results = engine.step() if engine.has_unfinished_requests() else []
-        record.stats.observe(results)
-        if results:
-            array, record.step_memory = _step_outputs(record, results)
-            outputs[0], n_outputs[0] = array, len(results)
-
-
-@export
-def glue_engine_num_unfinished(key, n) -> None:
-    record = engines.get_live(key)
-    with record.lock:
-        n[0] = record.loop.num_unfinished() if record.loop else len(record.requests)
 
 
 _quiet_embedded_interpreter()

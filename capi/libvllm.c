@@ -13,11 +13,16 @@
  * capi/shims.c (the engine, tokenizer, chat template and caller-driven request
  * shims) and capi/stream_shims.c (background loop, streaming, OpenAI layer), in this
  * order, into the C file that cffi generates (after Python.h and cffi's embedding
- * support, which provides cffi_start_python()), with VLLM_LIB_VERSION and
- * VLLM_BUILD_PYTHON defined.
+ * support, which provides cffi_start_python()), with VLLM_LIB_VERSION defined.
+ *
+ * No path is compiled in: the library finds its Python side from its own location
+ * (dladdr) and the libvllm.cfg file beside it (see locate_runtime).
  */
 
+#include <dlfcn.h>
+#include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -247,10 +252,124 @@ static vllm_status start_failed(const char *format, ...) {
     return VLLM_ERR_RUNTIME_INIT;
 }
 
-/* The python whose prefix (a virtual environment) holds the engine's packages. */
-static const char *python_program(void) {
-    const char *program = getenv("LIBVLLM_PYTHON");
-    return program != NULL && program[0] != '\0' ? program : VLLM_BUILD_PYTHON;
+/* ------------------------------------------------------------------------- */
+/* Where the Python side is: relative to this library file                    */
+/* ------------------------------------------------------------------------- */
+
+/* libvllm.cfg beside the library file (symlinks resolved), `key = value` lines:
+ *   python     = the interpreter to start: the python of the environment whose
+ *                site-packages hold torch (a virtual environment's bin/python);
+ *   pythonpath = the folder that holds capi/, engine/ and kernels/.
+ * Relative values are relative to the file's folder. capi/build.py writes one into
+ * build/, capi/install.py into PREFIX/lib and into the wheel's capi/lib/. Without the
+ * file: pythonpath "..", python the one whose libpython this library links.
+ * Environment overrides: LIBVLLM_PYTHON, LIBVLLM_SOURCE_DIR. */
+static char runtime_python[PATH_MAX];
+static char runtime_pythonpath[PATH_MAX];
+static char runtime_cfg[PATH_MAX + 16];
+
+const char *glue_python_path(void) { return runtime_pythonpath; }
+
+/* Lexically normalizes an absolute path in place ("." and ".." parts, double slashes):
+ * no symlink is resolved (a virtual environment's python must keep its own path). */
+static void normalize_path(char *path) {
+    char *parts[PATH_MAX / 2];
+    size_t n = 0;
+    char copy[PATH_MAX];
+    char *save = NULL;
+    if (strlen(path) >= sizeof copy) return;
+    strcpy(copy, path);
+    for (char *part = strtok_r(copy, "/", &save); part != NULL; part = strtok_r(NULL, "/", &save)) {
+        if (strcmp(part, ".") == 0) continue;
+        if (strcmp(part, "..") == 0) {
+            if (n > 0) n--;
+            continue;
+        }
+        parts[n++] = part;
+    }
+    size_t len = 0;
+    path[0] = '\0';
+    for (size_t i = 0; i < n; i++) len += (size_t)sprintf(path + len, "/%s", parts[i]);
+    if (n == 0) strcpy(path, "/");
+}
+
+/* value if absolute, else dir/value; normalized into out ("" when too long). */
+static void resolve_path(const char *dir, const char *value, char *out, size_t size) {
+    int n = value[0] == '/' ? snprintf(out, size, "%s", value)
+                            : snprintf(out, size, "%s/%s", dir, value);
+    if (n < 0 || (size_t)n >= size) out[0] = '\0';
+    else normalize_path(out);
+}
+
+/* The folder of the file that holds `symbol` (symlinks resolved); 0 on failure. */
+static int folder_of(const void *symbol, char *out, size_t size) {
+    Dl_info info;
+    char real[PATH_MAX];
+    char *slash;
+    if (dladdr(symbol, &info) == 0 || info.dli_fname == NULL ||
+        realpath(info.dli_fname, real) == NULL)
+        return 0;
+    slash = strrchr(real, '/');
+    if (slash == NULL) return 0;
+    *slash = '\0';
+    snprintf(out, size, "%s", real[0] != '\0' ? real : "/");
+    return 1;
+}
+
+static char *trim(char *text) {
+    char *end;
+    while (*text == ' ' || *text == '\t') text++;
+    end = text + strlen(text);
+    while (end > text && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n' || end[-1] == '\r'))
+        *--end = '\0';
+    return text;
+}
+
+/* Reads python / pythonpath of dir/libvllm.cfg (absent: nothing set). */
+static void read_runtime_cfg(const char *dir) {
+    char line[PATH_MAX + 64];
+    FILE *file;
+    snprintf(runtime_cfg, sizeof runtime_cfg, "%s/libvllm.cfg", dir);
+    if ((file = fopen(runtime_cfg, "r")) == NULL) {
+        runtime_cfg[0] = '\0';
+        return;
+    }
+    while (fgets(line, sizeof line, file) != NULL) {
+        char *eq = strchr(line, '='), *key, *value;
+        if (line[0] == '#' || eq == NULL) continue;
+        *eq = '\0';
+        key = trim(line);
+        value = trim(eq + 1);
+        if (value[0] == '\0') continue;
+        if (strcmp(key, "python") == 0)
+            resolve_path(dir, value, runtime_python, sizeof runtime_python);
+        else if (strcmp(key, "pythonpath") == 0)
+            resolve_path(dir, value, runtime_pythonpath, sizeof runtime_pythonpath);
+    }
+    fclose(file);
+}
+
+/* Fills runtime_python and runtime_pythonpath (see libvllm.cfg above). */
+static vllm_status locate_runtime(void) {
+    char dir[PATH_MAX];
+    const char *env;
+    if (!folder_of((const void *)&vllm_abi_version, dir, sizeof dir))
+        return start_failed("cannot find the file libvllm was loaded from (dladdr failed)");
+    read_runtime_cfg(dir);
+    if ((env = getenv("LIBVLLM_SOURCE_DIR")) != NULL && env[0] != '\0')
+        snprintf(runtime_pythonpath, sizeof runtime_pythonpath, "%s", env);
+    else if (runtime_pythonpath[0] == '\0')
+        resolve_path(dir, "..", runtime_pythonpath, sizeof runtime_pythonpath);
+    if ((env = getenv("LIBVLLM_PYTHON")) != NULL && env[0] != '\0') {
+        snprintf(runtime_python, sizeof runtime_python, "%s", env);
+    } else if (runtime_python[0] == '\0') {  /* the Python installation we link */
+        char libpython[PATH_MAX];
+        char name[32];
+        snprintf(name, sizeof name, "../bin/python%d.%d", PY_MAJOR_VERSION, PY_MINOR_VERSION);
+        if (folder_of((const void *)&Py_InitializeFromConfig, libpython, sizeof libpython))
+            resolve_path(libpython, name, runtime_python, sizeof runtime_python);
+    }
+    return VLLM_OK;
 }
 
 /* With the GIL held and an exception set: "Type: message" into buf; clears it. */
@@ -270,26 +389,46 @@ static void take_python_error(char *buf, size_t size) {
     Py_XDECREF(traceback);
 }
 
+/* The host's SIGINT disposition before Python started: restored after `_signal` is
+ * imported, which installs Python's KeyboardInterrupt handler over SIG_DFL even with
+ * install_signal_handlers = 0. The host owns its signals. */
+static vllm_status start_signal_module(const struct sigaction *host_sigint) {
+    char message[512];
+    PyObject *module = PyImport_ImportModule("_signal");
+    if (module == NULL) {
+        take_python_error(message, sizeof message);
+        return start_failed("cannot start Python: importing _signal failed: %s", message);
+    }
+    Py_DECREF(module);
+    sigaction(SIGINT, host_sigint, NULL);
+    return VLLM_OK;
+}
+
 static vllm_status start_python(void) {
-    const char *program = python_program();
+    const char *program = runtime_python;
+    struct sigaction host_sigint;
     PyConfig config;
     PyStatus status;
+    vllm_status result;
     if (access(program, X_OK) != 0)
-        return start_failed("cannot start Python: %s is not an executable file "
-                            "(set LIBVLLM_PYTHON to the python of libvllm's environment)",
-                            program);
+        return start_failed("cannot start Python: %s%s%s is not an executable file (set "
+                            "python in libvllm.cfg, or LIBVLLM_PYTHON, to the python of "
+                            "libvllm's environment)", program,
+                            runtime_cfg[0] != '\0' ? ", from " : "", runtime_cfg);
+    sigaction(SIGINT, NULL, &host_sigint);
     PyConfig_InitPythonConfig(&config);
-    config.install_signal_handlers = 0;  /* the host owns signals */
+    config.install_signal_handlers = 0;  /* the host owns signals (see start_signal_module) */
     status = PyConfig_SetBytesString(&config, &config.program_name, program);
     if (!PyStatus_Exception(status)) status = Py_InitializeFromConfig(&config);
     PyConfig_Clear(&config);
     if (PyStatus_Exception(status))
         return start_failed("cannot start Python from %s: %s", program,
                             status.err_msg != NULL ? status.err_msg : "unknown error");
+    result = start_signal_module(&host_sigint);
     PyType_Modified(&PyCapsule_Type);  /* see adopt_python */
     PyEval_SaveThread();
     owns_interpreter = 1;
-    return VLLM_OK;
+    return result;
 }
 
 /* The host process already runs Python (e.g. it loaded us with ctypes). */
@@ -328,7 +467,8 @@ static vllm_status start_glue(void) {
 }
 
 static void start_runtime(void) {
-    vllm_status status = Py_IsInitialized() ? adopt_python() : start_python();
+    vllm_status status = locate_runtime();
+    if (status == VLLM_OK) status = Py_IsInitialized() ? adopt_python() : start_python();
     if (status == VLLM_OK) status = start_glue();
     runtime_status = status;
     if (status == VLLM_OK) __atomic_store_n(&runtime_ready, 1, __ATOMIC_RELEASE);

@@ -2,7 +2,8 @@
 
 - export: registers a Python function as the body of the glue_* function of the same
   name (capi/glue.h) and maps exceptions to vllm.h status codes: a VllmError gives its
-  `.status` and message, anything else VLLM_ERR_INTERNAL. No traceback ever reaches the
+  `.status` and message (EndOfStream: its status alone, it is no error), anything else
+  VLLM_ERR_INTERNAL. No traceback ever reaches the
   host's terminal.
 - Handle registries: small integer keys, one counter for every kind of handle, so a
   stale key or a key of another kind is VLLM_ERR_INVALID_HANDLE, never a crash.
@@ -73,6 +74,8 @@ def export(fn):
     def call(*args):
         try:
             fn(*args)
+        except EndOfStream:  # vllm.h: not an error, so no message
+            return lib.VLLM_END_OF_STREAM
         except VllmError as e:
             return set_error(e.status, str(e) or type(e).__name__)
         except BaseException as e:
@@ -201,10 +204,18 @@ class EngineRecord:
     lock: FairRLock = field(default_factory=FairRLock)
     stats: StatsCollector = field(default_factory=StatsCollector)
     loop: AsyncLLM | None = None
-    # caller-driven mode: request id -> output tokens so far, until its last output
+    # caller-driven mode (capi.caller_driven): request id -> output tokens so far, until
+    # its last output reached its owner; owner = the thread that added it
     requests: dict[str, int] = field(default_factory=dict)
+    owners: dict[str, int] = field(default_factory=dict)
+    adders: set[int] = field(default_factory=set)  # threads that ever added a request
+    pending: dict[int, list] = field(default_factory=dict)  # thread -> its routed outputs
+    step_memory: dict[int, list] = field(default_factory=dict)  # thread -> cdata of its
+    # last step's outputs
+    # background loop (capi.streams): id(request record) -> request id of the pulled
+    # requests whose last event was not pulled yet
+    awaiting_last_event: dict[int, str] = field(default_factory=dict)
     info_strings: tuple | None = None  # cdata behind vllm_model_info's strings
-    step_memory: list = field(default_factory=list)  # cdata behind the last step's outputs
 
     def require_loop(self, what: str) -> AsyncLLM:
         if self.loop is None:

@@ -18,6 +18,7 @@ from _libvllm import ffi, lib
 from capi.plumbing import (
     FINISH_REASONS,
     EndOfStream,
+    EngineRecord,
     InvalidStateError,
     Registry,
     TimeoutStatus,
@@ -85,8 +86,21 @@ def _pusher(request_id: str, callback, user_data):
 @dataclass
 class _Request:
     stream: RequestStream
+    record: EngineRecord
     progress: _Progress = field(default_factory=_Progress)
     event_memory: list = field(default_factory=list)  # cdata of the last pulled event
+
+    def last_event_taken(self) -> None:
+        """Its last event was pulled, or the handle freed: no longer unfinished."""
+        self.record.awaiting_last_event.pop(id(self), None)
+
+
+def num_unfinished(record: EngineRecord) -> int:
+    """vllm_engine_num_unfinished of a looping engine: requests in the loop, plus pulled
+    ones whose last event waits to be pulled."""
+    waiting = sum(1 for rid in record.awaiting_last_event.values()
+                  if not record.loop.has_request(rid))
+    return record.loop.num_unfinished() + waiting
 
 
 _requests = Registry("request")
@@ -107,20 +121,24 @@ def glue_engine_start_loop(key) -> None:
             raise InvalidStateError(
                 f"{len(record.requests)} request(s) added with vllm_request_add are unfinished:"
                 " step or abort them before vllm_engine_start_loop")
-        record.step_memory = []
+        record.step_memory.clear()
         record.loop = AsyncLLM(record.engine, stats=record.stats, lock=record.lock)
 
 
 @export
 def glue_request_submit(key, request_id, prompt, prompt_token_ids, n_prompt_token_ids, params,
                         callback, user_data, out) -> None:
-    loop = engines.get_live(key).require_loop("vllm_request_submit")
+    record = engines.get_live(key)
+    loop = record.require_loop("vllm_request_submit")
     rid = text(request_id, "request_id")
     on_output = None if callback == ffi.NULL else _pusher(rid, callback, user_data)
     stream = loop.add_request(rid, prompt_arg(prompt, prompt_token_ids, n_prompt_token_ids),
                               sampling_params(params), on_output=on_output)
     if out != ffi.NULL:
-        out[0] = _requests.add(_Request(stream))
+        request = _Request(stream, record)
+        if on_output is None:
+            record.awaiting_last_event[id(request)] = rid
+        out[0] = _requests.add(request)
 
 
 @export
@@ -138,6 +156,8 @@ def glue_request_next(key, timeout_ms, event) -> None:
     if item is None:
         raise TimeoutStatus(f"no event of request {stream.request_id!r} within {timeout_ms} ms")
     event[0], request.event_memory = _event(stream.request_id, item, request.progress)
+    if event[0].finished:
+        request.last_event_taken()
 
 
 @export
@@ -147,4 +167,6 @@ def glue_request_cancel(key) -> None:
 
 @export
 def glue_request_free(key) -> None:
-    _requests.take(key).stream.cancel()
+    request = _requests.take(key)
+    request.stream.cancel()
+    request.last_event_taken()

@@ -29,6 +29,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     seed: int = 0
     enforce_eager: bool = False  # True: no CUDA graphs
+    n_threads: int = 0  # torch's intra-op CPU threads (torch.set_num_threads); 0: torch's own
     # overlap scheduling step N+1 with running step N (vLLM --async-scheduling);
     # None: on with CUDA, off on CPU (whose forward pass blocks: nothing to overlap)
     async_scheduling: bool | None = None
@@ -59,7 +60,8 @@ class EngineConfig:
             raise InvalidArgumentError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise InvalidArgumentError(f"unsupported dtype {self.dtype!r}")
-        for name in ("max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes"):
+        for name in ("max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes",
+                     "n_threads"):
             if getattr(self, name) < 0:
                 raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.max_num_seqs < 1:

@@ -24,11 +24,17 @@
  *     vllm_last_error_copy, vllm_log_set and the *_init functions may be called from
  *     any thread at any time; they never start the Python runtime.
  *   - Every other function may be called from any thread, also concurrently on one
- *     engine: the library serializes engine work internally. Three rules remain:
- *     the outputs of vllm_engine_step are invalidated by the engine's next step (from
- *     any thread); vllm_request_next / vllm_request_free on one request, and
- *     vllm_openai_stream_next / _free on one stream, must not overlap; and
- *     vllm_shutdown must not race with other calls.
+ *     engine: the library serializes engine work internally. Several threads may step
+ *     one engine (since 0.5): a request added with vllm_request_add belongs to the
+ *     thread that added it, whose vllm_engine_step calls return its outputs (any
+ *     thread's step advances every request); a thread's outputs stay valid until its
+ *     own next step. Two rules remain: vllm_request_next / vllm_request_free on one
+ *     request, and vllm_openai_stream_next / _free on one stream, must not overlap;
+ *     and vllm_shutdown must not race with other calls.
+ *   - The library leaves signals to the host (it installs no handler, also not
+ *     Python's SIGINT handler) and never ends the host process. Unless the host set
+ *     OMP_WAIT_POLICY before the runtime starts, it sets PASSIVE: the engine's CPU
+ *     threads sleep between calls instead of spinning (since 0.5).
  *
  * Two ways to drive an engine (since 0.2; mixing them is VLLM_ERR_INVALID_STATE)
  *   - caller-driven: vllm_request_add + vllm_engine_step on the caller's thread,
@@ -59,7 +65,7 @@
 
 /* ABI version: the major changes on any incompatible change (and with it the SONAME). */
 #define VLLM_ABI_VERSION_MAJOR 0
-#define VLLM_ABI_VERSION_MINOR 4
+#define VLLM_ABI_VERSION_MINOR 5
 #define VLLM_ABI_VERSION ((VLLM_ABI_VERSION_MAJOR << 16) | VLLM_ABI_VERSION_MINOR)
 
 #ifdef __cplusplus
@@ -86,7 +92,8 @@ enum vllm_status_code {
     VLLM_ERR_RUNTIME_INIT = 8,      /* the embedded Python runtime could not start */
     VLLM_ERR_INTERNAL = 9,          /* a bug: please report vllm_last_error() */
     VLLM_ERR_TIMEOUT = 10,          /* since 0.2: nothing arrived within timeout_ms */
-    VLLM_END_OF_STREAM = 11,        /* since 0.2: the stream already ended (not an error) */
+    VLLM_END_OF_STREAM = 11,        /* since 0.2: the stream already ended (not an error:
+                                       vllm_last_error() stays "") */
     VLLM_ERR_INVALID_STATE = 12     /* since 0.2: not allowed now (e.g. a step while the
                                        background loop runs, a call after shutdown) */
 };
@@ -122,15 +129,18 @@ typedef void (*vllm_progress_callback)(float progress, void *user_data);
 struct vllm_engine;
 typedef struct vllm_engine vllm_engine;
 
-/* Engine configuration (vLLM's EngineArgs). 0 means "derive from the model or machine". */
+/* Engine configuration (vLLM's EngineArgs). A field left 0 takes its default (which may
+ * be "derived from the model or machine"); the on/off flags are plain (0 = off). A
+ * zeroed struct with only struct_size set is valid. (vllm_sampling_params keeps vLLM's
+ * checks instead: start it with vllm_sampling_params_init.) */
 typedef struct vllm_engine_params {
     uint32_t struct_size;            /* sizeof(vllm_engine_params), set by _init */
     int32_t max_model_len;           /* context length; 0: the model's */
     const char *device;              /* "auto" (or NULL), "cpu", "cuda" */
     const char *dtype;               /* "auto" (or NULL), "float32", "bfloat16", "float16" */
-    int32_t max_num_seqs;            /* max requests in one batch; default 256 */
+    int32_t max_num_seqs;            /* max requests in one batch; default (and 0) 256 */
     int32_t max_num_batched_tokens;  /* token budget of one step; 0: derived */
-    int32_t block_size;              /* KV cache block size in tokens; default 16 */
+    int32_t block_size;              /* KV cache block size in tokens; default (0) 16 */
     int32_t enable_prefix_caching;   /* reuse KV blocks of shared prefixes; default 1 */
     int64_t kv_cache_memory_bytes;   /* KV cache size; 0: derived from device memory */
     int64_t seed;                    /* engine seed; default 0 */
@@ -162,13 +172,18 @@ typedef struct vllm_engine_params {
                                         model directory (benchmarks), as vLLM's
                                         --load-format dummy */
     float gpu_memory_utilization;    /* CUDA: fraction of GPU memory for weights,
-                                        activations and KV cache; default 0.9 */
+                                        activations and KV cache; default (0) 0.9 */
     int32_t skip_tokenizer_init;     /* 1: no tokenizer; token-id prompts only, outputs
                                         carry token ids and empty text; default 0 */
     /* since 0.4 */
     int32_t async_scheduling;        /* vLLM's --async-scheduling: schedule step N+1 while
                                         step N runs on the device. 1: on, -1: off,
                                         0 (default): on with CUDA, off on CPU */
+    /* since 0.5 */
+    int32_t n_threads;               /* CPU threads of the engine's tensor work (torch's
+                                        intra-op pool, as llama.h's n_threads); 0
+                                        (default): derived (torch: one per core).
+                                        Process-wide: the last engine created sets it */
 } vllm_engine_params;
 
 /* What vllm_engine_model_info() reports. */
@@ -286,7 +301,7 @@ typedef struct vllm_openai_stream vllm_openai_stream;
 /* Version and errors (pure C: these never start the runtime)                 */
 /* ------------------------------------------------------------------------- */
 
-/* The library version, e.g. "0.1.0". Static string. */
+/* The library version, e.g. "0.1.0" (pkg-config --modversion libvllm). Static string. */
 VLLM_API const char *vllm_version(void);
 
 /* The ABI version of the loaded library: (major << 16) | minor. Compare with
@@ -329,7 +344,9 @@ VLLM_API void vllm_shutdown(void);
 /* Fills *params with the defaults (pure C). */
 VLLM_API void vllm_engine_params_init(vllm_engine_params *params);
 
-/* Loads the model at model_path (a GGUF file) and creates an engine.
+/* Loads the model at model_path and creates an engine. model_path: a GGUF file, a
+ * directory holding exactly one .gguf file, or a Hugging Face model directory
+ * (config.json and *.safetensors), as vLLM's --model.
  * params: NULL for the defaults. *out: the engine, NULL on failure.
  * VLLM_ERR_MODEL_LOAD: missing, unreadable or malformed model file.
  * VLLM_ERR_UNSUPPORTED: an architecture or quantization not implemented. */
@@ -416,16 +433,21 @@ VLLM_API vllm_status vllm_request_add(vllm_engine *engine, const char *request_i
  * VLLM_ERR_NOT_FOUND if no such request is unfinished. */
 VLLM_API vllm_status vllm_request_abort(vllm_engine *engine, const char *request_id);
 
-/* Runs one engine step (schedule, forward, sample) and returns what each request
- * produced. *outputs is an array of *n_outputs entries owned by the engine; it and
- * every pointer in it stay valid until the next vllm_engine_step or vllm_engine_free
- * of this engine. With no unfinished request it returns VLLM_OK and 0 outputs.
- * Each request gets exactly one output with finished = 1. */
+/* Runs one engine step (schedule, forward, sample) and returns what the calling
+ * thread's requests produced (those it added with vllm_request_add; other threads'
+ * outputs wait for their own steps). *outputs is an array of *n_outputs entries owned
+ * by the engine; it and every pointer in it stay valid until this thread's next
+ * vllm_engine_step on this engine, or vllm_engine_free. With no unfinished request it
+ * returns VLLM_OK and 0 outputs. Each request gets exactly one output with finished = 1.
+ * VLLM_ERR_INVALID_STATE: this thread added no request and only other threads'
+ * outputs are left (since 0.5). */
 VLLM_API vllm_status vllm_engine_step(vllm_engine *engine,
                                       const vllm_request_output **outputs,
                                       size_t *n_outputs);
 
-/* The number of requests whose last output (or last event) has not been returned yet. */
+/* The number of requests whose last output (or last event) has not been returned yet:
+ * caller-driven, by vllm_engine_step to the thread that added it; pull mode, by
+ * vllm_request_next (a freed request no longer counts); push mode, to the callback. */
 VLLM_API vllm_status vllm_engine_num_unfinished(vllm_engine *engine, size_t *n);
 
 /* Fills *out (set out->struct_size first; a smaller struct of an older header gets

@@ -28,6 +28,8 @@ FLAGS = [
     "--top-k",
     "--seed",
     "--max-model-len",
+    "-t",
+    "--threads",
     "--grammar",
     "--grammar-file",
     "-j",

@@ -3,8 +3,9 @@
 examples/c/simple.c (caller-driven step()) gives the oracle: its greedy 32-token text for
 PROMPT, which must contain "Paris". examples/c/batched.c (8 requests on the background
 loop, push callbacks, one abort), examples/go (cgo, pull into a channel), examples/rust
-(safe wrapper with Drop) and examples/python (ctypes, also in a host that imported torch
-first) must print that same greedy text. The ctypes structs of examples/python must have
+(safe wrapper with Drop; Go and Rust find libvllm through pkg-config, build/libvllm.pc)
+and examples/python (ctypes, also in a host that imported torch first) must print that
+same greedy text. The ctypes structs of examples/python must have
 the header's layout (oracle: cffi's layout of the vllm.h declarations).
 """
 
@@ -77,7 +78,7 @@ def test_go_example(built, child_env, model_path, greedy_text, tmp_path):
     if shutil.which("go") is None:
         pytest.skip("go is absent (`make test` installs Debian's golang-go)")
     exe = tmp_path / "generate-go"
-    env = {**child_env, "GOFLAGS": "-mod=mod", "CGO_ENABLED": "1"}
+    env = {**child_env, "GOFLAGS": "-mod=mod", "CGO_ENABLED": "1", "PKG_CONFIG_PATH": str(built)}
     env.setdefault("GOCACHE", str(tmp_path / "gocache"))
     build = _run(["go", "build", "-o", exe, "."], env, cwd=ROOT / "examples/go")
     assert build.returncode == 0, build.stderr
@@ -90,7 +91,7 @@ def test_go_example(built, child_env, model_path, greedy_text, tmp_path):
 def test_rust_example(built, child_env, model_path, greedy_text, tmp_path):
     if shutil.which("cargo") is None:
         pytest.skip("cargo is absent")
-    env = {**child_env, "CARGO_TARGET_DIR": str(tmp_path / "target")}
+    env = {**child_env, "CARGO_TARGET_DIR": str(tmp_path / "target"), "PKG_CONFIG_PATH": str(built)}
     build = _run(["cargo", "build", "--offline", "--release", "-q"], env,
                  cwd=ROOT / "examples/rust")
     assert build.returncode == 0, build.stderr

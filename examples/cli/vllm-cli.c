@@ -45,6 +45,7 @@ static const char usage_text[] =
     "      --top-k K            keep the K most likely tokens; 0 is off (default 0)\n"
     "      --seed N             sampling seed (default: random)\n"
     "      --max-model-len N    context length in tokens (default 2048)\n"
+    "  -t, --threads N          CPU threads for tensor work; 0 is one per core (default 0)\n"
     "      --grammar GRAMMAR    constrain answers to a GBNF/EBNF (llama.cpp) or Lark grammar\n"
     "      --grammar-file FILE  the same, read from FILE\n"
     "  -j, --json-schema SCHEMA answers are JSON following this JSON schema\n"
@@ -66,6 +67,7 @@ typedef struct {
     long long seed;
     int has_seed;
     long max_model_len;
+    long threads;
     const char *grammar;      /* --grammar, or the text of --grammar-file */
     const char *grammar_file;
     const char *json_schema;
@@ -153,7 +155,7 @@ static void buffer_json_string(buffer *b, const char *s) {
 
 typedef enum {
     OPT_MODEL, OPT_PROMPT, OPT_SYSTEM, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_TOP_K,
-    OPT_SEED, OPT_MAX_MODEL_LEN, OPT_GRAMMAR, OPT_GRAMMAR_FILE, OPT_JSON_SCHEMA
+    OPT_SEED, OPT_MAX_MODEL_LEN, OPT_THREADS, OPT_GRAMMAR, OPT_GRAMMAR_FILE, OPT_JSON_SCHEMA
 } option_id;
 
 static const struct {
@@ -169,6 +171,7 @@ static const struct {
     {NULL, "--top-k", NULL, OPT_TOP_K},
     {NULL, "--seed", NULL, OPT_SEED},
     {NULL, "--max-model-len", NULL, OPT_MAX_MODEL_LEN},
+    {"-t", "--threads", NULL, OPT_THREADS},
     {NULL, "--grammar", NULL, OPT_GRAMMAR},
     {NULL, "--grammar-file", NULL, OPT_GRAMMAR_FILE},
     {"-j", "--json-schema", NULL, OPT_JSON_SCHEMA},
@@ -228,6 +231,10 @@ static int set_option(options *o, option_id id, const char *value) {
     case OPT_MAX_MODEL_LEN:
         if (parse_integer(value, 0, INT32_MAX, &n) != 0) return -1;
         o->max_model_len = (long)n;
+        return 0;
+    case OPT_THREADS:
+        if (parse_integer(value, 0, INT32_MAX, &n) != 0) return -1;
+        o->threads = (long)n;
         return 0;
     }
     return -1;
@@ -445,6 +452,7 @@ int main(int argc, char **argv) {
     }
     vllm_engine_params_init(&params);
     params.max_model_len = (int32_t)o.max_model_len;
+    params.n_threads = (int32_t)o.threads;
     if ((status = vllm_engine_create(o.model, &params, &engine)) != VLLM_OK)
         rc = library_error(status);
     else if (same(o.command, "generate"))

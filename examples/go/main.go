@@ -2,13 +2,16 @@
 // request's events with vllm_request_next and sends them into a channel; main prints
 // them as they arrive.
 //
+// It finds libvllm through pkg-config: an installed one (make install, or pip install
+// with PKG_CONFIG_PATH=$(python -m capi --pkg-config-path)), or a checkout's build/:
+//
 //	make build/libvllm.so
-//	cd examples/go && go build -o generate . && ./generate MODEL.gguf "The capital of France is"
+//	cd examples/go && PKG_CONFIG_PATH=../../build go build -o generate .
+//	./generate MODEL.gguf "The capital of France is"
 package main
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/../../include
-#cgo LDFLAGS: -L${SRCDIR}/../../build -lvllm -Wl,-rpath,${SRCDIR}/../../build
+#cgo pkg-config: libvllm
 #include <stdlib.h>
 #include "vllm.h"
 */

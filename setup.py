@@ -1,0 +1,36 @@
+"""setup.py: only the build step pyproject.toml cannot express. `pip install .` (and a
+wheel) compile libvllm.so into the capi package with its libvllm.cfg, vllm.h and
+libvllm.pc (capi/install.py, wheel_payload): the environment that holds torch is the
+installation. The wheel is tied to this Python minor version and platform. An editable
+install (`pip install -e .`, the Makefile's) skips it: a checkout uses build/.
+"""
+
+import sys
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+ROOT = Path(__file__).resolve().parent
+
+
+class BuildPyWithLibrary(build_py):
+    def run(self) -> None:
+        super().run()
+        if not self.editable_mode:
+            sys.path.insert(0, str(ROOT))
+            from capi.install import wheel_payload
+
+            wheel_payload(Path(self.build_lib) / "capi")
+
+
+class BinaryDistribution(Distribution):
+    """A platform wheel: it holds a shared library linked to this Python."""
+
+    def has_ext_modules(self) -> bool:
+        return True
+
+
+setup(cmdclass={"build_py": BuildPyWithLibrary}, distclass=BinaryDistribution,
+      options={"build": {"build_base": "build/setuptools"}})

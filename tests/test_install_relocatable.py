@@ -1,0 +1,174 @@
+"""A relocatable install (issue 15, item 1): `make install PREFIX=...` from a copy of the
+checkout and `pip install` of the wheel give a library that finds its Python side relative
+to itself. The copy is deleted, the prefix moved, the checkout's packages (and the ones an
+editable install points at) hidden in a mount namespace where possible; a C chat program
+built with only pkg-config answers "Paris" greedily with no LIBVLLM_* or PYTHON*
+variable, and the Python side it ran was the installed one (its .pyc files appear there).
+
+Oracle: the answer of examples/c/chat.c (as `make run`), the installed file layout
+(capi/install.py's docstring). Ours (vLLM ships no C library).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+QUESTION = "What is the capital of France?"
+SOURCES = ["Makefile", "pyproject.toml", "setup.py", "capi", "engine", "kernels", "include",
+           "examples/c", "examples/cli"]
+
+pytestmark = [pytest.mark.capi, pytest.mark.slow]
+
+
+def _bare_env() -> dict[str, str]:
+    """What a user's shell might have: no LIBVLLM_*, no PYTHON*, a plain PATH."""
+    return {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
+
+
+def _copy_checkout(dest: Path) -> Path:
+    """A fresh checkout (its .venv a link to the environment that holds torch)."""
+    for name in SOURCES:
+        source, target = ROOT / name, dest / name
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    (dest / ".venv").symlink_to(Path(sys.prefix).resolve())
+    return dest
+
+
+def _make(src: Path, *args: str) -> None:
+    # -o: never re-run the .venv set-up steps (pip install -e) from the copy
+    make = subprocess.run(["make", "-s", "-o", ".venv/.stamp-install", "-o", ".venv/.stamp-test",
+                           *args], cwd=src, capture_output=True, text=True)
+    assert make.returncode == 0, make.stdout + make.stderr
+
+
+def _hidden_package_dirs() -> list[Path]:
+    """The checkout's packages and those of an editable install of this environment."""
+    dirs = [ROOT / p for p in ("capi", "engine", "kernels")]
+    found = subprocess.run([sys.executable, "-c", "import engine; print(engine.__file__)"],
+                           cwd="/", capture_output=True, text=True, env=_bare_env())
+    if found.returncode == 0:
+        editable_root = Path(found.stdout.strip()).parent.parent
+        dirs += [editable_root / p for p in ("capi", "engine", "kernels")]
+    return [d for d in dict.fromkeys(dirs) if d.is_dir()]
+
+
+def _run_hidden(cmd: list[str]) -> subprocess.CompletedProcess:
+    """cmd with the checkout's packages hidden (an empty tmpfs over each, in a private
+    mount namespace) when unshare is allowed; as is otherwise."""
+    if subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0:
+        mounts = " && ".join(f"mount -t tmpfs none '{d}'" for d in _hidden_package_dirs())
+        cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+               f"{mounts} && exec \"$@\"", "sh", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, env=_bare_env(), timeout=600)
+
+
+def _build_chat(pc_dir: Path, out: Path) -> Path:
+    env = {**_bare_env(), "PKG_CONFIG_PATH": str(pc_dir)}
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "libvllm"], env=env,
+                           capture_output=True, text=True)
+    assert flags.returncode == 0, flags.stderr
+    cc = subprocess.run(["cc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic",
+                         str(ROOT / "examples/c/chat.c"), "-o", str(out),
+                         *flags.stdout.split()], capture_output=True, text=True, env=env)
+    assert cc.returncode == 0, cc.stderr
+    return out
+
+
+def _pyc_files(tree: Path) -> list[Path]:
+    return list(tree.rglob("__pycache__/*.pyc"))
+
+
+@pytest.fixture(scope="module")
+def moved_prefix(tmp_path_factory) -> Path:
+    if shutil.which("pkg-config") is None:
+        pytest.skip("pkg-config is absent")
+    work = tmp_path_factory.mktemp("install")
+    src = _copy_checkout(work / "src")
+    _make(src, "install", f"PREFIX={work / 'prefix'}")
+    shutil.rmtree(src)
+    moved = work / "moved"
+    (work / "prefix").rename(moved)
+    return moved
+
+
+def test_installed_files_hold_no_source_path(moved_prefix):
+    cfg = (moved_prefix / "lib/libvllm.cfg").read_text()
+    assert "pythonpath = libvllm/python" in cfg
+    assert str(ROOT) not in cfg and "src" not in cfg
+    assert "${pcfiledir}" in (moved_prefix / "lib/pkgconfig/libvllm.pc").read_text()
+    assert (moved_prefix / "lib/libvllm/python/capi/glue.py").is_file()
+    assert not _pyc_files(moved_prefix)
+
+
+def test_moved_prefix_answers_with_only_pkg_config(moved_prefix, model_path, tmp_path):
+    exe = _build_chat(moved_prefix / "lib/pkgconfig", tmp_path / "chat")
+    run = _run_hidden([str(exe), model_path, QUESTION])
+    assert run.returncode == 0, run.stderr
+    assert "Paris" in run.stdout
+    assert _pyc_files(moved_prefix / "lib/libvllm/python/engine")  # the installed side ran
+
+
+def test_installed_cli_runs_from_the_moved_prefix(moved_prefix, model_path):
+    run = _run_hidden([str(moved_prefix / "bin/vllm-cli"), "generate", "-m", model_path,
+                       "--prompt", "The capital of France is", "-n", "8", "--temp", "0"])
+    assert run.returncode == 0, run.stderr
+    assert "Paris" in run.stdout
+
+
+def test_python_m_capi_points_at_the_checkout_build(built):
+    run = subprocess.run([sys.executable, "-m", "capi", "--cflags", "--libs"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [f"-I{ROOT / 'include'}", f"-L{built}", "-lvllm",
+                                  f"-Wl,-rpath,{built}"]
+    pc = subprocess.run([sys.executable, "-m", "capi", "--pkg-config-path"], cwd=ROOT,
+                        capture_output=True, text=True)
+    assert Path(pc.stdout.strip()) == built and (built / "libvllm.pc").is_file()
+
+
+def test_wheel_in_a_fresh_environment(tmp_path, model_path):
+    """pip wheel + pip install into a new virtual environment (its site-packages layered
+    on this one's for torch by a .pth line); `python -m capi --pkg-config-path` guides
+    pkg-config."""
+    if shutil.which("pkg-config") is None:
+        pytest.skip("pkg-config is absent")
+    wheel = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                            "--no-build-isolation", "-w", str(tmp_path / "wheels"),
+                            str(_copy_checkout(tmp_path / "src"))],
+                           capture_output=True, text=True)
+    assert wheel.returncode == 0, wheel.stderr
+    shutil.rmtree(tmp_path / "src")
+    env_dir = tmp_path / "env"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(env_dir)],
+                   check=True)
+    python = env_dir / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig."
+                                "get_paths()['purelib'])"], capture_output=True, text=True,
+                               check=True).stdout.strip())
+    (site / "torch-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
+                              "-q", "--no-deps", "--no-index",
+                              *map(str, (tmp_path / "wheels").glob("*.whl"))],
+                             capture_output=True, text=True)
+    assert install.returncode == 0, install.stderr
+    pc_dir = subprocess.run([str(python), "-m", "capi", "--pkg-config-path"], cwd="/",
+                            capture_output=True, text=True, env=_bare_env())
+    assert pc_dir.returncode == 0, pc_dir.stderr
+    assert Path(pc_dir.stdout.strip()) == site / "capi/lib/pkgconfig"
+    exe = _build_chat(Path(pc_dir.stdout.strip()), tmp_path / "chat")
+    run = _run_hidden([str(exe), model_path, QUESTION])
+    assert run.returncode == 0, run.stderr
+    assert "Paris" in run.stdout
+    assert _pyc_files(site / "engine")
