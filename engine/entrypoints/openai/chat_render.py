@@ -14,6 +14,7 @@ from engine.entrypoints.openai.errors import VLLMValidationError
 
 _NO_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you "
                 "must provide a chat template if the tokenizer does not define one.")
+_EMPTY = "Cannot apply chat template to an empty conversation. Provide at least one message."
 _UNTRUSTED = ("Chat template is passed with request, but --trust-request-chat-template is not "
               "set. Refused request with untrusted chat template.")
 
@@ -23,6 +24,8 @@ def render_prompt(engine, request) -> tuple[str, list[int]]:
     kwargs = dict(request.chat_template_kwargs or {})
     if request.chat_template is not None or kwargs.get("chat_template") is not None:
         raise VLLMValidationError(_UNTRUSTED)
+    if not request.messages:  # transformers' apply_chat_template, which vLLM calls
+        raise VLLMValidationError(_EMPTY)
     tok = engine.tokenizer
     if not tok.chat_template:
         raise VLLMValidationError(_NO_TEMPLATE)
