@@ -21,7 +21,6 @@ import pytest
 from hostile_server import (
     ABORTED,
     BODY_READ_TIMEOUT_S,
-    JSON,
     MAX_MODEL_LEN,
     MODEL,
     RUNNING,

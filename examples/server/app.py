@@ -135,7 +135,7 @@ async def openai_endpoint(request: Request) -> Response:
     except VllmError as exc:
         code, err_type = STATUS_TO_HTTP.get(exc.status, (500, "InternalServerError"))
         (logger.error if code >= 500 else logger.info)("libvllm refused: %s", exc)
-        return error_response(code, str(exc), err_type)
+        return error_response(code, exc.message, err_type)
     finally:
         if not handed_over:
             st.in_flight -= 1

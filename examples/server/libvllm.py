@@ -55,7 +55,7 @@ class Metrics(ctypes.Structure):
 class VllmError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{message} (status {status})")
-        self.status = status
+        self.status, self.message = status, message
 
 
 def _signatures(lib: ctypes.CDLL) -> None:
