@@ -11,6 +11,7 @@ vLLM's behaviour for item 7: a bad model path or chat template fails at start-up
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from test_capi_stream import PROMPT, looping_engine, open_library
@@ -246,3 +247,51 @@ def test_fuzz_bad_handles(api, looping):
         lib.vllm_openai_stream_free(handle)
         lib.vllm_request_free(handle)
     _serves(api, looping[0])
+
+
+@pytest.mark.parametrize("path", ["/dev/zero", "/proc/self/fd/0", "/proc/self/mem", "/etc/passwd",
+                                  "/", "", "/nonexistent\n", "fifo", "empty.gguf"])
+def test_hostile_model_paths_are_model_load(api, tmp_path, path):
+    if path == "fifo":
+        path = str(tmp_path / "fifo")
+        os.mkfifo(path)  # opening it would block: refused from its type
+    elif path == "empty.gguf":
+        path = str(tmp_path / path)
+        open(path, "w").close()
+    out = api.ffi.new("vllm_engine **")
+    api.ok(api.lib.vllm_engine_create(path.encode(), api.ffi.NULL, out),
+           api.lib.VLLM_ERR_MODEL_LOAD)
+    assert out[0] == api.ffi.NULL
+
+
+_param_ints = ["max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
+               "enable_prefix_caching", "enable_chunked_prefill", "enforce_eager",
+               "enable_auto_tool_choice", "skip_tokenizer_init", "async_scheduling"]
+_param_strs = ["device", "dtype", "served_model_name", "chat_template", "tokenizer",
+               "structured_outputs_backend", "reasoning_parser", "tool_call_parser",
+               "load_format"]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(ints=st.dictionaries(st.sampled_from(_param_ints), _ints, max_size=3),
+       strs=st.dictionaries(st.sampled_from(_param_strs), st.text(
+           st.characters(codec="utf-8", exclude_characters="\0"), max_size=12), max_size=2),
+       struct_size=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
+       memory=st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)),
+       utilization=st.one_of(st.none(), st.floats(width=32)))
+def test_fuzz_engine_params(api, ints, strs, struct_size, memory, utilization):
+    """Any vllm_engine_params with a missing model: refused (bad field or model load),
+    never VLLM_ERR_INTERNAL; nothing is loaded."""
+    p, keep = api.params(**ints, **strs)
+    if struct_size is not None:
+        p.struct_size = struct_size
+    if memory is not None:
+        p.kv_cache_memory_bytes = memory
+    if utilization is not None:
+        p.gpu_memory_utilization = utilization
+    out = api.ffi.new("vllm_engine **")
+    rc = api.lib.vllm_engine_create(b"/nonexistent/model.gguf", p, out)
+    assert rc in (api.lib.VLLM_ERR_INVALID_ARGUMENT, api.lib.VLLM_ERR_MODEL_LOAD,
+                  api.lib.VLLM_ERR_UNSUPPORTED), (api.name(rc), api.error())
+    assert out[0] == api.ffi.NULL and keep is not None
