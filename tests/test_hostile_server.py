@@ -89,9 +89,14 @@ def test_3_huge_prompt_refused_without_stalling_health(server):
     def big():
         result["big"] = _post(port, "/v1/completions", body)
 
-    thread = threading.Thread(target=big)
+    def small():
+        result["small"] = _post(port, "/v1/completions", json.dumps(
+            {"prompt": "Hi", "max_tokens": 2}).encode())
+
+    thread, other = threading.Thread(target=big), threading.Thread(target=small)
     latencies = []
     thread.start()
+    other.start()
     while thread.is_alive():
         started = time.perf_counter()
         status = request(port, "GET", "/health")[0]
@@ -99,6 +104,8 @@ def test_3_huge_prompt_refused_without_stalling_health(server):
         assert status == 200
         time.sleep(0.01)
     thread.join()
+    other.join(timeout=30)
+    assert result["small"][0] == 200, result["small"]
     error = error_of(*result["big"][::2], 400)
     assert f"maximum context length is {MAX_MODEL_LEN} tokens" in error["message"]
     assert error["param"] == "input_tokens"
@@ -130,6 +137,7 @@ def test_4_non_streamed_client_disconnect_aborts_within_1s(server):
         assert time.monotonic() - left < 1.0, f"not aborted within 1 s: {now}"
         time.sleep(0.05)
     served(port)
+    assert metrics(port)[ABORTED] == before + 1  # a finished response is not counted
     no_traceback(log)
 
 
