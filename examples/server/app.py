@@ -133,12 +133,17 @@ async def openai_endpoint(request: Request) -> Response:
     except BodyError as exc:
         return error_response(exc.status, str(exc), headers={"Connection": "close"})
     except VllmError as exc:
-        code, err_type = STATUS_TO_HTTP.get(exc.status, (500, "InternalServerError"))
-        (logger.error if code >= 500 else logger.info)("libvllm refused: %s", exc)
-        return error_response(code, exc.message, err_type)
+        return vllm_error_response(exc)
     finally:
         if not handed_over:
             st.in_flight -= 1
+
+
+def vllm_error_response(exc: VllmError) -> JSONResponse:
+    """A failed vllm.h call as its HTTP status (STATUS_TO_HTTP)."""
+    code, err_type = STATUS_TO_HTTP.get(exc.status, (500, "InternalServerError"))
+    (logger.error if code >= 500 else logger.info)("libvllm refused: %s", exc)
+    return error_response(code, exc.message, err_type)
 
 
 async def _deferred(st: ServerState, request: Request, stream: int) -> Response:
@@ -151,9 +156,11 @@ async def _deferred(st: ServerState, request: Request, stream: int) -> Response:
             try:
                 chunk = await anyio.to_thread.run_sync(
                     st.lib.stream_next, stream, STREAM_POLL_MS, limiter=st.limiter)
-            except (EOFError, VllmError) as exc:
-                logger.error("libvllm failed: %s", exc)
-                return error_response(500, str(exc) or "The response ended without a body.")
+            except VllmError as exc:
+                return vllm_error_response(exc)
+            except EOFError:
+                logger.error("libvllm ended a deferred response without its body")
+                return error_response(500, "The response ended without a body.")
             if chunk is not None:
                 code = json.loads(chunk)["error"]["code"] if chunk.startswith('{"error"') \
                     else 200
@@ -181,8 +188,8 @@ async def _sse(st: ServerState, stream: int):
                 return
             except VllmError as exc:  # libvllm failed mid-stream: vLLM's error event
                 logger.error("libvllm failed mid-stream: %s", exc)
-                error = {"message": str(exc), "type": "InternalServerError", "param": None,
-                         "code": 500}
+                code, err_type = STATUS_TO_HTTP.get(exc.status, (500, "InternalServerError"))
+                error = {"message": exc.message, "type": err_type, "param": None, "code": code}
                 yield b"data: " + json.dumps({"error": error}).encode() + b"\n\ndata: [DONE]\n\n"
                 return
             if chunk is not None:
@@ -210,8 +217,7 @@ async def metrics(request: Request) -> Response:
     try:
         values = await anyio.to_thread.run_sync(st.lib.metrics, limiter=st.limiter)
     except VllmError as exc:
-        logger.error("vllm_engine_metrics failed: %s", exc)
-        return error_response(500, str(exc))
+        return vllm_error_response(exc)
     return Response(render(values, st.model_name),
                     media_type="text/plain; version=0.0.4; charset=utf-8")
 
