@@ -42,7 +42,7 @@ def forget_all() -> None:
 def _body_text(body, body_size: int) -> str:
     """The body's body_size bytes (NUL bytes included) as text; not UTF-8: a 400."""
     try:
-        return ffi.unpack(body, body_size).decode("utf-8")
+        return str(ffi.buffer(body, body_size), "utf-8")  # decoded in place: one pass
     except UnicodeDecodeError as e:
         raise InvalidArgumentError(f"body is not valid UTF-8: {e}") from None
 

@@ -142,16 +142,18 @@ class LibVLLM:
         self._check(self.lib.vllm_engine_metrics(self.engine, ctypes.byref(out)))
         return {name: getattr(out, name) for name in METRIC_FIELDS}
 
-    def openai_request(self, method: str, path: str, body: bytes | None, defer: bool = False
-                       ) -> tuple[int, str | None, int | None]:
+    def openai_request(self, method: str, path: str, body: bytes | bytearray | None,
+                       defer: bool = False) -> tuple[int, str | None, int | None]:
         """(HTTP status, response JSON or None, stream handle or None). The body goes with
         its length (vllm_openai_request_len: a NUL byte is part of it). defer: a
         non-streamed response comes as a stream handle too (status 0), so it can be
         cancelled; its one chunk is the body."""
         status, response, stream = _c_int32(), _c_void_p(), _c_void_p()
         body = body or b""
+        data = (ctypes.c_char * len(body)).from_buffer(body) if isinstance(body, bytearray) \
+            else body  # a bytearray is passed in place (32 MB: no copy holding the GIL)
         self._check(self.lib.vllm_openai_request_len(
-            self.engine, method.encode(), path.encode(), body, len(body),
+            self.engine, method.encode(), path.encode(), data, len(body),
             VLLM_OPENAI_DEFER_RESPONSE if defer else 0, ctypes.byref(status),
             ctypes.byref(response), ctypes.byref(stream)))
         text = self._take_string(response.value) if response.value else None
