@@ -55,8 +55,8 @@ vllm_status glue_request_next(uint64_t request, int32_t timeout_ms, const vllm_e
 vllm_status glue_request_cancel(uint64_t request);
 vllm_status glue_request_free(uint64_t request);
 vllm_status glue_openai_request(uint64_t engine, const char *method, const char *endpoint,
-                                const char *body, int32_t *http_status, char **response_json,
-                                uint64_t *stream);
+                                const char *body, size_t body_size, uint32_t flags,
+                                int32_t *http_status, char **response_json, uint64_t *stream);
 vllm_status glue_openai_stream_next(uint64_t stream, int32_t timeout_ms, char **chunk_json);
 vllm_status glue_openai_stream_cancel(uint64_t stream);
 vllm_status glue_openai_stream_free(uint64_t stream);

@@ -17,6 +17,7 @@ import warnings
 from _libvllm import ffi, lib
 
 from capi import caller_driven, logs, openai_glue, streams  # noqa: F401  (glue_* bodies)
+from capi.create_checks import check_create_inputs
 from capi.plumbing import (
     BufferTooSmallError,
     EngineRecord,
@@ -140,6 +141,7 @@ def glue_engine_create(model_path, params, out) -> None:
     config = _engine_config(text(model_path, "model_path"), params)
     override = optional_text(params.chat_template, "params->chat_template")
     chat_template = None if override is None else _load_chat_template(override)
+    check_create_inputs(config.model, chat_template)  # vLLM fails at start-up
     _report_progress(params, 0.0)
     if config.n_threads:  # vllm.h: process-wide, as torch's intra-op pool
         import torch
@@ -250,7 +252,7 @@ def glue_token_to_piece(key, token, special, buf, capacity, n_bytes) -> None:
 def _json_list(value: str, what: str) -> list[dict]:
     try:
         items = json.loads(value)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: absurd nesting
         raise InvalidArgumentError(f"{what} is not valid JSON: {e}") from None
     if not isinstance(items, list) or not all(isinstance(m, dict) for m in items):
         raise InvalidArgumentError(f"{what} must be a JSON array of objects")

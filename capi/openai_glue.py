@@ -1,6 +1,8 @@
 """capi.openai_glue: vllm_openai_request and the vllm_openai_stream_* functions.
 
-Thin: engine.entrypoints.openai.api.handle_openai_request does the OpenAI work on the
+vllm_openai_request_len (since 0.5) passes the body with its length (a NUL byte is part
+of it) and may defer a non-streamed response behind a stream handle so that it can be
+cancelled. Thin: engine.entrypoints.openai.api.handle_openai_request does the OpenAI work on the
 engine's AsyncLLM; this module checks the mode, converts strings, and keeps streamed
 responses behind handles (a ChunkStream's "" is the end: VLLM_END_OF_STREAM).
 """
@@ -8,6 +10,8 @@ responses behind handles (a ChunkStream's "" is the end: VLLM_END_OF_STREAM).
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from _libvllm import ffi, lib
 
 from capi.plumbing import (
     EndOfStream,
@@ -18,7 +22,7 @@ from capi.plumbing import (
     export,
     text,
 )
-from engine.errors import VllmError
+from engine.errors import InvalidArgumentError, VllmError
 
 
 @dataclass
@@ -35,15 +39,25 @@ def forget_all() -> None:
     _streams.clear()
 
 
+def _body_text(body, body_size: int) -> str:
+    """The body's body_size bytes (NUL bytes included) as text; not UTF-8: a 400."""
+    try:
+        return str(ffi.buffer(body, body_size), "utf-8")  # decoded in place: one pass
+    except UnicodeDecodeError as e:
+        raise InvalidArgumentError(f"body is not valid UTF-8: {e}") from None
+
+
 @export
-def glue_openai_request(key, method, endpoint, body, http_status, response_json, stream) -> None:
+def glue_openai_request(key, method, endpoint, body, body_size, flags, http_status,
+                        response_json, stream) -> None:
     from engine.entrypoints.openai.api import handle_openai_request
 
     record = engines.get_live(key)
     client = record.require_loop("vllm_openai_request")
+    defer = {"defer": True} if flags & lib.VLLM_OPENAI_DEFER_RESPONSE else {}
     result = handle_openai_request(client, text(method, "method"), text(endpoint, "endpoint"),
-                                   text(body, "body"),
-                                   served_model_name=record.served_model_name)
+                                   _body_text(body, body_size),
+                                   served_model_name=record.served_model_name, **defer)
     if (result.body is None) == (result.stream is None):
         raise VllmError("the OpenAI layer must return exactly one of a body and a stream")
     if result.stream is not None:

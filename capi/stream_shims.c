@@ -71,6 +71,16 @@ VLLM_API vllm_status vllm_openai_request(vllm_engine *engine, const char *method
                                          const char *endpoint, const char *body,
                                          int32_t *http_status, char **response_json,
                                          vllm_openai_stream **stream) {
+    return vllm_openai_request_len(engine, method, endpoint, body,
+                                   body != NULL ? strlen(body) : 0, VLLM_OPENAI_DEFAULT,
+                                   http_status, response_json, stream);
+}
+
+VLLM_API vllm_status vllm_openai_request_len(vllm_engine *engine, const char *method,
+                                             const char *endpoint, const char *body,
+                                             size_t body_size, uint32_t flags,
+                                             int32_t *http_status, char **response_json,
+                                             vllm_openai_stream **stream) {
     uint64_t key = 0;
     vllm_status status;
     clear_error();
@@ -83,9 +93,15 @@ VLLM_API vllm_status vllm_openai_request(vllm_engine *engine, const char *method
     if (http_status == NULL) return null_argument(__func__, "http_status");
     if (response_json == NULL) return null_argument(__func__, "response_json");
     if (stream == NULL) return null_argument(__func__, "stream");
+    if (body == NULL && body_size != 0)
+        return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: body is NULL but body_size is %zu",
+                    __func__, body_size);
+    if ((flags & ~(uint32_t)VLLM_OPENAI_DEFER_RESPONSE) != 0)
+        return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: unknown flags %#x", __func__,
+                    (unsigned)flags);
     if ((status = ensure_runtime()) != VLLM_OK) return status;
     status = glue_openai_request(engine_key(engine), method, endpoint, body != NULL ? body : "",
-                                 http_status, response_json, &key);
+                                 body_size, flags, http_status, response_json, &key);
     if (status == VLLM_OK && key != 0) *stream = (vllm_openai_stream *)(uintptr_t)key;
     return status;
 }

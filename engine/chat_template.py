@@ -385,6 +385,11 @@ def _compile(template: str) -> jinja2.Template:
         raise ChatTemplateError(f"chat template does not compile: {exc!r}") from None
 
 
+def check_chat_template(template: str) -> None:
+    """ChatTemplateError (VLLM_ERR_INVALID_ARGUMENT) if the template does not compile."""
+    _compile(template)
+
+
 def _plain(value: object, where: str) -> object:
     """A copy of `value` made only of JSON types, so the template sees no foreign methods."""
     if value is None or type(value) in (str, int, float, bool):
@@ -474,15 +479,18 @@ def render_chat_template(
         raise InvalidArgumentError("chat template must be a string")
     if not isinstance(bos_token, str) or not isinstance(eos_token, str):
         raise InvalidArgumentError("bos_token and eos_token must be strings")
-    variables = {
-        "documents": None,
-        **{k: _plain(v, k) for k, v in kwargs.items()},
-        "messages": _normalize_messages(messages),
-        "tools": _plain(tools, "tools"),
-        "add_generation_prompt": bool(add_generation_prompt),
-        "bos_token": bos_token,
-        "eos_token": eos_token,
-    }
+    try:
+        variables = {
+            "documents": None,
+            **{k: _plain(v, k) for k, v in kwargs.items()},
+            "messages": _normalize_messages(messages),
+            "tools": _plain(tools, "tools"),
+            "add_generation_prompt": bool(add_generation_prompt),
+            "bos_token": bos_token,
+            "eos_token": eos_token,
+        }
+    except RecursionError:
+        raise ChatTemplateError("the messages or tools are nested too deeply") from None
     compiled = _compile(template)
     try:
         return _render(compiled, variables)

@@ -515,6 +515,26 @@ VLLM_API vllm_status vllm_openai_request(vllm_engine *engine, const char *method
                                          int32_t *http_status, char **response_json,
                                          vllm_openai_stream **stream);
 
+/* Flags of vllm_openai_request_len (since 0.5). */
+typedef enum vllm_openai_flags {
+    VLLM_OPENAI_DEFAULT = 0,
+    /* A non-streamed generation (no "stream": true) also comes back as *stream, with
+     * *http_status 0, so that vllm_openai_stream_cancel can abort it (a client that
+     * disconnected): its one chunk is the complete response body, an OpenAI error body
+     * {"error": {..., "code": <HTTP status>}} if it failed; then VLLM_END_OF_STREAM. */
+    VLLM_OPENAI_DEFER_RESPONSE = 1
+} vllm_openai_flags;
+
+/* vllm_openai_request with the body given as body_size bytes (since 0.5): a NUL byte
+ * is part of the body (so such a body is invalid JSON, a 400), and a body that is not
+ * UTF-8 is a 400 as well. body may be NULL when body_size is 0. flags: 0 or
+ * VLLM_OPENAI_DEFER_RESPONSE. */
+VLLM_API vllm_status vllm_openai_request_len(vllm_engine *engine, const char *method,
+                                             const char *endpoint, const char *body,
+                                             size_t body_size, uint32_t flags,
+                                             int32_t *http_status, char **response_json,
+                                             vllm_openai_stream **stream);
+
 /* Waits up to timeout_ms (< 0: no limit) for the next chunk: *chunk_json is one JSON
  * object, without SSE framing ("data: ...\n\n" is the caller's), freed with
  * vllm_string_free. VLLM_ERR_TIMEOUT: nothing yet. VLLM_END_OF_STREAM: the response

@@ -22,6 +22,7 @@ from engine.tokenizers.gguf_bpe import CHAR_BYTES, LLAMA3_PRES, build_bpe_backen
 from engine.tokenizers.gguf_spm import SPIECE_UNDERLINE, build_spm_backend
 
 NamedTokens = dict[str, tuple[str, int] | None]  # "bos"/"eos"/"unk"/"pad" -> (text, id)
+_GIL_FREE_CHARS = 1 << 14  # longer texts are encoded with the GIL released
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -103,7 +104,10 @@ class Tokenizer:
         add_special_tokens, BOS/EOS are added as the model's tokenizer says."""
         if not isinstance(text, str):
             raise InvalidArgumentError(f"text to encode must be a str, got {type(text).__name__}")
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        if len(text) < _GIL_FREE_CHARS:
+            return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch releases the GIL (encode holds it: seconds for megabytes of text)
+        return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         for i in ids:

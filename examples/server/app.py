@@ -17,6 +17,7 @@ from http import HTTPStatus
 
 import anyio
 from libvllm import LibVLLM, VllmError
+from limits import BodyError, read_body
 from metrics import render
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -30,15 +31,34 @@ logger = logging.getLogger("vllm.server")
 PUBLIC_PATHS = frozenset({"/health", "/version"})  # liveness and version: no data, no key
 OPENAI_ROUTES = {"/v1/completions": "POST", "/v1/chat/completions": "POST",
                  "/v1/models": "GET", "/tokenize": "POST", "/detokenize": "POST"}
-MAX_BODY_BYTES = 32 << 20
 STREAM_POLL_MS = 250  # how often a silent stream looks for a disconnected client
 _BUSY = ("The engine is currently busy and cannot accept new requests. Please try again later "
          "or on a different instance.")
 
 
+# vllm.h status -> (HTTP status, OpenAI error type): vLLM's semantics (400 a client mistake,
+# 404 not found, 413 too large, 501 not implemented, 503 the engine cannot serve now);
+# 500 only for VLLM_ERR_INTERNAL (a bug) and codes this table does not know.
+STATUS_TO_HTTP = {
+    1: (400, "BadRequestError"),  # VLLM_ERR_INVALID_ARGUMENT: e.g. a body that is not UTF-8
+    2: (413, "RequestEntityTooLarge"),  # VLLM_ERR_BUFFER_TOO_SMALL
+    3: (503, "ServiceUnavailableError"),  # VLLM_ERR_MODEL_LOAD
+    4: (501, "NotImplementedError"),  # VLLM_ERR_UNSUPPORTED
+    5: (404, "NotFoundError"),  # VLLM_ERR_NOT_FOUND
+    6: (503, "ServiceUnavailableError"),  # VLLM_ERR_INVALID_HANDLE: the engine was freed
+    7: (503, "ServiceUnavailableError"),  # VLLM_ERR_OUT_OF_RESOURCES
+    8: (503, "ServiceUnavailableError"),  # VLLM_ERR_RUNTIME_INIT
+    9: (500, "InternalServerError"),  # VLLM_ERR_INTERNAL
+    10: (503, "ServiceUnavailableError"),  # VLLM_ERR_TIMEOUT
+    12: (503, "ServiceUnavailableError"),  # VLLM_ERR_INVALID_STATE: e.g. shutting down
+}
+
+
 class ServerState:
-    def __init__(self, lib: LibVLLM, model_name: str, max_queued: int) -> None:
+    def __init__(self, lib: LibVLLM, model_name: str, max_queued: int,
+                 body_timeout_s: float = 30.0) -> None:
         self.lib, self.model_name, self.max_queued = lib, model_name, max_queued
+        self.body_timeout_s = body_timeout_s  # the longest wait for the next body bytes
         self.ready = False  # the engine is loaded and its loop runs
         self.draining = False  # SIGTERM: no new requests, in-flight ones finish
         self.in_flight = 0
@@ -82,16 +102,6 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
-async def _read_body(request: Request) -> bytes:
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise HTTPException(413, f"The request body is larger than {MAX_BODY_BYTES} bytes.")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 async def openai_endpoint(request: Request) -> Response:
     st: ServerState = request.app.state.server
     if not st.ready:
@@ -108,22 +118,60 @@ async def openai_endpoint(request: Request) -> Response:
     st.in_flight += 1
     handed_over = False
     try:
-        body = await _read_body(request) if request.method == "POST" else None
+        body = await read_body(request, st.body_timeout_s) if request.method == "POST" else None
         status, text, stream = await anyio.to_thread.run_sync(
-            st.lib.openai_request, request.method, request.url.path, body, limiter=st.limiter)
+            st.lib.openai_request, request.method, request.url.path, body, True,
+            limiter=st.limiter)
         if stream is None:
             return Response(text, status_code=status, media_type="application/json")
+        if status == 0:  # a deferred non-streamed response: cancelled if the client leaves
+            return await _deferred(st, request, stream)
         handed_over = True
         return StreamingResponse(_sse(st, stream), status_code=status,
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
+    except BodyError as exc:
+        return error_response(exc.status, str(exc), headers={"Connection": "close"})
     except VllmError as exc:
-        logger.error("libvllm failed: %s", exc)
-        code = 503 if exc.status in (7, 12) else 500
-        return error_response(code, str(exc))
+        return vllm_error_response(exc)
     finally:
         if not handed_over:
             st.in_flight -= 1
+
+
+def vllm_error_response(exc: VllmError) -> JSONResponse:
+    """A failed vllm.h call as its HTTP status (STATUS_TO_HTTP)."""
+    code, err_type = STATUS_TO_HTTP.get(exc.status, (500, "InternalServerError"))
+    (logger.error if code >= 500 else logger.info)("libvllm refused: %s", exc)
+    return error_response(code, exc.message, err_type)
+
+
+async def _deferred(st: ServerState, request: Request, stream: int) -> Response:
+    """Waits for the one chunk of a deferred response, polling for a client that left:
+    then the handle is freed at once, which aborts the engine requests (vLLM's
+    with_cancellation)."""
+    st.streams.add(stream)
+    try:
+        while True:
+            try:
+                chunk = await anyio.to_thread.run_sync(
+                    st.lib.stream_next, stream, STREAM_POLL_MS, limiter=st.limiter)
+            except VllmError as exc:
+                return vllm_error_response(exc)
+            except EOFError:
+                logger.error("libvllm ended a deferred response without its body")
+                return error_response(500, "The response ended without a body.")
+            if chunk is not None:
+                code = json.loads(chunk)["error"]["code"] if chunk.startswith('{"error"') \
+                    else 200
+                return Response(chunk, status_code=code, media_type="application/json")
+            if await request.is_disconnected():
+                logger.info("client disconnected: its request is aborted")
+                return Response(status_code=499)  # nobody reads it
+    finally:
+        st.streams.discard(stream)
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(st.lib.stream_free, stream, limiter=st.limiter)
 
 
 async def _sse(st: ServerState, stream: int):
@@ -140,8 +188,8 @@ async def _sse(st: ServerState, stream: int):
                 return
             except VllmError as exc:  # libvllm failed mid-stream: vLLM's error event
                 logger.error("libvllm failed mid-stream: %s", exc)
-                error = {"message": str(exc), "type": "InternalServerError", "param": None,
-                         "code": 500}
+                code, err_type = STATUS_TO_HTTP.get(exc.status, (500, "InternalServerError"))
+                error = {"message": exc.message, "type": err_type, "param": None, "code": code}
                 yield b"data: " + json.dumps({"error": error}).encode() + b"\n\ndata: [DONE]\n\n"
                 return
             if chunk is not None:
@@ -169,8 +217,7 @@ async def metrics(request: Request) -> Response:
     try:
         values = await anyio.to_thread.run_sync(st.lib.metrics, limiter=st.limiter)
     except VllmError as exc:
-        logger.error("vllm_engine_metrics failed: %s", exc)
-        return error_response(500, str(exc))
+        return vllm_error_response(exc)
     return Response(render(values, st.model_name),
                     media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -1,6 +1,6 @@
 """ctypes binding of the part of include/vllm.h the HTTP server uses.
 
-Engine create/free/start_loop/metrics, the OpenAI layer (vllm_openai_request and the
+Engine create/free/start_loop/metrics, the OpenAI layer (vllm_openai_request_len and the
 vllm_openai_stream_* functions) and version/error strings. Structs mirror the header
 field by field; struct_size versioning lets an older layout keep working with a newer
 library. Every call that can block releases the GIL (ctypes.CDLL does).
@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 VLLM_OK, VLLM_ERR_TIMEOUT, VLLM_END_OF_STREAM = 0, 10, 11
+VLLM_OPENAI_DEFER_RESPONSE = 1
 DEFAULT_LIB = Path(__file__).resolve().parents[2] / "build" / "libvllm.so"
 
 _c_int32, _c_int64, _c_char_p, _c_void_p = (ctypes.c_int32, ctypes.c_int64, ctypes.c_char_p,
@@ -54,7 +55,7 @@ class Metrics(ctypes.Structure):
 class VllmError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{message} (status {status})")
-        self.status = status
+        self.status, self.message = status, message
 
 
 def _signatures(lib: ctypes.CDLL) -> None:
@@ -71,6 +72,9 @@ def _signatures(lib: ctypes.CDLL) -> None:
         "vllm_openai_request": (_c_int32, [
             _c_void_p, _c_char_p, _c_char_p, _c_char_p, ctypes.POINTER(_c_int32),
             ctypes.POINTER(_c_void_p), ctypes.POINTER(_c_void_p)]),
+        "vllm_openai_request_len": (_c_int32, [
+            _c_void_p, _c_char_p, _c_char_p, _c_char_p, ctypes.c_size_t, ctypes.c_uint32,
+            ctypes.POINTER(_c_int32), ctypes.POINTER(_c_void_p), ctypes.POINTER(_c_void_p)]),
         "vllm_openai_stream_next": (_c_int32, [_c_void_p, _c_int32, ctypes.POINTER(_c_void_p)]),
         "vllm_openai_stream_cancel": (_c_int32, [_c_void_p]),
         "vllm_openai_stream_free": (None, [_c_void_p]),
@@ -138,12 +142,19 @@ class LibVLLM:
         self._check(self.lib.vllm_engine_metrics(self.engine, ctypes.byref(out)))
         return {name: getattr(out, name) for name in METRIC_FIELDS}
 
-    def openai_request(self, method: str, path: str, body: bytes | None
-                       ) -> tuple[int, str | None, int | None]:
-        """(HTTP status, response JSON or None, stream handle or None)."""
+    def openai_request(self, method: str, path: str, body: bytes | bytearray | None,
+                       defer: bool = False) -> tuple[int, str | None, int | None]:
+        """(HTTP status, response JSON or None, stream handle or None). The body goes with
+        its length (vllm_openai_request_len: a NUL byte is part of it). defer: a
+        non-streamed response comes as a stream handle too (status 0), so it can be
+        cancelled; its one chunk is the body."""
         status, response, stream = _c_int32(), _c_void_p(), _c_void_p()
-        self._check(self.lib.vllm_openai_request(
-            self.engine, method.encode(), path.encode(), body, ctypes.byref(status),
+        body = body or b""
+        data = (ctypes.c_char * len(body)).from_buffer(body) if isinstance(body, bytearray) \
+            else body  # a bytearray is passed in place (32 MB: no copy holding the GIL)
+        self._check(self.lib.vllm_openai_request_len(
+            self.engine, method.encode(), path.encode(), data, len(body),
+            VLLM_OPENAI_DEFER_RESPONSE if defer else 0, ctypes.byref(status),
             ctypes.byref(response), ctypes.byref(stream)))
         text = self._take_string(response.value) if response.value else None
         return status.value, text, stream.value

@@ -26,6 +26,7 @@ import anyio
 import uvicorn
 from app import ServerState, build_app
 from libvllm import LibVLLM
+from limits import MAX_HEAD_BYTES, HeadLimitH11Protocol
 
 logger = logging.getLogger("vllm.server")
 _CANCEL_GRACE_S = 5.0  # after the drain: how long cancelled requests get to end
@@ -71,6 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="requests in flight beyond which new ones get 503 + Retry-After")
     p.add_argument("--shutdown-timeout", type=float, default=0.0,
                    help="seconds in-flight requests may finish after SIGTERM")
+    p.add_argument("--body-read-timeout", type=float, default=30.0,
+                   help="seconds to wait for more of a request body before answering 408")
     p.add_argument("--lib", help="libvllm.so to load; default: env VLLM_LIB, build/libvllm.so")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
@@ -150,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     lib = LibVLLM(args.lib)
-    state = ServerState(lib, args.served_model_name or args.model, args.max_num_queued_reqs)
+    state = ServerState(lib, args.served_model_name or args.model, args.max_num_queued_reqs,
+                        args.body_read_timeout)
     server: Server
 
     @asynccontextmanager
@@ -163,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
 
     config = uvicorn.Config(build_app(state, args.api_key, lifespan), host=args.host,
                             port=args.port, log_level=args.uvicorn_log_level,
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5, http=HeadLimitH11Protocol,
+                            h11_max_incomplete_event_size=MAX_HEAD_BYTES + 4)
     server = Server(config, state, args)
     server.run()
     return 1 if server.load_failed else 0

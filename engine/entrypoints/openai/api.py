@@ -10,6 +10,7 @@ stream started is sent as one `{"error": ...}` chunk, as vLLM does.
 from __future__ import annotations
 
 import json
+import queue
 import threading
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -67,11 +68,45 @@ class ChunkStream:
         self._job.merged.close()
 
 
+class DeferredResponse:
+    """A non-streamed response behind a stream handle (vllm.h VLLM_OPENAI_DEFER_RESPONSE),
+    so that the caller can cancel it when its client leaves: one thread runs the job, get()
+    returns its one chunk (the response or error body), then ""."""
+
+    def __init__(self, job) -> None:
+        self._job = job
+        self._result: queue.Queue[str] = queue.Queue(maxsize=1)
+        self._done = False
+        threading.Thread(target=self._run, name="openai-deferred", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            text = self._job.response()
+        except Exception as exc:  # noqa: BLE001 - becomes the error body
+            text = error_json(exc)[1]
+        finally:
+            self._job.merged.close()
+        self._result.put(text)
+
+    def get(self, timeout_s: float | None) -> str | None:
+        if self._done:
+            return ""
+        try:
+            text = self._result.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+        self._done = True
+        return text
+
+    def cancel(self) -> None:
+        self._job.merged.cancel()
+
+
 @dataclass
 class OpenAIResult:
     status: int
     body: str | None = None  # exactly one of body / stream is set
-    stream: ChunkStream | None = None
+    stream: ChunkStream | DeferredResponse | None = None
 
 
 def _http_error(status: HTTPStatus) -> OpenAIResult:
@@ -81,9 +116,10 @@ def _http_error(status: HTTPStatus) -> OpenAIResult:
 
 
 def handle_openai_request(client, method: str, endpoint: str, body: str, *,
-                          served_model_name: str) -> OpenAIResult:
+                          served_model_name: str, defer: bool = False) -> OpenAIResult:
     """Serves one request. `client` is an engine.async_llm.AsyncLLM (or an object with its
-    interface); errors come back as OpenAI error bodies, never as exceptions."""
+    interface); errors come back as OpenAI error bodies, never as exceptions. defer: a
+    non-streamed generation comes back as a DeferredResponse (status 0)."""
     path = endpoint.split("?", 1)[0]
     if path not in _ROUTES:
         return _http_error(HTTPStatus.NOT_FOUND)
@@ -103,6 +139,8 @@ def handle_openai_request(client, method: str, endpoint: str, body: str, *,
         job = job_cls(ctx, request)
         if request.stream:
             return OpenAIResult(200, stream=ChunkStream(job))
+        if defer:
+            return OpenAIResult(0, stream=DeferredResponse(job))
         try:
             return OpenAIResult(200, job.response())
         finally:

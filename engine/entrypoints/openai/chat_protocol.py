@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, TypeAdapter, ValidationError, model_validator
 
 from engine.entrypoints.openai.completion_protocol import (
     check_numeric,
@@ -38,6 +38,28 @@ from engine.entrypoints.openai.protocol import (
 from engine.tool_parsers.protocol import DeltaMessage, OmitEmptyToolCalls, ToolCall
 
 
+class FunctionDefinition(OpenAIBaseModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatCompletionToolsParam(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+def _validated_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    ChatCompletionToolsParam.model_validate(tool)
+    return tool
+
+
+# A tool as the template and the tool parsers read it (a dict), checked by vLLM's model.
+ToolParam = Annotated[dict[str, Any], AfterValidator(_validated_tool)]
+_TOOLS = TypeAdapter(list[ToolParam] | None)
+
+
 class ChatCompletionRequest(OpenAIBaseModel):
     messages: list[dict[str, Any]]
     model: str | None = None
@@ -56,7 +78,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
     stream_options: StreamOptions | None = None
     temperature: float | None = None
     top_p: float | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ToolParam] | None = None
     tool_choice: str | dict[str, Any] | None = "none"
     reasoning_effort: str | None = None
     thinking_token_budget: int | None = None
@@ -147,6 +169,10 @@ def _check_logprobs(data: dict) -> None:
 
 
 def _check_tool_usage(data: dict) -> None:
+    try:  # malformed tools: the field's own validation reports them, as in vLLM
+        _TOOLS.validate_python(data.get("tools"))
+    except ValidationError:
+        return
     if data.get("tools") == []:
         raise VLLMValidationError(
             "`tools` must not be an empty array. Either provide at least one tool or omit "

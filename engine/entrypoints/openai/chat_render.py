@@ -1,4 +1,4 @@
-"""Chat request -> prompt text and token ids, with the model's (sandboxed) chat template.
+"""Chat request -> prompt text, with the model's (sandboxed) chat template.
 
 Mirrors vllm/renderers/online_renderer.py (validate_chat_template: a template sent with the
 request is refused without --trust-request-chat-template, which this server does not
@@ -14,15 +14,19 @@ from engine.entrypoints.openai.errors import VLLMValidationError
 
 _NO_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you "
                 "must provide a chat template if the tokenizer does not define one.")
+_EMPTY = "Cannot apply chat template to an empty conversation. Provide at least one message."
 _UNTRUSTED = ("Chat template is passed with request, but --trust-request-chat-template is not "
               "set. Refused request with untrusted chat template.")
 
 
-def render_prompt(engine, request) -> tuple[str, list[int]]:
-    """(prompt text, token ids) of a chat or chat-tokenize request."""
+def render_prompt(engine, request) -> str:
+    """The prompt text of a chat or chat-tokenize request (the caller tokenizes it, outside
+    the engine's lock: engine/entrypoints/openai/prompt_limits.py)."""
     kwargs = dict(request.chat_template_kwargs or {})
     if request.chat_template is not None or kwargs.get("chat_template") is not None:
         raise VLLMValidationError(_UNTRUSTED)
+    if not request.messages:  # transformers' apply_chat_template, which vLLM calls
+        raise VLLMValidationError(_EMPTY)
     tok = engine.tokenizer
     if not tok.chat_template:
         raise VLLMValidationError(_NO_TEMPLATE)
@@ -40,7 +44,7 @@ def render_prompt(engine, request) -> tuple[str, list[int]]:
                 "and add_generation_prompt when you want to add a header that will prompt it to "
                 "start a new assistant message instead.", parameter="continue_final_message")
         text = _cut_after_final_message(text, request.messages)
-    return text, tok.encode(text, add_special_tokens=request.add_special_tokens)
+    return text
 
 
 def _cut_after_final_message(text: str, messages: list[dict]) -> str:

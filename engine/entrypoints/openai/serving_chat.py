@@ -29,6 +29,7 @@ from engine.entrypoints.openai.chat_protocol import (
 )
 from engine.entrypoints.openai.chat_render import render_prompt
 from engine.entrypoints.openai.logprobs import chat_logprobs
+from engine.entrypoints.openai.prompt_limits import encode_prompt
 from engine.entrypoints.openai.protocol import CompletionTokenUsageInfo, UsageInfo
 from engine.entrypoints.openai.serving_engine import (
     ServingContext,
@@ -63,8 +64,11 @@ class ChatJob:
             request.messages[-1].get("role") if request.messages else "assistant"
         tok = ctx.tokenizer("Chat completions")
         with ctx.client.lock:
-            self.prompt_text, ids = render_prompt(ctx.client.engine, request)
-            self.decode = lambda t: tok.decode([t], skip_special_tokens=False)
+            self.prompt_text = render_prompt(ctx.client.engine, request)
+        self.decode = lambda t: tok.decode([t], skip_special_tokens=False)
+        ids = encode_prompt(tok, self.prompt_text, ctx.max_model_len,
+                            add_special_tokens=request.add_special_tokens,
+                            truncating=request.truncate_prompt_tokens is not None)
         self.prompt_ids = ctx.fit_prompt(ids, request.truncate_prompt_tokens,
                                          request.truncation_side)
         with ctx.client.lock:

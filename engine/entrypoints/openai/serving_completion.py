@@ -20,6 +20,7 @@ from engine.entrypoints.openai.completion_protocol import (
     CompletionStreamResponse,
 )
 from engine.entrypoints.openai.logprobs import completion_logprobs
+from engine.entrypoints.openai.prompt_limits import encode_prompt
 from engine.entrypoints.openai.protocol import UsageInfo
 from engine.entrypoints.openai.serving_engine import (
     ServingContext,
@@ -53,12 +54,13 @@ class CompletionJob:
                 isinstance(p, str) for p in prompts)):
             tok = ctx.tokenizer("Text prompts, echo and logprobs")
         self.decode = lambda t: tok.decode([t], skip_special_tokens=False)
-        with ctx.client.lock:
-            self.prompts = [self.ctx.fit_prompt(
-                tok.encode(p, add_special_tokens=request.add_special_tokens)
-                if isinstance(p, str) else list(p),
-                request.truncate_prompt_tokens, request.truncation_side)
-                for p in prompts]
+        truncating = request.truncate_prompt_tokens is not None
+        self.prompts = [ctx.fit_prompt(  # tokenized outside the engine's lock
+            encode_prompt(tok, p, ctx.max_model_len, truncating=truncating,
+                          add_special_tokens=request.add_special_tokens)
+            if isinstance(p, str) else list(p),
+            request.truncate_prompt_tokens, request.truncation_side)
+            for p in prompts]
         echo_only = request.echo and request.max_tokens == 0
         samplings = [build_sampling_params({**_sampling_values(
             request, 1 if echo_only else ctx.get_max_tokens(request.max_tokens, len(ids))),

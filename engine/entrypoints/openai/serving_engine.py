@@ -14,6 +14,7 @@ import secrets
 from typing import Any
 
 from engine.entrypoints.openai.errors import VLLMNotFoundError, VLLMValidationError, not_supported
+from engine.entrypoints.openai.prompt_limits import too_long_error
 from engine.entrypoints.openai.stream_merge import MergedStream
 from engine.reasoning import ReasoningParserManager
 from engine.sampling_params import RequestOutputKind, SamplingParams
@@ -85,11 +86,7 @@ class ServingContext:
             if keep < len(ids):
                 ids = ids[len(ids) - keep:] if (side or "left") == "left" else ids[:keep]
         if len(ids) > self.max_model_len:
-            raise VLLMValidationError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"your prompt contains {len(ids)} input tokens, which exceeds this limit even "
-                "without any output tokens. Please reduce the length of the input prompt.",
-                parameter="input_tokens")
+            raise too_long_error(self.max_model_len, len(ids))
         return ids
 
     def get_max_tokens(self, max_tokens: int | None, prompt_len: int) -> int:

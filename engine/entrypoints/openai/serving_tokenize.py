@@ -25,12 +25,13 @@ def create_tokenize(ctx: ServingContext, data: Any) -> str:
     request = (TokenizeChatRequest if chat else TokenizeCompletionRequest).model_validate(data)
     ctx.check_model(request.model)
     tok = ctx.tokenizer("/tokenize requests")
-    with ctx.client.lock:
-        if chat:
-            _, ids = render_prompt(ctx.client.engine, request)
-        else:
-            ids = tok.encode(request.prompt, add_special_tokens=request.add_special_tokens)
-        strs = [tok.id_to_piece(t) for t in ids] if request.return_token_strs else None
+    if chat:
+        with ctx.client.lock:
+            text = render_prompt(ctx.client.engine, request)
+    else:
+        text = request.prompt
+    ids = tok.encode(text, add_special_tokens=request.add_special_tokens)  # GIL released
+    strs = [tok.id_to_piece(t) for t in ids] if request.return_token_strs else None
     return TokenizeResponse(tokens=ids, token_strs=strs, count=len(ids),
                             max_model_len=ctx.max_model_len).model_dump_json()
 
