@@ -5,8 +5,10 @@ vllm/v1/attention/backends/*: one flat batch of query tokens from many requests,
 a slot mapping that says where each new K/V goes in the paged cache, and a block
 table per request. On CUDA the layer runs the Triton kernels (kernels/reshape_and_cache.py,
 kernels/paged_attention.py: the decode kernel when every request has one query token,
-else the varlen prefill kernel) on the device copies of the metadata, with no host sync,
-so a decode step can be captured in a CUDA graph (vllm/v1/attention/backends/triton_attn.py);
+else the unified varlen kernel, which takes prefill, chunked-prefill and decode rows in one
+launch whose grid depends only on the token and request-row counts) on the device copies of
+the metadata, with no host sync, so any step can be captured in a CUDA graph
+(vllm/v1/attention/backends/triton_attn.py, AttentionCGSupport.ALWAYS);
 `paged_attention_ref` is the CPU path and the kernels' test oracle. Without metadata
 (vLLM's profile run) the layer skips the cache and attention and returns zeros.
 
@@ -34,7 +36,10 @@ class AttentionMetadata:
     # device copies for the CUDA kernels (None on CPU); padded rows have seq_len 0, slot -1
     query_start_loc_t: torch.Tensor | None = None  # [num_reqs + 1] int32
     seq_lens_t: torch.Tensor | None = None  # [num_reqs] int32
-    max_query_len: int = 0  # 1: a uniform decode batch (the decode kernel)
+    # 1 with one request row per token: a uniform decode batch (the decode kernel); a
+    # mixed CUDA graph has more rows than tokens' requests (padding) and takes the
+    # unified varlen kernel for any batch
+    max_query_len: int = 0
 
 
 class Attention(nn.Module):
@@ -74,7 +79,7 @@ class Attention(nn.Module):
         from kernels.reshape_and_cache import reshape_and_cache as cache_kernel
 
         cache_kernel(k, v, self.kv_cache, md.slot_mapping)
-        if md.max_query_len == 1:
+        if md.max_query_len == 1 and md.seq_lens_t.shape[0] == q.shape[0]:  # a row per token
             out = paged_attention_decode(q, self.kv_cache, md.block_table, md.seq_lens_t,
                                          self.scale, sliding_window=self.sliding_window)
         else:

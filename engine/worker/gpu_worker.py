@@ -4,12 +4,17 @@
 The model runner's profile_run does one forward pass at max_num_batched_tokens (and the
 sampler's logits peak) before the KV cache exists; then
 
-    kv_cache_bytes = total * gpu_memory_utilization - (torch peak + non-torch memory)
+    kv_cache_bytes = total * gpu_memory_utilization
+                     - (torch peak + non-torch memory + CUDA-graph memory)
 
 where the torch peak includes the weights and the activation peak, and non-torch memory
 is what the device reports used beyond torch's reserved pool (CUDA context, cuBLAS
-workspaces, other processes). CUDA graphs are captured afterwards, out of the remaining
-(1 - gpu_memory_utilization) headroom, as in vLLM.
+workspaces, other processes). CUDA graphs are captured after the KV cache into one pool
+whose size is about the activation peak of the largest captured forward (largest first,
+the smaller graphs reuse it): the profile measures that forward (vLLM's default largest
+capture size, min(2 * max_num_seqs, 512, max_num_batched_tokens) tokens) and counts it,
+as vLLM's profiling estimates its graphs' memory. The pool measured after capture is
+kept beside it (model_runner.memory_profile["cudagraph_pool"]).
 """
 
 from __future__ import annotations
@@ -35,13 +40,28 @@ def determine_available_memory(runner: ModelRunner, num_tokens: int,
     runner.profile_run(num_tokens)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device)
+    cudagraph = _cudagraph_estimate(runner, min(2 * runner.max_num_reqs, 512, num_tokens))
     free, total = torch.cuda.mem_get_info(device)
     non_torch = max(0, total - free - torch.cuda.memory_reserved(device))
     torch.cuda.empty_cache()
-    available = int(total * gpu_memory_utilization) - peak - non_torch
+    available = int(total * gpu_memory_utilization) - peak - non_torch - cudagraph
     runner.memory_profile = {"total": total, "torch_peak": peak, "non_torch": non_torch,
-                             "available": available}
+                             "cudagraph_estimate": cudagraph, "available": available}
     logger.info("memory profile: total %.2f GiB x %.2f, torch peak %.2f GiB, non-torch "
-                "%.2f GiB -> KV cache %.2f GiB", total / _GIB, gpu_memory_utilization,
-                peak / _GIB, non_torch / _GIB, available / _GIB)
+                "%.2f GiB, CUDA graphs %.2f GiB -> KV cache %.2f GiB", total / _GIB,
+                gpu_memory_utilization, peak / _GIB, non_torch / _GIB, cudagraph / _GIB,
+                available / _GIB)
     return available
+
+
+def _cudagraph_estimate(runner: ModelRunner, num_tokens: int) -> int:
+    """Bytes the forward over num_tokens tokens allocates at its peak, its output kept
+    (a captured graph keeps its output)."""
+    device = runner.device
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    hidden = runner.profile_run(num_tokens, sample=False)
+    torch.cuda.synchronize(device)
+    used = torch.cuda.max_memory_allocated(device) - base
+    del hidden
+    return used
