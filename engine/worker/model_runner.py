@@ -257,7 +257,8 @@ class ModelRunner:
         md = AttentionMetadata(
             total, self.slot_mapping.copy_to_gpu(padded), qsl[:n + 1].tolist(),
             seq_lens[:n].tolist(), block_table, self.query_start_loc.copy_to_gpu(rows + 1),
-            self.seq_lens.copy_to_gpu(rows), max_query_len)
+            self.seq_lens.copy_to_gpu(rows), max_query_len,
+            0 if graph else int(seq_lens[:n].max()))
         inputs = _StepInputs(req_ids, qsl[:n + 1].copy(), seq_lens[:n].copy(),
                              self.input_ids.copy_to_gpu(padded),
                              self.positions.copy_to_gpu(padded), md, graph)
