@@ -37,7 +37,8 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False  # True: no CUDA graphs
     # vLLM -cc.cudagraph_mode: NONE | PIECEWISE | FULL | FULL_DECODE_ONLY |
-    # FULL_AND_PIECEWISE; None: vLLM's default FULL_AND_PIECEWISE (runs as FULL here)
+    # FULL_AND_PIECEWISE; None: vLLM's default FULL_AND_PIECEWISE, which runs as
+    # FULL_DECODE_ONLY without compilation (as vLLM); FULL graphs mixed steps too
     cudagraph_mode: str | None = None
     # overlap scheduling step N+1 with running step N (vLLM --async-scheduling);
     # None: on with CUDA, off on CPU (whose forward pass blocks: nothing to overlap)

@@ -78,9 +78,10 @@ def test_modes_parse_and_resolve():
     assert M.FULL_AND_PIECEWISE.decode_mode() == M.FULL
     assert M.FULL_AND_PIECEWISE.mixed_mode() == M.PIECEWISE
     assert M.FULL_DECODE_ONLY.mixed_mode() == M.NONE and M.FULL.mixed_mode() == M.FULL
-    # no graph splitting here: vLLM's resolution with empty splitting_ops
-    assert resolve_cudagraph_mode(M.FULL_AND_PIECEWISE, False) == M.FULL
+    # no compilation here: vLLM's _normalize_piecewise_cudagraph_mode (without_piecewise)
+    assert resolve_cudagraph_mode(M.FULL_AND_PIECEWISE, False) == M.FULL_DECODE_ONLY
     assert resolve_cudagraph_mode(M.PIECEWISE, False) == M.NONE
+    assert resolve_cudagraph_mode(M.FULL, False) == M.FULL
     assert resolve_cudagraph_mode(M.FULL_DECODE_ONLY, False) == M.FULL_DECODE_ONLY
     assert resolve_cudagraph_mode(M.FULL, True) == M.NONE  # enforce_eager
 
@@ -106,8 +107,9 @@ def test_capture_sizes_as_vllm_derives_them():
 def test_engine_config_capture_sizes_and_mode():
     sizes = EngineConfig("m", max_num_seqs=64, max_num_batched_tokens=8192
                          ).cudagraph_batch_sizes()
-    assert isinstance(sizes, CaptureSizes) and sizes.mode == M.FULL
+    assert isinstance(sizes, CaptureSizes) and sizes.mode == M.FULL_DECODE_ONLY  # default
     assert sizes[-1] == 128
+    assert EngineConfig("m", cudagraph_mode="full").cudagraph_batch_sizes().mode == M.FULL
     assert EngineConfig("m", enforce_eager=True).cudagraph_batch_sizes() == []
     assert EngineConfig("m", cudagraph_mode="NONE").cudagraph_batch_sizes() == []
     assert EngineConfig("m", cudagraph_mode="FULL_DECODE_ONLY").cudagraph_batch_sizes(

@@ -7,13 +7,13 @@ vllm/v1/cudagraph_dispatcher.py (BatchDescriptor keys, padding a step's token co
 the next capture size, FULL keys for mixed batches and, with a separate decode routine,
 uniform-decode keys). Own code.
 
-This engine has no torch.compile graph splitting (vLLM's splitting_ops is empty), so a
-mode with piecewise graphs resolves as vLLM resolves it then (CompilationConfig,
-"Piecewise compilation with empty splitting_ops"): FULL_AND_PIECEWISE -> FULL,
-PIECEWISE -> NONE. The attention backend (one unified Triton kernel for prefill, chunked
-prefill and decode rows, kernels/paged_attention.py) supports every batch in a full graph
-(vLLM's AttentionCGSupport.ALWAYS, as its TritonAttentionBackend), so FULL graphs cover
-mixed prefill/decode steps over num_tokens buckets.
+This engine has no torch.compile (vLLM's CompilationMode.NONE), so a mode with piecewise
+graphs resolves as VllmConfig._normalize_piecewise_cudagraph_mode resolves it then
+(without_piecewise): FULL_AND_PIECEWISE, the default, -> FULL_DECODE_ONLY; PIECEWISE ->
+NONE. The attention backend (one unified Triton kernel for prefill, chunked prefill and
+decode rows, kernels/paged_attention.py) supports every batch in a full graph (vLLM's
+AttentionCGSupport.ALWAYS, as its TritonAttentionBackend): cudagraph_mode=FULL captures
+mixed prefill/decode steps over num_tokens buckets too.
 """
 
 from __future__ import annotations
@@ -62,17 +62,16 @@ class CUDAGraphMode(enum.Enum):
 
 
 def resolve_cudagraph_mode(mode: CUDAGraphMode, enforce_eager: bool) -> CUDAGraphMode:
-    """The mode this engine runs: NONE with enforce_eager; piecewise parts resolved as
-    vLLM does with empty splitting_ops (no compiled graph to split at attention)."""
+    """The mode this engine runs: NONE with enforce_eager; without compilation the
+    piecewise part dropped, as vLLM's _normalize_piecewise_cudagraph_mode."""
     if enforce_eager:
         return CUDAGraphMode.NONE
-    if mode == CUDAGraphMode.PIECEWISE:
-        logger.warning("piecewise CUDA graphs need graph splitting, which this engine does "
-                       "not have; setting cudagraph_mode to NONE (FULL or FULL_DECODE_ONLY "
-                       "give full graphs)")
-        return CUDAGraphMode.NONE
-    if mode == CUDAGraphMode.FULL_AND_PIECEWISE:
-        return CUDAGraphMode.FULL  # vLLM: "Setting cudagraph_mode to FULL."
+    if mode.has_piecewise_cudagraphs():
+        fallback = CUDAGraphMode.NONE if mode == CUDAGraphMode.PIECEWISE \
+            else CUDAGraphMode.FULL_DECODE_ONLY
+        logger.info("Cudagraph mode %s is not compatible with compilation mode NONE. "
+                    "Overriding to %s.", mode.name, fallback.name)
+        return fallback
     return mode
 
 

@@ -11,9 +11,10 @@ where the torch peak includes the weights and the activation peak, and non-torch
 is what the device reports used beyond torch's reserved pool (CUDA context, cuBLAS
 workspaces, other processes). CUDA graphs are captured after the KV cache into one pool
 whose size is about the activation peak of the largest captured forward (largest first,
-the smaller graphs reuse it): the profile measures that forward (vLLM's default largest
-capture size, min(2 * max_num_seqs, 512, max_num_batched_tokens) tokens) and counts it,
-as vLLM's profiling estimates its graphs' memory. The pool measured after capture is
+the smaller graphs reuse it) plus every graph's output, which stays: the profile measures
+that forward (vLLM's default capture sizes, engine/worker/cudagraph_dispatcher.py) and
+counts it with the outputs of all default sizes, as vLLM's profiling estimates its
+graphs' memory. The pool measured after capture is
 kept beside it (model_runner.memory_profile["cudagraph_pool"]).
 """
 
@@ -23,6 +24,7 @@ import logging
 
 import torch
 
+from engine.worker.cudagraph_dispatcher import cudagraph_capture_sizes
 from engine.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -40,7 +42,8 @@ def determine_available_memory(runner: ModelRunner, num_tokens: int,
     runner.profile_run(num_tokens)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device)
-    cudagraph = _cudagraph_estimate(runner, min(2 * runner.max_num_reqs, 512, num_tokens))
+    cudagraph = _cudagraph_estimate(runner, cudagraph_capture_sizes(runner.max_num_reqs,
+                                                                    num_tokens))
     free, total = torch.cuda.mem_get_info(device)
     non_torch = max(0, total - free - torch.cuda.memory_reserved(device))
     torch.cuda.empty_cache()
@@ -54,14 +57,15 @@ def determine_available_memory(runner: ModelRunner, num_tokens: int,
     return available
 
 
-def _cudagraph_estimate(runner: ModelRunner, num_tokens: int) -> int:
-    """Bytes the forward over num_tokens tokens allocates at its peak, its output kept
-    (a captured graph keeps its output)."""
+def _cudagraph_estimate(runner: ModelRunner, sizes: list[int]) -> int:
+    """Bytes of the largest size's forward at its peak plus the outputs [size, hidden] of
+    the other sizes' graphs (each graph keeps its own)."""
     device = runner.device
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
-    hidden = runner.profile_run(num_tokens, sample=False)
+    hidden = runner.profile_run(sizes[-1], sample=False)
     torch.cuda.synchronize(device)
-    used = torch.cuda.max_memory_allocated(device) - base
+    row_bytes = hidden[0].numel() * hidden.element_size()
+    used = torch.cuda.max_memory_allocated(device) - base + sum(sizes[:-1]) * row_bytes
     del hidden
     return used

@@ -361,27 +361,40 @@ class ModelRunner:
         mode = getattr(sizes, "mode", CUDAGraphMode.FULL)
         if self.device.type != "cuda" or not sizes or mode == CUDAGraphMode.NONE:
             return 0.0
-        dispatcher = CudagraphDispatcher(mode, [s for s in sizes if s <= self.max_num_tokens],
-                                         self.max_num_reqs)
-        graphs = CudaGraphs(dispatcher)
-
-        def forward(desc: BatchDescriptor) -> torch.Tensor:
-            n, rows = desc.num_tokens, _graph_rows(desc)
-            self.seq_lens.gpu[:rows].zero_()  # capture-time values: padding everywhere
-            self.query_start_loc.gpu[:rows + 1].zero_()
-            self.slot_mapping.gpu[:n].fill_(PAD_SLOT_ID)
-            self.input_ids.gpu[:n].zero_()
-            self.positions.gpu[:n].zero_()
-            md = AttentionMetadata(n, self.slot_mapping.gpu[:n], [], [],
-                                   self.block_table.step.gpu[:rows],
-                                   self.query_start_loc.gpu[:rows + 1],
-                                   self.seq_lens.gpu[:rows], 1 if desc.uniform else n)
-            return self.model(self.input_ids.gpu[:n], self.positions.gpu[:n], md)
-
-        graphs.capture(forward)
-        self.cudagraphs = graphs
+        graphs = self.init_cudagraphs(CudaGraphs, mode, sizes)
         self.memory_profile["cudagraph_pool"] = graphs.pool_bytes
         return graphs.capture_time_s
+
+    def init_cudagraphs(self, graphs_cls: type[CudaGraphs], mode: CUDAGraphMode,
+                        sizes: list[int]) -> CudaGraphs:
+        """Dispatcher and graphs for `sizes`; the persistent buffers get their padding
+        values here, once, outside any graph: a write inside the captured forward would be
+        replayed at every step, over the step's own inputs."""
+        dispatcher = CudagraphDispatcher(mode, [s for s in sizes if s <= self.max_num_tokens],
+                                         self.max_num_reqs)
+        descs = dispatcher.capture_descs()
+        if descs:
+            rows = max(_graph_rows(d) for d in descs)
+            tokens = dispatcher.max_capture_size
+            self.seq_lens.gpu[:rows].zero_()
+            self.query_start_loc.gpu[:rows + 1].zero_()
+            self.slot_mapping.gpu[:tokens].fill_(PAD_SLOT_ID)
+            self.input_ids.gpu[:tokens].zero_()
+            self.positions.gpu[:tokens].zero_()
+        graphs = graphs_cls(dispatcher)
+        graphs.capture(self._graph_forward)
+        self.cudagraphs = graphs
+        return graphs
+
+    def _graph_forward(self, desc: BatchDescriptor) -> torch.Tensor:
+        """The forward a graph of `desc` captures: the model over the persistent buffers'
+        first desc.num_tokens rows; it writes none of them."""
+        n, rows = desc.num_tokens, _graph_rows(desc)
+        md = AttentionMetadata(n, self.slot_mapping.gpu[:n], [], [],
+                               self.block_table.step.gpu[:rows],
+                               self.query_start_loc.gpu[:rows + 1], self.seq_lens.gpu[:rows],
+                               1 if desc.uniform else n)
+        return self.model(self.input_ids.gpu[:n], self.positions.gpu[:n], md)
 
     def _get_prompt_logprobs_dict(self, hidden: torch.Tensor, req_ids: list[str],
                                   qsl: list[int]) -> dict[str, LogprobsTensors]:
