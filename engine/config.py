@@ -3,8 +3,9 @@
 Mirrors the names and defaults of vllm/engine/arg_utils.py (EngineArgs) for the fields
 that exist so far, the checks of vllm/config/scheduler.py (SchedulerConfig) and
 vllm/config/cache.py (gpu_memory_utilization), and the CUDA-graph capture ladder of
-vllm/config/compilation.py (CompilationConfig: cudagraph_capture_sizes,
-max_cudagraph_capture_size). 0 / None means "derive from the model or the machine".
+vllm/config/compilation.py (CompilationConfig: cudagraph_mode, cudagraph_capture_sizes,
+max_cudagraph_capture_size; engine/worker/cudagraph_dispatcher.py derives them). 0 / None
+means "derive from the model or the machine".
 """
 
 from __future__ import annotations
@@ -12,6 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import InvalidArgumentError
+from engine.worker.cudagraph_dispatcher import (
+    CaptureSizes,
+    CUDAGraphMode,
+    cudagraph_capture_sizes,
+    resolve_cudagraph_mode,
+)
 
 
 @dataclass
@@ -30,11 +37,15 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False  # True: no CUDA graphs
     n_threads: int = 0  # torch's intra-op CPU threads (torch.set_num_threads); 0: torch's own
+    # vLLM -cc.cudagraph_mode: NONE | PIECEWISE | FULL | FULL_DECODE_ONLY |
+    # FULL_AND_PIECEWISE; None: vLLM's default FULL_AND_PIECEWISE, which runs as
+    # FULL_DECODE_ONLY without compilation (as vLLM); FULL graphs mixed steps too
+    cudagraph_mode: str | None = None
     # overlap scheduling step N+1 with running step N (vLLM --async-scheduling);
     # None: on with CUDA, off on CPU (whose forward pass blocks: nothing to overlap)
     async_scheduling: bool | None = None
     cudagraph_capture_sizes: list[int] | None = None  # None: vLLM's ladder (below)
-    max_cudagraph_capture_size: int | None = None  # None: min(max_num_seqs, 512)
+    max_cudagraph_capture_size: int | None = None  # None: min(2 * max_num_seqs, 512)
     load_format: str = "auto"  # auto: the checkpoint's weights | dummy: random, config only
     skip_tokenizer_init: bool = False  # no tokenizer: token-id prompts, token-id outputs
     max_logprobs: int = 20  # vLLM --max-logprobs; -1: the whole vocab
@@ -90,6 +101,7 @@ class EngineConfig:
         if self.max_cudagraph_capture_size is not None and self.max_cudagraph_capture_size < 1:
             raise InvalidArgumentError("max_cudagraph_capture_size must be >= 1, got "
                                        f"{self.max_cudagraph_capture_size}")
+        CUDAGraphMode.parse(self.cudagraph_mode)
         self._check_parsers()
 
     def _check_parsers(self) -> None:
@@ -107,18 +119,15 @@ class EngineConfig:
             raise InvalidArgumentError(
                 "--enable-auto-tool-choice requires --tool-call-parser")
 
-    def cudagraph_batch_sizes(self) -> list[int]:
-        """Decode batch sizes to capture, ascending (vLLM CompilationConfig): the given
-        list, else [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16); capped at
-        max_cudagraph_capture_size and at max_num_seqs (a decode batch is never larger).
-        Empty with enforce_eager."""
-        if self.enforce_eager:
-            return []
-        cap = min(self.max_cudagraph_capture_size or 512, self.max_num_seqs)
-        sizes = self.cudagraph_capture_sizes
-        if sizes is None:
-            sizes = [1, 2, 4, *range(8, 256, 8), *range(256, cap + 1, 16)]
-        return sorted({s for s in sizes if s <= cap})
+    def cudagraph_batch_sizes(self) -> CaptureSizes:
+        """Token counts to capture, ascending, with the resolved cudagraph mode (empty for
+        NONE / enforce_eager); vLLM's derivation from max_num_seqs and
+        max_num_batched_tokens (set by the engine before capture)."""
+        mode = resolve_cudagraph_mode(CUDAGraphMode.parse(self.cudagraph_mode),
+                                      self.enforce_eager)
+        return CaptureSizes(cudagraph_capture_sizes(
+            self.max_num_seqs, self.max_num_batched_tokens or 8192,
+            self.cudagraph_capture_sizes, self.max_cudagraph_capture_size), mode)
 
     def verify_max_model_len(self, max_model_len: int) -> None:
         """vllm/config/scheduler.py::SchedulerConfig.verify_max_model_len."""

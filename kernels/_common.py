@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 
 import torch
 import triton
@@ -21,19 +22,34 @@ from engine.errors import InvalidArgumentError
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def check(cond: bool, msg: str) -> None:
-    """Raise InvalidArgumentError(msg) unless cond: launchers validate before touching memory."""
+def check(cond: bool, msg: str | Callable[[], str]) -> None:
+    """Raise InvalidArgumentError(msg) unless cond: launchers validate before touching memory.
+    A message with formatted values is a lambda, built only on failure (an f-string costs
+    microseconds on every launch, which an eager step pays ~300 times)."""
     if not cond:
-        raise InvalidArgumentError(msg)
+        raise InvalidArgumentError(msg() if callable(msg) else msg)
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for ints: triton.cdiv is a ConstexprFunction in Triton 3.9 whose call from
+    Python costs microseconds; launchers use these two plain ones."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1), as triton.next_power_of_2."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def check_float(name: str, t: torch.Tensor) -> None:
-    check(t.dtype in FLOAT_DTYPES, f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
+    check(t.dtype in FLOAT_DTYPES,
+          lambda: f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
 
 
 def check_same_device(**tensors: torch.Tensor) -> None:
-    devices = {str(t.device) for t in tensors.values()}
-    check(len(devices) == 1, f"{', '.join(tensors)} must be on one device, got {sorted(devices)}")
+    devices = {t.device for t in tensors.values()}
+    check(len(devices) == 1,
+          lambda: f"{', '.join(tensors)} must be on one device, got {sorted(map(str, devices))}")
 
 
 @functools.cache

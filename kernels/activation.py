@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from engine.layers.activation import SiluAndMul
-from kernels._common import check, check_float, pdl_launch, pdl_wait
+from kernels._common import cdiv, check, check_float, next_pow2, pdl_launch, pdl_wait
 
 
 @triton.jit
@@ -37,7 +37,7 @@ def _silu_and_mul_kernel(
 
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """x: [num_tokens, 2 * d] -> out: [num_tokens, d] in x's dtype."""
-    check(x.dim() == 2 and x.shape[1] % 2 == 0, f"x must be [num_tokens, 2 * d], got "
+    check(x.dim() == 2 and x.shape[1] % 2 == 0, lambda: f"x must be [num_tokens, 2 * d], got "
           f"{tuple(x.shape)}")
     check_float("x", x)
     check(x.stride(1) == 1, "x's last dimension must be contiguous")
@@ -45,11 +45,11 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     if out is None:
         out = torch.empty(n, d, dtype=x.dtype, device=x.device)
     check(out.shape == (n, d) and out.stride(1) == 1 and out.dtype == x.dtype,
-          f"out must be [{n}, {d}] {x.dtype} with a contiguous last dimension")
+          lambda: f"out must be [{n}, {d}] {x.dtype} with a contiguous last dimension")
     if n == 0:
         return out
-    block = min(4096, triton.next_power_of_2(d))
-    _silu_and_mul_kernel[(n, triton.cdiv(d, block))](
+    block = min(4096, next_pow2(d))
+    _silu_and_mul_kernel[(n, cdiv(d, block))](
         x, out, d, x.stride(0), out.stride(0), BLOCK=block, num_warps=4 if block >= 1024 else 1,
         **pdl_launch(x),
     )

@@ -23,7 +23,15 @@ import triton
 import triton.language as tl
 
 from engine.layers.activation import SiluAndMul
-from kernels._common import check, check_float, check_same_device, pdl_launch, pdl_wait
+from kernels._common import (
+    cdiv,
+    check,
+    check_float,
+    check_same_device,
+    next_pow2,
+    pdl_launch,
+    pdl_wait,
+)
 
 
 @triton.jit
@@ -83,7 +91,7 @@ def gemv_config(n: int, k: int, silu_and_mul: bool = False) -> tuple[int, int, i
         bn, bk, warps, stages = 8, 512, 8, 2
     else:
         bn, bk, warps, stages = 4, 1024, 2, 1
-    return bn, min(bk, triton.next_power_of_2(k)), warps, stages
+    return bn, min(bk, next_pow2(k)), warps, stages
 
 
 def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
@@ -92,27 +100,29 @@ def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     """x: [1, K] ([1, 2K] = gate | up with silu_and_mul), w: [N, K], bias: [N] or None
     -> y: [1, N] in x's dtype. config: (BN, BK, num_warps, num_stages), for sweeps;
     None: gemv_config's."""
-    check(x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1, f"x must be one row [1, K] "
+    check(x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1,
+          lambda: f"x must be one row [1, K] "
           f"with a contiguous last dimension, got {tuple(x.shape)} strides {x.stride()}")
     check_float("x", x)
     check(not silu_and_mul or x.shape[1] % 2 == 0,
-          f"x must be [1, 2K] with silu_and_mul, got {tuple(x.shape)}")
+          lambda: f"x must be [1, 2K] with silu_and_mul, got {tuple(x.shape)}")
     k = x.shape[1] // 2 if silu_and_mul else x.shape[1]
     check(k > 0, "x must have K > 0 columns")
-    check(w.dim() == 2 and w.shape[1] == k and w.is_contiguous(), f"w must be a contiguous "
+    check(w.dim() == 2 and w.shape[1] == k and w.is_contiguous(), lambda: f"w must be a contiguous "
           f"[N, {k}], got {tuple(w.shape)} strides {w.stride()}")
     n = w.shape[0]
-    check(w.dtype == x.dtype, f"w must be {x.dtype} like x, got {w.dtype}")
+    check(w.dtype == x.dtype, lambda: f"w must be {x.dtype} like x, got {w.dtype}")
     check_same_device(x=x, w=w)
     if bias is not None:
         check(bias.shape == (n,) and bias.is_contiguous() and bias.dtype == x.dtype,
-              f"bias must be a contiguous [{n}] {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
+              lambda: f"bias must be a contiguous [{n}] {x.dtype}, got "
+              f"{tuple(bias.shape)} {bias.dtype}")
         check_same_device(x=x, bias=bias)
     y = torch.empty(1, n, dtype=x.dtype, device=x.device)
     if n == 0:
         return y
     bn, bk, warps, stages = config or gemv_config(n, k, silu_and_mul)
-    _dense_gemv_kernel[(triton.cdiv(n, bn),)](
+    _dense_gemv_kernel[(cdiv(n, bn),)](
         x, w, bias if bias is not None else w, y, n, k,
         HAS_BIAS=bias is not None, EVEN_K=k % bk == 0, SILU_AND_MUL=silu_and_mul, BN=bn, BK=bk,
         num_warps=warps, num_stages=stages,

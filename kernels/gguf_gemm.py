@@ -21,7 +21,7 @@ import triton.language as tl
 from engine.errors import UnsupportedError
 from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
 from engine.gguf.dequant import dequantize
-from kernels._common import check, check_float, check_same_device
+from kernels._common import cdiv, check, check_float, check_same_device, next_pow2
 from kernels.gguf_tiles import TILE_TYPES, dequant_tile
 
 # Dispatch by token count M, from the H200 measurements in docs/kernels.md: GEMV up to
@@ -139,10 +139,11 @@ def _check_weight(qweight: torch.Tensor, qtype: int) -> tuple[int, int, int]:
         raise UnsupportedError(f"GGUF Triton kernels do not support type {_type_name(qtype)}")
     block, type_size = GGML_TYPE_TRAITS[GGMLType(qtype)]
     check(qweight.dtype == torch.uint8 and qweight.dim() == 2 and qweight.stride(1) == 1,
-          f"qweight must be [N, row_bytes] uint8 with contiguous rows, got "
+          lambda: f"qweight must be [N, row_bytes] uint8 with contiguous rows, got "
           f"{tuple(qweight.shape)} {qweight.dtype}")
     n, row_bytes = qweight.shape
-    check(row_bytes % type_size == 0, f"{_type_name(qtype)}: row of {row_bytes} bytes is not "
+    check(row_bytes % type_size == 0,
+          lambda: f"{_type_name(qtype)}: row of {row_bytes} bytes is not "
           f"a whole number of {type_size}-byte blocks")
     check(qweight.stride(0) % 2 == 0 and qweight.data_ptr() % 2 == 0,
           "qweight rows must be 2-byte aligned (fp16 block scales)")
@@ -153,7 +154,8 @@ def _check_weight(qweight: torch.Tensor, qtype: int) -> tuple[int, int, int]:
 def _check_x(x: torch.Tensor, qweight: torch.Tensor, k: int) -> None:
     check_float("x", x)
     check(x.dim() == 2 and x.shape[1] == k and x.stride(1) == 1,
-          f"x must be [num_tokens, {k}] with a contiguous last dimension, got {tuple(x.shape)}")
+          lambda: f"x must be [num_tokens, {k}] with a contiguous last dimension, "
+          f"got {tuple(x.shape)}")
     check_same_device(x=x, qweight=qweight)
 
 
@@ -167,7 +169,7 @@ def gguf_dequantize(
     if n == 0 or k == 0:
         return out
     block_n, nb, warps = config or (DEQUANT_BLOCK_N, 8 if TILE_TYPES[qtype][0] == 32 else 1, 1)
-    _gguf_dequantize_kernel[(triton.cdiv(n, block_n), triton.cdiv(nblk, nb))](
+    _gguf_dequantize_kernel[(cdiv(n, block_n), cdiv(nblk, nb))](
         qweight, out, n, k, nblk, qweight.stride(0), out.stride(0), TYPE=qtype,
         BLOCK_N=block_n, NB=nb, PARTS=TILE_TYPES[qtype][1], W=TILE_TYPES[qtype][3],
         num_warps=warps,
@@ -185,7 +187,7 @@ def gguf_gemv(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
     if m == 0 or n == 0:
         return y
     block_n, nb, warps = config or gemv_config(qtype, n)
-    _gguf_gemv_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
+    _gguf_gemv_kernel[(cdiv(n, block_n), cdiv(m, block_m))](
         x, qweight, y, m, n, k, nblk, x.stride(0), qweight.stride(0), y.stride(0), TYPE=qtype,
         BLOCK_N=block_n, BLOCK_M=block_m, NB=nb, PARTS=TILE_TYPES[qtype][1],
         P=nb * TILE_TYPES[qtype][2] // 8, num_warps=warps,
@@ -205,7 +207,7 @@ def gguf_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
     block_m, block_n, warps, num_stages = config or MMQ_CONFIG
     # blocks per step: 64 values of K per dot for every type
     nb = {32: 4 if TILE_TYPES[qtype][1] == 2 else 2, 256: 1}[TILE_TYPES[qtype][0]]
-    _gguf_mmq_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
+    _gguf_mmq_kernel[(cdiv(m, block_m), cdiv(n, block_n))](
         x, qweight, y, m, n, k, nblk, x.stride(0), qweight.stride(0), y.stride(0), TYPE=qtype,
         BLOCK_M=block_m, BLOCK_N=block_n, NB=nb, PARTS=TILE_TYPES[qtype][1],
         W=TILE_TYPES[qtype][3], DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
@@ -220,7 +222,7 @@ def gguf_gemm(x: torch.Tensor, qweight: torch.Tensor, qtype: int) -> torch.Tenso
     dequantize to x's dtype and use torch's dense matmul (cuBLAS)."""
     m = x.shape[0] if x.dim() == 2 else -1
     if 0 <= m <= GEMV_MAX_M:
-        return gguf_gemv(x, qweight, qtype, block_m=triton.next_power_of_2(max(m, 1)))
+        return gguf_gemv(x, qweight, qtype, block_m=next_pow2(max(m, 1)))
     if m <= MMQ_MAX_M:
         return gguf_mmq(x, qweight, qtype)
     _check_x(x, qweight, _check_weight(qweight, qtype)[1])

@@ -20,7 +20,15 @@ import triton
 import triton.language as tl
 
 from engine.layers.attention import AttentionMetadata, paged_attention_ref
-from kernels._common import check, check_float, check_same_device, pdl_launch, pdl_wait
+from kernels._common import (
+    cdiv,
+    check,
+    check_float,
+    check_same_device,
+    next_pow2,
+    pdl_launch,
+    pdl_wait,
+)
 
 LOG2E = 1.4426950408889634
 
@@ -164,8 +172,10 @@ def _paged_attention_prefill_kernel(
     head_size, group, qk_scale, window,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, USE_WINDOW: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # the kernel before wrote this one's inputs
+        pdl_wait()
     # program (q block, kv head): BLOCK_Q query tokens x `group` heads = rows of one tile
     q_block = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -207,22 +217,25 @@ def _check_cache(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Ten
                  seq_lens: torch.Tensor, num_reqs: int) -> tuple[int, int, int]:
     """Validate the shared arguments; -> (block_size, num_kv_heads, group)."""
     check_float("q", q)
-    check(q.dim() == 3 and q.stride(2) == 1, f"q must be [num_tokens, num_heads, head_size] "
+    check(q.dim() == 3 and q.stride(2) == 1,
+          lambda: f"q must be [num_tokens, num_heads, head_size] "
           f"with a contiguous last dimension, got {tuple(q.shape)}")
     check(kv_cache.dim() == 5 and kv_cache.shape[0] == 2 and kv_cache.shape[4] == q.shape[2]
-          and kv_cache.stride(4) == 1, "kv_cache must be [2, num_blocks, block_size, "
+          and kv_cache.stride(4) == 1, lambda: "kv_cache must be [2, num_blocks, block_size, "
           f"num_kv_heads, {q.shape[2]}] with a contiguous last dimension, got "
           f"{tuple(kv_cache.shape)}")
     check_float("kv_cache", kv_cache)
     nkv = kv_cache.shape[3]
-    check(q.shape[1] % nkv == 0, f"num_heads {q.shape[1]} must be a multiple of num_kv_heads "
+    check(q.shape[1] % nkv == 0,
+          lambda: f"num_heads {q.shape[1]} must be a multiple of num_kv_heads "
           f"{nkv}")
     check(block_table.dim() == 2 and block_table.shape[0] >= num_reqs
           and block_table.dtype == torch.int32 and block_table.stride(1) == 1,
-          f"block_table must be [>= {num_reqs}, max_blocks] int32, got "
+          lambda: f"block_table must be [>= {num_reqs}, max_blocks] int32, got "
           f"{tuple(block_table.shape)} {block_table.dtype}")
     check(seq_lens.dim() == 1 and seq_lens.shape[0] == num_reqs and seq_lens.dtype == torch.int32,
-          f"seq_lens must be [{num_reqs}] int32, got {tuple(seq_lens.shape)} {seq_lens.dtype}")
+          lambda: f"seq_lens must be [{num_reqs}] int32, got {tuple(seq_lens.shape)} "
+          f"{seq_lens.dtype}")
     check_same_device(q=q, kv_cache=kv_cache, block_table=block_table, seq_lens=seq_lens)
     return kv_cache.shape[2], nkv, q.shape[1] // nkv
 
@@ -231,18 +244,19 @@ def _out(q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     if out is None:
         return torch.empty_like(q, memory_format=torch.contiguous_format)
     check(out.shape == q.shape and out.dtype == q.dtype and out.stride(2) == 1,
-          f"out must match q: {tuple(q.shape)} {q.dtype}")
+          lambda: f"out must match q: {tuple(q.shape)} {q.dtype}")
     return out
 
 
 def _check_window(sliding_window: int | None) -> None:
     check(sliding_window is None or (isinstance(sliding_window, int) and sliding_window > 0),
-          f"sliding_window must be a positive int or None, got {sliding_window!r}")
+          lambda: f"sliding_window must be a positive int or None, got {sliding_window!r}")
 
 
 def _tile_n(tile_n: int, head_pad: int) -> int:
     """KV tile rows: a power of two >= 16 (tl.dot's K), at most 32 for heads over 128 lanes."""
-    check(tile_n >= 16 and tile_n & (tile_n - 1) == 0, f"tile_n must be a power of 2 >= 16, "
+    check(tile_n >= 16 and tile_n & (tile_n - 1) == 0,
+          lambda: f"tile_n must be a power of 2 >= 16, "
           f"got {tile_n}")
     return min(tile_n, 32) if head_pad > 128 else tile_n
 
@@ -272,9 +286,9 @@ def paged_attention_decode(
         return out
     if num_splits is None:  # flash-decoding only while (request, kv head) pairs leave SMs idle
         sms = _num_sms(q.device)
-        num_splits = 1 if n * nkv >= sms else min(64, triton.cdiv(4 * sms, n * nkv))
-    check(1 <= num_splits <= 256, f"num_splits must be in [1, 256], got {num_splits}")
-    head_pad = max(16, triton.next_power_of_2(hd))
+        num_splits = 1 if n * nkv >= sms else min(64, cdiv(4 * sms, n * nkv))
+    check(1 <= num_splits <= 256, lambda: f"num_splits must be in [1, 256], got {num_splits}")
+    head_pad = max(16, next_pow2(hd))
     tile_n = _tile_n(tile_n, head_pad)
     split = num_splits > 1
     part_acc = torch.empty(n, nq, num_splits, head_pad, dtype=torch.float32, device=q.device)
@@ -285,14 +299,14 @@ def paged_attention_decode(
         q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(1), kv_cache.stride(2),
         kv_cache.stride(3), out.stride(0), out.stride(1), nq, hd, group, scale * LOG2E,
         num_splits, sliding_window or 0, BLOCK_SIZE=block_size, TILE_N=tile_n,
-        HEAD_PAD=head_pad, BLOCK_H=max(16, triton.next_power_of_2(group)), SPLIT=split,
+        HEAD_PAD=head_pad, BLOCK_H=max(16, next_pow2(group)), SPLIT=split,
         USE_WINDOW=sliding_window is not None, DOT_PREC=prec,
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(q),
     )
     if split:
         _paged_attention_decode_reduce_kernel[(n, nq)](
             part_acc, part_ml, out, out.stride(0), out.stride(1), nq, hd, num_splits,
-            HEAD_PAD=head_pad, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+            HEAD_PAD=head_pad, SPLITS_PAD=next_pow2(num_splits), num_warps=4,
             **pdl_launch(q),
         )
     return out
@@ -312,7 +326,8 @@ def paged_attention_prefill(
     num_reqs = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
     check(query_start_loc.dim() == 1 and query_start_loc.shape[0] == num_reqs + 1
           and query_start_loc.dtype == torch.int32,
-          f"query_start_loc must be [num_reqs + 1] int32, got {tuple(query_start_loc.shape)} "
+          lambda: "query_start_loc must be [num_reqs + 1] int32, got "
+          f"{tuple(query_start_loc.shape)} "
           f"{query_start_loc.dtype}")
     n, nq, hd = q.shape
     block_size, nkv, group = _check_cache(q, kv_cache, block_table, seq_lens, num_reqs)
@@ -320,9 +335,9 @@ def paged_attention_prefill(
     out = _out(q, out)
     if n == 0 or num_reqs == 0:
         return out
-    block_m = max(block_m, 16, triton.next_power_of_2(group))
+    block_m = max(block_m, 16, next_pow2(group))
     block_q = block_m // group
-    head_pad = max(16, triton.next_power_of_2(hd))
+    head_pad = max(16, next_pow2(hd))
     tile_n = _tile_n(tile_n, head_pad)
     _paged_attention_prefill_kernel[(n // block_q + num_reqs, nkv)](
         q, kv_cache[0], kv_cache[1], block_table, seq_lens, query_start_loc, out, num_reqs,
@@ -333,6 +348,7 @@ def paged_attention_prefill(
         USE_WINDOW=sliding_window is not None,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps or (4 if head_pad <= 128 else 8), num_stages=num_stages,
+        **pdl_launch(q),
     )
     return out
 

@@ -17,7 +17,15 @@ import triton
 import triton.language as tl
 
 from engine.layers.attention import reshape_and_cache as engine_reshape_and_cache
-from kernels._common import check, check_float, check_same_device, pdl_launch, pdl_wait
+from kernels._common import (
+    cdiv,
+    check,
+    check_float,
+    check_same_device,
+    next_pow2,
+    pdl_launch,
+    pdl_wait,
+)
 
 
 @triton.jit
@@ -46,7 +54,7 @@ def _reshape_and_cache_kernel(
 def _check_rows(name: str, t: torch.Tensor, n: int, nkv: int, hd: int) -> None:
     check_float(name, t)
     check(t.shape == (n, nkv, hd) and t.stride(2) == 1 and t.stride(1) == hd,
-          f"{name} must be [{n}, {nkv}, {hd}] with contiguous heads, got {tuple(t.shape)} "
+          lambda: f"{name} must be [{n}, {nkv}, {hd}] with contiguous heads, got {tuple(t.shape)} "
           f"strides {t.stride()}")
 
 
@@ -54,7 +62,8 @@ def reshape_and_cache(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
     """key, value: [T, nkv, hd]; kv_cache: [2, num_blocks, block_size, nkv, hd]; slots: [T]."""
-    check(kv_cache.dim() == 5 and kv_cache.shape[0] == 2, "kv_cache must be [2, num_blocks, "
+    check(kv_cache.dim() == 5 and kv_cache.shape[0] == 2,
+          lambda: "kv_cache must be [2, num_blocks, "
           f"block_size, num_kv_heads, head_size], got {tuple(kv_cache.shape)}")
     check_float("kv_cache", kv_cache)
     _, _, block_size, nkv, hd = kv_cache.shape
@@ -69,8 +78,8 @@ def reshape_and_cache(
     if n == 0:
         return
     row = nkv * hd
-    tile = min(2048, triton.next_power_of_2(row))
-    _reshape_and_cache_kernel[(n, triton.cdiv(row, tile))](
+    tile = min(2048, next_pow2(row))
+    _reshape_and_cache_kernel[(n, cdiv(row, tile))](
         key, value, kv_cache, slot_mapping, key.stride(0), value.stride(0), kv_cache.stride(0),
         kv_cache.stride(1), kv_cache.stride(2), row, block_size, TILE=tile,
         num_warps=4 if tile >= 512 else 1,

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from engine.layers.layernorm import GemmaRMSNorm, RMSNorm
-from kernels._common import check, check_float, check_same_device, pdl_launch, pdl_wait
+from kernels._common import check, check_float, check_same_device, next_pow2, pdl_launch, pdl_wait
 
 
 @triton.jit
@@ -42,22 +42,23 @@ def _rms_norm_kernel(
 
 def _launch(x, residual, weight, out, eps, weight_offset):
     check_float("x", x)
-    check(x.dim() == 2 and x.stride(1) == 1, f"x must be [num_tokens, hidden] with a contiguous "
+    check(x.dim() == 2 and x.stride(1) == 1,
+          lambda: f"x must be [num_tokens, hidden] with a contiguous "
           f"last dimension, got {tuple(x.shape)} strides {x.stride()}")
     n, h = x.shape
-    check(weight.shape == (h,) and weight.is_contiguous(), f"weight must be [{h}], got "
+    check(weight.shape == (h,) and weight.is_contiguous(), lambda: f"weight must be [{h}], got "
           f"{tuple(weight.shape)}")
     check_float("weight", weight)
     check_same_device(x=x, weight=weight)
-    check(weight_offset in (0.0, 1.0), f"weight_offset must be 0 or 1, got {weight_offset}")
+    check(weight_offset in (0.0, 1.0), lambda: f"weight_offset must be 0 or 1, got {weight_offset}")
     if residual is not None:
         check(residual.shape == x.shape and residual.dtype == x.dtype
               and residual.stride(1) == 1, "residual must match x's shape and dtype")
         check_same_device(x=x, residual=residual)
     if n == 0:
         return
-    block = triton.next_power_of_2(h)
-    check(block <= 65536, f"hidden size {h} is larger than this kernel's 65536 limit")
+    block = next_pow2(h)
+    check(block <= 65536, lambda: f"hidden size {h} is larger than this kernel's 65536 limit")
     _rms_norm_kernel[(n,)](
         x, residual if residual is not None else x, weight, out, h, x.stride(0),
         residual.stride(0) if residual is not None else 0, out.stride(0), float(eps),

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from engine.layers.rotary_embedding import RotaryEmbedding
-from kernels._common import check, check_float, check_same_device, pdl_launch, pdl_wait
+from kernels._common import check, check_float, check_same_device, next_pow2, pdl_launch, pdl_wait
 
 
 @triton.jit
@@ -58,11 +58,12 @@ def _heads_view(name: str, t: torch.Tensor, n: int, head_size: int) -> tuple[int
     check_float(name, t)
     if t.dim() == 2:
         check(t.shape[0] == n and t.shape[1] % head_size == 0 and t.stride(1) == 1,
-              f"{name} must be [{n}, heads * {head_size}] with a contiguous last dimension, "
+              lambda: f"{name} must be [{n}, heads * {head_size}] with a contiguous last "
+              "dimension, "
               f"got {tuple(t.shape)}")
         return t.shape[1] // head_size, t.stride(0), head_size
     check(t.dim() == 3 and t.shape[0] == n and t.shape[2] == head_size and t.stride(2) == 1,
-          f"{name} must be [{n}, heads, {head_size}], got {tuple(t.shape)}")
+          lambda: f"{name} must be [{n}, heads, {head_size}], got {tuple(t.shape)}")
     return t.shape[1], t.stride(0), t.stride(1)
 
 
@@ -83,15 +84,15 @@ def rotary_embedding(
           and cos_sin_cache.dtype == torch.float32, "cos_sin_cache must be [max_position, "
           "rotary_dim] float32 with a contiguous last dimension")
     rot = cos_sin_cache.shape[1]
-    check(rot % 2 == 0 and 0 < rot <= head_size, f"rotary_dim {rot} must be even and <= "
+    check(rot % 2 == 0 and 0 < rot <= head_size, lambda: f"rotary_dim {rot} must be even and <= "
           f"head_size {head_size}")
     check_same_device(positions=positions, query=query, key=key, cos_sin_cache=cos_sin_cache)
     if n == 0:
         return
     _rotary_embedding_kernel[(n,)](
         positions, query, key, cos_sin_cache, sqt, sqh, skt, skh, nq, nk, rot // 2,
-        cos_sin_cache.stride(0), BLOCK_HQ=triton.next_power_of_2(nq),
-        BLOCK_HK=triton.next_power_of_2(nk), BLOCK_D=triton.next_power_of_2(rot // 2),
+        cos_sin_cache.stride(0), BLOCK_HQ=next_pow2(nq),
+        BLOCK_HK=next_pow2(nk), BLOCK_D=next_pow2(rot // 2),
         num_warps=4,
         **pdl_launch(query),
     )

@@ -112,6 +112,15 @@ def test_suite_step_and_table(tiny, tmp_path, monkeypatch, capsys):
     assert "of 286 roofline" in rows["Llama-8B b1 decode, CUDA graphs"]
     assert "req/s" in rows["Llama-8B throughput 2 x (64, 4)"]
     assert "PENDING" not in rows["Llama-8B start-up to first token (graphs)"]
+    assert "graph capture 0.00" in rows["Llama-8B start-up to first token (graphs)"]
+    # the --max-num-seqs 64 throughput row (issue 13), from its own step
+    monkeypatch.setattr(suite, "SEQS64_PROMPTS", 2)
+    suite.run_step("llama8b-seqs64", tmp_path, throughput_prompts=0)
+    s64 = json.loads((tmp_path / "suite-llama8b-seqs64.json").read_text())
+    assert "--max-num-seqs" in s64["engine_flags"] and s64["throughput"]["num_requests"] == 2
+    table = suite.table({"llama8b-graphs": res, "llama8b-seqs64": s64}, {})
+    row = next(line for line in table.splitlines() if "--max-num-seqs 64" in line)
+    assert "req/s" in row and ">= 26" in row
 
 
 def test_latency_decode_rate_needs_one_prefill_step(tiny, capsys):

@@ -110,12 +110,14 @@ def check_logprobs_close(a: tuple[list, list], b: tuple[list, list]) -> None:
                 break
 
 
-def test_cuda_graphs_fp32_close_to_cpu_fp32(hf_dir):
+@pytest.mark.parametrize("mode", [None, "FULL"], ids=["default", "full"])
+def test_cuda_graphs_fp32_close_to_cpu_fp32(hf_dir, mode):
+    """Default (FULL_DECODE_ONLY: decode graphs) and FULL (every step up to 16 tokens)."""
     _, path, _ = hf_dir
     cpu_tokens, cpu_lps, _ = greedy(path, "cpu", "float32", logprobs=5)
     cuda_tokens, cuda_lps, engine = greedy(path, "cuda", "float32", logprobs=5,
-                                           kv_cache_memory_bytes=64 << 20)
-    assert engine.model_runner.cudagraphs.sizes == [1, 2, 4, 8]
+                                           kv_cache_memory_bytes=64 << 20, cudagraph_mode=mode)
+    assert engine.model_runner.cudagraphs.dispatcher.capture_sizes == [1, 2, 4, 8, 16]
     assert engine.cudagraph_capture_time_s > 0
     check_logprobs_close((cuda_tokens, cuda_lps), (cpu_tokens, cpu_lps))
     same = sum(x == y for a, b in zip(cuda_tokens, cpu_tokens) for x, y in zip(a, b))
@@ -133,8 +135,12 @@ def test_cuda_graphs_bf16_equal_eager_bf16(hf_dir):
     assert eager_engine.cudagraph_capture_time_s == 0.0
     graphs_sync, _, _ = greedy(path, "cuda", "bfloat16", kv_cache_memory_bytes=64 << 20,
                                async_scheduling=False)
+    full, _, _ = greedy(path, "cuda", "bfloat16", kv_cache_memory_bytes=64 << 20,
+                        cudagraph_mode="FULL")
     assert [len(t) for t in graphs] == MAX_TOKENS
-    assert graphs == eager == graphs_sync
+    assert graphs == eager
+    assert graphs_sync == eager
+    assert full == eager
 
 
 SAMPLED = [SamplingParams(temperature=0.0, max_tokens=6),
@@ -231,7 +237,9 @@ def test_kv_cache_follows_gpu_memory_utilization(hf_dir, util):
     prof = engine.model_runner.memory_profile
     weights = sum(p.numel() * p.element_size() for p in engine.model_runner.model.parameters())
     assert prof["torch_peak"] >= weights and prof["non_torch"] > 0
-    assert prof["available"] == int(prof["total"] * util) - prof["torch_peak"] - prof["non_torch"]
+    assert prof["cudagraph_estimate"] > 0  # the largest graph's forward, counted
+    assert prof["available"] == int(prof["total"] * util) - prof["torch_peak"] \
+        - prof["non_torch"] - prof["cudagraph_estimate"]
     cache = engine.model_runner.model.model.layers[0].self_attn.attn.kv_cache
     block_bytes = cache[:, 0].numel() * cache.element_size() * len(model.model.layers)
     assert kv_cache_bytes(engine) == prof["available"] // block_bytes * block_bytes
@@ -247,9 +255,74 @@ def test_dummy_llama_runs_on_cuda_with_graphs(tmp_path):
                                                 kv_cache_memory_bytes=32 << 20))
     w = engine.model_runner.model.model.embed_tokens.weight
     assert w.is_cuda and w.dtype == torch.bfloat16 and w.abs().max().item() <= 1e-3
-    assert engine.model_runner.cudagraphs.sizes == [1, 2, 4, 8, 16]
+    assert engine.model_runner.cudagraphs.dispatcher.capture_sizes == [1, 2, 4, 8, 16, 24, 32]
     engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
     done = []
     while engine.has_unfinished_requests():
         done += [o for o in engine.step() if o.finished]
     assert len(done[0].outputs[0].token_ids) == 4 and done[0].outputs[0].text == ""
+
+
+MIXED_PARAMS = [SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=3),
+                SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True,
+                               presence_penalty=0.5, repetition_penalty=1.2, logprobs=3),
+                SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                               prompt_logprobs=2),
+                SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True, logprobs=3)]
+
+
+def run_mixed(path: str, mode: str | None, preempt: bool, async_scheduling: bool,
+              block_bytes: int) -> tuple[list, list, set, int]:
+    # preemption: 9 usable blocks of 16 for 4 requests growing to 19 blocks
+    """(tokens, sampled logprobs, descriptors replayed, preemptions) of 4 requests whose
+    prompts share a prefix, chunked at 16 tokens a step: mixed prefill/decode steps."""
+    engine = LLMEngine.from_config(EngineConfig(
+        path, device="cuda", skip_tokenizer_init=True, max_num_seqs=4,
+        max_num_batched_tokens=16, max_model_len=128, cudagraph_mode=mode,
+        cudagraph_capture_sizes=[1, 2, 4, 8, 16], enforce_eager=mode is None,
+        async_scheduling=async_scheduling,
+        kv_cache_memory_bytes=(10 if preempt else 64) * block_bytes))
+    replayed, preempted = set(), []
+    graphs = engine.model_runner.cudagraphs
+    if graphs is not None:
+        real_replay = graphs.replay
+        graphs.replay = lambda desc: replayed.add(desc) or real_replay(desc)
+    real_preempt = engine.scheduler._preempt_request
+    engine.scheduler._preempt_request = lambda r: preempted.append(r) or real_preempt(r)
+    for i, sp in enumerate(MIXED_PARAMS):
+        if preempt:
+            sp = sp.clone()
+            sp.max_tokens = 30
+        engine.add_request(str(i), PROMPTS[0][:20] + PROMPTS[i], sp)  # shared 20-token prefix
+    out = {}
+    while engine.has_unfinished_requests():
+        out.update({o.request_id: o.outputs[0] for o in engine.step() if o.finished})
+    done = [out[str(i)] for i in range(len(MIXED_PARAMS))]
+    return [c.token_ids for c in done], [c.logprobs for c in done], replayed, len(preempted)
+
+
+@pytest.mark.parametrize("preempt", [False, True], ids=["prefix-cache", "preemption"])
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_mixed_steps_under_graphs_equal_eager(hf_dir, preempt, async_scheduling):
+    """FULL graphs over num_tokens buckets run the mixed prefill/decode steps of chunked
+    prefill with prefix caching, penalties, logprobs and prompt logprobs, and preemption:
+    greedy tokens equal eager ones, the sampled logprobs agree within bf16 tolerance.
+    FULL_AND_PIECEWISE (the default) runs as FULL_DECODE_ONLY: decode graphs only."""
+    _, path, model = hf_dir
+    cfg = model.config
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    block_bytes = 2 * cfg.num_hidden_layers * 16 * cfg.num_key_value_heads * hd * 2
+    eager = run_mixed(path, None, preempt, async_scheduling, block_bytes)
+    full = run_mixed(path, "FULL", preempt, async_scheduling, block_bytes)
+    decode_only = run_mixed(path, "FULL_AND_PIECEWISE", preempt, async_scheduling, block_bytes)
+    assert not eager[2]
+    assert any(not d.uniform and d.num_tokens > 4 for d in full[2])  # mixed steps graphed
+    assert decode_only[2] and all(d.uniform for d in decode_only[2])
+    assert (eager[3] > 0) == preempt and (full[3] > 0) == preempt
+    for got in (full, decode_only):
+        assert got[0] == eager[0]
+        for lp_got, lp_want in zip(got[1], eager[1]):
+            for pos_got, pos_want in zip(lp_got or [], lp_want or []):
+                for tok, lp in pos_want.items():
+                    if tok in pos_got:
+                        assert abs(pos_got[tok].logprob - lp.logprob) < 4e-2

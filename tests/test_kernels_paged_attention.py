@@ -79,6 +79,36 @@ def test_decode_equals_prefill_with_one_token_per_request() -> None:
     _close(a, b, torch.float32)
 
 
+@pytest.mark.parametrize("seq_lens,pad_tokens,spare_rows", [
+    ([(1, 13), (5, 18), (9, 9)], 1, 4),  # a mixed step padded from 15 to 16 tokens
+    ([(1, 5), (1, 1), (1, 33)], 5, 0),  # decodes in a mixed graph, padding, no spare rows
+    ([(7, 7)], 0, 3),  # a prefill that fills its bucket exactly
+])
+def test_prefill_in_a_padded_graph_layout(seq_lens, pad_tokens, spare_rows) -> None:
+    """The metadata of a FULL CUDA graph (engine/worker/model_runner.py): tokens padded up
+    to the bucket form one more request with seq_len 0 (rows of zeros), request rows past
+    it have no tokens; the grid depends only on the padded token and row counts. The
+    step's own rows equal the kernel on the unpadded batch and the engine's reference."""
+    q, kv, qsl, lens, bt = _case(seq_lens, 8, 2, 32, 4, torch.float32)
+    n, total = len(seq_lens), q.shape[0]
+    padded = total + pad_tokens
+    rows = n + 1 + spare_rows
+    q_pad = torch.cat([q, torch.randn(pad_tokens, 8, 32, device=DEVICE)])
+    qsl_pad = torch.full((rows + 1,), padded, dtype=torch.int32, device=DEVICE)
+    qsl_pad[:n + 1] = qsl
+    lens_pad = torch.zeros(rows, dtype=torch.int32, device=DEVICE)
+    lens_pad[:n] = lens
+    bt_pad = torch.randint(0, kv.shape[1], (rows, bt.shape[1]), dtype=torch.int32,
+                           device=DEVICE)  # stale rows: never read past seq_len 0
+    bt_pad[:n] = bt
+    out = paged_attention_prefill(q_pad, kv, qsl_pad, lens_pad, bt_pad, 0.2, block_m=16,
+                                  tile_n=16)
+    _close(out[:total], paged_attention_prefill_ref(q, kv, qsl, lens, bt, 0.2), torch.float32)
+    _close(out[:total], paged_attention_prefill(q, kv, qsl, lens, bt, 0.2, block_m=16,
+                                                tile_n=16), torch.float32)
+    assert out[total:].abs().max().item() == 0 if pad_tokens else True
+
+
 def test_attention_rejects_bad_metadata() -> None:
     q, kv, qsl, lens, bt = _case([(2, 5)], 4, 2, 16, 4, torch.float32)
     with pytest.raises(InvalidArgumentError, match="must be a multiple of num_kv_heads"):

@@ -5,8 +5,10 @@ vllm/v1/attention/backends/*: one flat batch of query tokens from many requests,
 a slot mapping that says where each new K/V goes in the paged cache, and a block
 table per request. On CUDA the layer runs the Triton kernels (kernels/reshape_and_cache.py,
 kernels/paged_attention.py: the decode kernel when every request has one query token,
-else the varlen prefill kernel) on the device copies of the metadata, with no host sync,
-so a decode step can be captured in a CUDA graph (vllm/v1/attention/backends/triton_attn.py);
+else the unified varlen kernel, which takes prefill, chunked-prefill and decode rows in one
+launch whose grid depends only on the token and request-row counts) on the device copies of
+the metadata, with no host sync, so any step can be captured in a CUDA graph
+(vllm/v1/attention/backends/triton_attn.py, AttentionCGSupport.ALWAYS);
 `paged_attention_ref` is the CPU path and the kernels' test oracle. Without metadata
 (vLLM's profile run) the layer skips the cache and attention and returns zeros.
 
@@ -23,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+NO_SPLIT_SEQ_LEN = 512  # eager decode: no split-K (one launch, no reduce) up to this context
+
 
 @dataclass
 class AttentionMetadata:
@@ -34,7 +38,13 @@ class AttentionMetadata:
     # device copies for the CUDA kernels (None on CPU); padded rows have seq_len 0, slot -1
     query_start_loc_t: torch.Tensor | None = None  # [num_reqs + 1] int32
     seq_lens_t: torch.Tensor | None = None  # [num_reqs] int32
-    max_query_len: int = 0  # 1: a uniform decode batch (the decode kernel)
+    # 1 with one request row per token: a uniform decode batch (the decode kernel); a
+    # mixed CUDA graph has more rows than tokens' requests (padding) and takes the
+    # unified varlen kernel for any batch
+    max_query_len: int = 0
+    # longest context of the step (host), 0 when unknown (a CUDA graph): decode splits
+    # the KV range only past NO_SPLIT_SEQ_LEN
+    max_seq_len: int = 0
 
 
 class Attention(nn.Module):
@@ -52,31 +62,48 @@ class Attention(nn.Module):
         self.kv_cache: torch.Tensor | None = None
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata,
+        positions: torch.Tensor | None = None, rotary_emb: nn.Module | None = None,
     ) -> torch.Tensor:
+        """With rotary_emb (engine/layers/rotary_embedding.py), q and k are rotated by
+        positions first; on CUDA that rotation is fused with the KV-cache write
+        (kernels/rotary_cache.py), one launch instead of two."""
         # q: [num_tokens, nq * hd]; k, v: [num_tokens, nkv * hd] -> [num_tokens, nq * hd]
         n = q.shape[0]
+        if rotary_emb is not None and (md is None or not q.is_cuda):
+            q, k = rotary_emb(positions, q, k)
+            rotary_emb = None
         if md is None:  # profile run: activations only
             return torch.zeros_like(q)
         k = k.view(n, self.num_kv_heads, self.head_size)
         v = v.view(n, self.num_kv_heads, self.head_size)
         if q.is_cuda:
-            return self._forward_cuda(q.view(n, self.num_heads, self.head_size), k, v, md)
+            return self._forward_cuda(q.view(n, self.num_heads, self.head_size), k, v, md,
+                                      positions, rotary_emb)
         reshape_and_cache(k, v, self.kv_cache, md.slot_mapping)
         out = paged_attention_ref(q.view(n, self.num_heads, self.head_size), self.kv_cache, md,
                                   self.scale, self.sliding_window)
         return out.reshape(n, self.num_heads * self.head_size)
 
     def _forward_cuda(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      md: AttentionMetadata) -> torch.Tensor:
+                      md: AttentionMetadata, positions: torch.Tensor | None,
+                      rotary_emb: nn.Module | None) -> torch.Tensor:
         # q: [n, nq, hd]; k, v: [n, nkv, hd] -> [n, nq * hd]
         from kernels.paged_attention import paged_attention_decode, paged_attention_prefill
         from kernels.reshape_and_cache import reshape_and_cache as cache_kernel
+        from kernels.rotary_cache import rotary_embedding_and_cache
 
-        cache_kernel(k, v, self.kv_cache, md.slot_mapping)
-        if md.max_query_len == 1:
+        if rotary_emb is not None:
+            rotary_embedding_and_cache(positions, q, k, v,
+                                       rotary_emb.cos_sin_cache_on(q.device),
+                                       rotary_emb.head_size, self.kv_cache, md.slot_mapping)
+        else:
+            cache_kernel(k, v, self.kv_cache, md.slot_mapping)
+        if md.max_query_len == 1 and md.seq_lens_t.shape[0] == q.shape[0]:  # a row per token
+            short = 0 < md.max_seq_len <= NO_SPLIT_SEQ_LEN
             out = paged_attention_decode(q, self.kv_cache, md.block_table, md.seq_lens_t,
-                                         self.scale, sliding_window=self.sliding_window)
+                                         self.scale, sliding_window=self.sliding_window,
+                                         num_splits=1 if short else None)
         else:
             out = paged_attention_prefill(q, self.kv_cache, md.query_start_loc_t, md.seq_lens_t,
                                           md.block_table, self.scale,

@@ -62,7 +62,7 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(t, inv_freq)  # [max_position, rotary_dim / 2]
         return torch.cat((freqs.cos(), freqs.sin()), dim=-1) * self._mscale()
 
-    def _table(self, device: torch.device) -> torch.Tensor:
+    def cos_sin_cache_on(self, device: torch.device) -> torch.Tensor:
         """cos_sin_cache on `device` (a kept copy when it lives elsewhere)."""
         if self.cos_sin_cache.device == device:
             return self.cos_sin_cache
@@ -72,7 +72,7 @@ class RotaryEmbedding(nn.Module):
 
     def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # [num_tokens, 1, rotary_dim / 2] each
-        return self._table(positions.device)[positions].unsqueeze(1).chunk(2, dim=-1)
+        return self.cos_sin_cache_on(positions.device)[positions].unsqueeze(1).chunk(2, dim=-1)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, num_heads, head_size]; cos/sin: [num_tokens, 1, rotary_dim / 2]
@@ -88,7 +88,7 @@ class RotaryEmbedding(nn.Module):
         if query.is_cuda:
             from kernels.rotary import rotary_embedding  # lazy: kernels import this module
 
-            rotary_embedding(positions, query, key, self._table(positions.device),
+            rotary_embedding(positions, query, key, self.cos_sin_cache_on(positions.device),
                              self.head_size)
             return query, key
         return self.forward_native(positions, query, key)

@@ -68,8 +68,8 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(hidden_states)  # [num_tokens, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self._qk_norm(q, k)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, md))
+        # the attention layer applies RoPE (on CUDA fused with its KV-cache write)
+        return self.o_proj(self.attn(q, k, v, md, positions, self.rotary_emb))
 
 
 class LlamaDecoderLayer(nn.Module):

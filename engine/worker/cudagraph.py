@@ -1,60 +1,67 @@
-"""CUDA graphs of the model's forward pass for uniform decode batches (one token per request).
+"""Full CUDA graphs of the model's forward pass, one per BatchDescriptor of the dispatcher.
 
-Mirrors vllm/v1/worker/gpu_model_runner.py (capture_model / _dummy_run over
-cudagraph_batch_sizes, largest first into one shared memory pool) and
-vllm/compilation/cuda_graph.py (CUDAGraphWrapper: replay when the padded batch size was
-captured). A graph reads the runner's persistent device buffers (input ids, positions,
-slot mapping, sequence lengths, block table), so a step only fills those buffers and
-replays; batches are padded up to the next captured size with seq_len 0 (attention
-yields zeros) and slot -1 (no KV write). Logits and sampling run outside the graph.
+Mirrors vllm/v1/worker/gpu_model_runner.py (capture_model / _capture_cudagraphs /
+_dummy_run: largest first into one shared memory pool, one warm-up run each, the capture
+time logged) and vllm/compilation/cuda_graph.py (CUDAGraphWrapper: replay the graph of
+the dispatched key). A graph reads the runner's persistent device buffers (input ids,
+positions, slot mapping, query start locations, sequence lengths, block table), so a step
+only fills those buffers and replays. Padding (engine/worker/model_runner.py): tokens
+past the step's own go to one padding request row with seq_len 0 (attention yields zeros)
+and slot -1 (no KV write); request rows past it have no tokens. Logits and sampling run
+outside the graph.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 from collections.abc import Callable
 
 import torch
 
+from engine.worker.cudagraph_dispatcher import BatchDescriptor, CudagraphDispatcher
+
 logger = logging.getLogger(__name__)
 
-_WARMUP_RUNS = 2  # Triton JIT and cuBLAS handles before capture
+_WARMUP_RUNS = 1  # vLLM's cudagraph_num_of_warmups: Triton JIT and cuBLAS handles
 
 
-class DecodeCudaGraphs:
-    def __init__(self, sizes: list[int]) -> None:
-        self.sizes = sorted(sizes)
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+class CudaGraphs:
+    def __init__(self, dispatcher: CudagraphDispatcher) -> None:
+        self.dispatcher = dispatcher
+        self._graphs: dict[BatchDescriptor, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_time_s = 0.0
+        self.pool_bytes = 0  # device memory the graphs' pool holds after capture
 
-    def padded_size(self, num_reqs: int) -> int | None:
-        """The smallest captured size >= num_reqs; None when the batch is larger."""
-        i = bisect.bisect_left(self.sizes, num_reqs)
-        return self.sizes[i] if i < len(self.sizes) else None
+    @property
+    def descs(self) -> list[BatchDescriptor]:
+        return sorted(self._graphs, key=lambda d: (d.num_tokens, d.uniform))
 
     @torch.inference_mode()
-    def capture(self, forward: Callable[[int], torch.Tensor]) -> None:
-        """forward(batch_size) runs the model over the first batch_size rows of the
-        persistent buffers (already holding padding values) and returns hidden states."""
+    def capture(self, forward: Callable[[BatchDescriptor], torch.Tensor]) -> None:
+        """forward(desc) runs the model over the first desc.num_tokens rows of the
+        persistent buffers (set to padding values by it) and returns hidden states."""
         start = time.perf_counter()
+        before = torch.cuda.memory_reserved()
         pool = torch.cuda.graph_pool_handle()
-        for bs in reversed(self.sizes):
+        for desc in self.dispatcher.capture_descs():
             for _ in range(_WARMUP_RUNS):
-                forward(bs)
+                forward(desc)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                out = forward(bs)  # [bs, hidden], lives in the graph's pool
-            self._graphs[bs] = (graph, out)
+                out = forward(desc)  # [num_tokens, hidden], lives in the graph's pool
+            self._graphs[desc] = (graph, out)
         torch.cuda.synchronize()
         self.capture_time_s = time.perf_counter() - start
-        logger.info("captured %d decode CUDA graphs (batch sizes %d..%d) in %.2f s",
-                    len(self.sizes), self.sizes[0], self.sizes[-1], self.capture_time_s)
+        self.pool_bytes = torch.cuda.memory_reserved() - before
+        logger.info("captured %d CUDA graphs (cudagraph_mode %s, %d..%d tokens) in %.2f s, "
+                    "%.0f MiB", len(self._graphs), self.dispatcher.mode.name,
+                    self.dispatcher.capture_sizes[0], self.dispatcher.max_capture_size,
+                    self.capture_time_s, self.pool_bytes / (1 << 20))
 
-    def replay(self, bs: int) -> torch.Tensor:
-        """Hidden states [bs, hidden] of the captured batch size bs (reused next replay)."""
-        graph, out = self._graphs[bs]
+    def replay(self, desc: BatchDescriptor) -> torch.Tensor:
+        """Hidden states [desc.num_tokens, hidden] (overwritten by the next replay)."""
+        graph, out = self._graphs[desc]
         graph.replay()
         return out

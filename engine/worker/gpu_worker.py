@@ -4,12 +4,18 @@
 The model runner's profile_run does one forward pass at max_num_batched_tokens (and the
 sampler's logits peak) before the KV cache exists; then
 
-    kv_cache_bytes = total * gpu_memory_utilization - (torch peak + non-torch memory)
+    kv_cache_bytes = total * gpu_memory_utilization
+                     - (torch peak + non-torch memory + CUDA-graph memory)
 
 where the torch peak includes the weights and the activation peak, and non-torch memory
 is what the device reports used beyond torch's reserved pool (CUDA context, cuBLAS
-workspaces, other processes). CUDA graphs are captured afterwards, out of the remaining
-(1 - gpu_memory_utilization) headroom, as in vLLM.
+workspaces, other processes). CUDA graphs are captured after the KV cache into one pool
+whose size is about the activation peak of the largest captured forward (largest first,
+the smaller graphs reuse it) plus every graph's output, which stays: the profile measures
+that forward (vLLM's default capture sizes, engine/worker/cudagraph_dispatcher.py) and
+counts it with the outputs of all default sizes, as vLLM's profiling estimates its
+graphs' memory. The pool measured after capture is
+kept beside it (model_runner.memory_profile["cudagraph_pool"]).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import logging
 
 import torch
 
+from engine.worker.cudagraph_dispatcher import cudagraph_capture_sizes
 from engine.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -35,13 +42,30 @@ def determine_available_memory(runner: ModelRunner, num_tokens: int,
     runner.profile_run(num_tokens)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device)
+    cudagraph = _cudagraph_estimate(runner, cudagraph_capture_sizes(runner.max_num_reqs,
+                                                                    num_tokens))
     free, total = torch.cuda.mem_get_info(device)
     non_torch = max(0, total - free - torch.cuda.memory_reserved(device))
     torch.cuda.empty_cache()
-    available = int(total * gpu_memory_utilization) - peak - non_torch
+    available = int(total * gpu_memory_utilization) - peak - non_torch - cudagraph
     runner.memory_profile = {"total": total, "torch_peak": peak, "non_torch": non_torch,
-                             "available": available}
+                             "cudagraph_estimate": cudagraph, "available": available}
     logger.info("memory profile: total %.2f GiB x %.2f, torch peak %.2f GiB, non-torch "
-                "%.2f GiB -> KV cache %.2f GiB", total / _GIB, gpu_memory_utilization,
-                peak / _GIB, non_torch / _GIB, available / _GIB)
+                "%.2f GiB, CUDA graphs %.2f GiB -> KV cache %.2f GiB", total / _GIB,
+                gpu_memory_utilization, peak / _GIB, non_torch / _GIB, cudagraph / _GIB,
+                available / _GIB)
     return available
+
+
+def _cudagraph_estimate(runner: ModelRunner, sizes: list[int]) -> int:
+    """Bytes of the largest size's forward at its peak plus the outputs [size, hidden] of
+    the other sizes' graphs (each graph keeps its own)."""
+    device = runner.device
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    hidden = runner.profile_run(sizes[-1], sample=False)
+    torch.cuda.synchronize(device)
+    row_bytes = hidden[0].numel() * hidden.element_size()
+    used = torch.cuda.max_memory_allocated(device) - base + sum(sizes[:-1]) * row_bytes
+    del hidden
+    return used

@@ -34,14 +34,17 @@ class CpuGpuBuffer:
 
 
 class BlockTable:
-    """Block ids of every live request ([max_num_reqs, max_num_blocks] int32 rows)."""
+    """Block ids of every live request ([max_num_reqs, max_num_blocks] int32 rows); the
+    step's table has `pad_rows` more rows (a CUDA graph's padding request)."""
 
-    def __init__(self, max_num_reqs: int, max_num_blocks: int, device: torch.device) -> None:
+    def __init__(self, max_num_reqs: int, max_num_blocks: int, device: torch.device,
+                 pad_rows: int = 0) -> None:
         self.max_num_blocks = max_num_blocks
         self.rows = np.zeros((max_num_reqs, max_num_blocks), dtype=np.int32)
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int32)
         self._free = list(range(max_num_reqs - 1, -1, -1))
-        self.step = CpuGpuBuffer(max_num_reqs, max_num_blocks, dtype=torch.int32, device=device)
+        self.step = CpuGpuBuffer(max_num_reqs + pad_rows, max_num_blocks, dtype=torch.int32,
+                                 device=device)
 
     def add_row(self, block_ids: list[int]) -> int:
         if not self._free:

@@ -5,8 +5,9 @@ state (CachedRequestState), updated from the scheduler's diff each step, and a p
 input batch (engine/worker/input_batch.py: preallocated input ids, positions, slot
 mapping, query start locations, sequence lengths and a [max_num_reqs, max_blocks] block
 table, filled on the host with numpy and copied to the device once each per step); it
-builds the attention metadata once per step, runs the model (a captured CUDA graph for
-uniform decode batches, engine/worker/cudagraph.py), applies the grammar bitmask of
+builds the attention metadata once per step, runs the model (a captured CUDA graph of the
+padded token count when the dispatcher has one, engine/worker/cudagraph_dispatcher.py and
+cudagraph.py: mixed prefill/decode steps too), applies the grammar bitmask of
 structured-output requests, samples on the device, and computes prompt logprobs for the
 requests that ask (over the scheduled chunk; chunks of a chunked prefill are concatenated
 and handed over with the first sampled token, as vLLM's _get_prompt_logprobs_dict). The
@@ -40,7 +41,12 @@ from engine.sample.outputs import LogprobsLists, LogprobsTensors
 from engine.sample.sampler import Sampler
 from engine.sampling_params import SamplingParams, SamplingType
 from engine.structured_output.utils import apply_grammar_bitmask
-from engine.worker.cudagraph import DecodeCudaGraphs
+from engine.worker.cudagraph import CudaGraphs
+from engine.worker.cudagraph_dispatcher import (
+    BatchDescriptor,
+    CudagraphDispatcher,
+    CUDAGraphMode,
+)
 from engine.worker.input_batch import BlockTable, CpuGpuBuffer
 
 _PROMPT_LOGITS_ROWS = 512  # prompt positions per logits matmul (bounds [rows, vocab] memory)
@@ -80,7 +86,7 @@ class _StepInputs:
     input_ids: torch.Tensor  # [num_padded_tokens] on the device
     positions: torch.Tensor  # [num_padded_tokens]
     md: AttentionMetadata
-    graph_size: int | None  # padded batch size of a captured decode graph; None: eager
+    graph: BatchDescriptor | None  # the captured graph that runs the step; None: eager
 
 
 class AsyncModelRunnerOutput:
@@ -133,7 +139,7 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.sampler = Sampler()
         self.requests: dict[str, CachedRequestState] = {}
-        self.cudagraphs: DecodeCudaGraphs | None = None
+        self.cudagraphs: CudaGraphs | None = None
         self.memory_profile: dict[str, int] = {}  # bytes, from gpu_worker's profile run
         # the last step's host -> device copies out of the pinned buffers, while no host
         # sync has shown them done (a step that samples nothing ends without one)
@@ -146,8 +152,9 @@ class ModelRunner:
         self.input_ids = CpuGpuBuffer(max_num_tokens, dtype=torch.long, **buf)
         self.positions = CpuGpuBuffer(max_num_tokens, dtype=torch.long, **buf)
         self.slot_mapping = CpuGpuBuffer(max_num_tokens, dtype=torch.long, **buf)
-        self.query_start_loc = CpuGpuBuffer(max_num_reqs + 1, dtype=torch.int32, **buf)
-        self.seq_lens = CpuGpuBuffer(max_num_reqs, dtype=torch.int32, **buf)
+        # one row more than requests: a graph's padding tokens form a request of their own
+        self.query_start_loc = CpuGpuBuffer(max_num_reqs + 2, dtype=torch.int32, **buf)
+        self.seq_lens = CpuGpuBuffer(max_num_reqs + 1, dtype=torch.int32, **buf)
         self.block_table: BlockTable | None = None
         if kv_caches is not None:
             self.initialize_kv_cache(kv_caches)
@@ -160,7 +167,7 @@ class ModelRunner:
             layer.kv_cache = cache
         max_blocks = -(-self.max_model_len // self.block_size) if self.max_model_len \
             else kv_caches[0].shape[1]
-        self.block_table = BlockTable(self.max_num_reqs, max_blocks, self.device)
+        self.block_table = BlockTable(self.max_num_reqs, max_blocks, self.device, pad_rows=1)
 
     def _update_states(self, so: SchedulerOutput) -> None:
         for req_id in so.finished_req_ids:
@@ -199,7 +206,7 @@ class ModelRunner:
 
     def _prepare_inputs(self, so: SchedulerOutput) -> _StepInputs:
         """Fill the persistent buffers for this step (host numpy), one copy each to the
-        device; a uniform decode batch that a graph covers is padded to its size."""
+        device; a step that a captured graph covers is padded to its size."""
         if self._copies_in_flight is not None:  # the pinned buffers may still be read
             self._copies_in_flight.synchronize()
             self._copies_in_flight = None
@@ -213,9 +220,9 @@ class ModelRunner:
             raise InvalidArgumentError(f"a step of {n} requests / {total} tokens exceeds the "
                                        f"runner's {self.max_num_reqs} / {self.max_num_tokens}")
         max_query_len = int(num_sched.max())
-        graph = self.cudagraphs.padded_size(n) if self.cudagraphs and max_query_len == 1 \
-            else None
-        padded = graph or total
+        graph = self.cudagraphs.dispatcher.dispatch(total, max_query_len == 1) \
+            if self.cudagraphs else None
+        padded = graph.num_tokens if graph else total
         qsl = self.query_start_loc.np
         qsl[0] = 0
         np.cumsum(num_sched, out=qsl[1:n + 1])
@@ -235,18 +242,23 @@ class ModelRunner:
         block_table = self.block_table.commit(np.fromiter((st.row for st in states), np.int64, n))
         blocks = self.block_table.step.np[req_of, pos // self.block_size].astype(np.int64)
         self.slot_mapping.np[:total] = blocks * self.block_size + pos % self.block_size
-        if graph:  # padding rows: no context, no KV write
-            seq_lens[n:graph] = 0
-            self.slot_mapping.np[total:graph] = PAD_SLOT_ID
-            self.input_ids.np[total:graph] = 0
-            self.positions.np[total:graph] = 0
-            qsl[n + 1:graph + 1] = total
-            block_table = self.block_table.step.gpu[:graph]
-        rows = graph or n
+        rows = n
+        if graph:  # padding: no context, no KV write
+            rows = _graph_rows(graph)
+            seq_lens[n:rows] = 0
+            self.slot_mapping.np[total:padded] = PAD_SLOT_ID
+            self.input_ids.np[total:padded] = 0
+            self.positions.np[total:padded] = 0
+            if graph.uniform:  # one padding token per padding request
+                qsl[n + 1:rows + 1] = np.arange(total + 1, padded + 1)
+            else:  # the padding tokens are request n's, later rows have none
+                qsl[n + 1:rows + 1] = padded
+            block_table = self.block_table.step.gpu[:rows]
         md = AttentionMetadata(
             total, self.slot_mapping.copy_to_gpu(padded), qsl[:n + 1].tolist(),
             seq_lens[:n].tolist(), block_table, self.query_start_loc.copy_to_gpu(rows + 1),
-            self.seq_lens.copy_to_gpu(rows), max_query_len)
+            self.seq_lens.copy_to_gpu(rows), max_query_len,
+            0 if graph else int(seq_lens[:n].max()))
         inputs = _StepInputs(req_ids, qsl[:n + 1].copy(), seq_lens[:n].copy(),
                              self.input_ids.copy_to_gpu(padded),
                              self.positions.copy_to_gpu(padded), md, graph)
@@ -272,8 +284,8 @@ class ModelRunner:
             return AsyncModelRunnerOutput([], [], None, None, None, [], {})
         inp = self._prepare_inputs(so)
         req_ids, qsl, seq_lens = inp.req_ids, inp.qsl, inp.seq_lens
-        if inp.graph_size:
-            hidden = self.cudagraphs.replay(inp.graph_size)[:len(req_ids)]
+        if inp.graph:
+            hidden = self.cudagraphs.replay(inp.graph)[:int(qsl[-1])]
         else:
             hidden = self.model(inp.input_ids, inp.positions, inp.md)
         prompt_logprobs = self._get_prompt_logprobs_dict(hidden, req_ids, qsl.tolist())
@@ -331,37 +343,58 @@ class ModelRunner:
         apply_grammar_bitmask(logits, bitmask, rows)
 
     @torch.inference_mode()
-    def profile_run(self, num_tokens: int) -> None:
+    def profile_run(self, num_tokens: int, sample: bool = True) -> torch.Tensor:
         """vLLM's profile_run: a forward pass over num_tokens tokens without KV cache
-        (attention skipped) plus logits and a sort of max_num_reqs rows (the sampler's
-        top-k/top-p peak), so the activation peak can be measured."""
+        (attention skipped) plus, with `sample`, logits and a sort of max_num_reqs rows
+        (the sampler's top-k/top-p peak), so the activation peak can be measured."""
         ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
         hidden = self.model(ids, ids, None)
-        logits = self.model.compute_logits(hidden[:min(num_tokens, self.max_num_reqs)])
-        logits.sort(dim=-1)
+        if sample:
+            logits = self.model.compute_logits(hidden[:min(num_tokens, self.max_num_reqs)])
+            logits.sort(dim=-1)
+        return hidden
 
     def capture_model(self, sizes: list[int]) -> float:
-        """Capture decode graphs for `sizes` (CUDA only); returns the capture time in s."""
-        if self.device.type != "cuda" or not sizes:
+        """Capture CUDA graphs for `sizes` (token counts; CUDA only) in the mode they carry
+        (engine/worker/cudagraph_dispatcher.py CaptureSizes; a plain list: FULL); returns
+        the capture time in s."""
+        mode = getattr(sizes, "mode", CUDAGraphMode.FULL)
+        if self.device.type != "cuda" or not sizes or mode == CUDAGraphMode.NONE:
             return 0.0
-        sizes = [s for s in sizes if s <= self.max_num_reqs]
-        graphs = DecodeCudaGraphs(sizes)
-        bs_max = graphs.sizes[-1]
-        self.seq_lens.gpu[:bs_max].zero_()  # capture-time values: padding everywhere
-        self.slot_mapping.gpu[:bs_max].fill_(PAD_SLOT_ID)
-        self.input_ids.gpu[:bs_max].zero_()
-        self.positions.gpu[:bs_max].zero_()
-        self.query_start_loc.gpu[:bs_max + 1].zero_()
-
-        def forward(bs: int) -> torch.Tensor:
-            md = AttentionMetadata(bs, self.slot_mapping.gpu[:bs], [], [],
-                                   self.block_table.step.gpu[:bs],
-                                   self.query_start_loc.gpu[:bs + 1], self.seq_lens.gpu[:bs], 1)
-            return self.model(self.input_ids.gpu[:bs], self.positions.gpu[:bs], md)
-
-        graphs.capture(forward)
-        self.cudagraphs = graphs
+        graphs = self.init_cudagraphs(CudaGraphs, mode, sizes)
+        self.memory_profile["cudagraph_pool"] = graphs.pool_bytes
         return graphs.capture_time_s
+
+    def init_cudagraphs(self, graphs_cls: type[CudaGraphs], mode: CUDAGraphMode,
+                        sizes: list[int]) -> CudaGraphs:
+        """Dispatcher and graphs for `sizes`; the persistent buffers get their padding
+        values here, once, outside any graph: a write inside the captured forward would be
+        replayed at every step, over the step's own inputs."""
+        dispatcher = CudagraphDispatcher(mode, [s for s in sizes if s <= self.max_num_tokens],
+                                         self.max_num_reqs)
+        descs = dispatcher.capture_descs()
+        if descs:
+            rows = max(_graph_rows(d) for d in descs)
+            tokens = dispatcher.max_capture_size
+            self.seq_lens.gpu[:rows].zero_()
+            self.query_start_loc.gpu[:rows + 1].zero_()
+            self.slot_mapping.gpu[:tokens].fill_(PAD_SLOT_ID)
+            self.input_ids.gpu[:tokens].zero_()
+            self.positions.gpu[:tokens].zero_()
+        graphs = graphs_cls(dispatcher)
+        graphs.capture(self._graph_forward)
+        self.cudagraphs = graphs
+        return graphs
+
+    def _graph_forward(self, desc: BatchDescriptor) -> torch.Tensor:
+        """The forward a graph of `desc` captures: the model over the persistent buffers'
+        first desc.num_tokens rows; it writes none of them."""
+        n, rows = desc.num_tokens, _graph_rows(desc)
+        md = AttentionMetadata(n, self.slot_mapping.gpu[:n], [], [],
+                               self.block_table.step.gpu[:rows],
+                               self.query_start_loc.gpu[:rows + 1], self.seq_lens.gpu[:rows],
+                               1 if desc.uniform else n)
+        return self.model(self.input_ids.gpu[:n], self.positions.gpu[:n], md)
 
     def _get_prompt_logprobs_dict(self, hidden: torch.Tensor, req_ids: list[str],
                                   qsl: list[int]) -> dict[str, LogprobsTensors]:
@@ -401,6 +434,12 @@ class ModelRunner:
             [s.num_prompt_tokens for s in states],
             {i: s.generator for i, s in enumerate(states) if s.generator},
             self.model.config.vocab_size, self.device)
+
+
+def _graph_rows(desc: BatchDescriptor) -> int:
+    """Request rows of a graph's attention metadata: a uniform decode graph has one per
+    token; a mixed one its requests plus the padding tokens' request."""
+    return desc.num_reqs if desc.uniform else desc.num_reqs + 1
 
 
 def _first_rows(rows: list[int], num_reqs: int) -> list[int]:

@@ -41,6 +41,10 @@ from kernels.paged_attention import (  # noqa: E402
 from kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref  # noqa: E402
 from kernels.rms_norm import fused_add_rms_norm, rms_norm_ref  # noqa: E402
 from kernels.rotary import rotary_embedding, rotary_embedding_ref  # noqa: E402
+from kernels.rotary_cache import (  # noqa: E402
+    rotary_embedding_and_cache,
+    rotary_embedding_and_cache_ref,
+)
 
 BW, PEAK = 4.28e12, 799e12  # measured H200 ceilings: copy B/s, bf16 FLOP/s
 H, NQ, NKV, HD, FF, BS = 4096, 32, 8, 128, 14336, 16
@@ -139,6 +143,19 @@ def bench_small() -> None:
         tt = gpu_time(lambda: reshape_and_cache(k, v, kv, slots))
         row("reshape_and_cache", f"T={t} kv={NKV}x{HD}", tt, 4 * t * NKV * HD * 2, err=err,
             note="err = mismatched elements")
+
+        # RoPE fused with the cache write (issue 13): q in place, rotated k and v to the cache
+        qkv = torch.randn(t, (NQ + 2 * NKV) * HD, dtype=BF16, device=DEV)
+        q, kk, vv = qkv.split([NQ * HD, NKV * HD, NKV * HD], dim=-1)
+        ref_kv = kv.clone()
+        ref_q = rotary_embedding_and_cache_ref(pos, q.clone(), kk, vv, table, HD, ref_kv, slots)
+        q0 = q.clone()
+        rotary_embedding_and_cache(pos, q0, kk, vv, table, HD, kv, slots)
+        err = max(rel_err(q0, ref_q), rel_err(kv, ref_kv))
+        tt = gpu_time(lambda: rotary_embedding_and_cache(pos, q, kk, vv, table, HD, kv, slots))
+        row("rotary_embedding_and_cache", f"T={t} q={NQ}x{HD} kv={NKV}x{HD}", tt,
+            2 * t * NQ * HD * 2 + 4 * t * NKV * HD * 2, err=err,
+            note="vs rotary_embedding + reshape_and_cache above")
 
 
 def bench_dense(sweep: bool) -> None:

@@ -1,0 +1,173 @@
+"""CUDA-graph modes, capture sizes and the runtime dispatch of a step to a captured graph.
+
+Mirrors vllm/config/compilation.py (CUDAGraphMode: NONE / PIECEWISE / FULL /
+FULL_DECODE_ONLY / FULL_AND_PIECEWISE; cudagraph_capture_sizes and
+max_cudagraph_capture_size as VllmConfig._set_cudagraph_sizes derives them) and
+vllm/v1/cudagraph_dispatcher.py (BatchDescriptor keys, padding a step's token count up to
+the next capture size, FULL keys for mixed batches and, with a separate decode routine,
+uniform-decode keys). Own code.
+
+This engine has no torch.compile (vLLM's CompilationMode.NONE), so a mode with piecewise
+graphs resolves as VllmConfig._normalize_piecewise_cudagraph_mode resolves it then
+(without_piecewise): FULL_AND_PIECEWISE, the default, -> FULL_DECODE_ONLY; PIECEWISE ->
+NONE. The attention backend (one unified Triton kernel for prefill, chunked prefill and
+decode rows, kernels/paged_attention.py) supports every batch in a full graph (vLLM's
+AttentionCGSupport.ALWAYS, as its TritonAttentionBackend): cudagraph_mode=FULL captures
+mixed prefill/decode steps over num_tokens buckets too.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import logging
+from dataclasses import dataclass
+
+from engine.errors import InvalidArgumentError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"  # vLLM's default (VLLM_COMPILE, -O2)
+_DEFAULT_MAX_GRAPH_SIZE = 512  # vLLM's default ceiling (1024 on data-center Blackwell)
+
+
+class CUDAGraphMode(enum.Enum):
+    NONE = 0
+    PIECEWISE = 1
+    FULL = 2
+    FULL_DECODE_ONLY = (FULL, NONE)
+    FULL_AND_PIECEWISE = (FULL, PIECEWISE)
+
+    def separate_routine(self) -> bool:
+        """Whether uniform decode batches have their own graphs (a (decode, mixed) pair)."""
+        return isinstance(self.value, tuple)
+
+    def decode_mode(self) -> CUDAGraphMode:
+        return CUDAGraphMode(self.value[0]) if self.separate_routine() else self
+
+    def mixed_mode(self) -> CUDAGraphMode:
+        return CUDAGraphMode(self.value[1]) if self.separate_routine() else self
+
+    def has_piecewise_cudagraphs(self) -> bool:
+        return CUDAGraphMode.PIECEWISE in (self.decode_mode(), self.mixed_mode())
+
+    @classmethod
+    def parse(cls, name: str | None) -> CUDAGraphMode:
+        """A mode from its name, any case (vLLM's validate_cudagraph_mode_before)."""
+        key = (DEFAULT_CUDAGRAPH_MODE if name is None else str(name)).upper()
+        if key not in cls.__members__:
+            raise InvalidArgumentError(
+                f"cudagraph_mode must be one of {', '.join(cls.__members__)}, got {name!r}")
+        return cls[key]
+
+
+def resolve_cudagraph_mode(mode: CUDAGraphMode, enforce_eager: bool) -> CUDAGraphMode:
+    """The mode this engine runs: NONE with enforce_eager; without compilation the
+    piecewise part dropped, as vLLM's _normalize_piecewise_cudagraph_mode."""
+    if enforce_eager:
+        return CUDAGraphMode.NONE
+    if mode.has_piecewise_cudagraphs():
+        fallback = CUDAGraphMode.NONE if mode == CUDAGraphMode.PIECEWISE \
+            else CUDAGraphMode.FULL_DECODE_ONLY
+        logger.info("Cudagraph mode %s is not compatible with compilation mode NONE. "
+                    "Overriding to %s.", mode.name, fallback.name)
+        return fallback
+    return mode
+
+
+def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
+                            sizes: list[int] | None = None,
+                            max_size: int | None = None) -> list[int]:
+    """Token counts to capture, ascending (VllmConfig._set_cudagraph_sizes, no speculative
+    decoding): the default ceiling is min(2 * max_num_seqs, 512), capped at
+    max_num_batched_tokens; the ladder is [1, 2, 4] + range(8, 256, 8) +
+    range(256, max + 1, 16), plus max_num_batched_tokens and max_num_seqs where they fit.
+    Given sizes are deduplicated and cut at max_num_batched_tokens; a given max_size that
+    disagrees with them is an error."""
+    uniform_decode: list[int] = []
+    cap = max_size
+    if cap is None:
+        cap = min(2 * max_num_seqs, _DEFAULT_MAX_GRAPH_SIZE)
+        if max_num_seqs <= cap:
+            uniform_decode = [max_num_seqs]
+    cap = min(max_num_batched_tokens, cap)
+    if sizes is not None:
+        out = sorted({s for s in sizes if s <= max_num_batched_tokens})
+    else:
+        out = [s for s in (1, 2, 4) if s <= cap]
+        out += list(range(8, min(cap + 1, 256), 8))
+        out += list(range(256, cap + 1, 16))
+        if max_num_batched_tokens <= cap:
+            out.append(max_num_batched_tokens)
+        out = sorted(set(out + [s for s in uniform_decode if s <= max_num_batched_tokens]))
+    valid_max = out[-1] if out else 0
+    if max_size is not None and max_size != valid_max:
+        if sizes is not None:
+            raise InvalidArgumentError(
+                f"customized max_cudagraph_capture_size(={max_size}) should be consistent "
+                f"with the max value of cudagraph_capture_sizes(={valid_max})")
+        logger.warning("Truncating max_cudagraph_capture_size to %d", valid_max)
+    return out
+
+
+class CaptureSizes(list):
+    """Capture sizes (ascending token counts) with the resolved mode they are for: what
+    EngineConfig.cudagraph_batch_sizes hands the model runner's capture_model."""
+
+    def __init__(self, sizes: list[int], mode: CUDAGraphMode) -> None:
+        super().__init__(sizes if mode != CUDAGraphMode.NONE else [])
+        self.mode = mode
+
+
+@dataclass(frozen=True)
+class BatchDescriptor:
+    """The key of a captured graph (vllm/forward_context.py): padded token count, the
+    request rows its attention metadata has, and whether it is a uniform decode batch."""
+
+    num_tokens: int
+    num_reqs: int | None = None
+    uniform: bool = False
+
+
+class CudagraphDispatcher:
+    """Which graph, if any, runs a step (vllm/v1/cudagraph_dispatcher.py)."""
+
+    def __init__(self, mode: CUDAGraphMode, capture_sizes: list[int], max_num_seqs: int
+                 ) -> None:
+        if mode.has_piecewise_cudagraphs():
+            raise InvalidArgumentError(f"cudagraph_mode {mode.name} needs piecewise graphs; "
+                                       "resolve it first (resolve_cudagraph_mode)")
+        self.mode = mode
+        self.capture_sizes = sorted(set(capture_sizes)) if mode != CUDAGraphMode.NONE else []
+        self.max_num_seqs = max_num_seqs
+        self.keys: set[BatchDescriptor] = set()
+        if not self.capture_sizes:
+            return
+        if mode.mixed_mode() == CUDAGraphMode.FULL:
+            self.keys |= {self._descriptor(s, False) for s in self.capture_sizes}
+        if mode.decode_mode() == CUDAGraphMode.FULL and mode.separate_routine():
+            self.keys |= {self._descriptor(s, True) for s in self.capture_sizes
+                          if s <= max_num_seqs}
+
+    @property
+    def max_capture_size(self) -> int:
+        return self.capture_sizes[-1] if self.capture_sizes else 0
+
+    def _padded(self, num_tokens: int) -> int:
+        return self.capture_sizes[bisect.bisect_left(self.capture_sizes, num_tokens)]
+
+    def _descriptor(self, num_tokens: int, uniform: bool) -> BatchDescriptor:
+        padded = self._padded(num_tokens)
+        return BatchDescriptor(padded, min(padded, self.max_num_seqs), uniform)
+
+    def dispatch(self, num_tokens: int, uniform_decode: bool) -> BatchDescriptor | None:
+        """The graph for a step of num_tokens tokens (uniform_decode: one per request);
+        None: run eagerly (no graphs, or more tokens than the largest capture size)."""
+        if not self.keys or num_tokens > self.max_capture_size or num_tokens < 1:
+            return None
+        desc = self._descriptor(num_tokens, uniform_decode and self.mode.separate_routine())
+        return desc if desc in self.keys else None
+
+    def capture_descs(self) -> list[BatchDescriptor]:
+        """Every key, largest first (smaller graphs reuse the larger ones' pool memory)."""
+        return sorted(self.keys, key=lambda d: (d.num_tokens, d.uniform), reverse=True)

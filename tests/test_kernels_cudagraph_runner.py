@@ -1,0 +1,128 @@
+"""The model runner's graph path on CPU: padded FULL / FULL_DECODE_ONLY steps through the
+Triton kernels (interpreter) equal eager steps.
+
+A captured CUDA graph re-executes, at each replay, all the device work its forward did at
+capture, with the persistent buffers' current contents and the launch decisions made from
+the BatchDescriptor alone. SimulatedGraphs does exactly that on CPU (replay = run the
+captured forward again), so the runner's padding (token count up to the bucket, the
+padding request row, slot -1, extra request rows), the dispatcher and the unified
+attention kernel are checked end to end without a GPU, as vLLM's
+tests/v1/cudagraph/test_cudagraph_dispatch.py checks its wrapper with a mocked graph. A
+forward that wrote a persistent buffer (the bug this guards against) would overwrite the
+step's inputs here too. Scenarios as tests/test_gpu_model_runner.py's mixed-steps test:
+chunked prefill at 16 tokens a step, a shared prefix with prefix caching, penalties,
+logprobs, prompt logprobs, preemption, async scheduling on and off.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_kernels_common import ON_CUDA
+
+from engine.config import EngineConfig
+from engine.layers.attention import Attention
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.worker.cudagraph import CudaGraphs
+from engine.worker.cudagraph_dispatcher import CUDAGraphMode
+from tests.test_models_parity import make_hf_model
+
+pytestmark = pytest.mark.skipif(ON_CUDA, reason="CPU simulation (tests/test_gpu_model_runner.py "
+                                "runs real graphs)")
+
+PROMPTS = [[(7 * i + 3 * j) % 300 for j in range(n)] for i, n in enumerate((37, 5, 20, 11))]
+PARAMS = [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2),
+          SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True,
+                         presence_penalty=0.5, repetition_penalty=1.2),
+          SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True, prompt_logprobs=1),
+          SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)]
+
+
+class SimulatedGraphs(CudaGraphs):
+    """Replay = the captured forward run again (what a CUDA graph replay executes)."""
+
+    def capture(self, forward):
+        self._forward = forward
+        self.replayed = []
+        for desc in self.dispatcher.capture_descs():
+            self._graphs[desc] = forward(desc)  # the capture run
+
+    def replay(self, desc):
+        self.replayed.append(desc)
+        return self._forward(desc)
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llama")
+    make_hf_model("llama", max_position_embeddings=512).save_pretrained(d)
+    return str(d)
+
+
+@pytest.fixture(autouse=True)
+def kernel_attention(monkeypatch):
+    """Attention through the Triton kernels (interpreted) on CPU, as on CUDA."""
+    native = Attention.forward
+
+    def forward(self, q, k, v, md, positions=None, rotary_emb=None):
+        if md is None:
+            return native(self, q, k, v, md, positions, rotary_emb)
+        n = q.shape[0]
+        return self._forward_cuda(q.view(n, self.num_heads, self.head_size),
+                                  k.view(n, self.num_kv_heads, self.head_size),
+                                  v.view(n, self.num_kv_heads, self.head_size), md, positions,
+                                  rotary_emb)
+
+    monkeypatch.setattr(Attention, "forward", forward)
+
+
+def run(path: str, mode: CUDAGraphMode | None, async_scheduling: bool, num_blocks: int,
+        max_tokens: int | None):
+    """(tokens, logprobs, prompt logprobs, graphs replayed, preemptions)."""
+    engine = LLMEngine.from_config(EngineConfig(
+        path, device="cpu", dtype="float32", skip_tokenizer_init=True, max_num_seqs=4,
+        max_num_batched_tokens=16, max_model_len=128, async_scheduling=async_scheduling,
+        kv_cache_memory_bytes=num_blocks * 2 * 2 * 16 * 2 * 16 * 4))  # 2 layers, 2 kv x 16
+    replayed, preempted = [], []
+    if mode is not None:
+        graphs = engine.model_runner.init_cudagraphs(SimulatedGraphs, mode, [1, 2, 4, 8, 16])
+        replayed = graphs.replayed
+    real_preempt = engine.scheduler._preempt_request
+    engine.scheduler._preempt_request = lambda r: preempted.append(r) or real_preempt(r)
+    for i, sp in enumerate(PARAMS):
+        if max_tokens:
+            sp = sp.clone()
+            sp.max_tokens = max_tokens
+        engine.add_request(str(i), PROMPTS[0][:16] + PROMPTS[i], sp)  # one shared block
+    out = {}
+    while engine.has_unfinished_requests():
+        out.update({o.request_id: o for o in engine.step() if o.finished})
+    done = [out[str(i)] for i in range(len(PARAMS))]
+    return ([o.outputs[0].token_ids for o in done], [o.outputs[0].logprobs for o in done],
+            [o.prompt_logprobs for o in done], replayed, len(preempted))
+
+
+def _close(a, b):
+    for seq_a, seq_b in zip(a, b):
+        for pos_a, pos_b in zip(seq_a or [], seq_b or []):
+            for tok, lp in (pos_b or {}).items():
+                assert tok in pos_a and abs(pos_a[tok].logprob - lp.logprob) < 1e-3
+
+
+@pytest.mark.parametrize("num_blocks,max_tokens,async_scheduling", [
+    (64, None, False), (64, None, True),
+    (10, 30, True),  # 9 usable blocks, 19 needed: preemption
+], ids=["prefix-cache-sync", "prefix-cache-async", "preemption-async"])
+def test_graphed_steps_equal_eager(llama_dir, num_blocks, max_tokens, async_scheduling):
+    args = (async_scheduling, num_blocks, max_tokens)
+    eager = run(llama_dir, None, *args)
+    full = run(llama_dir, CUDAGraphMode.FULL, *args)
+    decode = run(llama_dir, CUDAGraphMode.FULL_DECODE_ONLY, *args)
+    assert any(not d.uniform and d.num_tokens == 16 for d in full[3])  # prefill chunks
+    assert any(not d.uniform and d.num_tokens < 8 for d in full[3])  # decodes, padded
+    assert decode[3] and all(d.uniform for d in decode[3])
+    assert (eager[4] > 0) == (max_tokens is not None) == (full[4] > 0)
+    for got in (full, decode):
+        assert got[0] == eager[0]
+        _close(got[1], eager[1])
+        _close(got[2], eager[2])

@@ -1,0 +1,55 @@
+"""kernels/rotary_cache.py (RoPE fused with the KV-cache write) against the unfused pair.
+
+Oracle: rotary_embedding_and_cache_ref = the engine's RotaryEmbedding.forward_native, then
+its reshape_and_cache with padding slots skipped. Cases from vLLM 0.33
+tests/kernels/core/test_pos_encoding.py (head sizes, partial rotary_dim, q/k as views of a
+fused qkv tensor, random positions) and tests/kernels/attention/test_cache.py (random
+slots, PAD_SLOT_ID rows).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_kernels_common import DEVICE, DTYPES, assert_close
+
+from engine.errors import InvalidArgumentError
+from engine.layers.rotary_embedding import RotaryEmbedding
+from kernels.rotary_cache import rotary_embedding_and_cache, rotary_embedding_and_cache_ref
+
+
+@pytest.mark.parametrize("nq,nkv", [(4, 4), (8, 2), (5, 1)])
+@pytest.mark.parametrize("hs,rot", [(32, 32), (64, 32), (40, 40)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_and_cache_matches_unfused(nq, nkv, hs, rot, dtype) -> None:
+    torch.manual_seed(0)
+    n, num_blocks, bs = 5, 6, 4
+    table = RotaryEmbedding(hs, rot, 4096, 10000.0).cos_sin_cache.to(DEVICE)
+    positions = torch.randint(0, 4096, (n,), device=DEVICE)
+    qkv = torch.randn(n, (nq + 2 * nkv) * hs, dtype=dtype, device=DEVICE)
+    q, k, v = qkv.split([nq * hs, nkv * hs, nkv * hs], dim=-1)  # strided row views
+    slots = torch.randperm(num_blocks * bs, device=DEVICE)[:n]
+    slots[2] = -1  # a padding row: rotated q, no cache write
+    cache = torch.randn(2, num_blocks, bs, nkv, hs, dtype=dtype, device=DEVICE)
+    want_cache = cache.clone()
+    want_q = rotary_embedding_and_cache_ref(positions, q.clone(), k, v, table, hs, want_cache,
+                                            slots)
+    k_before = k.clone()
+    rotary_embedding_and_cache(positions, q, k, v, table, hs, cache, slots)
+    assert_close(q, want_q)
+    assert_close(cache, want_cache)
+    assert torch.equal(k, k_before)  # keys live in the cache only
+
+
+def test_rotary_and_cache_rejects_bad_input() -> None:
+    table = torch.zeros(8, 16, device=DEVICE)
+    pos = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    q, k = torch.zeros(2, 64, device=DEVICE), torch.zeros(2, 32, device=DEVICE)
+    cache = torch.zeros(2, 4, 4, 2, 16, device=DEVICE)
+    slots = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    with pytest.raises(InvalidArgumentError, match="kv_cache must be"):
+        rotary_embedding_and_cache(pos, q, k, k, table, 16, cache[:, :, :, :1], slots)
+    with pytest.raises(InvalidArgumentError, match="slot_mapping must be"):
+        rotary_embedding_and_cache(pos, q, k, k, table, 16, cache, slots[:1])
+    with pytest.raises(InvalidArgumentError, match="positions must be"):
+        rotary_embedding_and_cache(pos.float(), q, k, k, table, 16, cache, slots)
