@@ -108,6 +108,7 @@ def _engine_config(model: str, p) -> EngineConfig:
         gpu_memory_utilization=f32(p.gpu_memory_utilization),
         skip_tokenizer_init=bool(p.skip_tokenizer_init),
         async_scheduling=_tristate(p.async_scheduling, "params->async_scheduling"),
+        multiprocessing=_tristate(p.multiprocessing, "params->multiprocessing"),
     )
 
 
@@ -156,9 +157,8 @@ def _free(key: int) -> None:
     record = engines.take(key)
     if record.loop is not None:  # aborts what is live; the loop hands out the last events
         record.loop.shutdown()
-    else:
-        with record.lock:
-            record.engine.shutdown()
+    with record.lock:  # stops the engine-core process, if any
+        record.engine.shutdown()
 
 
 @export

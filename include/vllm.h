@@ -59,7 +59,7 @@
 
 /* ABI version: the major changes on any incompatible change (and with it the SONAME). */
 #define VLLM_ABI_VERSION_MAJOR 0
-#define VLLM_ABI_VERSION_MINOR 4
+#define VLLM_ABI_VERSION_MINOR 5
 #define VLLM_ABI_VERSION ((VLLM_ABI_VERSION_MAJOR << 16) | VLLM_ABI_VERSION_MINOR)
 
 #ifdef __cplusplus
@@ -169,6 +169,11 @@ typedef struct vllm_engine_params {
     int32_t async_scheduling;        /* vLLM's --async-scheduling: schedule step N+1 while
                                         step N runs on the device. 1: on, -1: off,
                                         0 (default): on with CUDA, off on CPU */
+    /* since 0.5 */
+    int32_t multiprocessing;         /* vLLM's VLLM_ENABLE_V1_MULTIPROCESSING: the engine
+                                        core (scheduler, model runner) in a child process.
+                                        1: on, -1: off, 0 (default): the env var if set,
+                                        else on with CUDA, off on CPU */
 } vllm_engine_params;
 
 /* What vllm_engine_model_info() reports. */

@@ -62,7 +62,7 @@ def test_header_compiles_strictly(compiler):
 def test_abi_version_matches_header_macros(abi):
     _, lib = abi
     major, minor = abi_version()
-    assert (major, minor) == (0, 4)
+    assert (major, minor) == (0, 5)
     assert lib.vllm_abi_version() == (major << 16) | minor
 
 

@@ -59,6 +59,7 @@ class EngineParams(Structure):
         ("gpu_memory_utilization", c_float),
         ("skip_tokenizer_init", c_int32),
         ("async_scheduling", c_int32),  # since 0.4
+        ("multiprocessing", c_int32),  # since 0.5
     ]
 
 
