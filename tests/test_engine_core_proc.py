@@ -37,7 +37,8 @@ def _engine(model_path, mp: bool, **kw) -> LLMEngine:
 
 @pytest.fixture(scope="module")
 def mp_engine(model_path):
-    engine = _engine(model_path, True)
+    """With async scheduling (CUDA's default) too: two steps queued in the child."""
+    engine = _engine(model_path, True, async_scheduling=True)
     yield engine
     engine.shutdown()
 
