@@ -138,11 +138,15 @@ class LLMEngine:
                 raise InvalidArgumentError(f"request id {rid!r} is already in use")
         now = time.time()
         text = prompt if isinstance(prompt, str) else None
-        for index, (rid, sp) in enumerate(children):
-            request = EngineCoreRequest(rid, ids, sp, now, priority, cache_salt,
-                                        reasoning_parser_kwargs)
-            self.output_processor.add_request(request, text, parent, index)
-            self.engine_core.add_request(request)
+        try:
+            for index, (rid, sp) in enumerate(children):
+                request = EngineCoreRequest(rid, ids, sp, now, priority, cache_salt,
+                                            reasoning_parser_kwargs)
+                self.output_processor.add_request(request, text, parent, index)
+                self.engine_core.add_request(request)
+        except BaseException:  # e.g. the core died: forget the request here too
+            self.output_processor.abort_requests([rid for rid, _ in children])
+            raise
 
     def abort_request(self, request_id: str) -> None:
         """Abort a request (all children of an n > 1 request); its last output, with

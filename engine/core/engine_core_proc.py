@@ -65,8 +65,8 @@ class _ForwardHandler(logging.Handler):
 
 
 class EngineCoreProc:
-    def __init__(self, engine_core, input_address: str, output_address: str,
-                 ctx: zmq.Context, output_queue: queue.Queue) -> None:
+    def __init__(self, engine_core, input_address: str, ctx: zmq.Context,
+                 output_queue: queue.Queue) -> None:
         self.engine_core = engine_core
         self.input_queue: queue.Queue = queue.Queue()
         self.output_queue = output_queue
@@ -188,8 +188,8 @@ def run_engine_core(argv: list[str] | None = None) -> int:
                 message = f"{type(e).__name__}: {message}"
             output_queue.put((FAILED, EngineCoreStartupFailure(status, message)))
             return 1
+        proc = EngineCoreProc(core, args.input, ctx, output_queue)
         output_queue.put((READY, core.ready))
-        proc = EngineCoreProc(core, args.input, args.output, ctx, output_queue)
         try:
             proc.run_busy_loop()
             core.shutdown()
