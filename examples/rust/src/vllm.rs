@@ -49,6 +49,7 @@ mod sys {
         pub gpu_memory_utilization: f32,
         pub skip_tokenizer_init: i32,
         pub async_scheduling: i32, // since 0.4
+        pub multiprocessing: i32, // since 0.5
     }
 
     #[repr(C)]
