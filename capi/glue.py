@@ -107,6 +107,7 @@ def _engine_config(model: str, p) -> EngineConfig:
         skip_tokenizer_init=bool(p.skip_tokenizer_init),
         async_scheduling=_tristate(p.async_scheduling, "params->async_scheduling"),
         n_threads=p.n_threads,
+        multiprocessing=_tristate(p.multiprocessing, "params->multiprocessing"),
     )
 
 
@@ -160,9 +161,8 @@ def _free(key: int) -> None:
     record = engines.take(key)
     if record.loop is not None:  # aborts what is live; the loop hands out the last events
         record.loop.shutdown()
-    else:
-        with record.lock:
-            record.engine.shutdown()
+    with record.lock:  # stops the engine-core process, if any
+        record.engine.shutdown()
 
 
 @export

@@ -11,9 +11,13 @@ HTTP server call it from plain OS threads.
   are not starved), and sleeps on a condition variable when no request is unfinished.
 - Outputs are DELTA (add_request sets output_kind) and are handed to their stream after
   the lock is released: a stream's consumer or push callback may call back in.
-- A failing step kills the engine: every live stream ends with EngineDeadError and later
-  add_request calls raise it. A request the engine failed alone (RequestOutput.error, e.g.
-  its grammar did not compile) ends its stream with that error; the others go on.
+- With the engine core in a child process (LLMEngine.is_multiprocess) the loop waits for
+  the core's next outputs without the lock, then takes it to turn them into
+  RequestOutputs; aborts wake it (EngineCoreClient.wakeup).
+- A failing step or a dead core process kills the engine: every live stream ends with
+  EngineDeadError and later add_request calls raise its refusal(). A request the engine
+  failed alone (RequestOutput.error, e.g. its grammar did not compile) ends its stream
+  with that error; the others go on.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from engine.errors import NotFoundError, VllmError
+from engine.errors import NotFoundError
+from engine.exceptions import EngineClosedError, EngineDeadError
 from engine.fair_lock import FairRLock
 from engine.outputs import RequestOutput
 from engine.sampling_params import RequestOutputKind, SamplingParams
@@ -33,18 +38,6 @@ if TYPE_CHECKING:  # the engine (torch) is imported by whoever builds the LLMEng
     from engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
-
-
-class EngineDeadError(VllmError):
-    """The engine loop failed; no request can run any more (VLLM_ERR_INTERNAL)."""
-
-    status = 9
-
-
-class EngineClosedError(VllmError):
-    """The engine was shut down (VLLM_ERR_INVALID_STATE)."""
-
-    status = 12
 
 
 OutputCallback = Callable[["RequestOutput | BaseException"], None]
@@ -80,15 +73,14 @@ class StatsCollector:
 
     def snapshot(self, engine: LLMEngine) -> dict:
         """Gauges as of now, counters since the engine started."""
-        scheduler = engine.scheduler
-        cumulative = engine.get_stats()  # engine/metrics.py EngineStats
+        cumulative = engine.get_stats()  # engine/metrics.py EngineStats, gauges refreshed
         return {
-            "num_requests_running": len(scheduler.running),
-            "num_requests_waiting": len(scheduler.waiting),
-            "kv_cache_usage_perc": scheduler.kv_cache_manager.usage,
+            "num_requests_running": cumulative.num_running_reqs,
+            "num_requests_waiting": cumulative.num_waiting_reqs,
+            "kv_cache_usage_perc": cumulative.kv_cache_usage,
             "prefix_cache_queries": cumulative.prefix_cache_queries,
             "prefix_cache_hits": cumulative.prefix_cache_hits,
-            "num_preemptions": scheduler.num_preemptions,
+            "num_preemptions": cumulative.num_preemptions,
             "prompt_tokens": self.prompt_tokens,
             "generation_tokens": self.generation_tokens,
             "request_success": dict(self.request_success),
@@ -182,6 +174,7 @@ class AsyncLLM:
             except NotFoundError:  # already aborted: its last output is pending
                 return
             self._wakeup.notify()
+            self.engine.engine_core.wakeup()  # a multiprocess loop waits on the core
 
     def has_request(self, request_id: str) -> bool:
         """True while the request's last output has not been handed to its stream."""
@@ -207,12 +200,13 @@ class AsyncLLM:
             for request_id in list(self._streams):
                 self.abort(request_id)
             self._wakeup.notify()
+            self.engine.engine_core.wakeup()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
 
     def _check_open(self) -> None:
         if self._dead is not None:
-            raise self._dead
+            raise self._dead.refusal()
         if self._closed:
             raise EngineClosedError("the engine is shut down")
 
@@ -224,7 +218,7 @@ class AsyncLLM:
                         return
                     self._wakeup.wait()
                 try:
-                    outputs = self.engine.step()
+                    outputs = self._step()
                 except BaseException as e:  # noqa: BLE001 - any failure ends every stream
                     self._die(e)
                     return
@@ -240,8 +234,29 @@ class AsyncLLM:
                     _deliver(stream, out if out.error is None else out.error)
             self.lock.yield_to_waiters()
 
+    def _step(self) -> list[RequestOutput]:
+        """One step's outputs; called and returns with the lock held. A multiprocess
+        engine's core outputs are awaited with the lock released."""
+        engine = self.engine
+        if not engine.is_multiprocess:
+            return engine.step()
+        outputs = engine.take_pending_outputs()
+        if outputs:
+            return outputs
+        self.lock.release()
+        try:
+            core_outputs = engine.engine_core.get_output()
+        finally:
+            self.lock.acquire()
+        return engine.process_engine_core_outputs(core_outputs) + \
+            engine.take_pending_outputs()
+
     def _die(self, exc: BaseException) -> None:
-        self._dead = EngineDeadError(f"the engine loop failed: {type(exc).__name__}: {exc}")
+        if isinstance(exc, EngineDeadError):  # the core process died
+            self._dead = EngineDeadError(str(exc), refusal_status=exc.refusal_status)
+        else:
+            self._dead = EngineDeadError(
+                f"the engine loop failed: {type(exc).__name__}: {exc}")
         streams, self._streams = list(self._streams.values()), {}
         self.stats.count_errors(len(streams))
         for stream in streams:

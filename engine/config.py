@@ -44,6 +44,9 @@ class EngineConfig:
     # overlap scheduling step N+1 with running step N (vLLM --async-scheduling);
     # None: on with CUDA, off on CPU (whose forward pass blocks: nothing to overlap)
     async_scheduling: bool | None = None
+    # the engine core (scheduler + model runner) in a child process (vLLM's
+    # VLLM_ENABLE_V1_MULTIPROCESSING); None: that env var, else on with CUDA, off on CPU
+    multiprocessing: bool | None = None
     cudagraph_capture_sizes: list[int] | None = None  # None: vLLM's ladder (below)
     max_cudagraph_capture_size: int | None = None  # None: min(2 * max_num_seqs, 512)
     load_format: str = "auto"  # auto: the checkpoint's weights | dummy: random, config only

@@ -5,23 +5,28 @@ Owns one RequestState per live (child) request: detokenizer, logprobs processor,
 output-kind bookkeeping, and its ParentRequest when the user asked for n > 1. It
 reports requests that a stop string finished so the engine aborts them in the core.
 One RequestOutput per user request per step: outputs of children of one parent in the
-same step are merged (what vLLM's AsyncLLM output collector does).
+same step are merged (what vLLM's AsyncLLM output collector does). It runs in the front
+end: it sees the core's requests only as EngineCoreRequests and EngineCoreOutputs.
 """
 
 from __future__ import annotations
 
 from tokenizers import Tokenizer as HFTokenizer
 
+from engine.core.engine_core_messages import (
+    EngineCoreOutput,
+    EngineCoreRequest,
+    error_from_wire,
+)
 from engine.detokenizer import IncrementalDetokenizer
 from engine.logprobs import LogprobsProcessor
-from engine.outputs import CompletionOutput, EngineCoreOutput, RequestOutput
+from engine.outputs import CompletionOutput, RequestOutput
 from engine.parallel_sampling import ParentRequest
-from engine.request import Request
 from engine.sampling_params import RequestOutputKind
 
 
 class RequestState:
-    def __init__(self, request: Request, prompt: str | None, tokenizer: HFTokenizer,
+    def __init__(self, request: EngineCoreRequest, prompt: str | None, tokenizer: HFTokenizer,
                  parent_req: ParentRequest | None, request_index: int) -> None:
         sp = request.sampling_params
         self.request_id = request.request_id
@@ -35,6 +40,7 @@ class RequestState:
             tokenizer, request.prompt_token_ids, sp)
         self.logprobs_processor = LogprobsProcessor(tokenizer, sp.logprobs, sp.prompt_logprobs)
         self.sent_tokens = 0
+        self.num_cached_tokens = 0  # the core's prefix-cache hit length, once scheduled
 
     @property
     def external_req_id(self) -> str:
@@ -86,7 +92,7 @@ class OutputProcessor:
     def has_request(self, request_id: str) -> bool:
         return request_id in self.request_states or request_id in self.parent_requests
 
-    def add_request(self, request: Request, prompt: str | None,
+    def add_request(self, request: EngineCoreRequest, prompt: str | None,
                     parent_req: ParentRequest | None = None, request_index: int = 0) -> None:
         self.request_states[request.request_id] = RequestState(
             request, prompt, self.tokenizer and self.tokenizer.backend, parent_req,
@@ -101,38 +107,45 @@ class OutputProcessor:
             return [request_id] if request_id in self.request_states else []
         return sorted(parent.child_requests)
 
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.request_states)
+
     def process_outputs(self, engine_core_outputs: list[EngineCoreOutput]
                         ) -> tuple[list[RequestOutput], list[str]]:
-        """Returns (outputs, ids of requests a stop string finished)."""
+        """Returns (outputs, ids of requests a stop string finished: the caller aborts
+        them in the core). Outputs of requests no longer here (aborted) are dropped."""
         outputs, stopped = [], []
         for out in engine_core_outputs:
-            req = out.request
-            state = self.request_states.get(req.request_id)
+            state = self.request_states.get(out.request_id)
             if state is None:
                 continue
-            finish_reason, stop_reason = req.get_finished_reason(), req.stop_reason
+            finish_reason, stop_reason = out.finish_reason, out.stop_reason
             stop_str = state.detokenizer.update(out.new_token_ids, finish_reason == "stop")
             if stop_str is not None and finish_reason is None:
                 finish_reason, stop_reason = "stop", stop_str
-                stopped.append(req.request_id)
+                stopped.append(out.request_id)
             state.logprobs_processor.update_from_output(out.new_logprobs,
                                                         out.new_prompt_logprobs)
-            result = state.make_request_output(finish_reason, stop_reason, req.num_cached_tokens)
-            if result is not None and req.error is not None:
-                result.error = req.error
+            if out.num_cached_tokens >= 0:
+                state.num_cached_tokens = out.num_cached_tokens
+            result = state.make_request_output(finish_reason, stop_reason,
+                                               state.num_cached_tokens)
+            if result is not None and out.error is not None:
+                result.error = error_from_wire(out.error)
             if finish_reason is not None:
                 self._finish_request(state)
             if result is not None:
                 outputs.append(result)
         return _merge_by_request(outputs), stopped
 
-    def abort_requests(self, requests: list[Request]) -> list[RequestOutput]:
+    def abort_requests(self, request_ids: list[str]) -> list[RequestOutput]:
+        """The last outputs (finish reason "abort") of live requests; others skipped."""
         outputs = []
-        for req in requests:
-            state = self.request_states.get(req.request_id)
+        for request_id in request_ids:
+            state = self.request_states.get(request_id)
             if state is None:
                 continue
-            out = state.make_request_output("abort", None, req.num_cached_tokens)
+            out = state.make_request_output("abort", None, state.num_cached_tokens)
             self._finish_request(state)
             if out is not None:
                 outputs.append(out)

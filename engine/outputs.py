@@ -1,5 +1,6 @@
-"""RequestOutput / CompletionOutput returned by LLMEngine.step(), as vllm/outputs.py, and
-EngineCoreOutput (vllm/v1/engine/__init__.py), what one step produced for one request.
+"""RequestOutput / CompletionOutput returned by LLMEngine.step(), as vllm/outputs.py.
+(What the engine core returns per request, EngineCoreOutput, is in
+engine/core/engine_core_messages.py.)
 
 With RequestOutputKind.DELTA, `text`, `token_ids` and `logprobs` hold only what is new
 since the previous output of that completion (what the C ABI streams). With n > 1 the
@@ -11,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.logprobs import PromptLogprobs, SampleLogprobs
-from engine.request import Request
-from engine.sample.outputs import LogprobsLists
 
 
 @dataclass
@@ -61,11 +60,3 @@ class RequestOutput:
                 break
             else:
                 self.outputs.append(nxt)
-
-
-@dataclass
-class EngineCoreOutput:
-    request: Request  # finish status, stop_reason, num_cached_tokens
-    new_token_ids: list[int]
-    new_logprobs: LogprobsLists | None = None  # one row per new token
-    new_prompt_logprobs: LogprobsLists | None = None  # all prompt positions but the first

@@ -184,6 +184,10 @@ typedef struct vllm_engine_params {
                                         intra-op pool, as llama.h's n_threads); 0
                                         (default): derived (torch: one per core).
                                         Process-wide: the last engine created sets it */
+    int32_t multiprocessing;         /* vLLM's VLLM_ENABLE_V1_MULTIPROCESSING: the engine
+                                        core (scheduler, model runner) in a child process.
+                                        1: on, -1: off, 0 (default): the env var if set,
+                                        else on with CUDA, off on CPU */
 } vllm_engine_params;
 
 /* What vllm_engine_model_info() reports. */

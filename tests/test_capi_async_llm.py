@@ -6,7 +6,8 @@ test_finished_flag, test_mid_stream_cancellation, test_abort_final_output) with 
 instead of asyncio and sizes cut for CPU; plus ours: the loop's greedy text equals the
 caller-driven step() text (oracle: LLMEngine.step on the same engine), push callbacks get
 exactly one terminal output, a failing step ends every stream with EngineDeadError, the
-idle loop does not spin, shutdown aborts what is live, and get_stats counts.
+idle loop does not spin, shutdown aborts what is live, and get_stats counts. The `llm`
+tests run in both engine-core modes: in process and in a child process.
 """
 
 from __future__ import annotations
@@ -30,13 +31,23 @@ def engine(model_path):
     return LLMEngine.from_config(EngineConfig(model=model_path, max_model_len=256))
 
 
-@pytest.fixture
-def llm(engine):
-    client = AsyncLLM(engine)
+@pytest.fixture(scope="module")
+def mp_engine(model_path):
+    """The same engine with its core in a child process (engine/core/core_client_mp.py)."""
+    engine = LLMEngine.from_config(EngineConfig(model=model_path, max_model_len=256,
+                                                multiprocessing=True))
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(params=["inproc", "mp"])
+def llm(request, engine):
+    target = engine if request.param == "inproc" else request.getfixturevalue("mp_engine")
+    client = AsyncLLM(target)
     yield client
     client.shutdown()
     assert not client._thread.is_alive()
-    assert not engine.has_unfinished_requests()
+    assert not target.has_unfinished_requests()
 
 
 def _drain(stream, cancel_after: int | None = None, timeout_s: float = 120.0):

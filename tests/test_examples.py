@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,41 @@ def test_simple_c_example_reports_a_missing_model(compile_c, child_env, tmp_path
 
 def test_batched_c_example(compile_c, child_env, model_path, greedy_text):
     exe = compile_c(ROOT / "examples/c/batched.c", "-pthread")
-    run = _run([exe, model_path, PROMPT], child_env)
+    _check_batched(_run([exe, model_path, PROMPT], child_env), greedy_text)
+
+
+def test_batched_c_example_with_the_engine_core_in_a_child(compile_c, child_env, model_path,
+                                                           greedy_text):
+    """A C host (sys.executable is not a python there) starts the engine-core child with
+    the environment's python; same outputs; the child is gone once the host exits."""
+    exe = compile_c(ROOT / "examples/c/batched.c", "-pthread")
+    env = {**child_env, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    proc = subprocess.Popen([str(exe), model_path, PROMPT], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    stdout, stderr = proc.communicate(timeout=600)
+    _check_batched(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr),
+                   greedy_text)
+    deadline = time.monotonic() + 5
+    while _core_children(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _core_children(proc.pid)
+
+
+def _core_children(parent_pid: int) -> list[int]:
+    """Live engine-core processes started by parent_pid (their --parent-pid)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            parent = argv[argv.index(b"--parent-pid") + 1]
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"engine.core.engine_core_proc" in argv and parent == str(parent_pid).encode():
+            found.append(int(entry.name))
+    return found
+
+
+def _check_batched(run: subprocess.CompletedProcess, greedy_text: str) -> None:
     assert run.returncode == 0, run.stderr
     assert "Traceback" not in run.stderr
     heads = re.findall(r"^\[req-(\d)\] (.*) -> finish=(\w+) tokens=(\d+)$", run.stdout, re.M)

@@ -15,16 +15,22 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.core.engine_core_messages import EngineCoreOutput
 from engine.gguf.reader import GGUFReader
 from engine.logprobs import Logprob, LogprobsProcessor, append_logprobs_for_next_position
 from engine.output_processor import OutputProcessor
-from engine.outputs import EngineCoreOutput
 from engine.request import Request, RequestStatus
 from engine.sample.metadata import build_sampling_metadata
 from engine.sample.ops.logprobs import gather_logprobs
 from engine.sample.sampler import Sampler
 from engine.sampling_params import RequestOutputKind, SamplingParams
 from engine.tokenizer import Tokenizer
+
+
+def _core_out(req, new_ids, new_logprobs=None, new_prompt_logprobs=None):
+    """What the engine core reports for `req` (engine/core/engine_core.py)."""
+    return EngineCoreOutput(req.request_id, new_ids, new_logprobs, new_prompt_logprobs,
+                            req.get_finished_reason(), req.stop_reason, req.num_cached_tokens)
 
 CPU = torch.device("cpu")
 
@@ -155,7 +161,7 @@ def test_output_processor_assembles_logprobs(tokenizer, kind, num_logprobs,
         req.append_output_token_ids([tok])
         if i == NUM_GEN - 1:
             req.status = RequestStatus.FINISHED_LENGTH_CAPPED
-        outs, stopped = op.process_outputs([EngineCoreOutput(req, [tok], sample, plp)])
+        outs, stopped = op.process_outputs([_core_out(req, [tok], sample, plp)])
         assert not stopped
         for out in outs:
             comp = out.outputs[0]
@@ -199,7 +205,7 @@ def test_detokenize_false_gives_no_text_and_no_decoded_tokens(tokenizer):
     op.add_request(req, PROMPT)
     tok, sample, plp = steps[0]
     req.append_output_token_ids([tok])
-    (out,), _ = op.process_outputs([EngineCoreOutput(req, [tok], sample, plp)])
+    (out,), _ = op.process_outputs([_core_out(req, [tok], sample, plp)])
     comp = out.outputs[0]
     assert comp.text == "" and comp.token_ids == [tok]
     for pos in [*out.prompt_logprobs[1:], *comp.logprobs]:
@@ -215,7 +221,7 @@ def test_delta_output_without_new_tokens_has_empty_logprobs(tokenizer):
     op.add_request(req, PROMPT)
     tok, sample, _ = steps[0]
     req.append_output_token_ids([tok])
-    op.process_outputs([EngineCoreOutput(req, [tok], sample)])
-    (aborted,) = op.abort_requests([req])
+    op.process_outputs([_core_out(req, [tok], sample)])
+    (aborted,) = op.abort_requests([req.request_id])
     comp = aborted.outputs[0]
     assert comp.finish_reason == "abort" and comp.token_ids == [] and comp.logprobs == []

@@ -12,13 +12,20 @@ from __future__ import annotations
 
 import pytest
 
+from engine.core.engine_core_messages import EngineCoreOutput
 from engine.gguf.reader import GGUFReader
 from engine.output_processor import OutputProcessor
-from engine.outputs import CompletionOutput, EngineCoreOutput
+from engine.outputs import CompletionOutput
 from engine.parallel_sampling import ParentRequest
 from engine.request import Request, RequestStatus
 from engine.sampling_params import RequestOutputKind, SamplingParams
 from engine.tokenizer import Tokenizer
+
+
+def _core_out(req, new_ids, new_logprobs=None, new_prompt_logprobs=None):
+    """What the engine core reports for `req` (engine/core/engine_core.py)."""
+    return EngineCoreOutput(req.request_id, new_ids, new_logprobs, new_prompt_logprobs,
+                            req.get_finished_reason(), req.stop_reason, req.num_cached_tokens)
 
 
 def _completion(index: int) -> CompletionOutput:
@@ -91,7 +98,7 @@ def _step(op, reqs, tokens, finish=False):
         req.append_output_token_ids([tok])
         if finish:
             req.status = RequestStatus.FINISHED_LENGTH_CAPPED
-        outs.append(EngineCoreOutput(req, [tok]))
+        outs.append(_core_out(req, [tok]))
     return op.process_outputs(outs)[0]
 
 
@@ -125,7 +132,7 @@ def test_abort_of_parent_reaches_every_live_child(tokenizer):
     reqs = _children(op, RequestOutputKind.CUMULATIVE)
     _step(op, reqs[:1], [10], finish=True)  # child 0 done
     assert op.child_request_ids("p") == ["1_p", "2_p"]
-    (out,) = op.abort_requests(reqs[1:])
+    (out,) = op.abort_requests([r.request_id for r in reqs[1:]])
     assert out.finished and [(c.index, c.finish_reason) for c in out.outputs] == \
         [(1, "abort"), (2, "abort")]
     assert not op.has_request("p") and op.child_request_ids("p") == []

@@ -49,6 +49,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--async-scheduling", action=B, default=None,
                         help="overlap scheduling with the device step (default: on with "
                              "CUDA)")
+    parser.add_argument("--multiprocessing", action=B, default=None,
+                        help="the engine core in its own process (vLLM's "
+                             "VLLM_ENABLE_V1_MULTIPROCESSING; default: on with CUDA)")
     parser.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None)
     parser.add_argument("--max-cudagraph-capture-size", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
@@ -58,7 +61,7 @@ _FIELDS = ("tokenizer", "skip_tokenizer_init", "load_format", "device", "dtype",
            "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
            "gpu_memory_utilization", "kv_cache_memory_bytes", "enable_prefix_caching",
            "enable_chunked_prefill", "enforce_eager", "async_scheduling",
-           "cudagraph_capture_sizes",
+           "multiprocessing", "cudagraph_capture_sizes",
            "max_cudagraph_capture_size", "seed")
 
 
@@ -120,9 +123,9 @@ def generate(engine, prompts: list[list[int]], params: list, tag: str = "r"
 
 
 def first_tokens_sampled(engine) -> bool:
-    """Whether a step's sampled tokens have reached the scheduler (or all finished)."""
-    requests = engine.scheduler.requests.values()
-    return not requests or any(r.num_output_tokens for r in requests)
+    """Whether a step's sampled tokens have reached the front end (or all finished)."""
+    states = engine.output_processor.request_states.values()
+    return not states or any(s.detokenizer.output_token_ids for s in states)
 
 
 def peak_memory_line() -> tuple[str, float | None]:

@@ -4,7 +4,8 @@
 #
 #   bash examples/bench/serve_gpu.sh [NUM_PROMPTS] [MAX_CONCURRENCY]
 #   (env: MODEL=a config.json directory, INPUT_LEN=1024, OUTPUT_LEN=128, DTYPE=bfloat16,
-#    VOCAB=32000: prompt ids are drawn below it)
+#    VOCAB=32000: prompt ids are drawn below it, SERVER_FLAGS: more server flags, e.g.
+#    --no-multiprocessing; the engine core runs in its own process by default on CUDA)
 #
 # Builds build/libvllm.so for this machine's Python (capi/build.py; needs cffi), starts the
 # server with vLLM's --load-format dummy --skip-tokenizer-init (token-id prompts), waits
@@ -22,7 +23,7 @@ python3 capi/build.py > "$out/serve-build.log" 2>&1 || { tail -20 "$out/serve-bu
 python3 examples/server/server.py "$model" --load-format dummy \
     --skip-tokenizer-init --dtype "${DTYPE:-bfloat16}" --max-model-len 2048 --max-num-seqs 256 \
     --max-num-queued-reqs 4096 --port "$port" --lib build/libvllm.so \
-    --uvicorn-log-level warning > "$out/serve-server.log" 2>&1 &
+    --uvicorn-log-level warning ${SERVER_FLAGS:-} > "$out/serve-server.log" 2>&1 &
 server=$!
 trap 'kill -INT $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
 started=$(date +%s)

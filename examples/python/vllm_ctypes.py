@@ -60,6 +60,7 @@ class EngineParams(Structure):
         ("skip_tokenizer_init", c_int32),
         ("async_scheduling", c_int32),  # since 0.4
         ("n_threads", c_int32),  # since 0.5
+        ("multiprocessing", c_int32),  # since 0.5
     ]
 
 

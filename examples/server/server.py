@@ -55,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--enforce-eager", action="store_true", default=None)
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                    help="schedule step N+1 while step N runs (default: on with CUDA)")
+    p.add_argument("--multiprocessing", action=argparse.BooleanOptionalAction,
+                   help="the engine core in its own process (default: on with CUDA)")
     p.add_argument("--chat-template", help="a template file or the template text")
     p.add_argument("--tokenizer", help="a Hugging Face tokenizer directory; default: the model's")
     p.add_argument("--load-format", choices=["auto", "dummy"],
@@ -101,6 +103,8 @@ def engine_fields(args: argparse.Namespace) -> dict:
     fields = {name: getattr(args, name) for name in names}
     if args.async_scheduling is not None:  # vllm.h: 1 on, -1 off, 0 the engine's default
         fields["async_scheduling"] = 1 if args.async_scheduling else -1
+    if args.multiprocessing is not None:
+        fields["multiprocessing"] = 1 if args.multiprocessing else -1
     return fields
 
 

@@ -50,6 +50,7 @@ mod sys {
         pub skip_tokenizer_init: i32,
         pub async_scheduling: i32, // since 0.4
         pub n_threads: i32,        // since 0.5
+        pub multiprocessing: i32,  // since 0.5
     }
 
     #[repr(C)]

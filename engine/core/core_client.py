@@ -1,0 +1,127 @@
+"""EngineCoreClient: how the front end talks to the engine core, as
+vllm/v1/engine/core_client.py (EngineCoreClient.make_client, InprocClient; the
+multiprocess SyncMPClient is engine/core/core_client_mp.py).
+
+Every client has the same surface: `ready` (what the core reported at start-up),
+add_request, abort_requests, get_output (one step's EngineCoreOutputs), the utility calls
+make_stats and reset_prefix_cache, wakeup and shutdown. The in-process client runs a
+core step inside get_output; callers serialize its use (LLMEngine's owner holds a lock).
+Mode selection (vLLM's VLLM_ENABLE_V1_MULTIPROCESSING) is `use_multiprocessing`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from engine.config import EngineConfig
+from engine.core.engine_core import EngineCore
+from engine.core.engine_core_messages import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreReady,
+    EngineCoreRequest,
+)
+from engine.errors import InvalidArgumentError
+from engine.tokenizer import Tokenizer
+
+ENV_MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def use_multiprocessing(config: EngineConfig, device_type: str) -> bool:
+    """config.multiprocessing if set, else VLLM_ENABLE_V1_MULTIPROCESSING if set, else
+    on with CUDA and off on CPU (measured: docs/architecture.md, "Process model")."""
+    if config.multiprocessing is not None:
+        return config.multiprocessing
+    env = os.environ.get(ENV_MULTIPROCESSING, "").strip()
+    if env:
+        if env not in ("0", "1"):
+            raise InvalidArgumentError(f"{ENV_MULTIPROCESSING} must be 0 or 1, got {env!r}")
+        return env == "1"
+    return device_type == "cuda"
+
+
+class EngineCoreClient:
+    """The client interface (vLLM's abstract EngineCoreClient)."""
+
+    ready: EngineCoreReady
+    is_multiprocess = False
+
+    @staticmethod
+    def make_client(config: EngineConfig) -> tuple[EngineCoreClient, Tokenizer | None]:
+        """The client for config's mode, and the front end's tokenizer."""
+        from engine.core.engine_core_load import load_tokenizer, resolve_device
+
+        if use_multiprocessing(config, resolve_device(config).type):
+            from engine.core.core_client_mp import SyncMPClient
+
+            client = SyncMPClient(config)
+            try:
+                return client, load_tokenizer(config)
+            except BaseException:
+                client.shutdown()
+                raise
+        core, tokenizer = EngineCore.from_config(config)
+        return InprocClient(core), tokenizer
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        raise NotImplementedError
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        raise NotImplementedError
+
+    def get_output(self, timeout_s: float | None = None) -> EngineCoreOutputs | None:
+        """The next step's outputs; None if nothing came within timeout_s (or wakeup)."""
+        raise NotImplementedError
+
+    def has_work(self) -> bool:
+        """Whether get_output must still be called for the core's own sake (in process:
+        steps still queued on the device)."""
+        return False
+
+    def make_stats(self) -> EngineCoreOutputs:
+        raise NotImplementedError
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        raise NotImplementedError
+
+    def wakeup(self) -> None:
+        """Make a blocked get_output return (None) now."""
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
+
+
+class InprocClient(EngineCoreClient):
+    """The core in the caller's process: get_output runs one core step."""
+
+    def __init__(self, engine_core: EngineCore) -> None:
+        self.engine_core = engine_core
+        self.ready = engine_core.ready
+        self._refused: list[EngineCoreOutput] = []  # add_request's error outputs
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        refused = self.engine_core.add_request(request)
+        if refused is not None:
+            self._refused.append(refused)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.engine_core.abort_requests(request_ids)
+
+    def get_output(self, timeout_s: float | None = None) -> EngineCoreOutputs:
+        outputs = self.engine_core.step()
+        if self._refused:
+            outputs.outputs = [*self._refused, *outputs.outputs]
+            self._refused = []
+        return outputs
+
+    def has_work(self) -> bool:
+        return bool(self._refused) or self.engine_core.has_work()
+
+    def make_stats(self) -> EngineCoreOutputs:
+        return self.engine_core.make_stats()
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        return self.engine_core.reset_prefix_cache(reset_running_requests)
+
+    def shutdown(self) -> None:
+        self.engine_core.shutdown()

@@ -1,0 +1,231 @@
+"""EngineCore: the scheduler + KV cache + grammar manager + model runner, as
+vllm/v1/engine/core.py (EngineCore: add_request, abort_requests, step,
+step_with_batch_queue, utility methods).
+
+The same object runs in the caller's process (InprocClient) or in the engine-core child
+(EngineCoreProc). It takes EngineCoreRequests whose SamplingParams the front end already
+completed and validated, and returns EngineCoreOutputs: new token ids, logprobs rows,
+finish status, the step's SchedulerStats. Detokenization, stop strings and the user's
+RequestOutputs belong to the front end (engine/llm_engine.py).
+Async scheduling is vLLM's step_with_batch_queue: a queue of two steps, so step N+1 is
+scheduled and queued on the device before the output of step N is waited for.
+Start-up: load the model (load_format auto | dummy), profile the activation peak on CUDA
+and size the KV cache from gpu_memory_utilization (kv_cache_memory_bytes overrides),
+allocate and bind the cache, capture the decode CUDA graphs (not with enforce_eager).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from engine.config import EngineConfig
+from engine.core.async_scheduler import AsyncScheduler
+from engine.core.engine_core_load import load_model_and_tokenizer
+from engine.core.engine_core_messages import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreReady,
+    EngineCoreRequest,
+)
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.kv_cache_utils import get_num_kv_blocks
+from engine.core.sched_output import SchedulerOutput
+from engine.core.scheduler import Scheduler
+from engine.errors import InvalidArgumentError, VllmError
+from engine.models.config import ModelArchConfig, get_diff_sampling_param
+from engine.request import Request, RequestStatus
+from engine.structured_output import (
+    StructuredOutputManager,
+    StructuredOutputRequest,
+    StructuredOutputsConfig,
+)
+from engine.tokenizer import Tokenizer
+from engine.worker.gpu_worker import determine_available_memory
+from engine.worker.model_runner import (
+    AsyncModelRunnerOutput,
+    ModelRunner,
+    SampledModelRunnerOutput,
+)
+
+_CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, model: torch.nn.Module, arch: ModelArchConfig,
+                 tokenizer: Tokenizer | None, device: torch.device, dtype: torch.dtype) -> None:
+        self.config = config
+        self.device = device
+        self.eos_token_id = None if tokenizer is None else tokenizer.eos_token_id
+        self.max_model_len = config.max_model_len or arch.max_position_embeddings
+        if self.max_model_len > arch.max_position_embeddings:
+            raise InvalidArgumentError(
+                f"max_model_len ({self.max_model_len}) is greater than the model's context "
+                f"length ({arch.max_position_embeddings})")
+        if not config.max_num_batched_tokens:
+            config.max_num_batched_tokens = 8192 if config.enable_chunked_prefill else max(
+                self.max_model_len, 2048)
+        config.verify_max_model_len(self.max_model_len)  # vLLM's SchedulerConfig checks
+        self.model_runner = ModelRunner(
+            model, None, device, config.block_size, max_num_reqs=config.max_num_seqs,
+            max_num_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len)
+        self.num_gpu_blocks = self._num_kv_blocks(arch, dtype)
+        shape = (2, self.num_gpu_blocks, config.block_size, arch.num_key_value_heads,
+                 arch.head_dim)
+        kv_caches = [torch.empty(shape, dtype=dtype, device=device)
+                     for _ in range(arch.num_hidden_layers)]
+        self.model_runner.initialize_kv_cache(kv_caches)
+        # decode CUDA graphs, captured at start-up (vLLM's capture_model); 0.0 without
+        self.cudagraph_capture_time_s = self.model_runner.capture_model(
+            config.cudagraph_batch_sizes())
+        kv = KVCacheManager(self.num_gpu_blocks, config.block_size, self.max_model_len,
+                            config.enable_prefix_caching, watermark=config.watermark)
+        self.structured_output_manager = None if tokenizer is None else \
+            _structured_output_manager(config, tokenizer, arch.vocab_size)
+        if config.async_scheduling is None:  # vLLM: on unless incompatible; ours: CUDA
+            config.async_scheduling = device.type == "cuda"
+        scheduler_cls = AsyncScheduler if config.async_scheduling else Scheduler
+        self.scheduler = scheduler_cls(config, kv, self.max_model_len,
+                                       structured_output_manager=self.structured_output_manager)
+        # steps queued on the device whose output is not processed yet, newest first
+        self.batch_queue: deque[tuple[AsyncModelRunnerOutput, SchedulerOutput]] = deque()
+        self.batch_queue_size = 2 if config.async_scheduling else 1
+        self.ready = EngineCoreReady(
+            architecture=arch.architecture, name=arch.name, vocab_size=arch.vocab_size,
+            max_model_len=self.max_model_len, num_gpu_blocks=self.num_gpu_blocks,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            async_scheduling=config.async_scheduling,
+            cudagraph_capture_time_s=self.cudagraph_capture_time_s,
+            default_sampling_params=get_diff_sampling_param(arch.generation_config))
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> tuple[EngineCore, Tokenizer | None]:
+        """The core and the tokenizer it loaded (the in-process front end shares it)."""
+        model, arch, tokenizer, device, dtype = load_model_and_tokenizer(config)
+        return cls(config, model, arch, tokenizer, device, dtype), tokenizer
+
+    def _num_kv_blocks(self, arch: ModelArchConfig, dtype: torch.dtype) -> int:
+        bs = self.config.block_size
+        block_bytes = (2 * arch.num_hidden_layers * bs * arch.num_key_value_heads
+                       * arch.head_dim * torch.finfo(dtype).bits // 8)
+        budget = self.config.kv_cache_memory_bytes
+        if not budget:
+            if self.device.type == "cuda":  # vLLM's profile run + gpu_memory_utilization
+                budget = determine_available_memory(
+                    self.model_runner, self.config.max_num_batched_tokens,
+                    self.config.gpu_memory_utilization)
+            else:  # the CPU default, capped at what max_num_seqs full contexts need
+                need = self.config.max_num_seqs * (-(-self.max_model_len // bs) + 1) * block_bytes
+                budget = min(_CPU_KV_CACHE_BYTES, need)
+        return get_num_kv_blocks(budget, block_bytes, bs, self.max_model_len)
+
+    # ---------------------------------------------------------------- requests
+
+    def add_request(self, request: EngineCoreRequest) -> EngineCoreOutput | None:
+        """Queue a request; a request the core refuses (it can never fit the KV cache)
+        comes back as its last output with finish reason "error"."""
+        sp = request.sampling_params
+        rid = request.request_id
+        so_request = None if sp.structured_outputs is None else StructuredOutputRequest(
+            sp.structured_outputs, rid, set(sp.all_stop_token_ids), request.prompt_token_ids,
+            request.reasoning_parser_kwargs)
+        req = Request(rid, request.prompt_token_ids, sp, self.eos_token_id,
+                      request.arrival_time, self.config.block_size, priority=request.priority,
+                      cache_salt=request.cache_salt, structured_output_request=so_request)
+        try:
+            if rid in self.scheduler.requests:
+                raise InvalidArgumentError(f"request id {rid!r} is already in use")
+            self.scheduler.add_request(req)
+        except VllmError as e:
+            return EngineCoreOutput(rid, [], finish_reason="error", error=(e.status, str(e)))
+        if so_request is not None:  # compiles on the manager's threads
+            self.structured_output_manager.grammar_init(so_request)
+        return None
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Finish requests the front end ended (abort, stop string): nothing comes back."""
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_work(self) -> bool:
+        return bool(self.batch_queue) or self.scheduler.has_unfinished_requests()
+
+    def step(self) -> EngineCoreOutputs:
+        """Schedule and queue a step; unless the batch queue still has room (async
+        scheduling), wait for the oldest step queued and return its outputs."""
+        outputs: list[EngineCoreOutput] = []
+        queue = self.batch_queue
+        if self.scheduler.has_unfinished_requests():
+            sched_out = self.scheduler.schedule()
+            if sched_out.pending_output_tokens and queue:  # its sampling needs that output
+                outputs += self._process_step(*queue.pop())
+            grammar_output = self.scheduler.get_grammar_bitmask(sched_out)
+            queue.appendleft((self.model_runner.execute_model_async(sched_out, grammar_output),
+                              sched_out))
+            if len(queue) < self.batch_queue_size and sched_out.total_num_scheduled_tokens:
+                return self._with_stats(outputs)
+        if queue:
+            outputs += self._process_step(*queue.pop())
+        return self._with_stats(outputs)
+
+    def _process_step(self, future: AsyncModelRunnerOutput, sched_out: SchedulerOutput
+                      ) -> list[EngineCoreOutput]:
+        """Wait for a queued step's output: scheduler update, this step's outputs."""
+        runner_out = future.get_output()
+        results = self.scheduler.update_from_output(sched_out, runner_out)
+        results += [(req, []) for req in self.scheduler.take_errored_requests()]
+        return _engine_core_outputs(results, runner_out)
+
+    def _with_stats(self, outputs: list[EngineCoreOutput]) -> EngineCoreOutputs:
+        return EngineCoreOutputs(outputs, self.scheduler.make_stats(),
+                                 self.scheduler.num_preemptions)
+
+    # ---------------------------------------------------------------- utilities
+
+    def make_stats(self) -> EngineCoreOutputs:
+        """The scheduler's gauges now (an abort may have happened since the step)."""
+        return self._with_stats([])
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM EngineCore.reset_prefix_cache: False while running requests hold blocks."""
+        return self.scheduler.reset_prefix_cache(reset_running_requests)
+
+    def shutdown(self) -> None:
+        self.scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)
+        while self.batch_queue:  # wait for the device; the outputs are of aborted requests
+            self.batch_queue.pop()[0].get_output()
+        if self.structured_output_manager is not None:
+            self.structured_output_manager.clear_backend()
+
+
+def _engine_core_outputs(results: list[tuple[Request, list[int]]],
+                         runner_out: SampledModelRunnerOutput) -> list[EngineCoreOutput]:
+    """Each request's new tokens, logprobs rows and finish status (the part of vLLM's
+    Scheduler.update_from_output that builds EngineCoreOutputs)."""
+    index = {req_id: i for i, req_id in enumerate(runner_out.req_ids)}
+    outputs = []
+    for req, new_ids in results:
+        i = index.get(req.request_id)
+        new_logprobs = None
+        if runner_out.logprobs is not None and i is not None and new_ids \
+                and req.sampling_params.logprobs is not None:
+            new_logprobs = runner_out.logprobs.slice_request(i, len(new_ids))
+        error = None if req.error is None else (req.error.status, str(req.error))
+        outputs.append(EngineCoreOutput(
+            req.request_id, new_ids, new_logprobs,
+            runner_out.prompt_logprobs_dict.get(req.request_id), req.get_finished_reason(),
+            req.stop_reason, req.num_cached_tokens, error))
+    return outputs
+
+
+def _structured_output_manager(config: EngineConfig, tokenizer: Tokenizer,
+                               vocab_size: int) -> StructuredOutputManager:
+    reasoner_cls = None
+    if config.reasoning_parser:
+        from engine.reasoning import ReasoningParserManager
+
+        reasoner_cls = ReasoningParserManager.get_reasoning_parser(config.reasoning_parser)
+        reasoner_cls(tokenizer)  # fails now if the vocab lacks its markers, not per request
+    so_config = StructuredOutputsConfig(backend=config.structured_outputs_backend,
+                                        reasoning_parser=config.reasoning_parser)
+    return StructuredOutputManager(tokenizer, vocab_size, so_config, reasoner_cls)

@@ -1,0 +1,112 @@
+"""What crosses the front end / engine core boundary, as vllm/v1/engine/__init__.py
+(EngineCoreRequest, EngineCoreOutput, EngineCoreOutputs, UtilityOutput,
+EngineCoreRequestType).
+
+msgspec structs (array_like: encoded as msgpack arrays, no field names on the wire). The
+same objects pass by reference with the in-process client. `error` of an output is
+(vllm.h status, message) of a request the core failed alone (its grammar did not
+compile); the front end rebuilds the exception with engine.errors.error_from_wire.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from engine.errors import (
+    InvalidArgumentError,
+    ModelLoadError,
+    OutOfResourcesError,
+    UnsupportedError,
+    VllmError,
+)
+from engine.metrics import SchedulerStats
+from engine.sample.outputs import LogprobsLists
+from engine.sampling_params import SamplingParams
+
+
+class EngineCoreRequestType(enum.Enum):
+    """The first frame of every message on the input socket (vLLM's request types)."""
+
+    ADD = b"\x00"
+    ABORT = b"\x01"
+    UTILITY = b"\x03"
+    SHUTDOWN = b"\x04"
+
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams  # completed by the front end (serial_utils encodes it)
+    arrival_time: float
+    priority: int = 0
+    cache_salt: str | None = None
+    reasoning_parser_kwargs: dict | None = None
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """What one step produced for one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: LogprobsLists | None = None  # one row per new token
+    new_prompt_logprobs: LogprobsLists | None = None  # all prompt positions but the first
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = -1  # prefix-cache hit length; -1: not scheduled yet
+    error: tuple[int, str] | None = None  # (vllm.h status, message) with "error"
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class UtilityOutput(msgspec.Struct, array_like=True, gc=False):
+    """The answer to a utility call: its result as raw msgpack, or why it failed."""
+
+    call_id: int
+    failure: str | None = None
+    result: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"\xc0"))  # nil
+
+
+class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    outputs: list[EngineCoreOutput] = []
+    scheduler_stats: SchedulerStats | None = None
+    num_preemptions: int = 0  # the scheduler's total
+    utility_output: UtilityOutput | None = None
+    # a child's log record (level, logger name, message), re-emitted by the front end
+    log_record: tuple[int, str, str] | None = None
+
+
+class EngineCoreReady(msgspec.Struct, array_like=True, gc=False):
+    """What the front end learns from the core at start-up (vLLM's handshake)."""
+
+    architecture: str
+    name: str
+    vocab_size: int
+    max_model_len: int
+    num_gpu_blocks: int
+    max_num_batched_tokens: int  # resolved
+    async_scheduling: bool  # resolved
+    cudagraph_capture_time_s: float
+    default_sampling_params: dict  # the model's generation_config.json defaults
+
+
+class EngineCoreStartupFailure(msgspec.Struct, array_like=True, gc=False):
+    """Why the child could not start (e.g. ModelLoadError): vllm.h status and message."""
+
+    status: int
+    message: str
+
+
+def error_from_wire(error: tuple[int, str]) -> VllmError:
+    """The exception of a status and message that crossed the socket."""
+    status, message = error
+    exc = _ERRORS_BY_STATUS.get(status, VllmError)(message)
+    exc.status = status
+    return exc
+
+
+_ERRORS_BY_STATUS = {e.status: e for e in (
+    InvalidArgumentError, ModelLoadError, UnsupportedError, OutOfResourcesError)}

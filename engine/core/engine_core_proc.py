@@ -1,0 +1,217 @@
+"""EngineCoreProc: the engine core's own process, as vllm/v1/engine/core.py
+(EngineCoreProc: run_engine_core, run_busy_loop, process_input_sockets,
+process_output_sockets).
+
+`python -m engine.core.engine_core_proc --input ADDR --output ADDR --config JSON ...`
+(started by engine/core/engine_core_utils.py). Three threads:
+- input thread: zmq PULL -> MsgpackDecoder -> input queue (decoding overlaps the device);
+- busy loop (main thread): apply every queued request / abort / utility call, run one
+  EngineCore step while there is work, queue its EngineCoreOutputs; block on the input
+  queue when idle;
+- output thread: output queue -> MsgpackEncoder -> zmq PUSH.
+The first message on the output socket is the handshake: READY + EngineCoreReady, or
+FAILED + EngineCoreStartupFailure (the model did not load: status and message reach
+vllm_engine_create). A failing step sends DEAD + the reason, then the process exits.
+Log records of the "engine" loggers go to the front end, which re-emits them. The child
+exits when its parent does (a parent-pid watch: PR_SET_PDEATHSIG follows the parent
+*thread*, and the host thread that created the engine may end long before the host).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import threading
+import time
+
+import zmq
+
+from engine.config import EngineConfig
+from engine.core.engine_core_messages import (
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineCoreRequestType,
+    EngineCoreStartupFailure,
+    UtilityOutput,
+)
+from engine.core.serial_utils import MsgpackDecoder, MsgpackEncoder
+from engine.errors import VllmError
+
+READY, FAILED, DEAD = b"READY", b"FAILED", b"DEAD"
+UTILITY_METHODS = frozenset({"make_stats", "reset_prefix_cache"})
+_PARENT_POLL_S = 0.5
+logger = logging.getLogger(__name__)
+
+
+class _ForwardHandler(logging.Handler):
+    """Puts each record on the output queue as (level, logger name, message)."""
+
+    def __init__(self, output_queue: queue.Queue) -> None:
+        super().__init__()
+        self.output_queue = output_queue
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+            if record.exc_info:
+                message += "\n" + logging.Formatter().formatException(record.exc_info)
+        except Exception:  # noqa: BLE001 - a bad record must not stop the engine
+            return
+        self.output_queue.put((None, EngineCoreOutputs(
+            log_record=(record.levelno, record.name, message))))
+
+
+class EngineCoreProc:
+    def __init__(self, engine_core, input_address: str, ctx: zmq.Context,
+                 output_queue: queue.Queue) -> None:
+        self.engine_core = engine_core
+        self.input_queue: queue.Queue = queue.Queue()
+        self.output_queue = output_queue
+        self.shutdown_requested = False
+        self._last_gauges: tuple | None = None
+        threading.Thread(target=self.process_input_sockets, args=(ctx, input_address),
+                         name="vllm-core-input", daemon=True).start()
+
+    def process_input_sockets(self, ctx: zmq.Context, address: str) -> None:
+        decoders = {EngineCoreRequestType.ADD: MsgpackDecoder(EngineCoreRequest),
+                    EngineCoreRequestType.ABORT: MsgpackDecoder(list[str]),
+                    EngineCoreRequestType.UTILITY: MsgpackDecoder(tuple[int, str, list])}
+        sock = ctx.socket(zmq.PULL)
+        sock.connect(address)
+        while True:
+            frames = sock.recv_multipart(copy=False)
+            kind = EngineCoreRequestType(bytes(frames[0].buffer))
+            payload = None if kind == EngineCoreRequestType.SHUTDOWN else \
+                decoders[kind].decode([f.buffer for f in frames[1:]])
+            self.input_queue.put((kind, payload))
+            if kind == EngineCoreRequestType.SHUTDOWN:
+                return
+
+    def run_busy_loop(self) -> None:
+        core = self.engine_core
+        while not self.shutdown_requested:
+            self._process_input_queue(block=not core.has_work())
+            if self.shutdown_requested:
+                break
+            if core.has_work():
+                self._send_step(core.step())
+
+    def _send_step(self, outputs: EngineCoreOutputs) -> None:
+        """Outputs, or changed gauges; a step with neither (requests waiting for their
+        grammar) is not sent, and the loop naps instead of spinning."""
+        stats = outputs.scheduler_stats
+        gauges = None if stats is None else (
+            stats.num_running_reqs, stats.num_waiting_reqs, stats.kv_cache_usage,
+            outputs.num_preemptions)
+        if outputs.outputs or gauges != self._last_gauges or \
+                (stats is not None and stats.prefix_cache_stats.requests):
+            self._last_gauges = gauges
+            self.output_queue.put((None, outputs))
+        elif not self.engine_core.batch_queue:
+            time.sleep(0.001)
+
+    def _process_input_queue(self, block: bool) -> None:
+        while True:
+            try:
+                kind, payload = self.input_queue.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            self._handle(kind, payload)
+
+    def _handle(self, kind: EngineCoreRequestType, payload) -> None:
+        core = self.engine_core
+        if kind == EngineCoreRequestType.ADD:
+            refused = core.add_request(payload)
+            if refused is not None:
+                self.output_queue.put((None, EngineCoreOutputs([refused])))
+        elif kind == EngineCoreRequestType.ABORT:
+            core.abort_requests(payload)
+        elif kind == EngineCoreRequestType.UTILITY:
+            call_id, method, args = payload
+            try:
+                if method not in UTILITY_METHODS:
+                    raise VllmError(f"unknown utility method {method!r}")
+                result = getattr(core, method)(*args)
+                out = UtilityOutput(call_id, result=result)
+            except Exception as e:  # noqa: BLE001 - the caller gets the failure
+                out = UtilityOutput(call_id, failure=f"{type(e).__name__}: {e}")
+            self.output_queue.put((None, EngineCoreOutputs(utility_output=out)))
+        else:
+            self.shutdown_requested = True
+
+
+def process_output_socket(ctx: zmq.Context, address: str, output_queue: queue.Queue) -> None:
+    """Encode and send until a None item; (tag, obj): tag is a handshake/death frame."""
+    encoder = MsgpackEncoder()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect(address)
+    while (item := output_queue.get()) is not None:
+        tag, obj = item
+        frames = encoder.encode(obj)
+        sock.send_multipart(([tag] if tag else []) + frames, copy=False)
+    sock.close()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(_PARENT_POLL_S)
+    os._exit(1)  # the front end is gone: nobody will read our outputs
+
+
+def run_engine_core(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
+    ctx = zmq.Context()
+    output_queue: queue.Queue = queue.Queue()
+    sender = threading.Thread(target=process_output_socket,
+                              args=(ctx, args.output, output_queue), name="vllm-core-output")
+    sender.start()
+    engine_logger = logging.getLogger("engine")
+    engine_logger.addHandler(_ForwardHandler(output_queue))
+    engine_logger.setLevel(args.log_level)
+    engine_logger.propagate = False
+    code = 0
+    try:
+        from engine.core.engine_core import EngineCore
+
+        try:
+            core, _ = EngineCore.from_config(EngineConfig(**json.loads(args.config)))
+        except Exception as e:  # noqa: BLE001 - the front end reports it
+            status = e.status if isinstance(e, VllmError) else 9
+            message = str(e) or type(e).__name__
+            if not isinstance(e, VllmError):
+                message = f"{type(e).__name__}: {message}"
+            output_queue.put((FAILED, EngineCoreStartupFailure(status, message)))
+            return 1
+        proc = EngineCoreProc(core, args.input, ctx, output_queue)
+        output_queue.put((READY, core.ready))
+        try:
+            proc.run_busy_loop()
+            core.shutdown()
+        except Exception as e:  # noqa: BLE001 - the front end ends every request
+            logger.exception("the engine core failed")
+            output_queue.put((DEAD, f"the engine core failed: {type(e).__name__}: {e}"))
+            code = 1
+    finally:
+        output_queue.put(None)
+        sender.join(5)
+    return code
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="the libvllm engine-core process")
+    p.add_argument("--input", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("--config", required=True, help="EngineConfig as JSON")
+    p.add_argument("--parent-pid", type=int, required=True)
+    p.add_argument("--log-level", type=int, default=logging.WARNING)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_engine_core())

@@ -1,0 +1,87 @@
+"""Starting the engine-core child process, as vllm/v1/engine/utils.py
+(CoreEngineProcManager, get_engine_client_zmq_addr, wait_for_engine_startup).
+
+Traps of an embedded interpreter (docs/c_api.md, "Engine-core process"):
+- inside libvllm.so `sys.executable` may be the C host program: the child is started with
+  the python of the environment (LIBVLLM_PYTHON, else sys.executable when it is a
+  python, else <sys.prefix>/bin/python3), never by re-executing the host, and not through
+  multiprocessing (which would use sys.executable);
+- the child gets the parent's sys.path as PYTHONPATH, and its own session, so a
+  terminal's Ctrl-C reaches the host only (the host then stops the child).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from engine.config import EngineConfig
+from engine.errors import VllmError
+
+ENV_PYTHON = "LIBVLLM_PYTHON"
+
+
+@dataclasses.dataclass
+class CoreProcess:
+    proc: subprocess.Popen
+    ipc_dir: str
+    input_address: str  # the front end binds PUSH; the child connects PULL
+    output_address: str  # the front end binds PULL; the child connects PUSH
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+
+def python_executable() -> str:
+    """The interpreter to run the child with (never the C host program)."""
+    explicit = os.environ.get(ENV_PYTHON, "").strip()
+    candidates = [explicit] if explicit else []
+    if sys.executable and os.path.basename(sys.executable).startswith("python"):
+        candidates.append(sys.executable)
+    major, minor = sys.version_info[:2]
+    candidates += [os.path.join(sys.prefix, "bin", name)
+                   for name in (f"python{major}.{minor}", "python3", "python")]
+    for path in candidates:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    raise VllmError(f"cannot find the python of this environment to start the engine core "
+                    f"(tried {candidates}); set {ENV_PYTHON}")
+
+
+def ipc_addresses() -> tuple[str, str, str]:
+    """(private directory, input address, output address) of two fresh IPC sockets."""
+    ipc_dir = tempfile.mkdtemp(prefix="vllm-core-")
+    return ipc_dir, f"ipc://{ipc_dir}/input", f"ipc://{ipc_dir}/output"
+
+
+def launch_core_process(config: EngineConfig, ipc_dir: str, input_address: str,
+                        output_address: str) -> CoreProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the child is the core
+    log_level = logging.getLogger("engine").getEffectiveLevel()
+    argv = [python_executable(), "-m", "engine.core.engine_core_proc",
+            "--input", input_address, "--output", output_address,
+            "--parent-pid", str(os.getpid()), "--log-level", str(log_level),
+            "--config", json.dumps(dataclasses.asdict(config))]
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                            close_fds=True)
+    return CoreProcess(proc, ipc_dir, input_address, output_address)
+
+
+def describe_exit(returncode: int) -> str:
+    """'exit code 1' or 'killed by signal SIGKILL'."""
+    if returncode < 0:
+        import signal
+
+        try:
+            return f"killed by signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
