@@ -144,10 +144,6 @@ def glue_engine_create(model_path, params, out) -> None:
     chat_template = None if override is None else _load_chat_template(override)
     check_create_inputs(config.model, chat_template)  # vLLM fails at start-up
     _report_progress(params, 0.0)
-    if config.n_threads:  # vllm.h: process-wide, as torch's intra-op pool
-        import torch
-
-        torch.set_num_threads(config.n_threads)
     engine = _engine_class().from_config(config)
     if chat_template is not None:
         if engine.tokenizer is None:

@@ -102,6 +102,8 @@ class EngineCore:
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, Tokenizer | None]:
         """The core and the tokenizer it loaded (the in-process front end shares it)."""
+        if config.n_threads:  # vllm.h n_threads: process-wide (the core's process)
+            torch.set_num_threads(config.n_threads)
         model, arch, tokenizer, device, dtype = load_model_and_tokenizer(config)
         return cls(config, model, arch, tokenizer, device, dtype), tokenizer
 
