@@ -53,6 +53,7 @@ class LLMEngine:
         config.async_scheduling = ready.async_scheduling
         self.max_model_len = ready.max_model_len
         self.cudagraph_capture_time_s = ready.cudagraph_capture_time_s
+        self.memory_profile = ready.memory_profile  # bytes (CUDA), as the core measured
         self.input_processor = InputProcessor(config, ready, tokenizer)
         self.stats = StatsAggregator()
         self.output_processor = OutputProcessor(tokenizer)

@@ -97,7 +97,8 @@ class EngineCore:
             max_num_batched_tokens=config.max_num_batched_tokens,
             async_scheduling=config.async_scheduling,
             cudagraph_capture_time_s=self.cudagraph_capture_time_s,
-            default_sampling_params=get_diff_sampling_param(arch.generation_config))
+            default_sampling_params=get_diff_sampling_param(arch.generation_config),
+            memory_profile=dict(self.model_runner.memory_profile))
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, Tokenizer | None]:

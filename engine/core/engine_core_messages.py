@@ -91,6 +91,7 @@ class EngineCoreReady(msgspec.Struct, array_like=True, gc=False):
     async_scheduling: bool  # resolved
     cudagraph_capture_time_s: float
     default_sampling_params: dict  # the model's generation_config.json defaults
+    memory_profile: dict  # bytes, gpu_worker's profile run and the graph pool (CUDA)
 
 
 class EngineCoreStartupFailure(msgspec.Struct, array_like=True, gc=False):

@@ -52,6 +52,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--multiprocessing", action=B, default=None,
                         help="the engine core in its own process (vLLM's "
                              "VLLM_ENABLE_V1_MULTIPROCESSING; default: on with CUDA)")
+    parser.add_argument("--cudagraph-mode", default=None,
+                        choices=["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY",
+                                 "FULL_AND_PIECEWISE"],
+                        help="vLLM's -cc.cudagraph_mode (default: FULL_AND_PIECEWISE)")
     parser.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None)
     parser.add_argument("--max-cudagraph-capture-size", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
@@ -61,7 +65,7 @@ _FIELDS = ("tokenizer", "skip_tokenizer_init", "load_format", "device", "dtype",
            "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
            "gpu_memory_utilization", "kv_cache_memory_bytes", "enable_prefix_caching",
            "enable_chunked_prefill", "enforce_eager", "async_scheduling",
-           "multiprocessing", "cudagraph_capture_sizes",
+           "multiprocessing", "cudagraph_mode", "cudagraph_capture_sizes",
            "max_cudagraph_capture_size", "seed")
 
 

@@ -62,12 +62,15 @@ SEQS64_PROMPTS = 300  # llama8b-seqs64: 300 x THROUGHPUT_LENS at --max-num-seqs 
 TARGETS = {"b1": 250.0, "eager_b1": 60.0, "throughput": 34.0, "seqs64": 26.0, "startup": 20.0}
 
 
-def run_step(name: str, out_dir: Path, throughput_prompts: int) -> None:
+def run_step(name: str, out_dir: Path, throughput_prompts: int,
+             cudagraph_mode: str | None = None) -> None:
     """Child: one engine, its benchmarks, JSON rewritten after each."""
     from examples.bench import latency, startup, throughput
 
     model, extra, batches = STEPS[name]
     engine_flags = ["--model", str(MODELS / model), *COMMON, *extra]
+    if cudagraph_mode:
+        engine_flags += ["--cudagraph-mode", cudagraph_mode]
     path = out_dir / f"suite-{name}.json"
     results: dict = {"step": name, "model": model, "engine_flags": engine_flags}
 
@@ -81,7 +84,7 @@ def run_step(name: str, out_dir: Path, throughput_prompts: int) -> None:
 
     engine, results["startup"] = startup.timed_start(parse(startup, []))
     results["startup"]["cudagraph_capture_time_s"] = engine.cudagraph_capture_time_s
-    results["memory_profile"] = dict(engine.model_runner.memory_profile)
+    results["memory_profile"] = dict(engine.memory_profile)
     results["device"] = _device_name()
     save()
     for b in batches:
@@ -192,12 +195,13 @@ def main() -> None:
     ap.add_argument("--throughput-prompts", type=int, default=1000)
     ap.add_argument("--budget-s", type=float, default=540.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--cudagraph-mode", default=None, help="passed to every step's engine")
     ap.add_argument("--step", choices=list(STEPS), help=argparse.SUPPRESS)  # child mode
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.step:
-        run_step(args.step, out_dir, args.throughput_prompts)
+        run_step(args.step, out_dir, args.throughput_prompts, args.cudagraph_mode)
         return
     deadline = time.monotonic() + args.budget_s
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -217,7 +221,9 @@ def main() -> None:
             try:
                 rc = subprocess.run([sys.executable, "-m", "examples.bench.suite", "--step", step,
                                      "--out", str(out_dir), "--throughput-prompts",
-                                     str(args.throughput_prompts)], cwd=ROOT, env=env,
+                                     str(args.throughput_prompts),
+                                     *(["--cudagraph-mode", args.cudagraph_mode]
+                                       if args.cudagraph_mode else [])], cwd=ROOT, env=env,
                                     stdout=f, stderr=subprocess.STDOUT, timeout=left).returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
