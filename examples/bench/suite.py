@@ -1,8 +1,8 @@
 """The fixed GPU benchmark suite: one command, a table printed last, JSON under $OUT.
 
     PYTHONPATH=. python -m examples.bench.suite [--throughput-prompts 1000]
-        [--budget-s 540] [--steps llama8b-graphs llama8b-seqs64 llama8b-eager qwen3-8b
-        qwen3-30b-a3b]
+        [--budget-s 540] [--cudagraph-mode MODE]
+        [--steps llama8b-graphs llama8b-seqs64 llama8b-eager qwen3-8b qwen3-30b-a3b]
 
 Every step is a child process (`--step NAME`) that builds one engine with random weights
 of a real architecture (examples/bench/models/, --load-format dummy, bf16, token-id
