@@ -107,7 +107,9 @@ def test_capture_sizes_as_vllm_derives_them():
 def test_engine_config_capture_sizes_and_mode():
     sizes = EngineConfig("m", max_num_seqs=64, max_num_batched_tokens=8192
                          ).cudagraph_batch_sizes()
-    assert isinstance(sizes, CaptureSizes) and sizes.mode == M.FULL_DECODE_ONLY  # default
+    assert isinstance(sizes, CaptureSizes) and sizes.mode == M.FULL  # our default (config.py)
+    assert EngineConfig("m", cudagraph_mode="FULL_AND_PIECEWISE").cudagraph_batch_sizes(
+        ).mode == M.FULL_DECODE_ONLY  # vLLM's default given: normalized as vLLM does
     assert sizes[-1] == 128
     assert EngineConfig("m", cudagraph_mode="full").cudagraph_batch_sizes().mode == M.FULL
     assert EngineConfig("m", enforce_eager=True).cudagraph_batch_sizes() == []

@@ -316,8 +316,8 @@ def run_mixed(path: str, mode: str | None, preempt: bool, async_scheduling: bool
 def test_mixed_steps_under_graphs_equal_eager(hf_dir, preempt, async_scheduling):
     """FULL graphs over num_tokens buckets run the mixed prefill/decode steps of chunked
     prefill with prefix caching, penalties, logprobs and prompt logprobs, and preemption:
-    greedy tokens equal eager ones, the sampled logprobs agree within bf16 tolerance.
-    FULL_AND_PIECEWISE (the default) runs as FULL_DECODE_ONLY: decode graphs only."""
+    greedy tokens and logprobs agree with eager ones as vLLM's check_logprobs_close has it.
+    FULL_AND_PIECEWISE given runs as FULL_DECODE_ONLY: decode graphs only."""
     _, path, model = hf_dir
     cfg = model.config
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -330,9 +330,22 @@ def test_mixed_steps_under_graphs_equal_eager(hf_dir, preempt, async_scheduling)
     assert decode_only[2] and all(d.uniform for d in decode_only[2])
     assert (eager[3] > 0) == preempt and (full[3] > 0) == preempt
     for got in (full, decode_only):
-        assert got[0] == eager[0]
-        for lp_got, lp_want in zip(got[1], eager[1]):
-            for pos_got, pos_want in zip(lp_got or [], lp_want or []):
-                for tok, lp in pos_want.items():
-                    if tok in pos_got:
-                        assert abs(pos_got[tok].logprob - lp.logprob) < 4e-2
+        for ids_got, ids_want, lp_got, lp_want in zip(got[0], eager[0], got[1], eager[1]):
+            check_mixed_close(ids_got, ids_want, lp_got, lp_want)
+
+
+def check_mixed_close(ids_got: list[int], ids_want: list[int], lp_got, lp_want) -> None:
+    """check_logprobs_close above for one sequence of two bf16 runs whose kernels sum in
+    another order, plus the values: up to the first differing token the shared logprobs
+    agree within one bf16 ulp at logits of 8 to 16 (6.25e-2). Without logprobs: equal."""
+    assert len(ids_got) == len(ids_want)
+    if lp_got is None or lp_want is None:
+        assert ids_got == ids_want
+        return
+    for i, (a, b) in enumerate(zip(ids_got, ids_want)):
+        for tok, lp in lp_want[i].items():
+            if tok in lp_got[i]:
+                assert abs(lp_got[i][tok].logprob - lp.logprob) < 6.25e-2, (i, tok)
+        if a != b:
+            assert a in lp_want[i] and b in lp_got[i], (i, a, b)
+            return

@@ -9,7 +9,7 @@ uniform-decode keys). Own code.
 
 This engine has no torch.compile (vLLM's CompilationMode.NONE), so a mode with piecewise
 graphs resolves as VllmConfig._normalize_piecewise_cudagraph_mode resolves it then
-(without_piecewise): FULL_AND_PIECEWISE, the default, -> FULL_DECODE_ONLY; PIECEWISE ->
+(without_piecewise): FULL_AND_PIECEWISE -> FULL_DECODE_ONLY; PIECEWISE ->
 NONE. The attention backend (one unified Triton kernel for prefill, chunked prefill and
 decode rows, kernels/paged_attention.py) supports every batch in a full graph (vLLM's
 AttentionCGSupport.ALWAYS, as its TritonAttentionBackend): cudagraph_mode=FULL captures
