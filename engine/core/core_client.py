@@ -29,7 +29,8 @@ ENV_MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 def use_multiprocessing(config: EngineConfig, device_type: str) -> bool:
     """config.multiprocessing if set, else VLLM_ENABLE_V1_MULTIPROCESSING if set, else
-    on with CUDA and off on CPU (measured: docs/architecture.md, "Process model")."""
+    on with CUDA and off on CPU (measured equal on CPU, where the child only costs a
+    second torch import and weights copy: docs/architecture.md, "Process model")."""
     if config.multiprocessing is not None:
         return config.multiprocessing
     env = os.environ.get(ENV_MULTIPROCESSING, "").strip()
