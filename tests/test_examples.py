@@ -150,24 +150,27 @@ def test_python_ctypes_example(built, child_env, model_path, greedy_text, torch_
     assert "Traceback" not in run.stderr
 
 
-def test_python_ctypes_structs_match_the_header():
+@pytest.mark.parametrize("folder,module,structs", [
+    ("examples/python", "vllm_ctypes", ["EngineParams", "SamplingParams", "Event", "Metrics"]),
+    ("examples/server", "libvllm", ["EngineParams", "Metrics"])])
+def test_python_ctypes_structs_match_the_header(folder, module, structs):
     import ctypes
+    import importlib
 
     import cffi
 
     from capi.header import api_cdef
 
-    sys.path.insert(0, str(ROOT / "examples/python"))
+    sys.path.insert(0, str(ROOT / folder))
     try:
-        import vllm_ctypes
+        mod = importlib.import_module(module)
     finally:
         sys.path.pop(0)
     ffi = cffi.FFI()
     ffi.cdef(api_cdef())
-    for c_name, struct in [("vllm_engine_params", vllm_ctypes.EngineParams),
-                           ("vllm_sampling_params", vllm_ctypes.SamplingParams),
-                           ("vllm_event", vllm_ctypes.Event),
-                           ("vllm_metrics", vllm_ctypes.Metrics)]:
+    c_names = {"EngineParams": "vllm_engine_params", "SamplingParams": "vllm_sampling_params",
+               "Event": "vllm_event", "Metrics": "vllm_metrics"}
+    for c_name, struct in [(c_names[n], getattr(mod, n)) for n in structs]:
         fields = [name for name, _ in ffi.typeof(c_name).fields]
         assert [name for name, *_ in struct._fields_] == fields, c_name
         assert ctypes.sizeof(struct) == ffi.sizeof(c_name), c_name

@@ -116,6 +116,7 @@ def test_sigkill_of_the_core_fails_streams_and_new_requests(mp_server):
     status, _, body = _status(port, "POST", "/v1/completions", headers=_auth(),
                               body=json.dumps({"model": MODEL, "prompt": "x"}))
     assert status == 503 and "engine dead" in json.loads(body)["error"]["message"]
+    assert _status(port, "GET", "/health")[0] == 503  # vLLM's check_health
     assert time.monotonic() - killed < 30
     assert _ppid(core) is None  # reaped by the server: no zombie left
     assert proc.poll() is None  # the server itself keeps answering

@@ -203,7 +203,13 @@ async def _sse(st: ServerState, stream: int):
 
 async def health(request: Request) -> Response:
     st: ServerState = request.app.state.server
-    return Response(status_code=200 if st.ready and not st.draining else 503)
+    if not st.ready or st.draining:
+        return Response(status_code=503)
+    try:  # vLLM's check_health: a dead engine core is unhealthy
+        await anyio.to_thread.run_sync(st.lib.metrics, limiter=st.limiter)
+    except VllmError:
+        return Response(status_code=503)
+    return Response(status_code=200)
 
 
 async def version(request: Request) -> Response:

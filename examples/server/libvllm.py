@@ -37,6 +37,7 @@ class EngineParams(ctypes.Structure):
         ("load_format", _c_char_p), ("gpu_memory_utilization", ctypes.c_float),
         ("skip_tokenizer_init", _c_int32),
         ("async_scheduling", _c_int32),  # since 0.4
+        ("n_threads", _c_int32),  # since 0.5
         ("multiprocessing", _c_int32),  # since 0.5
     ]
 
