@@ -35,6 +35,8 @@ class AttentionMetadata:
     query_start_loc_t: torch.Tensor | None = None  # [num_reqs + 1] int32
     seq_lens_t: torch.Tensor | None = None  # [num_reqs] int32
     max_query_len: int = 0  # 1: a uniform decode batch (the decode kernel)
+    # hybrid models: the Gated DeltaNet layers' state slots (engine/layers/gdn.py GDNMetadata)
+    gdn: object | None = None
 
 
 class Attention(nn.Module):

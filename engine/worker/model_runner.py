@@ -42,6 +42,7 @@ from engine.sampling_params import SamplingParams, SamplingType
 from engine.structured_output.utils import apply_grammar_bitmask
 from engine.worker.cudagraph import DecodeCudaGraphs
 from engine.worker.input_batch import BlockTable, CpuGpuBuffer
+from engine.worker.mamba_utils import MambaStateCache
 
 _PROMPT_LOGITS_ROWS = 512  # prompt positions per logits matmul (bounds [rows, vocab] memory)
 PAD_SLOT_ID = -1  # slot of a padding token: the cache kernel skips it
@@ -149,6 +150,7 @@ class ModelRunner:
         self.query_start_loc = CpuGpuBuffer(max_num_reqs + 1, dtype=torch.int32, **buf)
         self.seq_lens = CpuGpuBuffer(max_num_reqs, dtype=torch.int32, **buf)
         self.block_table: BlockTable | None = None
+        self.mamba: MambaStateCache | None = None  # Gated DeltaNet state (hybrid models)
         if kv_caches is not None:
             self.initialize_kv_cache(kv_caches)
 
@@ -156,6 +158,9 @@ class ModelRunner:
         """Bind one [2, num_blocks, block_size, nkv, hd] cache per attention layer (vLLM's
         bind_kv_cache) and size the block table."""
         attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.mamba = MambaStateCache.for_model(self.model, self.max_num_reqs, self.device)
+        if self.mamba is not None:  # hybrid: KV caches only for the attention layers
+            kv_caches = kv_caches[:len(attn_layers)]
         for layer, cache in zip(attn_layers, kv_caches, strict=True):
             layer.kv_cache = cache
         max_blocks = -(-self.max_model_len // self.block_size) if self.max_model_len \
@@ -164,6 +169,8 @@ class ModelRunner:
 
     def _update_states(self, so: SchedulerOutput) -> None:
         for req_id in so.finished_req_ids:
+            if self.mamba is not None:
+                self.mamba.free(req_id)
             state = self.requests.pop(req_id, None)
             if state is None:
                 continue
@@ -178,6 +185,8 @@ class ModelRunner:
             if old is not None and old.row >= 0:
                 self.block_table.free_row(old.row)
             sp = new.sampling_params
+            if self.mamba is not None:
+                self.mamba.add(new.req_id, new.num_computed_tokens)
             state = CachedRequestState(
                 new.req_id, list(new.token_ids), sp, self.block_table.add_row(new.block_ids),
                 new.num_computed_tokens,
@@ -247,6 +256,9 @@ class ModelRunner:
             total, self.slot_mapping.copy_to_gpu(padded), qsl[:n + 1].tolist(),
             seq_lens[:n].tolist(), block_table, self.query_start_loc.copy_to_gpu(rows + 1),
             self.seq_lens.copy_to_gpu(rows), max_query_len)
+        if self.mamba is not None:
+            md.gdn = self.mamba.build_metadata(req_ids, starts.tolist(), qsl[:n + 1].tolist(),
+                                               max_query_len)
         inputs = _StepInputs(req_ids, qsl[:n + 1].copy(), seq_lens[:n].copy(),
                              self.input_ids.copy_to_gpu(padded),
                              self.positions.copy_to_gpu(padded), md, graph)
@@ -342,8 +354,8 @@ class ModelRunner:
 
     def capture_model(self, sizes: list[int]) -> float:
         """Capture decode graphs for `sizes` (CUDA only); returns the capture time in s."""
-        if self.device.type != "cuda" or not sizes:
-            return 0.0
+        if self.device.type != "cuda" or not sizes or self.mamba is not None:
+            return 0.0  # hybrid models: eager decode (GDN state indices not persistent yet)
         sizes = [s for s in sizes if s <= self.max_num_reqs]
         graphs = DecodeCudaGraphs(sizes)
         bs_max = graphs.sizes[-1]
