@@ -103,7 +103,9 @@ def test_prefill_and_decode_logits_match_transformers(pair):
     ids = torch.randint(0, cfg.vocab_size, (21,), generator=g).tolist()
     with torch.no_grad():
         ref_prompt = hf(torch.tensor([ids])).logits[0]
-        gen = hf.generate(torch.tensor([ids]), max_new_tokens=DECODE_STEPS + 1, do_sample=False,
+        t = torch.tensor([ids])  # an explicit mask: token 0 is the pad id
+        gen = hf.generate(t, attention_mask=torch.ones_like(t), max_new_tokens=DECODE_STEPS + 1,
+                          do_sample=False,
                           output_logits=True, return_dict_in_generate=True)
     drv = OneRequest(ours, cfg, len(ids) + DECODE_STEPS + 2)
     got = drv.forward(ids)
