@@ -39,9 +39,9 @@ DECODE_STEPS = 32
 BLOCK = 8
 
 
-def make_hf_model(family: str):
+def make_hf_model(family: str, **overrides):
     cfg_cls, model_cls, extra = FAMILIES[family]
-    cfg = getattr(transformers, cfg_cls)(**COMMON, **extra)
+    cfg = getattr(transformers, cfg_cls)(**{**COMMON, **extra, **overrides})
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(cfg)
     with torch.no_grad():

@@ -36,6 +36,10 @@ GGUF_ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    # hybrid Gated DeltaNet (engine/model_loader/gguf_hybrid.py reads their metadata)
+    "qwen3next": "Qwen3NextForCausalLM",
+    "qwen35": "Qwen3_5ForCausalLM",
+    "qwen35moe": "Qwen3_5MoeForCausalLM",
 }
 
 
