@@ -4,8 +4,11 @@ greedy tokens; state slots return to the pool after finish, abort and preemption
 
 Mirrors vLLM 0.33 tests/models/language/generation/test_hybrid.py (batching, chunked
 prefill) and tests/v1/core/test_single_type_kv_cache_manager.py (test_mamba_* freeing)
-on the tiny random Qwen3-Next / Qwen3.5 models of test_models_hybrid_gdn.py. Prefix
-caching stays off: vLLM's mamba_cache_mode "none" (the "align" mode is not implemented).
+on the tiny random Qwen3-Next / Qwen3.5 models of test_models_hybrid_gdn.py. With prefix
+caching off the state is vLLM's mamba_cache_mode "none"; with it on, "align" mode
+(engine/core/mamba_align.py): hits come from saved GDN state snapshots (vLLM
+tests/v1/core/test_prefix_caching.py test_prefill_hybrid_model_mamba_align and
+tests/v1/e2e/general/test_mamba_prefix_cache.py: same tokens, cache hits counted).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from engine.config import EngineConfig
 from engine.errors import InvalidArgumentError
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.worker.mamba_utils import setup_hybrid_prefix_caching
 
 pytest.importorskip("transformers")
 
@@ -50,15 +54,21 @@ def _engine(path: str, **kw) -> LLMEngine:
     return LLMEngine.from_config(EngineConfig(**{**cfg, **kw}))
 
 
-def _run(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
+def _run(engine: LLMEngine, prompts: list[list[int]], cached: list[int] | None = None
+         ) -> list[list[int]]:
+    """Greedy tokens per prompt; `cached` (if given) receives each one's cached tokens."""
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     for i, p in enumerate(prompts):
         engine.add_request(f"r{i}", p, sp)
     out: dict[str, list[int]] = {}
+    hits: dict[str, int] = {}
     while engine.has_unfinished_requests():
         for o in engine.step():
             if o.finished:
                 out[o.request_id] = list(o.outputs[0].token_ids)
+                hits[o.request_id] = o.num_cached_tokens
+    if cached is not None:
+        cached[:] = [hits[f"r{i}"] for i in range(len(prompts))]
     return [out[f"r{i}"] for i in range(len(prompts))]
 
 
@@ -103,6 +113,29 @@ def test_abort_frees_state(model_dir):
     assert "a" in engine.model_runner.mamba.slot_of
     engine.abort_request("a")
     _assert_slots_back(engine, prompts[1])
+
+
+def test_prefix_caching_align_mode_hits_and_matches(model_dir):
+    path, prompts, ref = model_dir
+    engine = _engine(path, enable_prefix_caching=True)
+    setup_hybrid_prefix_caching(engine.model_runner, engine.scheduler, 8)
+    cached: list[int] = []
+    assert _run(engine, prompts, cached) == ref
+    assert cached == [0, 0, 0, 0]
+    # again: each prompt's state was saved at its last full block boundary
+    assert _run(engine, prompts, cached) == ref
+    assert cached == [16, 8, 24, 8]
+    # a shared prefix (prompt 2's first 3 blocks) followed by other tokens
+    other = prompts[2][:24] + prompts[0][:5]
+    want = _run(_engine(path, enable_prefix_caching=False), [other])
+    assert _run(engine, [other], cached) == want and cached == [24]
+    # chunked prefill (8-token chunks): states kept at every block boundary
+    chunked = _engine(path, enable_prefix_caching=True, max_num_batched_tokens=8)
+    setup_hybrid_prefix_caching(chunked.model_runner, chunked.scheduler, 8)
+    assert _run(chunked, prompts[2:3]) == ref[2:3]
+    assert _run(chunked, prompts[2:3], cached) == ref[2:3] and cached == [24]
+    # prefill states after 8, 16 and 24 tokens, a decode-time one after 32 (the last free slot)
+    assert len(chunked.scheduler.mamba_align.slot_of) == 4
 
 
 def test_prefix_cache_hit_without_state_is_an_error(model_dir):

@@ -9,9 +9,12 @@ MambaStateCache allocates, per GDN layer, conv_state [slots, K-1, conv_dim] and 
 config says so) and binds them to the layers; slot 0 is the null slot (padding rows).
 A request gets a zeroed slot when it is scheduled new (first time, or resumed after
 preemption: recomputed from its first token) and gives it back when it finishes, is
-aborted or is preempted. A new request that arrives with computed tokens (a prefix-cache
-hit) has no state to continue from: an error, since prefix caching of hybrid models
-(vLLM's "align" mode) is not implemented; the engine must run them with it off.
+aborted or is preempted. With prefix caching (vLLM's "align" mode, engine/core/mamba_align.py)
+the pool also holds snapshot slots after the running ones: a request whose prefix hit
+starts from a snapshot gets a copy of it, and after a step the states the scheduler asks
+for (SchedulerOutput.mamba_saves) are copied into snapshots. A request that arrives with
+computed tokens but no snapshot is an error (prefix caching without align mode).
+setup_hybrid_prefix_caching wires align mode into a runner and its scheduler.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.core.mamba_align import MambaAlignCache
 from engine.core.mamba_spec import gdn_state_dtypes, gdn_state_shapes
 from engine.errors import InvalidArgumentError, OutOfResourcesError
 from engine.layers.gdn import GatedDeltaNetAttention, GDNMetadata
@@ -30,20 +34,20 @@ NULL_SLOT = 0
 class MambaStateCache:
     def __init__(self, layers: list[GatedDeltaNetAttention], num_slots: int,
                  device: torch.device, conv_dtype: torch.dtype, ssm_dtype: torch.dtype,
-                 conv_shape: tuple[int, ...], ssm_shape: tuple[int, ...]) -> None:
+                 conv_shape: tuple[int, ...], ssm_shape: tuple[int, ...],
+                 num_snapshots: int = 0) -> None:
         self.device = device
+        total = num_slots + 1 + num_snapshots  # null slot, running slots, snapshots
         for layer in layers:  # vLLM's bind_kv_cache for MambaBase layers
-            layer.conv_state = torch.zeros(num_slots + 1, *conv_shape, dtype=conv_dtype,
-                                           device=device)
-            layer.ssm_state = torch.zeros(num_slots + 1, *ssm_shape, dtype=ssm_dtype,
-                                          device=device)
+            layer.conv_state = torch.zeros(total, *conv_shape, dtype=conv_dtype, device=device)
+            layer.ssm_state = torch.zeros(total, *ssm_shape, dtype=ssm_dtype, device=device)
         self.layers = layers
         self.free_slots = list(range(num_slots, 0, -1))  # pop() hands out 1 first
         self.slot_of: dict[str, int] = {}
 
     @classmethod
-    def for_model(cls, model: nn.Module, num_slots: int, device: torch.device
-                  ) -> MambaStateCache | None:
+    def for_model(cls, model: nn.Module, num_slots: int, device: torch.device,
+                  num_snapshots: int = 0) -> MambaStateCache | None:
         """The state pool of a hybrid model (None for a model without GDN layers)."""
         layers = [m for m in model.modules() if isinstance(m, GatedDeltaNetAttention)]
         if not layers:
@@ -52,23 +56,38 @@ class MambaStateCache:
         dtype = next(model.parameters()).dtype
         conv_dtype, ssm_dtype = gdn_state_dtypes(cfg, dtype)
         conv_shape, ssm_shape = gdn_state_shapes(cfg)
-        return cls(layers, num_slots, device, conv_dtype, ssm_dtype, conv_shape, ssm_shape)
+        return cls(layers, num_slots, device, conv_dtype, ssm_dtype, conv_shape, ssm_shape,
+                   num_snapshots)
 
-    def add(self, req_id: str, num_computed_tokens: int) -> None:
-        """A slot for a request scheduled new (its state zeroed)."""
-        if num_computed_tokens:
+    def add(self, req_id: str, num_computed_tokens: int, restore_slot: int | None = None
+            ) -> None:
+        """A slot for a request scheduled new: zeroed, or a copy of the snapshot its
+        prefix hit starts from."""
+        if num_computed_tokens and restore_slot is None:
             raise InvalidArgumentError(
-                f"request {req_id!r} starts at token {num_computed_tokens} but hybrid "
-                "(Gated DeltaNet) models keep no state for cached prefixes: run them with "
-                "enable_prefix_caching off (vLLM mamba_cache_mode 'none')")
+                f"request {req_id!r} starts at token {num_computed_tokens} without a saved "
+                "Gated DeltaNet state: prefix caching of hybrid models needs align mode "
+                "(setup_hybrid_prefix_caching), else enable_prefix_caching off")
         self.free(req_id)
         if not self.free_slots:
             raise OutOfResourcesError("no free Gated DeltaNet state slot (more running "
                                       "requests than max_num_seqs)")
         slot = self.slot_of[req_id] = self.free_slots.pop()
         for layer in self.layers:
-            layer.conv_state[slot].zero_()
-            layer.ssm_state[slot].zero_()
+            if num_computed_tokens:
+                layer.conv_state[slot].copy_(layer.conv_state[restore_slot])
+                layer.ssm_state[slot].copy_(layer.ssm_state[restore_slot])
+            else:
+                layer.conv_state[slot].zero_()
+                layer.ssm_state[slot].zero_()
+
+    def save(self, saves: list[tuple[str, int]]) -> None:
+        """Copy the listed requests' states into their snapshot slots (after a step)."""
+        src = torch.tensor([self.slot_of[r] for r, _ in saves], device=self.device)
+        dst = torch.tensor([s for _, s in saves], device=self.device)
+        for layer in self.layers:
+            layer.conv_state[dst] = layer.conv_state[src]
+            layer.ssm_state[dst] = layer.ssm_state[src]
 
     def free(self, req_id: str) -> None:
         slot = self.slot_of.pop(req_id, None)
@@ -85,3 +104,14 @@ class MambaStateCache:
             async_tensor_h2d(query_start_loc, torch.int32, self.device),
             async_tensor_h2d(slots, torch.long, self.device),
             async_tensor_h2d(init, torch.bool, self.device))
+
+
+def setup_hybrid_prefix_caching(runner, scheduler, block_size: int) -> None:
+    """Align-mode prefix caching for a hybrid model (nothing otherwise): the runner's
+    pool grows max_num_reqs snapshot slots, handed out by the scheduler's
+    MambaAlignCache. Call once, after the runner's KV cache is bound."""
+    if runner.mamba is None or not scheduler.kv_cache_manager.enable_caching:
+        return
+    n = runner.max_num_reqs
+    runner.mamba = MambaStateCache.for_model(runner.model, n, runner.device, num_snapshots=n)
+    scheduler.mamba_align = MambaAlignCache(block_size, first_slot=n + 1, num_slots=n)

@@ -186,7 +186,7 @@ class ModelRunner:
                 self.block_table.free_row(old.row)
             sp = new.sampling_params
             if self.mamba is not None:
-                self.mamba.add(new.req_id, new.num_computed_tokens)
+                self.mamba.add(new.req_id, new.num_computed_tokens, new.mamba_restore_slot)
             state = CachedRequestState(
                 new.req_id, list(new.token_ids), sp, self.block_table.add_row(new.block_ids),
                 new.num_computed_tokens,
@@ -288,6 +288,8 @@ class ModelRunner:
             hidden = self.cudagraphs.replay(inp.graph_size)[:len(req_ids)]
         else:
             hidden = self.model(inp.input_ids, inp.positions, inp.md)
+        if self.mamba is not None and so.mamba_saves:  # prefix caching: keep GDN states
+            self.mamba.save(so.mamba_saves)
         prompt_logprobs = self._get_prompt_logprobs_dict(hidden, req_ids, qsl.tolist())
 
         # sample only requests whose scheduled tokens reach the end of what is known
