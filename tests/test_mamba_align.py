@@ -13,8 +13,8 @@ from engine.sampling_params import SamplingParams
 
 
 def _req(n: int, rid: str = "r", first: int = 0) -> Request:
-    return Request(rid, list(range(first, first + n)), SamplingParams(max_tokens=4), eos_token_id=None,
-                   arrival_time=0.0, block_size=4)
+    return Request(rid, list(range(first, first + n)), SamplingParams(max_tokens=4),
+                   eos_token_id=None, arrival_time=0.0, block_size=4)
 
 
 def test_prefill_chunks_end_on_block_boundaries():
