@@ -85,7 +85,8 @@ class OneRequest:
         positions = torch.arange(p, p + n)
         slots = (positions // BLOCK + 1) * BLOCK + positions % BLOCK
         md = AttentionMetadata(n, slots, [0, n], [p + n], self.table)
-        md.gdn = self.runner.mamba.build_metadata(["r"], [p], [0, n], n)
+        md.gdn = self.runner.mamba.build_metadata(["r"], [p], [0, n], n,
+                                                  torch.tensor([0, n], dtype=torch.int32))
         self.pos += n
         return self.model.compute_logits(self.model(torch.tensor(ids), positions, md))
 

@@ -26,7 +26,7 @@ from engine.core.mamba_align import MambaAlignCache
 from engine.core.mamba_spec import gdn_state_dtypes, gdn_state_shapes
 from engine.errors import InvalidArgumentError, OutOfResourcesError
 from engine.layers.gdn import GatedDeltaNetAttention, GDNMetadata
-from engine.sample.ops.torch_utils import async_tensor_h2d
+from engine.worker.input_batch import CpuGpuBuffer
 
 NULL_SLOT = 0
 
@@ -42,6 +42,10 @@ class MambaStateCache:
             layer.conv_state = torch.zeros(total, *conv_shape, dtype=conv_dtype, device=device)
             layer.ssm_state = torch.zeros(total, *ssm_shape, dtype=ssm_dtype, device=device)
         self.layers = layers
+        # persistent per-row metadata (a decode CUDA graph reads these device buffers;
+        # padding rows point at the null slot)
+        self.state_indices = CpuGpuBuffer(num_slots, dtype=torch.long, device=device)
+        self.has_initial_state = CpuGpuBuffer(num_slots, dtype=torch.bool, device=device)
         self.free_slots = list(range(num_slots, 0, -1))  # pop() hands out 1 first
         self.slot_of: dict[str, int] = {}
 
@@ -95,15 +99,23 @@ class MambaStateCache:
             self.free_slots.append(slot)
 
     def build_metadata(self, req_ids: list[str], num_computed: list[int],
-                       query_start_loc: list[int], max_query_len: int) -> GDNMetadata:
-        """This step's GDN metadata (decode rows and prefill chunks alike)."""
+                       query_start_loc: list[int], max_query_len: int,
+                       query_start_loc_t: torch.Tensor, rows: int | None = None
+                       ) -> GDNMetadata:
+        """This step's GDN metadata (decode rows and prefill chunks alike) over `rows`
+        rows (a padded decode graph's size; the rows past the requests are padding).
+        query_start_loc_t is the runner's device copy ([rows + 1] int32)."""
+        n = len(req_ids)
+        rows = rows or n
         slots = [self.slot_of[r] for r in req_ids]
         init = [c > 0 for c in num_computed]
-        return GDNMetadata(
-            query_start_loc, slots, init, max_query_len,
-            async_tensor_h2d(query_start_loc, torch.int32, self.device),
-            async_tensor_h2d(slots, torch.long, self.device),
-            async_tensor_h2d(init, torch.bool, self.device))
+        self.state_indices.np[:n] = slots
+        self.state_indices.np[n:rows] = NULL_SLOT
+        self.has_initial_state.np[:n] = init
+        self.has_initial_state.np[n:rows] = False
+        return GDNMetadata(query_start_loc, slots, init, max_query_len, query_start_loc_t,
+                           self.state_indices.copy_to_gpu(rows),
+                           self.has_initial_state.copy_to_gpu(rows))
 
 
 def setup_hybrid_prefix_caching(runner, scheduler, block_size: int) -> None:

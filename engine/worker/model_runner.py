@@ -258,7 +258,7 @@ class ModelRunner:
             self.seq_lens.copy_to_gpu(rows), max_query_len)
         if self.mamba is not None:
             md.gdn = self.mamba.build_metadata(req_ids, starts.tolist(), qsl[:n + 1].tolist(),
-                                               max_query_len)
+                                               max_query_len, md.query_start_loc_t, rows)
         inputs = _StepInputs(req_ids, qsl[:n + 1].copy(), seq_lens[:n].copy(),
                              self.input_ids.copy_to_gpu(padded),
                              self.positions.copy_to_gpu(padded), md, graph)
@@ -356,8 +356,8 @@ class ModelRunner:
 
     def capture_model(self, sizes: list[int]) -> float:
         """Capture decode graphs for `sizes` (CUDA only); returns the capture time in s."""
-        if self.device.type != "cuda" or not sizes or self.mamba is not None:
-            return 0.0  # hybrid models: eager decode (GDN state indices not persistent yet)
+        if self.device.type != "cuda" or not sizes:
+            return 0.0
         sizes = [s for s in sizes if s <= self.max_num_reqs]
         graphs = DecodeCudaGraphs(sizes)
         bs_max = graphs.sizes[-1]
@@ -371,6 +371,8 @@ class ModelRunner:
             md = AttentionMetadata(bs, self.slot_mapping.gpu[:bs], [], [],
                                    self.block_table.step.gpu[:bs],
                                    self.query_start_loc.gpu[:bs + 1], self.seq_lens.gpu[:bs], 1)
+            if self.mamba is not None:  # every row padding (null state slot) at capture
+                md.gdn = self.mamba.build_metadata([], [], [], 1, md.query_start_loc_t, bs)
             return self.model(self.input_ids.gpu[:bs], self.positions.gpu[:bs], md)
 
         graphs.capture(forward)
