@@ -121,9 +121,12 @@ class MambaStateCache:
 def setup_hybrid_prefix_caching(runner, scheduler, block_size: int) -> None:
     """Align-mode prefix caching for a hybrid model (nothing otherwise): the runner's
     pool grows max_num_reqs snapshot slots, handed out by the scheduler's
-    MambaAlignCache. Call once, after the runner's KV cache is bound."""
+    MambaAlignCache. Call once, after the runner's KV cache is bound and before any
+    request; decode graphs captured before are captured again over the new pool."""
     if runner.mamba is None or not scheduler.kv_cache_manager.enable_caching:
         return
     n = runner.max_num_reqs
     runner.mamba = MambaStateCache.for_model(runner.model, n, runner.device, num_snapshots=n)
     scheduler.mamba_align = MambaAlignCache(block_size, first_slot=n + 1, num_slots=n)
+    if runner.cudagraphs is not None:  # they read the old pool's tensors
+        runner.capture_model(runner.cudagraphs.sizes)
