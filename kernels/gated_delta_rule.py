@@ -15,7 +15,8 @@ chunk.py; the chunked torch form follows transformers' torch_chunk_gated_delta_r
 
 - chunk_gated_delta_rule_torch: one sequence, chunked (prefill on the CPU path).
 - recurrent_gated_delta_rule_torch: per-token recurrence (decode on CPU; the test oracle).
-- fused_recurrent_gated_delta_rule: the Triton kernel (prefill and decode on CUDA).
+- fused_recurrent_gated_delta_rule: the Triton kernel (prefill and decode on CUDA);
+  fused_sigmoid_gating_delta_rule: the same with the gates computed in the kernel.
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ def gated_delta_rule_varlen_torch(q, k, v, g, beta, ssm_states: torch.Tensor,
 
 @triton.jit
 def _fused_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, s_ptr, qsl_ptr, idx_ptr,
-                            init_ptr, scale, stride_q, stride_k, stride_v, stride_o,
+                            init_ptr, alog_ptr, dtb_ptr, scale, stride_q, stride_k, stride_v,
+                            stride_o, stride_g, stride_b, GATING: tl.constexpr,
                             HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
                             DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                             L2NORM: tl.constexpr):
@@ -156,8 +158,13 @@ def _fused_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, s_ptr, qsl
             bq = bq / tl.sqrt(tl.sum(bq * bq) + 1e-6)
             bk = bk / tl.sqrt(tl.sum(bk * bk) + 1e-6)
         bq = bq * scale
-        bg = tl.load(g_ptr + t * HV + hv).to(tl.float32)
-        bb = tl.load(b_ptr + t * HV + hv).to(tl.float32)
+        bg = tl.load(g_ptr + t * stride_g + hv).to(tl.float32)
+        bb = tl.load(b_ptr + t * stride_b + hv).to(tl.float32)
+        if GATING:  # raw a, b: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)
+            x = bg + tl.load(dtb_ptr + hv).to(tl.float32)
+            softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+            bg = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)) * softplus
+            bb = tl.sigmoid(bb)
         h = h * tl.exp(bg)
         bv = (bv - tl.sum(h * bk[None, :], 1)) * bb
         h = h + bv[:, None] * bk[None, :]
@@ -176,6 +183,24 @@ def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.
     """q, k: [T, Hk, dk]; v: [T, Hv, dv]; g, beta: [T, Hv]; ssm_states: [slots, Hv, dv, dk]
     read (rows with an initial state) and written in place; query_start_loc: [N+1] int32;
     state_indices: [N] (negative: skip) -> o [T, Hv, dv] in v's dtype."""
+    return _launch(q, k, v, g, beta, None, None, ssm_states, query_start_loc, state_indices,
+                   has_initial_state, l2norm)
+
+
+def fused_sigmoid_gating_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
+                                    dt_bias: torch.Tensor, ssm_states: torch.Tensor,
+                                    query_start_loc: torch.Tensor, state_indices: torch.Tensor,
+                                    has_initial_state: torch.Tensor) -> torch.Tensor:
+    """fused_recurrent_gated_delta_rule with the gates computed in the kernel from the raw
+    projections a, b ([T, Hv], rows may be strided) and A_log, dt_bias ([Hv]): vLLM's
+    fused_sigmoid_gating_delta_rule_update (third_party/.../fused_sigmoid_gating.py)."""
+    return _launch(q, k, v, a, b, A_log.float().contiguous(), dt_bias.float().contiguous(),
+                   ssm_states, query_start_loc, state_indices, has_initial_state, True)
+
+
+def _launch(q, k, v, g, beta, A_log, dt_bias, ssm_states, query_start_loc, state_indices,
+            has_initial_state, l2norm: bool) -> torch.Tensor:
     T, HK, DK = k.shape
     HV, DV = v.shape[1:]
     N = state_indices.shape[0]
@@ -190,9 +215,13 @@ def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.
         return o
     BK = triton.next_power_of_2(DK)
     BV = min(32, triton.next_power_of_2(DV))
+    check(g.stride(-1) == 1 and beta.stride(-1) == 1, "gates need contiguous rows")
     grid = (triton.cdiv(DV, BV), N * HV)
+    gating = A_log is not None
     _fused_recurrent_kernel[grid](
-        q, k, v, g.contiguous(), beta.contiguous(), o, ssm_states, query_start_loc,
-        state_indices, has_initial_state.to(torch.int32), DK ** -0.5, q.stride(0), k.stride(0),
-        v.stride(0), o.stride(0), HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV, L2NORM=l2norm)
+        q, k, v, g, beta, o, ssm_states, query_start_loc, state_indices,
+        has_initial_state.to(torch.int32), A_log if gating else g, dt_bias if gating else g,
+        DK ** -0.5, q.stride(0), k.stride(0), v.stride(0), o.stride(0), g.stride(0),
+        beta.stride(0), GATING=gating, HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV,
+        L2NORM=l2norm)
     return o

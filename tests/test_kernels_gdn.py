@@ -20,6 +20,7 @@ from kernels.causal_conv1d import causal_conv1d_fn, causal_conv1d_ref
 from kernels.gated_delta_rule import (
     chunk_gated_delta_rule_torch,
     fused_recurrent_gated_delta_rule,
+    fused_sigmoid_gating_delta_rule,
     gated_delta_rule_varlen_torch,
     recurrent_gated_delta_rule_torch,
 )
@@ -127,6 +128,26 @@ def test_fused_recurrent_varlen_matches_torch(lens: list[int], dtype: torch.dtyp
         torch.tensor(idx, device=DEVICE), torch.tensor(init, device=DEVICE))
     torch.testing.assert_close(out, ref, **_tol(dtype))
     torch.testing.assert_close(s_tri, s_ref, **_tol(dtype))
+
+
+def test_fused_sigmoid_gating_matches_torch_gates() -> None:
+    torch.manual_seed(7)
+    Hk, Hv, dk, dv = 2, 4, 16, 8
+    qsl = _qsl([6, 1, 3])
+    q, k, v, _, _ = (x[0].to(DEVICE) for x in _gdn_inputs(qsl[-1], Hk, Hv, dk, dv))
+    ba = torch.randn(qsl[-1], 2 * Hv, device=DEVICE) * 3  # strided a, b as the layer's split
+    b, a = ba.split([Hv, Hv], dim=-1)
+    A_log, dt_bias = torch.randn(Hv, device=DEVICE), torch.randn(Hv, device=DEVICE)
+    g = -A_log.exp() * F.softplus(a + dt_bias)
+    states = torch.randn(4, Hv, dv, dk, device=DEVICE)
+    args = (torch.tensor(qsl, dtype=torch.int32, device=DEVICE),
+            torch.tensor([1, 3, 0], device=DEVICE), torch.tensor([True, False, True],
+                                                                  device=DEVICE))
+    s_ref, s_tri = states.clone(), states.clone()
+    ref = fused_recurrent_gated_delta_rule(q, k, v, g, b.sigmoid(), s_ref, *args)
+    out = fused_sigmoid_gating_delta_rule(q, k, v, a, b, A_log, dt_bias, s_tri, *args)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(s_tri, s_ref, atol=1e-5, rtol=1e-5)
 
 
 def test_fused_recurrent_rejects_bad_heads() -> None:

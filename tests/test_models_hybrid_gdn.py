@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
 
-from engine.layers.attention import AttentionMetadata
-from engine.model_loader import load_model
-from engine.worker.model_runner import ModelRunner
+if not torch.cuda.is_available():  # before kernels/ are imported: the Triton path on CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from engine.layers.attention import AttentionMetadata  # noqa: E402
+from engine.model_loader import load_model  # noqa: E402
+from engine.worker.model_runner import ModelRunner  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 
@@ -127,6 +131,27 @@ def test_chunked_prefill_continues_the_state(pair):
     for lo in range(0, 30, 7):
         last = drv.forward(ids[lo:lo + 7].tolist())[-1]
     assert (last - whole).abs().max().item() < 1e-4
+
+
+def test_triton_path_matches_torch_path(pair, monkeypatch):
+    """The GDN layer's kernel path (Triton, here under TRITON_INTERPRET) gives the logits
+    of its torch path: prefill, then decode steps."""
+    import engine.layers.gdn as gdn
+    from kernels.gated_delta_rule import _fused_recurrent_kernel
+
+    if type(_fused_recurrent_kernel).__name__ != "InterpretedFunction":
+        pytest.skip("kernels/ compiled for a device (or imported before TRITON_INTERPRET)")
+
+    _, _, ours, cfg, _ = pair
+    ids = torch.randint(0, cfg.vocab_size, (13,), generator=torch.Generator().manual_seed(3))
+    runs = []
+    for triton_path in (False, True):
+        monkeypatch.setattr(gdn, "use_triton", lambda x, t=triton_path: t)
+        drv = OneRequest(ours, cfg, 24)
+        runs.append([drv.forward(ids[:10].tolist())[-1]]
+                    + [drv.forward([int(t)])[0] for t in ids[10:]])
+    for ref, got in zip(*runs):
+        assert (got - ref).abs().max().item() < 1e-4
 
 
 def _stack(sd: dict, pre: str, kind: str, cfg) -> torch.Tensor:

@@ -30,7 +30,12 @@ from torch import nn
 from engine.errors import ModelLoadError
 from engine.layers.linear import ReplicatedLinear, RowParallelLinear
 from kernels.causal_conv1d import causal_conv1d_fn, causal_conv1d_ref
-from kernels.gated_delta_rule import fused_recurrent_gated_delta_rule, gated_delta_rule_varlen_torch
+from kernels.gated_delta_rule import fused_sigmoid_gating_delta_rule, gated_delta_rule_varlen_torch
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """Whether the layer runs the Triton kernels (CUDA) or their torch references."""
+    return x.is_cuda
 
 
 @dataclass
@@ -160,7 +165,7 @@ class GatedDeltaNetAttention(nn.Module):
         # mixed_qkv: [n, conv_dim]; b, a: [n, Hv] -> core output [n, Hv, dv]
         n = mixed_qkv.shape[0]
         w = self.conv1d.weight[:, 0]  # [conv_dim, K]
-        if mixed_qkv.is_cuda:
+        if use_triton(mixed_qkv):
             x = causal_conv1d_fn(mixed_qkv, w, self.conv_state, gdn.query_start_loc_t,
                                  gdn.state_indices_t, gdn.has_initial_state_t,
                                  gdn.max_query_len)
@@ -171,12 +176,12 @@ class GatedDeltaNetAttention(nn.Module):
         q = q.unflatten(-1, (self.num_k_heads, self.head_k_dim))
         k = k.unflatten(-1, (self.num_k_heads, self.head_k_dim))
         v = v.unflatten(-1, (self.num_v_heads, self.head_v_dim))
+        if use_triton(mixed_qkv):  # gates computed in the kernel
+            return fused_sigmoid_gating_delta_rule(
+                q, k, v, a, b, self.A_log, self.dt_bias, self.ssm_state, gdn.query_start_loc_t,
+                gdn.state_indices_t, gdn.has_initial_state_t)
         beta = b.sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())  # [n, Hv]
-        if mixed_qkv.is_cuda:
-            return fused_recurrent_gated_delta_rule(
-                q, k, v, g, beta, self.ssm_state, gdn.query_start_loc_t, gdn.state_indices_t,
-                gdn.has_initial_state_t)
         assert n == gdn.query_start_loc[-1], "GDN metadata does not cover the batch"
         return gated_delta_rule_varlen_torch(q, k, v, g, beta, self.ssm_state,
                                              gdn.query_start_loc, gdn.state_indices,
