@@ -71,6 +71,14 @@ def test_published_configs_read_and_build(name):
     assert lo < n < hi, f"{name}: {n / 1e9:.2f}B parameters"
 
 
+def test_vl_wrapper_top_level_fields_are_defaults():
+    config = dict(CONFIGS["Qwen3.5-27B"][0], tie_word_embeddings=True)
+    config["text_config"] = {k: v for k, v in config["text_config"].items()
+                             if k != "tie_word_embeddings"}
+    cfg = arch_config_from_hf(config, "Qwen3_5ForConditionalGeneration", "tied")
+    assert cfg.tie_word_embeddings and cfg.architecture == "qwen3_5_text"
+
+
 def test_bad_gdn_head_counts_are_rejected():
     config = dict(CONFIGS["Qwen3-Next-80B-A3B"][0], linear_num_value_heads=24,
                   linear_num_key_heads=16)

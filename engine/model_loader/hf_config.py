@@ -80,7 +80,9 @@ def _get(cfg: dict, key: str, kind: type, default: object = _REQUIRED, lo: float
 def arch_config_from_hf(cfg: dict, arch: str, name: str) -> ModelArchConfig:
     """ModelArchConfig for HF architecture `arch` (already resolved) from config.json."""
     if arch in HYBRID_GDN_ARCHS and isinstance(cfg.get("text_config"), dict):
-        cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}  # VL wrapper
+        # VL wrapper: the text model's fields, top-level ones (tie_word_embeddings) as defaults
+        top = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}
+        cfg = {**top, **cfg["text_config"], "architectures": cfg.get("architectures")}
     cfg = {**_ARCH_DEFAULTS.get(arch, {}), **cfg}  # an explicit null stays null
     if cfg.get("use_bidirectional_attention"):
         raise UnsupportedError("use_bidirectional_attention is not supported")
