@@ -118,15 +118,21 @@ class MambaStateCache:
                            self.has_initial_state.copy_to_gpu(rows))
 
 
-def setup_hybrid_prefix_caching(runner, scheduler, block_size: int) -> None:
+def setup_hybrid_prefix_caching(runner, scheduler, block_size: int,
+                                num_snapshots: int | None = None) -> None:
     """Align-mode prefix caching for a hybrid model (nothing otherwise): the runner's
-    pool grows max_num_reqs snapshot slots, handed out by the scheduler's
-    MambaAlignCache. Call once, after the runner's KV cache is bound and before any
-    request; decode graphs captured before are captured again over the new pool."""
+    pool grows num_snapshots (default max_num_reqs) snapshot slots, handed out by the
+    scheduler's MambaAlignCache. Call once, after the runner's KV cache is bound and
+    before any request; decode graphs captured before are captured again over the new
+    pool."""
     if runner.mamba is None or not scheduler.kv_cache_manager.enable_caching:
         return
     n = runner.max_num_reqs
-    runner.mamba = MambaStateCache.for_model(runner.model, n, runner.device, num_snapshots=n)
-    scheduler.mamba_align = MambaAlignCache(block_size, first_slot=n + 1, num_slots=n)
+    snaps = num_snapshots or n
+    for layer in runner.mamba.layers:  # the old pool goes before the new one is allocated
+        layer.conv_state = layer.ssm_state = None
+    runner.mamba = MambaStateCache.for_model(runner.model, n, runner.device,
+                                             num_snapshots=snaps)
+    scheduler.mamba_align = MambaAlignCache(block_size, first_slot=n + 1, num_slots=snaps)
     if runner.cudagraphs is not None:  # they read the old pool's tensors
         runner.capture_model(runner.cudagraphs.sizes)

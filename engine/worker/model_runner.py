@@ -160,7 +160,7 @@ class ModelRunner:
         attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.mamba = MambaStateCache.for_model(self.model, self.max_num_reqs, self.device)
         if self.mamba is not None:  # hybrid: KV caches only for the attention layers
-            kv_caches = kv_caches[:len(attn_layers)]
+            kv_caches = kv_caches[:len(attn_layers)]  # (the engine should allocate no more)
         for layer, cache in zip(attn_layers, kv_caches, strict=True):
             layer.kv_cache = cache
         max_blocks = -(-self.max_model_len // self.block_size) if self.max_model_len \
