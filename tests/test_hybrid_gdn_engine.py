@@ -165,3 +165,20 @@ def test_cuda_eager_and_decode_graphs(model_dir):
         assert got[0] == got[1]
         if dtype == "float32":
             assert got[0] == ref
+
+
+def test_triton_path_through_the_engine(model_dir, monkeypatch):
+    """The GDN layers' Triton kernels (under TRITON_INTERPRET on CPU) through the engine:
+    batched, chunked (8-token chunks, mixed prefill + decode steps), prefix-cached."""
+    import engine.layers.gdn as gdn
+    from kernels.gated_delta_rule import _fused_recurrent_kernel
+
+    if type(_fused_recurrent_kernel).__name__ != "InterpretedFunction":
+        pytest.skip("kernels/ compiled for a device (the GPU test covers this path)")
+    monkeypatch.setattr(gdn, "use_triton", lambda x: True)
+    path, prompts, ref = model_dir
+    engine = _engine(path, enable_prefix_caching=True, max_num_batched_tokens=16)
+    setup_hybrid_prefix_caching(engine.model_runner, engine.scheduler, 8)
+    assert _run(engine, prompts[:3]) == ref[:3]
+    cached: list[int] = []
+    assert _run(engine, prompts[:3], cached) == ref[:3] and cached[2] == 24
