@@ -174,3 +174,22 @@ def test_fused_recurrent_real_shapes_bf16() -> None:
         torch.tensor([1, 3, 0], device="cuda"), torch.tensor([True, True, False], device="cuda"))
     torch.testing.assert_close(out.float(), ref, atol=5e-2, rtol=5e-2)
     torch.testing.assert_close(s_tri, s_ref, atol=5e-2, rtol=5e-2)
+
+
+@gpu
+def test_causal_conv1d_real_shapes_bf16() -> None:
+    torch.manual_seed(0)
+    dim, K = 8192, 4  # Qwen3.5-35B-A3B conv_dim
+    lens = [1000, 1, 1, 37]
+    qsl = _qsl(lens)
+    x = torch.randn(qsl[-1], dim, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(dim, K, device="cuda", dtype=torch.bfloat16)
+    states = torch.randn(6, K - 1, dim, device="cuda", dtype=torch.bfloat16)
+    idx, init = [5, 2, 0, 1], [False, True, True, True]
+    s_ref, s_tri = states.clone(), states.clone()
+    ref = causal_conv1d_ref(x, w, s_ref, qsl, idx, init)
+    out = causal_conv1d_fn(x, w, s_tri, torch.tensor(qsl, dtype=torch.int32, device="cuda"),
+                           torch.tensor(idx, device="cuda"), torch.tensor(init, device="cuda"),
+                           max(lens))
+    torch.testing.assert_close(out, ref, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(s_tri, s_ref)
