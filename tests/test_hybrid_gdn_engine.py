@@ -96,10 +96,14 @@ def test_chunked_prefill_matches(model_dir):
     assert _run(_engine(path, max_num_batched_tokens=8), prompts) == ref
 
 
-def test_preemption_matches_and_frees_state(model_dir):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_preemption_matches_and_frees_state(model_dir, async_scheduling):
+    """Preemption (recompute) with chunked prefill; also under async scheduling, where a
+    freed slot is handed out while the step before is still queued."""
     path, prompts, ref = model_dir
     block_bytes = 2 * 8 * 8 * 2 * 16 * 4  # layers * block * kv heads * head_dim * fp32
-    engine = _engine(path, kv_cache_memory_bytes=10 * block_bytes)
+    engine = _engine(path, kv_cache_memory_bytes=10 * block_bytes,
+                     async_scheduling=async_scheduling, max_num_batched_tokens=8)
     assert _run(engine, prompts) == ref
     assert engine.scheduler.num_preemptions > 0
     _assert_slots_back(engine, prompts[1])
