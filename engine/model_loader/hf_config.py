@@ -25,7 +25,6 @@ _ARCH_DEFAULTS: dict[str, dict] = {
     "Gemma3ForCausalLM": {"rope_theta": 1e6, "tie_word_embeddings": True, "sliding_window": 4096,
                           "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256},
     "Qwen3MoeForCausalLM": {"norm_topk_prob": False},
-    "Qwen3NextForCausalLM": {"rope_theta": 1e4, "decoder_sparse_step": 1},
 }
 # hybrid Gated DeltaNet + gated attention (vllm/model_executor/models/qwen3_next.py, qwen3_5.py)
 HYBRID_GDN_ARCHS = {"Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
