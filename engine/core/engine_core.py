@@ -31,6 +31,7 @@ from engine.core.engine_core_messages import (
 )
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.kv_cache_utils import get_num_kv_blocks
+from engine.core.mamba_spec import mamba_state_bytes, num_attention_layers
 from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
 from engine.errors import InvalidArgumentError, VllmError
@@ -43,6 +44,7 @@ from engine.structured_output import (
 )
 from engine.tokenizer import Tokenizer
 from engine.worker.gpu_worker import determine_available_memory
+from engine.worker.mamba_utils import setup_hybrid_prefix_caching
 from engine.worker.model_runner import (
     AsyncModelRunnerOutput,
     ModelRunner,
@@ -73,8 +75,8 @@ class EngineCore:
         self.num_gpu_blocks = self._num_kv_blocks(arch, dtype)
         shape = (2, self.num_gpu_blocks, config.block_size, arch.num_key_value_heads,
                  arch.head_dim)
-        kv_caches = [torch.empty(shape, dtype=dtype, device=device)
-                     for _ in range(arch.num_hidden_layers)]
+        kv_caches = [torch.empty(shape, dtype=dtype, device=device)  # hybrid: attention only
+                     for _ in range(num_attention_layers(arch))]
         self.model_runner.initialize_kv_cache(kv_caches)
         # decode CUDA graphs, captured at start-up (vLLM's capture_model); 0.0 without
         self.cudagraph_capture_time_s = self.model_runner.capture_model(
@@ -88,6 +90,8 @@ class EngineCore:
         scheduler_cls = AsyncScheduler if config.async_scheduling else Scheduler
         self.scheduler = scheduler_cls(config, kv, self.max_model_len,
                                        structured_output_manager=self.structured_output_manager)
+        if config.enable_prefix_caching:  # hybrid GDN models: vLLM's mamba_cache_mode align
+            setup_hybrid_prefix_caching(self.model_runner, self.scheduler, config.block_size)
         # steps queued on the device whose output is not processed yet, newest first
         self.batch_queue: deque[tuple[AsyncModelRunnerOutput, SchedulerOutput]] = deque()
         self.batch_queue_size = 2 if config.async_scheduling else 1
@@ -110,7 +114,7 @@ class EngineCore:
 
     def _num_kv_blocks(self, arch: ModelArchConfig, dtype: torch.dtype) -> int:
         bs = self.config.block_size
-        block_bytes = (2 * arch.num_hidden_layers * bs * arch.num_key_value_heads
+        block_bytes = (2 * num_attention_layers(arch) * bs * arch.num_key_value_heads
                        * arch.head_dim * torch.finfo(dtype).bits // 8)
         budget = self.config.kv_cache_memory_bytes
         if not budget:
@@ -118,6 +122,9 @@ class EngineCore:
                 budget = determine_available_memory(
                     self.model_runner, self.config.max_num_batched_tokens,
                     self.config.gpu_memory_utilization)
+                # hybrid GDN models: the runner's state pool (snapshots with prefix caching)
+                slots = self.config.max_num_seqs * (2 if self.config.enable_prefix_caching else 1)
+                budget -= mamba_state_bytes(arch, dtype, slots)
             else:  # the CPU default, capped at what max_num_seqs full contexts need
                 need = self.config.max_num_seqs * (-(-self.max_model_len // bs) + 1) * block_bytes
                 budget = min(_CPU_KV_CACHE_BYTES, need)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
 from engine.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from engine.core.mamba_align import MambaAlignCache
 from engine.core.request_queue import SchedulingPolicy, create_request_queue
 from engine.core.sched_output import (
     CachedRequestData,
@@ -59,6 +60,8 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.reset_preempted_req_ids: set[str] = set()
         self.num_preemptions = 0  # total, for vllm:num_preemptions
+        # hybrid GDN models with prefix caching: state snapshots (engine/core/mamba_align.py)
+        self.mamba_align: MambaAlignCache | None = None
         self.structured_output_manager = structured_output_manager
         self.errored_requests: list[Request] = []  # FINISHED_ERROR, not yet reported
 
@@ -113,6 +116,7 @@ class Scheduler:
         scheduled_running: list[Request] = []
         scheduled_new: list[Request] = []
         preempted: list[Request] = []
+        restore_slots: dict[str, int | None] = {}  # new request -> GDN state snapshot
 
         # First, the RUNNING requests.
         req_index = 0
@@ -129,6 +133,8 @@ class Scheduler:
                 num_new = threshold
             num_new = min(num_new, token_budget,
                           self.max_model_len - request.num_computed_tokens - 1)
+            if self.mamba_align is not None:
+                num_new = self.mamba_align.align_num_new(request.num_computed_tokens, num_new)
             if num_new <= 0:  # nothing to compute (e.g. output pending): others may run
                 req_index += 1
                 continue
@@ -172,12 +178,21 @@ class Scheduler:
                     skipped_waiting.append(request)
                 continue
             hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
+            restore_slot = None
+            if self.mamba_align is not None:  # hits need a saved GDN state
+                k, restore_slot = self.mamba_align.trim_hit(request, len(hit_blocks.blocks))
+                hit_blocks = KVCacheBlocks(hit_blocks.blocks[:k])
+                num_hit_tokens = k * self.kv_cache_manager.block_size
             num_new = request.num_tokens - num_hit_tokens
             if 0 < threshold < num_new:
                 num_new = threshold
             if not self.config.enable_chunked_prefill and num_new > token_budget:
                 break  # a prompt is never split: the ones behind it wait too (FCFS)
             num_new = min(num_new, token_budget)
+            if self.mamba_align is not None:
+                request.num_computed_tokens = num_hit_tokens  # as align_num_new reads it
+                num_new = self.mamba_align.align_num_new(request.num_computed_tokens, num_new)
+                request.num_computed_tokens = 0
             new_blocks = self.kv_cache_manager.allocate_slots(
                 request, num_new, num_hit_tokens, hit_blocks,
                 full_sequence_must_fit=self.config.scheduler_reserve_full_isl,
@@ -189,6 +204,7 @@ class Scheduler:
             self.waiting.pop_request()
             self.running.append(request)
             scheduled_new.append(request)
+            restore_slots[request.request_id] = restore_slot
             req_to_new_blocks[request.request_id] = self.kv_cache_manager.get_blocks(
                 request.request_id)
             num_scheduled_tokens[request.request_id] = num_new
@@ -204,7 +220,8 @@ class Scheduler:
             scheduled_new_reqs=[
                 NewRequestData(r.request_id, list(r.all_token_ids), r.sampling_params,
                                req_to_new_blocks[r.request_id].get_block_ids(),
-                               r.num_computed_tokens, list(r.prompt_token_ids))
+                               r.num_computed_tokens, list(r.prompt_token_ids),
+                               restore_slots[r.request_id])
                 for r in scheduled_new],
             scheduled_cached_reqs=CachedRequestData(
                 [r.request_id for r in scheduled_running],
@@ -214,6 +231,10 @@ class Scheduler:
             total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids=self.reset_preempted_req_ids)
+        if self.mamba_align is not None:
+            out.mamba_saves = [(r.request_id, slot) for r in (*scheduled_running, *scheduled_new)
+                               if (slot := self.mamba_align.plan_save(
+                                   r, num_scheduled_tokens[r.request_id])) is not None]
         self._update_after_schedule(out)
         return out
 
@@ -371,7 +392,11 @@ class Scheduler:
         if reset_running_requests:
             while self.running:
                 self._preempt_request(self.running.pop())
-        return self.kv_cache_manager.reset_prefix_cache()
+        if not self.kv_cache_manager.reset_prefix_cache():
+            return False
+        if self.mamba_align is not None:
+            self.mamba_align.reset()
+        return True
 
     def make_stats(self) -> SchedulerStats | None:
         """This step's stats (prefix-cache counts since the previous call)."""

@@ -45,6 +45,8 @@ class AttentionMetadata:
     # longest context of the step (host), 0 when unknown (a CUDA graph): decode splits
     # the KV range only past NO_SPLIT_SEQ_LEN
     max_seq_len: int = 0
+    # hybrid models: the Gated DeltaNet layers' state slots (engine/layers/gdn.py GDNMetadata)
+    gdn: object | None = None
 
 
 class Attention(nn.Module):

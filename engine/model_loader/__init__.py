@@ -20,7 +20,7 @@ from torch import nn
 
 from engine.errors import ModelLoadError
 from engine.gguf.reader import GGUFReader
-from engine.model_loader import gguf_loader
+from engine.model_loader import gguf_hybrid, gguf_loader
 from engine.model_loader.dummy_loader import load_dummy_model
 from engine.model_loader.gguf_quant import keep_gguf_quantized
 from engine.model_loader.safetensors_loader import load_hf_model
@@ -87,6 +87,7 @@ def load_gguf_model(path: str, keep_quantized: bool = False
         cfg = gguf_loader.arch_config_from_gguf(reader)
         cls, _ = resolve_model_cls(list(cfg.architectures))
         model = build_model(cls, cfg, gguf_loader.checkpoint_numel(reader))
+        keep_quantized &= cfg.architecture not in gguf_hybrid.HYBRID_GGUF_ARCHITECTURES
         absorbed = keep_gguf_quantized(model, reader, cfg) if keep_quantized else set()
         model.load_weights(gguf_loader.gguf_weights_iterator(reader, cfg, skip=absorbed))
     except BaseException:

@@ -20,6 +20,7 @@ import torch
 
 from engine.errors import ModelLoadError, UnsupportedError
 from engine.gguf.reader import GGUFReader
+from engine.model_loader import gguf_hybrid
 from engine.models.config import ModelArchConfig
 from engine.models.registry import GGUF_ARCHITECTURES
 
@@ -73,6 +74,8 @@ def arch_config_from_gguf(reader: GGUFReader) -> ModelArchConfig:
     arch = md.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelLoadError("GGUF metadata is missing general.architecture")
+    if arch in gguf_hybrid.HYBRID_GGUF_ARCHITECTURES:  # qwen3next / qwen35 / qwen35moe
+        return gguf_hybrid.arch_config(reader, arch)
     if arch not in GGUF_ARCHITECTURES and arch not in _MOE_ARCHITECTURES:
         raise UnsupportedError(f"architecture {arch!r} is not supported (supported: "
                                f"{', '.join([*GGUF_ARCHITECTURES, *_MOE_ARCHITECTURES])})")
@@ -198,6 +201,9 @@ def gguf_weights_iterator(reader: GGUFReader, cfg: ModelArchConfig,
                           ) -> Iterator[tuple[str, torch.Tensor]]:
     """Dequantized fp32 weights under Hugging Face names, one at a time; GGUF tensors
     named in `skip` (kept quantized elsewhere) are left out."""
+    if cfg.architecture in gguf_hybrid.HYBRID_GGUF_ARCHITECTURES:
+        yield from gguf_hybrid.weights(reader, cfg)
+        return
     for name in reader.tensors:
         hf = _hf_name(name, cfg)
         if hf is None or name in skip:

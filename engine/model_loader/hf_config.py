@@ -13,7 +13,7 @@ import json
 import os
 
 from engine.errors import ModelLoadError, UnsupportedError
-from engine.models.config import LAYER_TYPES, ModelArchConfig
+from engine.models.config import HYBRID_LAYER_TYPES, LAYER_TYPES, ModelArchConfig
 
 MAX_CONFIG_BYTES = 4 << 20
 _REQUIRED = object()
@@ -26,6 +26,10 @@ _ARCH_DEFAULTS: dict[str, dict] = {
                           "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256},
     "Qwen3MoeForCausalLM": {"norm_topk_prob": False},
 }
+# hybrid Gated DeltaNet + gated attention (vllm/model_executor/models/qwen3_next.py, qwen3_5.py)
+HYBRID_GDN_ARCHS = {"Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+                    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"}
+_NO_DENSE_FFN = {"Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"}
 _USES_SLIDING_WINDOW = {"MistralForCausalLM", "MixtralForCausalLM", "Gemma3ForCausalLM",
                         "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"}
 _QWEN = {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"}
@@ -74,6 +78,10 @@ def _get(cfg: dict, key: str, kind: type, default: object = _REQUIRED, lo: float
 
 def arch_config_from_hf(cfg: dict, arch: str, name: str) -> ModelArchConfig:
     """ModelArchConfig for HF architecture `arch` (already resolved) from config.json."""
+    if arch in HYBRID_GDN_ARCHS and isinstance(cfg.get("text_config"), dict):
+        # VL wrapper: the text model's fields, top-level ones (tie_word_embeddings) as defaults
+        top = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}
+        cfg = {**top, **cfg["text_config"], "architectures": cfg.get("architectures")}
     cfg = {**_ARCH_DEFAULTS.get(arch, {}), **cfg}  # an explicit null stays null
     if cfg.get("use_bidirectional_attention"):
         raise UnsupportedError("use_bidirectional_attention is not supported")
@@ -94,7 +102,8 @@ def arch_config_from_hf(cfg: dict, arch: str, name: str) -> ModelArchConfig:
         name=name,
         vocab_size=_get(cfg, "vocab_size", int),
         hidden_size=hidden,
-        intermediate_size=_get(cfg, "intermediate_size", int, hi=1 << 20),
+        intermediate_size=_get(cfg, "intermediate_size", int,
+                               0 if arch in _NO_DENSE_FFN else _REQUIRED, hi=1 << 20),
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
@@ -121,7 +130,29 @@ def arch_config_from_hf(cfg: dict, arch: str, name: str) -> ModelArchConfig:
         norm_topk_prob=_get(cfg, "norm_topk_prob", bool, True),
         decoder_sparse_step=_get(cfg, "decoder_sparse_step", int, 1, hi=1024),
         mlp_only_layers=tuple(_int_list(cfg, "mlp_only_layers", layers)),
+        **(_gdn_fields(cfg) if arch in HYBRID_GDN_ARCHS else {}),
     )
+
+
+def _gdn_fields(cfg: dict) -> dict:
+    """The Gated DeltaNet fields of Qwen3NextConfig / Qwen3_5TextConfig (their defaults)."""
+    hk = _get(cfg, "linear_num_key_heads", int, 16, hi=4096)
+    hv = _get(cfg, "linear_num_value_heads", int, 32, hi=4096)
+    if hv % hk:
+        raise ModelLoadError(f"config.json: linear_num_value_heads={hv} is not a multiple of "
+                             f"linear_num_key_heads={hk}")
+    ssm_dtype = _get(cfg, "mamba_ssm_dtype", str, None)
+    if ssm_dtype not in (None, "float32", "float16", "bfloat16", "auto"):
+        raise ModelLoadError(f"config.json: mamba_ssm_dtype={ssm_dtype!r} is invalid")
+    return dict(
+        linear_num_key_heads=hk, linear_num_value_heads=hv,
+        linear_key_head_dim=_get(cfg, "linear_key_head_dim", int, 128, hi=4096),
+        linear_value_head_dim=_get(cfg, "linear_value_head_dim", int, 128, hi=4096),
+        linear_conv_kernel_dim=_get(cfg, "linear_conv_kernel_dim", int, 4, lo=2, hi=64),
+        shared_expert_intermediate_size=_get(cfg, "shared_expert_intermediate_size", int, 0,
+                                             lo=0, hi=1 << 20),
+        mamba_ssm_dtype=None if ssm_dtype == "auto" else ssm_dtype,
+        attn_output_gate=_get(cfg, "attn_output_gate", bool, True))
 
 
 def _sliding_window(cfg: dict, arch: str) -> int | None:
@@ -135,12 +166,17 @@ def _sliding_window(cfg: dict, arch: str) -> int | None:
 def _layer_types(cfg: dict, arch: str, layers: int, window: int | None
                  ) -> tuple[str, ...] | None:
     types = cfg.get("layer_types")
+    allowed = HYBRID_LAYER_TYPES if arch in HYBRID_GDN_ARCHS else LAYER_TYPES
     if types is not None:
         if not isinstance(types, list) or len(types) != layers or \
-                any(t not in LAYER_TYPES for t in types):
+                any(t not in allowed for t in types):
             raise ModelLoadError(f"config.json: layer_types must list {layers} of "
-                                 f"{'/'.join(LAYER_TYPES)}")
+                                 f"{'/'.join(allowed)}")
         return tuple(types)
+    if arch in HYBRID_GDN_ARCHS:  # Qwen3NextConfig: every full_attention_interval-th layer
+        interval = _get(cfg, "full_attention_interval", int, 4, hi=1024)
+        return tuple("linear_attention" if (i + 1) % interval else "full_attention"
+                     for i in range(layers))
     if arch == "Gemma3ForCausalLM":
         pattern = _get(cfg, "sliding_window_pattern", int, None, hi=1024) or _get(
             cfg, "_sliding_window_pattern", int, 6, hi=1024)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
+HYBRID_LAYER_TYPES = (*LAYER_TYPES, "linear_attention")  # + Gated DeltaNet (Qwen3-Next)
 
 
 @dataclass
@@ -46,6 +47,16 @@ class ModelArchConfig:
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
     generation_config: dict = field(default_factory=dict)  # generation_config.json as read
+    # hybrid Gated DeltaNet models (Qwen3-Next / Qwen3.5): the linear-attention layers
+    shared_expert_intermediate_size: int = 0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 4
+    mamba_ssm_dtype: str | None = None  # "float32": the recurrent state in fp32 (Qwen3.5)
+    # q_proj carries a per-head sigmoid output gate (Qwen3-Next attention)
+    attn_output_gate: bool = True
 
     def layer_type(self, layer_idx: int) -> str:
         return self.layer_types[layer_idx] if self.layer_types else "full_attention"

@@ -48,6 +48,7 @@ from engine.worker.cudagraph_dispatcher import (
     CUDAGraphMode,
 )
 from engine.worker.input_batch import BlockTable, CpuGpuBuffer
+from engine.worker.mamba_utils import MambaStateCache
 
 _PROMPT_LOGITS_ROWS = 512  # prompt positions per logits matmul (bounds [rows, vocab] memory)
 PAD_SLOT_ID = -1  # slot of a padding token: the cache kernel skips it
@@ -156,6 +157,7 @@ class ModelRunner:
         self.query_start_loc = CpuGpuBuffer(max_num_reqs + 2, dtype=torch.int32, **buf)
         self.seq_lens = CpuGpuBuffer(max_num_reqs + 1, dtype=torch.int32, **buf)
         self.block_table: BlockTable | None = None
+        self.mamba: MambaStateCache | None = None  # Gated DeltaNet state (hybrid models)
         if kv_caches is not None:
             self.initialize_kv_cache(kv_caches)
 
@@ -163,6 +165,9 @@ class ModelRunner:
         """Bind one [2, num_blocks, block_size, nkv, hd] cache per attention layer (vLLM's
         bind_kv_cache) and size the block table."""
         attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.mamba = MambaStateCache.for_model(self.model, self.max_num_reqs, self.device)
+        if self.mamba is not None:  # hybrid: KV caches only for the attention layers
+            kv_caches = kv_caches[:len(attn_layers)]  # (the engine should allocate no more)
         for layer, cache in zip(attn_layers, kv_caches, strict=True):
             layer.kv_cache = cache
         max_blocks = -(-self.max_model_len // self.block_size) if self.max_model_len \
@@ -171,6 +176,8 @@ class ModelRunner:
 
     def _update_states(self, so: SchedulerOutput) -> None:
         for req_id in so.finished_req_ids:
+            if self.mamba is not None:
+                self.mamba.free(req_id)
             state = self.requests.pop(req_id, None)
             if state is None:
                 continue
@@ -185,6 +192,8 @@ class ModelRunner:
             if old is not None and old.row >= 0:
                 self.block_table.free_row(old.row)
             sp = new.sampling_params
+            if self.mamba is not None:
+                self.mamba.add(new.req_id, new.num_computed_tokens, new.mamba_restore_slot)
             state = CachedRequestState(
                 new.req_id, list(new.token_ids), sp, self.block_table.add_row(new.block_ids),
                 new.num_computed_tokens,
@@ -259,6 +268,9 @@ class ModelRunner:
             seq_lens[:n].tolist(), block_table, self.query_start_loc.copy_to_gpu(rows + 1),
             self.seq_lens.copy_to_gpu(rows), max_query_len,
             0 if graph else int(seq_lens[:n].max()))
+        if self.mamba is not None:
+            md.gdn = self.mamba.build_metadata(req_ids, starts.tolist(), qsl[:n + 1].tolist(),
+                                               max_query_len, md.query_start_loc_t, rows)
         inputs = _StepInputs(req_ids, qsl[:n + 1].copy(), seq_lens[:n].copy(),
                              self.input_ids.copy_to_gpu(padded),
                              self.positions.copy_to_gpu(padded), md, graph)
@@ -288,6 +300,8 @@ class ModelRunner:
             hidden = self.cudagraphs.replay(inp.graph)[:int(qsl[-1])]
         else:
             hidden = self.model(inp.input_ids, inp.positions, inp.md)
+        if self.mamba is not None and so.mamba_saves:  # prefix caching: keep GDN states
+            self.mamba.save(so.mamba_saves)
         prompt_logprobs = self._get_prompt_logprobs_dict(hidden, req_ids, qsl.tolist())
 
         # sample only requests whose scheduled tokens reach the end of what is known
@@ -361,6 +375,8 @@ class ModelRunner:
         mode = getattr(sizes, "mode", CUDAGraphMode.FULL)
         if self.device.type != "cuda" or not sizes or mode == CUDAGraphMode.NONE:
             return 0.0
+        if self.mamba is not None and mode == CUDAGraphMode.FULL:
+            mode = CUDAGraphMode.FULL_DECODE_ONLY  # GDN state metadata: decode graphs only
         graphs = self.init_cudagraphs(CudaGraphs, mode, sizes)
         self.memory_profile["cudagraph_pool"] = graphs.pool_bytes
         return graphs.capture_time_s
@@ -394,6 +410,8 @@ class ModelRunner:
                                self.block_table.step.gpu[:rows],
                                self.query_start_loc.gpu[:rows + 1], self.seq_lens.gpu[:rows],
                                1 if desc.uniform else n)
+        if self.mamba is not None:  # every row padding (the null state slot) at capture
+            md.gdn = self.mamba.build_metadata([], [], [], 1, md.query_start_loc_t, rows)
         return self.model(self.input_ids.gpu[:n], self.positions.gpu[:n], md)
 
     def _get_prompt_logprobs_dict(self, hidden: torch.Tensor, req_ids: list[str],

@@ -1,0 +1,188 @@
+"""Gated DeltaNet linear attention of Qwen3-Next / Qwen3.5 / Qwen3.6, with its per-request state.
+
+Mirrors vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py
+(QwenGatedDeltaNetAttention: in-projections, causal conv1d over cat(q, k, v) with its conv
+state, gates g = -exp(A_log) * softplus(a + dt_bias) and beta = sigmoid(b), the gated delta
+rule with L2-normed q/k and grouped value heads, RMSNormGated(norm before a SiLU gate z),
+out_proj) and vllm/v1/attention/backends/gdn_attn.py (GDNAttentionMetadata: per-request
+state slots, whether a request continues from a state, query start locations).
+
+In-projection layouts: both load into one flat layout, in_proj_qkvz rows [q | k | v | z]
+(all heads) and in_proj_ba rows [b | a]. Qwen3.5 checkpoints give those parts as separate
+tensors (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a: shards, as vLLM's stacked mapping);
+Qwen3-Next checkpoints interleave them per key-head group ([q_g, k_g, v_g, z_g] and
+[b_g, a_g]), undone at load time (vLLM's fix_query_key_value_ordering, done once).
+
+State (bound by engine/worker/mamba_utils.py): conv_state [slots, K-1, conv_dim] (vLLM's
+"SD" layout) and ssm_state [slots, Hv, dv, dk]; slot 0 is the null slot. CUDA runs the
+Triton kernels (kernels/causal_conv1d.py, kernels/gated_delta_rule.py), the CPU their torch
+references. Without metadata (the profile run) the core is skipped (zeros), as attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.errors import ModelLoadError
+from engine.layers.linear import ReplicatedLinear, RowParallelLinear
+from kernels.causal_conv1d import causal_conv1d_fn, causal_conv1d_ref
+from kernels.gated_delta_rule import fused_sigmoid_gating_delta_rule, gated_delta_rule_varlen_torch
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """Whether the layer runs the Triton kernels (CUDA) or their torch references."""
+    return x.is_cuda
+
+
+@dataclass
+class GDNMetadata:
+    """One step's view of the GDN state (vLLM's GDNAttentionMetadata, non-spec part)."""
+
+    query_start_loc: list[int]  # [num_reqs + 1] host
+    state_indices: list[int]  # [num_reqs] host: each request's state slot
+    has_initial_state: list[bool]  # [num_reqs] host: continues from its state
+    max_query_len: int
+    # device copies (the Triton kernels read these)
+    query_start_loc_t: torch.Tensor  # [num_reqs + 1] int32
+    state_indices_t: torch.Tensor  # [num_reqs] int64
+    has_initial_state_t: torch.Tensor  # [num_reqs] bool
+
+
+class RMSNormGated(nn.Module):
+    """rmsnorm(x) * w * silu(z), per value head; w is plain (init 1), not zero-centred."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        # x, z: [..., hidden] -> [..., hidden] in x's dtype (statistics in fp32)
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        out = self.weight * xf.to(x.dtype)
+        return (out * F.silu(z.float())).to(x.dtype)
+
+
+class _ShardedLinear(ReplicatedLinear):
+    """A projection whose rows load from several checkpoint tensors (shard offsets), or
+    whole from one tensor through `whole_loader` (a row permutation)."""
+
+    def __init__(self, in_features: int, shard_sizes: dict[str, int], whole_loader) -> None:
+        super().__init__(in_features, sum(shard_sizes.values()))
+        self.offsets, off = {}, 0
+        for name, n in shard_sizes.items():
+            self.offsets[name] = (off, n)
+            off += n
+        self.whole_loader = whole_loader
+        self.weight.weight_loader = self._load
+
+    def _load(self, param: nn.Parameter, w: torch.Tensor, weight_name: str = "",
+              shard_id: str | None = None, expert_id: int | None = None) -> None:
+        if shard_id is None or shard_id == "whole":
+            if tuple(w.shape) != tuple(param.shape):
+                raise ModelLoadError(f"has shape {tuple(w.shape)}, want {tuple(param.shape)}")
+            param.data.copy_(self.whole_loader(w))
+            return
+        off, n = self.offsets[shard_id]
+        if tuple(w.shape) != (n, param.shape[1]):
+            raise ModelLoadError(f"has shape {tuple(w.shape)}, want {(n, param.shape[1])}")
+        param.data[off:off + n].copy_(w)
+
+
+# (param fragment, checkpoint fragment, expert id, shard id): models/utils.load_weights
+GDN_PARAMS_MAPPING = [
+    ("in_proj_qkvz.", "in_proj_qkv.", None, "qkv"),
+    ("in_proj_qkvz.", "in_proj_z.", None, "z"),
+    ("in_proj_ba.", "in_proj_b.", None, "b"),
+    ("in_proj_ba.", "in_proj_a.", None, "a"),
+    ("in_proj_qkvz.", "in_proj_qkvz.", None, "whole"),
+    ("in_proj_ba.", "in_proj_ba.", None, "whole"),
+]
+
+
+class GatedDeltaNetAttention(nn.Module):
+    def __init__(self, hidden_size: int, num_k_heads: int, num_v_heads: int, head_k_dim: int,
+                 head_v_dim: int, conv_kernel_size: int, rms_norm_eps: float) -> None:
+        super().__init__()
+        if num_v_heads % num_k_heads:
+            raise ModelLoadError(f"linear_num_value_heads={num_v_heads} is not a multiple of "
+                                 f"linear_num_key_heads={num_k_heads}")
+        self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
+        self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
+        self.key_dim, self.value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.conv_kernel_size = conv_kernel_size
+        self.in_proj_qkvz = _ShardedLinear(
+            hidden_size, {"qkv": self.conv_dim, "z": self.value_dim}, self._qkvz_from_grouped)
+        self.in_proj_ba = _ShardedLinear(hidden_size, {"b": num_v_heads, "a": num_v_heads},
+                                         self._ba_from_grouped)
+        self.conv1d = nn.Module()
+        self.conv1d.weight = nn.Parameter(torch.empty(self.conv_dim, 1, conv_kernel_size),
+                                          requires_grad=False)
+        self.A_log = nn.Parameter(torch.empty(num_v_heads), requires_grad=False)
+        self.dt_bias = nn.Parameter(torch.ones(num_v_heads), requires_grad=False)
+        self.norm = RMSNormGated(head_v_dim, rms_norm_eps)
+        self.out_proj = RowParallelLinear(self.value_dim, hidden_size)
+        # bound by engine/worker/mamba_utils.py: [slots, K-1, conv_dim], [slots, Hv, dv, dk]
+        self.conv_state: torch.Tensor | None = None
+        self.ssm_state: torch.Tensor | None = None
+
+    def _qkvz_from_grouped(self, w: torch.Tensor) -> torch.Tensor:
+        # Qwen3-Next rows per key head g: [q_g, k_g, v_g (r*dv), z_g (r*dv)] -> [Q | K | V | Z]
+        r = self.num_v_heads // self.num_k_heads
+        dk, dv = self.head_k_dim, self.head_v_dim
+        g = w.view(self.num_k_heads, 2 * dk + 2 * r * dv, -1)
+        q, k, v, z = g.split([dk, dk, r * dv, r * dv], dim=1)
+        return torch.cat([x.reshape(-1, w.shape[1]) for x in (q, k, v, z)])
+
+    def _ba_from_grouped(self, w: torch.Tensor) -> torch.Tensor:
+        # Qwen3-Next rows per key head g: [b_g (r), a_g (r)] -> [B | A]
+        r = self.num_v_heads // self.num_k_heads
+        b, a = w.view(self.num_k_heads, 2 * r, -1).split([r, r], dim=1)
+        return torch.cat([b.reshape(-1, w.shape[1]), a.reshape(-1, w.shape[1])])
+
+    def forward(self, hidden_states: torch.Tensor, md) -> torch.Tensor:
+        # hidden_states: [n, hidden] -> [n, hidden]
+        n = hidden_states.shape[0]
+        mixed_qkv, z = self.in_proj_qkvz(hidden_states).split([self.conv_dim, self.value_dim],
+                                                              dim=-1)
+        b, a = self.in_proj_ba(hidden_states).split([self.num_v_heads] * 2, dim=-1)
+        gdn: GDNMetadata | None = None if md is None else md.gdn
+        if gdn is None:  # profile run: activations only
+            core = hidden_states.new_zeros(n, self.num_v_heads, self.head_v_dim)
+        else:
+            core = self._forward_core(mixed_qkv, b, a, gdn)
+        core = self.norm(core, z.reshape(n, self.num_v_heads, self.head_v_dim))
+        return self.out_proj(core.reshape(n, self.value_dim))
+
+    def _forward_core(self, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                      gdn: GDNMetadata) -> torch.Tensor:
+        # mixed_qkv: [n, conv_dim]; b, a: [n, Hv] -> core output [n, Hv, dv]
+        n = mixed_qkv.shape[0]
+        w = self.conv1d.weight[:, 0]  # [conv_dim, K]
+        if use_triton(mixed_qkv):
+            x = causal_conv1d_fn(mixed_qkv, w, self.conv_state, gdn.query_start_loc_t,
+                                 gdn.state_indices_t, gdn.has_initial_state_t,
+                                 gdn.max_query_len)
+        else:
+            x = causal_conv1d_ref(mixed_qkv, w, self.conv_state, gdn.query_start_loc,
+                                  gdn.state_indices, gdn.has_initial_state)
+        q, k, v = x.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.unflatten(-1, (self.num_k_heads, self.head_k_dim))
+        k = k.unflatten(-1, (self.num_k_heads, self.head_k_dim))
+        v = v.unflatten(-1, (self.num_v_heads, self.head_v_dim))
+        if use_triton(mixed_qkv):  # gates computed in the kernel
+            return fused_sigmoid_gating_delta_rule(
+                q, k, v, a, b, self.A_log, self.dt_bias, self.ssm_state, gdn.query_start_loc_t,
+                gdn.state_indices_t, gdn.has_initial_state_t)
+        beta = b.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())  # [n, Hv]
+        assert n == gdn.query_start_loc[-1], "GDN metadata does not cover the batch"
+        return gated_delta_rule_varlen_torch(q, k, v, g, beta, self.ssm_state,
+                                             gdn.query_start_loc, gdn.state_indices,
+                                             gdn.has_initial_state)

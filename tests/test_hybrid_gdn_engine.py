@@ -1,0 +1,188 @@
+"""Hybrid GDN models through LLMEngine (CPU): the same prompts batched, alone, with
+chunked prefill (chunks smaller than a prompt) and under preemption give transformers'
+greedy tokens; state slots return to the pool after finish, abort and preemption.
+
+Mirrors vLLM 0.33 tests/models/language/generation/test_hybrid.py (batching, chunked
+prefill) and tests/v1/core/test_single_type_kv_cache_manager.py (test_mamba_* freeing)
+on the tiny random Qwen3-Next / Qwen3.5 models of test_models_hybrid_gdn.py. With prefix
+caching off the state is vLLM's mamba_cache_mode "none"; with it on, "align" mode
+(engine/core/mamba_align.py): hits come from saved GDN state snapshots (vLLM
+tests/v1/core/test_prefix_caching.py test_prefill_hybrid_model_mamba_align and
+tests/v1/e2e/general/test_mamba_prefix_cache.py: same tokens, cache hits counted).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_models_hybrid_gdn import make_hf_model
+
+from engine.config import EngineConfig
+from engine.errors import InvalidArgumentError
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.worker.mamba_utils import setup_hybrid_prefix_caching
+
+pytest.importorskip("transformers")
+
+MAX_TOKENS = 12
+LENS = (21, 9, 30, 14)
+
+
+@pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5"])
+def model_dir(request, tmp_path_factory):
+    hf = make_hf_model(request.param)
+    path = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(path)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in LENS]
+    with torch.no_grad():
+        ref = [_hf_greedy(hf, p) for p in prompts]
+    return str(path), prompts, ref
+
+
+def _hf_greedy(hf, prompt: list[int]) -> list[int]:
+    t = torch.tensor([prompt])  # an explicit mask: token 0 is the pad id
+    out = hf.generate(t, attention_mask=torch.ones_like(t), max_new_tokens=MAX_TOKENS,
+                      do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+def _engine(path: str, **kw) -> LLMEngine:
+    cfg = dict(model=path, device="cpu", max_model_len=64, enable_prefix_caching=False,
+               skip_tokenizer_init=True, block_size=8, max_num_seqs=4)
+    return LLMEngine.from_config(EngineConfig(**{**cfg, **kw}))
+
+
+def _run(engine: LLMEngine, prompts: list[list[int]], cached: list[int] | None = None
+         ) -> list[list[int]]:
+    """Greedy tokens per prompt; `cached` (if given) receives each one's cached tokens."""
+    sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, sp)
+    out: dict[str, list[int]] = {}
+    hits: dict[str, int] = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                out[o.request_id] = list(o.outputs[0].token_ids)
+                hits[o.request_id] = o.num_cached_tokens
+    if cached is not None:
+        cached[:] = [hits[f"r{i}"] for i in range(len(prompts))]
+    return [out[f"r{i}"] for i in range(len(prompts))]
+
+
+def _assert_slots_back(engine: LLMEngine, prompt: list[int]) -> None:
+    """The runner hears of finished requests with the next step: run one more request,
+    then only it may hold a slot."""
+    engine.add_request("last", prompt, SamplingParams(temperature=0.0, max_tokens=2))
+    while engine.has_unfinished_requests():
+        engine.step()
+    mamba = engine.model_runner.mamba
+    assert set(mamba.slot_of) <= {"last"}
+    assert len(mamba.slot_of) + len(mamba.free_slots) == 4
+
+
+def test_batched_and_alone_match_transformers(model_dir):
+    path, prompts, ref = model_dir
+    engine = _engine(path)
+    assert _run(engine, prompts) == ref
+    assert [_run(engine, [p])[0] for p in prompts[:2]] == ref[:2]
+    _assert_slots_back(engine, prompts[1])
+
+
+def test_chunked_prefill_matches(model_dir):
+    path, prompts, ref = model_dir
+    assert _run(_engine(path, max_num_batched_tokens=8), prompts) == ref
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_preemption_matches_and_frees_state(model_dir, async_scheduling):
+    """Preemption (recompute) with chunked prefill; also under async scheduling, where a
+    freed slot is handed out while the step before is still queued."""
+    path, prompts, ref = model_dir
+    block_bytes = 2 * 8 * 8 * 2 * 16 * 4  # layers * block * kv heads * head_dim * fp32
+    engine = _engine(path, kv_cache_memory_bytes=10 * block_bytes,
+                     async_scheduling=async_scheduling, max_num_batched_tokens=8)
+    assert _run(engine, prompts) == ref
+    assert engine.scheduler.num_preemptions > 0
+    _assert_slots_back(engine, prompts[1])
+
+
+def test_abort_frees_state(model_dir):
+    path, prompts, _ = model_dir
+    engine = _engine(path)
+    engine.add_request("a", prompts[0], SamplingParams(temperature=0.0, max_tokens=50))
+    engine.step()
+    assert "a" in engine.model_runner.mamba.slot_of
+    engine.abort_request("a")
+    _assert_slots_back(engine, prompts[1])
+
+
+def test_prefix_caching_align_mode_hits_and_matches(model_dir):
+    path, prompts, ref = model_dir
+    engine = _engine(path, enable_prefix_caching=True)
+    setup_hybrid_prefix_caching(engine.model_runner, engine.scheduler, 8)
+    cached: list[int] = []
+    assert _run(engine, prompts, cached) == ref
+    assert cached == [0, 0, 0, 0]
+    # again: each prompt's state was saved at its last full block boundary
+    assert _run(engine, prompts, cached) == ref
+    assert cached == [16, 8, 24, 8]
+    # a shared prefix (prompt 2's first 3 blocks) followed by other tokens
+    other = prompts[2][:24] + prompts[0][:5]
+    want = _run(_engine(path, enable_prefix_caching=False), [other])
+    assert _run(engine, [other], cached) == want and cached == [24]
+    # chunked prefill (8-token chunks): states kept at every block boundary
+    chunked = _engine(path, enable_prefix_caching=True, max_num_batched_tokens=8)
+    setup_hybrid_prefix_caching(chunked.model_runner, chunked.scheduler, 8)
+    assert _run(chunked, prompts[2:3]) == ref[2:3]
+    assert _run(chunked, prompts[2:3], cached) == ref[2:3] and cached == [24]
+    # prefill states after 8, 16 and 24 tokens, a decode-time one after 32 (the last free slot)
+    assert len(chunked.scheduler.mamba_align.slot_of) == 4
+
+
+def test_prefix_cache_hit_without_state_is_an_error(model_dir):
+    path, prompts, _ = model_dir
+    engine = _engine(path, enable_prefix_caching=True)
+    _run(engine, [prompts[2]])
+    with pytest.raises(InvalidArgumentError, match="enable_prefix_caching"):
+        _run(engine, [prompts[2]])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_eager_and_decode_graphs(model_dir):
+    """On CUDA (Triton conv + fused recurrent kernels): fp32 matches transformers; decode
+    CUDA graphs (persistent state indices, padding rows on the null slot) give the eager
+    tokens, in fp32 and bf16, with prefix caching (align mode) on."""
+    path, prompts, ref = model_dir
+    for dtype in ("float32", "bfloat16"):
+        got = []
+        for eager in (True, False):
+            engine = _engine(path, device="cuda", dtype=dtype, enforce_eager=eager,
+                             enable_prefix_caching=True)
+            setup_hybrid_prefix_caching(engine.model_runner, engine.scheduler, 8)
+            assert (engine.model_runner.cudagraphs is None) == eager
+            got.append(_run(engine, prompts))
+            assert _run(engine, prompts) == got[-1]  # cache hits, same tokens
+        assert got[0] == got[1]
+        if dtype == "float32":
+            assert got[0] == ref
+
+
+def test_triton_path_through_the_engine(model_dir, monkeypatch):
+    """The GDN layers' Triton kernels (under TRITON_INTERPRET on CPU) through the engine:
+    batched, chunked (8-token chunks, mixed prefill + decode steps), prefix-cached."""
+    import engine.layers.gdn as gdn
+    from kernels.gated_delta_rule import _fused_recurrent_kernel
+
+    if type(_fused_recurrent_kernel).__name__ != "InterpretedFunction":
+        pytest.skip("kernels/ compiled for a device (the GPU test covers this path)")
+    monkeypatch.setattr(gdn, "use_triton", lambda x: True)
+    path, prompts, ref = model_dir
+    engine = _engine(path, enable_prefix_caching=True, max_num_batched_tokens=16)
+    setup_hybrid_prefix_caching(engine.model_runner, engine.scheduler, 8)
+    assert _run(engine, prompts[:3]) == ref[:3]
+    cached: list[int] = []
+    assert _run(engine, prompts[:3], cached) == ref[:3] and cached[2] == 24
