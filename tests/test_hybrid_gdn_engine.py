@@ -101,7 +101,7 @@ def test_preemption_matches_and_frees_state(model_dir, async_scheduling):
     """Preemption (recompute) with chunked prefill; also under async scheduling, where a
     freed slot is handed out while the step before is still queued."""
     path, prompts, ref = model_dir
-    block_bytes = 2 * 8 * 8 * 2 * 16 * 4  # layers * block * kv heads * head_dim * fp32
+    block_bytes = 2 * 2 * 8 * 2 * 16 * 4  # attention layers * block * kv heads * hd * fp32
     engine = _engine(path, kv_cache_memory_bytes=10 * block_bytes,
                      async_scheduling=async_scheduling, max_num_batched_tokens=8)
     assert _run(engine, prompts) == ref
@@ -145,6 +145,7 @@ def test_prefix_caching_align_mode_hits_and_matches(model_dir):
 def test_prefix_cache_hit_without_state_is_an_error(model_dir):
     path, prompts, _ = model_dir
     engine = _engine(path, enable_prefix_caching=True)
+    engine.scheduler.mamba_align = None  # mamba_cache_mode "none": no state snapshots
     _run(engine, [prompts[2]])
     with pytest.raises(InvalidArgumentError, match="enable_prefix_caching"):
         _run(engine, [prompts[2]])

@@ -78,9 +78,6 @@ class EngineCore:
         kv_caches = [torch.empty(shape, dtype=dtype, device=device)  # hybrid: attention only
                      for _ in range(num_attention_layers(arch))]
         self.model_runner.initialize_kv_cache(kv_caches)
-        # decode CUDA graphs, captured at start-up (vLLM's capture_model); 0.0 without
-        self.cudagraph_capture_time_s = self.model_runner.capture_model(
-            config.cudagraph_batch_sizes())
         kv = KVCacheManager(self.num_gpu_blocks, config.block_size, self.max_model_len,
                             config.enable_prefix_caching, watermark=config.watermark)
         self.structured_output_manager = None if tokenizer is None else \
@@ -92,6 +89,9 @@ class EngineCore:
                                        structured_output_manager=self.structured_output_manager)
         if config.enable_prefix_caching:  # hybrid GDN models: vLLM's mamba_cache_mode align
             setup_hybrid_prefix_caching(self.model_runner, self.scheduler, config.block_size)
+        # CUDA graphs, captured at start-up (vLLM's capture_model); 0.0 without
+        self.cudagraph_capture_time_s = self.model_runner.capture_model(
+            config.cudagraph_batch_sizes())
         # steps queued on the device whose output is not processed yet, newest first
         self.batch_queue: deque[tuple[AsyncModelRunnerOutput, SchedulerOutput]] = deque()
         self.batch_queue_size = 2 if config.async_scheduling else 1

@@ -122,11 +122,14 @@ def setup_hybrid_prefix_caching(runner, scheduler, block_size: int,
                                 num_snapshots: int | None = None) -> None:
     """Align-mode prefix caching for a hybrid model (nothing otherwise): the runner's
     pool grows num_snapshots (default max_num_reqs) snapshot slots, handed out by the
-    scheduler's MambaAlignCache. Call once, after the runner's KV cache is bound and
-    before any request; decode graphs captured before are captured again over the new
-    pool."""
-    if runner.mamba is None or not scheduler.kv_cache_manager.enable_caching:
+    scheduler's MambaAlignCache. Call after the runner's KV cache is bound, before the
+    CUDA graphs are captured (they read the pool's tensors) and before any request; a
+    second call does nothing (the engine core makes the first)."""
+    if runner.mamba is None or not scheduler.kv_cache_manager.enable_caching \
+            or getattr(scheduler, "mamba_align", None) is not None:
         return
+    if runner.cudagraphs is not None:
+        raise RuntimeError("setup_hybrid_prefix_caching must run before capture_model")
     n = runner.max_num_reqs
     snaps = num_snapshots or n
     for layer in runner.mamba.layers:  # the old pool goes before the new one is allocated
@@ -134,5 +137,3 @@ def setup_hybrid_prefix_caching(runner, scheduler, block_size: int,
     runner.mamba = MambaStateCache.for_model(runner.model, n, runner.device,
                                              num_snapshots=snaps)
     scheduler.mamba_align = MambaAlignCache(block_size, first_slot=n + 1, num_slots=snaps)
-    if runner.cudagraphs is not None:  # they read the old pool's tensors
-        runner.capture_model(runner.cudagraphs.sizes)
