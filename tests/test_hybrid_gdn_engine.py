@@ -50,7 +50,8 @@ def _hf_greedy(hf, prompt: list[int]) -> list[int]:
 
 def _engine(path: str, **kw) -> LLMEngine:
     cfg = dict(model=path, device="cpu", max_model_len=64, enable_prefix_caching=False,
-               skip_tokenizer_init=True, block_size=8, max_num_seqs=4)
+               skip_tokenizer_init=True, block_size=8, max_num_seqs=4,
+               multiprocessing=False)  # the tests look inside the core (runner, scheduler)
     return LLMEngine.from_config(EngineConfig(**{**cfg, **kw}))
 
 
