@@ -163,7 +163,8 @@ def test_cuda_eager_and_decode_graphs(model_dir):
         got = []
         for eager in (True, False):
             engine = _engine(path, device="cuda", dtype=dtype, enforce_eager=eager,
-                             enable_prefix_caching=True)
+                             enable_prefix_caching=True,
+                             kv_cache_memory_bytes=64 << 20)  # engines live side by side
             setup_hybrid_prefix_caching(engine.model_runner, engine.scheduler, 8)
             assert (engine.model_runner.cudagraphs is None) == eager
             got.append(_run(engine, prompts))
