@@ -14,6 +14,7 @@ RequestOutputs. Requests a stop string finished are aborted in the core.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from engine.chat_template import render_chat_template
@@ -41,6 +42,9 @@ class ModelInfo:
     eos_token_id: int  # -1: none
 
 
+_RECENT_IDS = 4096  # finished or aborted user ids a reuse of which gets a fresh core id
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, engine_core: EngineCoreClient,
                  tokenizer: Tokenizer | None) -> None:
@@ -59,6 +63,13 @@ class LLMEngine:
         self.output_processor = OutputProcessor(tokenizer)
         self.max_logprobs = config.max_logprobs  # -1: the whole vocab
         self._pending_outputs: list[RequestOutput] = []
+        # A user id reused soon after it finished or was aborted gets a fresh core id, so
+        # that outputs of the old request still in flight from a child core never reach
+        # the new one (vLLM gives every request an internal id, InputProcessor).
+        self._recent: OrderedDict[str, None] = OrderedDict()  # user ids, newest last
+        self._core_ids: dict[str, str] = {}  # user id -> core id, where they differ
+        self._user_ids: dict[str, str] = {}  # core id -> user id, where they differ
+        self._renames = 0
         # the model's generation_config.json defaults (vLLM ModelConfig.get_diff_sampling_param)
         self.default_sampling_params: dict = dict(ready.default_sampling_params)
         self.model_info = ModelInfo(
@@ -131,12 +142,20 @@ class LLMEngine:
         ids = processor.tokenize(prompt)
         params = processor.process_params(params, len(ids))
         processor.check_fits_kv_cache(request_id, len(ids), params.max_tokens)
-        parent = ParentRequest(request_id, params) if params.n > 1 else None
+        if request_id in self._core_ids or self.output_processor.has_request(request_id):
+            raise InvalidArgumentError(f"request id {request_id!r} is already in use")
+        core_id = request_id
+        if request_id in self._recent:
+            self._renames += 1
+            core_id = f"{request_id}-{self._renames}"
+        parent = ParentRequest(core_id, params) if params.n > 1 else None
         children = [parent.get_child_info(i) for i in range(params.n)] if parent \
-            else [(request_id, params)]
-        for rid in {request_id, *(rid for rid, _ in children)}:
+            else [(core_id, params)]
+        for rid in {core_id, *(rid for rid, _ in children)}:
             if self.output_processor.has_request(rid):
                 raise InvalidArgumentError(f"request id {rid!r} is already in use")
+        if core_id != request_id:
+            self._core_ids[request_id], self._user_ids[core_id] = core_id, request_id
         now = time.time()
         text = prompt if isinstance(prompt, str) else None
         try:
@@ -147,15 +166,17 @@ class LLMEngine:
                 self.engine_core.add_request(request)
         except BaseException:  # e.g. the core died: forget the request here too
             self.output_processor.abort_requests([rid for rid, _ in children])
+            self._finish_ids(request_id)
             raise
 
     def abort_request(self, request_id: str) -> None:
         """Abort a request (all children of an n > 1 request); its last output, with
         finish_reason "abort", comes with the next step()."""
-        live = self.output_processor.child_request_ids(request_id)
+        live = self.output_processor.child_request_ids(self._core_ids.get(request_id,
+                                                                          request_id))
         if not live:
             raise NotFoundError(f"no running request with id {request_id!r}")
-        self._pending_outputs.extend(self.output_processor.abort_requests(live))
+        self._pending_outputs.extend(self._to_user(self.output_processor.abort_requests(live)))
         self.engine_core.abort_requests(live)
 
     def step(self) -> list[RequestOutput]:
@@ -175,8 +196,25 @@ class LLMEngine:
         outputs, stopped = self.output_processor.process_outputs(core_outputs.outputs)
         if stopped:
             self.engine_core.abort_requests(stopped)
+        outputs = self._to_user(outputs)
         self.stats.observe(core_outputs.scheduler_stats, core_outputs.num_preemptions)
         return outputs
+
+    def _to_user(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Outputs under their user ids; a finished request's id becomes recent."""
+        for out in outputs:
+            out.request_id = self._user_ids.get(out.request_id, out.request_id)
+            if out.finished:
+                self._finish_ids(out.request_id)
+        return outputs
+
+    def _finish_ids(self, request_id: str) -> None:
+        core_id = self._core_ids.pop(request_id, None)
+        self._user_ids.pop(core_id, None)
+        self._recent[request_id] = None
+        self._recent.move_to_end(request_id)
+        while len(self._recent) > _RECENT_IDS:
+            self._recent.popitem(last=False)
 
     def take_pending_outputs(self) -> list[RequestOutput]:
         """The last outputs of requests aborted since the previous step."""
