@@ -15,6 +15,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _interpret_kernels_without_cuda() -> None:
+    """Without CUDA the kernels/ tests run under the Triton interpreter, which must be on
+    before any test module imports a kernels/ module (engine layers import them too): a
+    module defined without it mixes compiled and interpreted @triton.jit functions."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+_interpret_kernels_without_cuda()
 DEFAULT_MODEL = Path.home() / ".cache/libvllm/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 C_FLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"]
 
