@@ -12,6 +12,7 @@ an initialized group this process is rank 0 of 1 and every collective is the ide
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -31,13 +32,14 @@ _TP: GroupCoordinator | None = None
 
 
 def init_distributed_environment(world_size: int, rank: int, backend: str = "gloo",
-                                 init_method: str = "env://") -> None:
+                                 init_method: str = "env://",
+                                 timeout: timedelta | None = None) -> None:
     """Join the default process group (once per process)."""
     if not 0 <= rank < world_size:
         raise InvalidArgumentError(f"rank {rank} is not in [0, {world_size})")
     if not dist.is_initialized():
         dist.init_process_group(backend, init_method=init_method, world_size=world_size,
-                                rank=rank)
+                                rank=rank, timeout=timeout)
 
 
 def initialize_model_parallel(tensor_model_parallel_size: int) -> None:

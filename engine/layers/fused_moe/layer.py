@@ -68,10 +68,11 @@ class FusedMoE(nn.Module):
         self.backend = moe_backend()
         self.gguf_experts: GGUFExperts | None = None  # set by the GGUF loader on CUDA
         self.act = get_act_and_mul_fn(activation)
-        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size,
-                                                   hidden_size), requires_grad=False)
-        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size),
-                                      requires_grad=False)
+        i = self.intermediate_size
+        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * i, hidden_size),
+                                       requires_grad=False)  # [E, 2 * I / tp, H]
+        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, i),
+                                      requires_grad=False)  # [E, H, I / tp]
         self.w13_weight.weight_loader = self.weight_loader
         self.w2_weight.weight_loader = self.weight_loader
 

@@ -1,0 +1,119 @@
+"""Tensor parallelism on CPU with gloo (engine/distributed, engine/layers, engine/executor).
+
+Oracle: the same engine at tensor_parallel_size 1, fp32, greedy: TP=2 must give the same
+tokens (vLLM's tests/distributed/test_pipeline_parallel.py / test_basic_correctness
+compare TP runs against a single-device run the same way). Configs: tiny Llama (kv heads
+replicated: 1 kv head on 2 ranks), Qwen3, Qwen3-MoE (experts sharded as vLLM's TP MoE)
+and a GGUF file. Failure path as tests/v1/shutdown/test_forward_error.py: a worker killed
+mid-request gives every stream an error event, no hang.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from engine.async_llm import AsyncLLM
+from engine.config import EngineConfig
+from engine.errors import InvalidArgumentError
+from engine.exceptions import EngineDeadError
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from tests.test_models_parity import make_hf_model, make_prompts, write_gguf_twin
+
+pytestmark = pytest.mark.slow
+MAX_TOKENS = 12
+
+
+def _engine(path: str, tp: int, mp: bool = False, **kw) -> LLMEngine:
+    return LLMEngine.from_config(EngineConfig(
+        path, device="cpu", dtype="float32", max_model_len=128, max_num_seqs=4,
+        skip_tokenizer_init=True, multiprocessing=mp, tensor_parallel_size=tp,
+        n_threads=1, **kw))
+
+
+def _greedy(path: str, tp: int, prompts: list[list[int]]) -> list[list[int]]:
+    engine = _engine(path, tp)
+    try:
+        for i, ids in enumerate(prompts):
+            engine.add_request(str(i), ids, SamplingParams(temperature=0,
+                                                           max_tokens=MAX_TOKENS))
+        done = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out.outputs[0].token_ids
+        return [done[str(i)] for i in range(len(prompts))]
+    finally:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3", "qwen3_moe", "gguf"])
+def model_dir(request, tmp_path_factory):
+    name = request.param
+    path = tmp_path_factory.mktemp(name)
+    if name == "gguf":
+        write_gguf_twin(make_hf_model("llama"), "llama", path / "tiny.gguf")
+        return str(path / "tiny.gguf")
+    overrides = {"num_key_value_heads": 1} if name == "llama" else {}  # kv replication
+    make_hf_model(name, **overrides).save_pretrained(path)
+    return str(path)
+
+
+def test_tp2_greedy_tokens_equal_tp1(model_dir):
+    prompts = make_prompts(300)
+    want = _greedy(model_dir, 1, prompts)
+    got = _greedy(model_dir, 2, prompts)
+    assert got == want and all(len(t) == MAX_TOKENS for t in got)
+    assert not torch.distributed.is_initialized()  # the engine left the group
+
+
+def test_indivisible_heads_are_refused(tmp_path):
+    make_hf_model("qwen3").save_pretrained(tmp_path)  # 4 heads
+    with pytest.raises(InvalidArgumentError, match="tensor_parallel_size 3"):
+        _engine(str(tmp_path), 3)
+    with pytest.raises(InvalidArgumentError, match="tensor_parallel_size"):
+        EngineConfig(str(tmp_path), tensor_parallel_size=0)
+
+
+def test_killed_worker_ends_every_stream(tmp_path):
+    make_hf_model("qwen3").save_pretrained(tmp_path)
+    engine = _engine(str(tmp_path), 2, mp=True)
+    loop = AsyncLLM(engine)
+    try:
+        worker_pid = _tp_worker_pid(engine.engine_core.core.proc.pid)
+        streams = [loop.add_request(f"s{i}", list(range(1, 9)),
+                                    SamplingParams(max_tokens=100, ignore_eos=True))
+                   for i in range(3)]
+        assert streams[0].get(60) is not None  # generation is under way
+        os.kill(worker_pid, signal.SIGKILL)
+        killed = time.monotonic()
+        for stream in streams:
+            with pytest.raises(EngineDeadError):
+                while stream.get(30) is not None:
+                    pass
+        assert time.monotonic() - killed < 30
+    finally:
+        loop.shutdown()
+        engine.shutdown()
+
+
+def _tp_worker_pid(core_pid: int) -> int:
+    """The rank-1 worker: the engine-core child's child running multiproc_worker."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().split(")")[-1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if ppid == core_pid and b"multiproc_worker" in cmd:
+            return int(pid)
+    raise AssertionError("no tensor-parallel worker found")
