@@ -3,9 +3,10 @@
 Oracle: the same engine at tensor_parallel_size 1, fp32, greedy: TP=2 must give the same
 tokens (vLLM's tests/distributed/test_pipeline_parallel.py / test_basic_correctness
 compare TP runs against a single-device run the same way). Configs: tiny Llama (kv heads
-replicated: 1 kv head on 2 ranks), Qwen3, Qwen3-MoE (experts sharded as vLLM's TP MoE)
-and a GGUF file. Failure path as tests/v1/shutdown/test_forward_error.py: a worker killed
-mid-request gives every stream an error event, no hang.
+replicated: 1 kv head on 2 ranks), Qwen3, Qwen3-MoE (experts sharded as vLLM's TP MoE),
+Gemma 3 (tied, soft-capped LM head) and a Q8_0 GGUF file (dequantized, then sharded).
+Failure path as tests/v1/shutdown/test_forward_error.py: a worker killed mid-request gives
+every stream an error event, no hang.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import signal
 import time
 
+import gguf
 import pytest
 import torch
 
@@ -39,6 +41,10 @@ def _engine(path: str, tp: int, mp: bool = False, **kw) -> LLMEngine:
 def _greedy(path: str, tp: int, prompts: list[list[int]]) -> list[list[int]]:
     engine = _engine(path, tp)
     try:
+        model = engine.engine_core.engine_core.model_runner.model  # rank 0's shard
+        qkv = model.model.layers[0].self_attn.qkv_proj
+        assert qkv.num_heads == 4 // tp and qkv.weight.shape[1] == 64
+        assert model.model.embed_tokens.weight.shape[0] == 300 // tp
         for i, ids in enumerate(prompts):
             engine.add_request(str(i), ids, SamplingParams(temperature=0,
                                                            max_tokens=MAX_TOKENS))
@@ -52,16 +58,28 @@ def _greedy(path: str, tp: int, prompts: list[list[int]]) -> list[list[int]]:
         engine.shutdown()
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3", "qwen3_moe", "gguf"])
+@pytest.fixture(scope="module", params=["llama", "qwen3", "qwen3_moe", "gemma3", "gguf"])
 def model_dir(request, tmp_path_factory):
     name = request.param
     path = tmp_path_factory.mktemp(name)
     if name == "gguf":
-        write_gguf_twin(make_hf_model("llama"), "llama", path / "tiny.gguf")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(gguf.GGUFWriter, "add_tensor", _add_q8_0(gguf.GGUFWriter.add_tensor))
+            write_gguf_twin(make_hf_model("llama"), "llama", path / "tiny.gguf")
         return str(path / "tiny.gguf")
     overrides = {"num_key_value_heads": 1} if name == "llama" else {}  # kv replication
     make_hf_model(name, **overrides).save_pretrained(path)
     return str(path)
+
+
+def _add_q8_0(add_tensor):
+    """GGUFWriter.add_tensor storing matrices as Q8_0 blocks (32 values per block)."""
+    def add(self, name, array, *args, **kw):
+        if array.ndim == 2 and array.shape[1] % 32 == 0:
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            return add_tensor(self, name, gguf.quants.quantize(array, q8), raw_dtype=q8)
+        return add_tensor(self, name, array, *args, **kw)
+    return add
 
 
 def test_tp2_greedy_tokens_equal_tp1(model_dir):
