@@ -5,14 +5,18 @@ tokens (vLLM's tests/distributed/test_pipeline_parallel.py / test_basic_correctn
 compare TP runs against a single-device run the same way). Configs: tiny Llama (kv heads
 replicated: 1 kv head on 2 ranks), Qwen3, Qwen3-MoE (experts sharded as vLLM's TP MoE),
 Gemma 3 (tied, soft-capped LM head) and a Q8_0 GGUF file (dequantized, then sharded).
+The external_launcher backend (vLLM's torchrun mode) on two plain processes.
 Failure path as tests/v1/shutdown/test_forward_error.py: a worker killed mid-request gives
 every stream an error event, no hang.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import gguf
@@ -23,6 +27,7 @@ from engine.async_llm import AsyncLLM
 from engine.config import EngineConfig
 from engine.errors import InvalidArgumentError
 from engine.exceptions import EngineDeadError
+from engine.executor.multiproc_executor import get_open_port
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from tests.test_models_parity import make_hf_model, make_prompts, write_gguf_twin
@@ -38,8 +43,8 @@ def _engine(path: str, tp: int, mp: bool = False, **kw) -> LLMEngine:
         n_threads=1, **kw))
 
 
-def _greedy(path: str, tp: int, prompts: list[list[int]]) -> list[list[int]]:
-    engine = _engine(path, tp)
+def _greedy(path: str, tp: int, prompts: list[list[int]], **kw) -> list[list[int]]:
+    engine = _engine(path, tp, **kw)
     try:
         model = engine.engine_core.engine_core.model_runner.model  # rank 0's shard
         qkv = model.model.layers[0].self_attn.qkv_proj
@@ -88,6 +93,30 @@ def test_tp2_greedy_tokens_equal_tp1(model_dir):
     got = _greedy(model_dir, 2, prompts)
     assert got == want and all(len(t) == MAX_TOKENS for t in got)
     assert not torch.distributed.is_initialized()  # the engine left the group
+
+
+_LAUNCHED_RANK = """
+import json, sys
+from tests.test_tensor_parallel import _greedy
+print(json.dumps(_greedy(sys.argv[1], 2, json.loads(sys.argv[2]),
+                         distributed_executor_backend="external_launcher")))
+"""
+
+
+def test_external_launcher_ranks_equal_tp1(tmp_path):
+    """Every rank started by the launcher (here: two plain processes with torchrun's
+    variables) runs its own engine on the same requests and gets the TP=1 tokens."""
+    make_hf_model("qwen3").save_pretrained(tmp_path)
+    prompts = make_prompts(300)
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(get_open_port()), "PYTHONPATH": os.getcwd()}
+    procs = [subprocess.Popen([sys.executable, "-c", _LAUNCHED_RANK, str(tmp_path),
+                               json.dumps(prompts)], env={**env, "RANK": str(r)},
+                              stdout=subprocess.PIPE) for r in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    want = _greedy(str(tmp_path), 1, prompts)
+    assert [json.loads(o.decode().splitlines()[-1]) for o in outs] == [want, want]
 
 
 def test_indivisible_heads_are_refused(tmp_path):

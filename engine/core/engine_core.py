@@ -14,7 +14,9 @@ and size the KV cache from gpu_memory_utilization (kv_cache_memory_bytes overrid
 allocate and bind the cache, capture the decode CUDA graphs (not with enforce_eager).
 With tensor_parallel_size > 1 this process is rank 0 of a MultiprocExecutor
 (engine/executor/multiproc_executor.py): the workers mirror each start-up step and run
-every step whose scheduler output it broadcasts; the KV cache holds this rank's kv heads.
+every step whose scheduler output it broadcasts; or, with distributed_executor_backend
+external_launcher, one of the ranks a launcher started (engine/executor/
+external_launcher.py). The KV cache holds this rank's kv heads.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
 from engine.distributed.parallel_state import device_backend
 from engine.errors import InvalidArgumentError, VllmError
+from engine.executor.external_launcher import ExternalLauncherExecutor
 from engine.executor.kv_heads import kv_cache_shape, num_kv_heads_per_rank, verify_tensor_parallel
 from engine.executor.multiproc_executor import MultiprocExecutor
 from engine.models.config import ModelArchConfig, get_diff_sampling_param
@@ -63,7 +66,8 @@ _CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
 class EngineCore:
     def __init__(self, config: EngineConfig, model: torch.nn.Module, arch: ModelArchConfig,
                  tokenizer: Tokenizer | None, device: torch.device, dtype: torch.dtype,
-                 executor: MultiprocExecutor | None = None) -> None:
+                 executor: MultiprocExecutor | ExternalLauncherExecutor | None = None
+                 ) -> None:
         self.config = config
         self.executor = executor  # tensor parallel: the workers of ranks 1..tp-1
         self.tp_size = config.tensor_parallel_size
@@ -124,8 +128,11 @@ class EngineCore:
         if config.n_threads:  # vllm.h n_threads: process-wide (the core's process)
             torch.set_num_threads(config.n_threads)
         executor = None
-        if config.tensor_parallel_size > 1:  # rank 0 joins the group before its shard loads
-            executor = MultiprocExecutor(config, device_backend(resolve_device(config)))
+        if config.tensor_parallel_size > 1:  # join the group before the shard loads
+            executor_cls = ExternalLauncherExecutor \
+                if config.distributed_executor_backend == "external_launcher" \
+                else MultiprocExecutor
+            executor = executor_cls(config, device_backend(resolve_device(config)))
         try:
             model, arch, tokenizer, device, dtype = load_model_and_tokenizer(config)
             return cls(config, model, arch, tokenizer, device, dtype, executor), tokenizer

@@ -46,7 +46,8 @@ def dist_timeout() -> timedelta:
     return timedelta(seconds=float(os.environ.get(ENV_TIMEOUT, "300")))
 
 
-def _free_port() -> int:
+def get_open_port() -> int:
+    """A free TCP port on 127.0.0.1 (vllm/utils get_open_port)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -59,7 +60,7 @@ class MultiprocExecutor:
         self._closing = False
         env = dict(os.environ)
         env.setdefault("MASTER_ADDR", "127.0.0.1")
-        env.setdefault("MASTER_PORT", str(_free_port()))
+        env.setdefault("MASTER_PORT", str(get_open_port()))
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = env["MASTER_ADDR"], \
             env["MASTER_PORT"]
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
