@@ -3,8 +3,9 @@
 Oracle: the same engine at tensor_parallel_size 1, fp32, greedy: TP=2 must give the same
 tokens (vLLM's tests/distributed/test_pipeline_parallel.py / test_basic_correctness
 compare TP runs against a single-device run the same way). Configs: tiny Llama (kv heads
-replicated: 1 kv head on 2 ranks), Qwen3, Qwen3-MoE (experts sharded as vLLM's TP MoE),
-Gemma 3 (tied, soft-capped LM head) and a Q8_0 GGUF file (dequantized, then sharded).
+replicated: 1 kv head on 2 ranks), Qwen2 (q/k/v bias), Qwen3, Qwen3-MoE and Mixtral
+(experts sharded as vLLM's TP MoE), Gemma 3 (tied, soft-capped LM head) and a Q8_0 GGUF
+file (dequantized, then sharded).
 The external_launcher backend (vLLM's torchrun mode) on two plain processes.
 Failure path as tests/v1/shutdown/test_forward_error.py: a worker killed mid-request gives
 every stream an error event, no hang.
@@ -63,7 +64,8 @@ def _greedy(path: str, tp: int, prompts: list[list[int]], **kw) -> list[list[int
         engine.shutdown()
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3", "qwen3_moe", "gemma3", "gguf"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral",
+                                        "gemma3", "gguf"])
 def model_dir(request, tmp_path_factory):
     name = request.param
     path = tmp_path_factory.mktemp(name)

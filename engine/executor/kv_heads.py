@@ -11,7 +11,7 @@ from engine.models.config import ModelArchConfig
 # architectures built only from engine/layers' parallel layers (attention + MLP / MoE)
 TP_ARCHITECTURES = frozenset({
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-    "Qwen3MoeForCausalLM", "Gemma3ForCausalLM",
+    "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Gemma3ForCausalLM",
 })
 
 
