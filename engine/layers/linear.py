@@ -178,8 +178,14 @@ class RowParallelLinear(ReplicatedLinear):
         return self._reduce(dense_linear(x, self.weight, None))
 
     def forward_act_and_mul(self, gate_up: torch.Tensor, act_fn: nn.Module) -> torch.Tensor:
+        # gate_up: [num_tokens, 2 * in / tp] -> [num_tokens, out]
         if self.tp_size == 1:
             return super().forward_act_and_mul(gate_up, act_fn)
+        if isinstance(act_fn, SiluAndMul) and self.gguf_weight is None and \
+                _one_row_gemv(gate_up, self.weight, None):
+            from kernels.gemv import dense_gemv  # lazy: CUDA path only
+
+            return self._reduce(dense_gemv(gate_up, self.weight, None, silu_and_mul=True))
         return self(act_fn(gate_up))
 
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
