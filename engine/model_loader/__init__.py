@@ -8,9 +8,8 @@ is built on the meta device and its parameter count checked against the elements
 checkpoint actually holds, so a hostile config cannot ask for a giant allocation.
 load_format "dummy" (vLLM's DummyModelLoader, engine/model_loader/dummy_loader.py) reads
 config.json only and fills random weights on the target device. On CUDA, a GGUF file's
-quantized linear weights stay quantized (engine/model_loader/gguf_quant.py), except under
-tensor parallelism, where every tensor is dequantized and the layers' weight loaders keep
-this rank's slice (GGUF blocks sharded on block boundaries is still to come).
+quantized linear weights stay quantized (engine/model_loader/gguf_quant.py), under tensor
+parallelism as this rank's blocks (engine/model_loader/gguf_shard.py).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import os
 import torch
 from torch import nn
 
-from engine.distributed.parallel_state import get_tensor_model_parallel_world_size
 from engine.errors import ModelLoadError
 from engine.gguf.reader import GGUFReader
 from engine.model_loader import gguf_hybrid, gguf_loader
@@ -77,10 +75,7 @@ def load_model(path: str, load_format: str = "auto", device: torch.device | None
     if kind == "hf":
         model, cfg = load_hf_model(resolved, build_model)
         return model.eval(), cfg, resolved
-    # tensor parallel: GGUF tensors are dequantized, then sharded (raw blocks stay whole)
-    keep = device is not None and device.type == "cuda" and \
-        get_tensor_model_parallel_world_size() == 1
-    return load_gguf_model(resolved, keep_quantized=keep)
+    return load_gguf_model(resolved, keep_quantized=device is not None and device.type == "cuda")
 
 
 def load_gguf_model(path: str, keep_quantized: bool = False
