@@ -110,6 +110,8 @@ class EngineCore:
         # CUDA graphs, captured at start-up (vLLM's capture_model); 0.0 without
         self.cudagraph_capture_time_s = self.model_runner.capture_model(
             config.cudagraph_batch_sizes())
+        if executor is not None:  # every rank samples the same draws (vLLM's set_random_seed)
+            torch.manual_seed(config.seed)
         # steps queued on the device whose output is not processed yet, newest first
         self.batch_queue: deque[tuple[AsyncModelRunnerOutput, SchedulerOutput]] = deque()
         self.batch_queue_size = 2 if config.async_scheduling else 1

@@ -57,6 +57,7 @@ def run_worker(config: EngineConfig, rank: int, backend: str) -> None:
     runner.initialize_kv_cache([torch.empty(shape, dtype=dtype, device=device)
                                 for _ in range(arch.num_hidden_layers)])
     runner.capture_model(config.cudagraph_batch_sizes())
+    torch.manual_seed(config.seed)  # the draws of rank 0's sampler, step after step
     while (msg := messages.recv(messages.StepMessage)).scheduler_output is not None:
         runner.execute_model(msg.scheduler_output, msg.grammar_output)
     destroy_distributed_environment()
