@@ -44,15 +44,17 @@ def _engine(path: str, tp: int, mp: bool = False, **kw) -> LLMEngine:
         n_threads=1, **kw))
 
 
-def _greedy(path: str, tp: int, prompts: list[list[int]], **kw) -> list[list[int]]:
+def _generate(path: str, tp: int, prompts: list[list[int]], temperature: float = 0.0,
+            **kw) -> list[list[int]]:
     engine = _engine(path, tp, **kw)
+    torch.manual_seed(0)  # what a TP engine does after start-up on every rank
     try:
         model = engine.engine_core.engine_core.model_runner.model  # rank 0's shard
         qkv = model.model.layers[0].self_attn.qkv_proj
         assert qkv.num_heads == 4 // tp and qkv.weight.shape[1] == 64
         assert model.model.embed_tokens.weight.shape[0] == 300 // tp
         for i, ids in enumerate(prompts):
-            engine.add_request(str(i), ids, SamplingParams(temperature=0,
+            engine.add_request(str(i), ids, SamplingParams(temperature=temperature,
                                                            max_tokens=MAX_TOKENS))
         done = {}
         while engine.has_unfinished_requests():
@@ -91,16 +93,26 @@ def _add_q8_0(add_tensor):
 
 def test_tp2_greedy_tokens_equal_tp1(model_dir):
     prompts = make_prompts(300)
-    want = _greedy(model_dir, 1, prompts)
-    got = _greedy(model_dir, 2, prompts)
+    want = _generate(model_dir, 1, prompts)
+    got = _generate(model_dir, 2, prompts)
     assert got == want and all(len(t) == MAX_TOKENS for t in got)
     assert not torch.distributed.is_initialized()  # the engine left the group
 
 
+def test_tp2_random_sampling_equals_tp1(tmp_path):
+    """Unseeded sampling: the worker draws what rank 0 draws, so its next inputs (its own
+    sampled tokens) match rank 0's; a mismatch would corrupt its KV shard, then rank 0's
+    logits."""
+    make_hf_model("qwen3").save_pretrained(tmp_path)
+    prompts = make_prompts(300)
+    want = _generate(str(tmp_path), 1, prompts, temperature=1.0)
+    assert _generate(str(tmp_path), 2, prompts, temperature=1.0) == want
+
+
 _LAUNCHED_RANK = """
 import json, sys
-from tests.test_tensor_parallel import _greedy
-print(json.dumps(_greedy(sys.argv[1], 2, json.loads(sys.argv[2]),
+from tests.test_tensor_parallel import _generate
+print(json.dumps(_generate(sys.argv[1], 2, json.loads(sys.argv[2]),
                          distributed_executor_backend="external_launcher")))
 """
 
@@ -117,7 +129,7 @@ def test_external_launcher_ranks_equal_tp1(tmp_path):
                               stdout=subprocess.PIPE) for r in range(2)]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
-    want = _greedy(str(tmp_path), 1, prompts)
+    want = _generate(str(tmp_path), 1, prompts)
     assert [json.loads(o.decode().splitlines()[-1]) for o in outs] == [want, want]
 
 
