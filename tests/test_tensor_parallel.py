@@ -26,7 +26,7 @@ import torch
 
 from engine.async_llm import AsyncLLM
 from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError
+from engine.errors import InvalidArgumentError, VllmError
 from engine.exceptions import EngineDeadError
 from engine.executor.multiproc_executor import get_open_port
 from engine.llm_engine import LLMEngine
@@ -139,6 +139,15 @@ def test_indivisible_heads_are_refused(tmp_path):
         _engine(str(tmp_path), 3)
     with pytest.raises(InvalidArgumentError, match="tensor_parallel_size"):
         EngineConfig(str(tmp_path), tensor_parallel_size=0)
+
+
+def test_worker_that_cannot_start_fails_engine_creation(tmp_path, monkeypatch):
+    make_hf_model("qwen3").save_pretrained(tmp_path)
+    monkeypatch.setenv("LIBVLLM_PYTHON", "/bin/false")  # the workers' interpreter
+    start = time.monotonic()
+    with pytest.raises(VllmError, match="tensor parallel start-up failed.*exit code 1"):
+        _engine(str(tmp_path), 2)
+    assert time.monotonic() - start < 30 and not torch.distributed.is_initialized()
 
 
 def test_killed_worker_ends_every_stream(tmp_path):

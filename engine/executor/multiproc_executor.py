@@ -61,8 +61,9 @@ class MultiprocExecutor:
         env = dict(os.environ)
         env.setdefault("MASTER_ADDR", "127.0.0.1")
         env.setdefault("MASTER_PORT", str(get_open_port()))
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = env["MASTER_ADDR"], \
-            env["MASTER_PORT"]
+        # rank 0 meets the workers' env:// at the same address (this process's environment
+        # is left alone: a later engine picks its own port)
+        self.init_method = f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         env["WORLD_SIZE"] = str(self.world_size)
         cfg = json.dumps(dataclasses.asdict(config))
@@ -77,11 +78,33 @@ class MultiprocExecutor:
         threading.Thread(target=self._monitor_workers, name="vllm-tp-monitor",
                          daemon=True).start()
         try:
-            init_distributed_environment(self.world_size, 0, backend, timeout=dist_timeout())
+            self._rendezvous(backend)
             initialize_model_parallel(self.world_size)
         except BaseException:
-            self._kill_workers()
+            self.abort()
             raise
+
+    def _rendezvous(self, backend: str) -> None:
+        """Join the group; a worker that exits first (it could not start) fails this at
+        once instead of after the rendezvous timeout."""
+        done: list[BaseException | None] = []
+
+        def join() -> None:
+            try:
+                init_distributed_environment(self.world_size, 0, backend, self.init_method,
+                                             timeout=dist_timeout())
+                done.append(None)
+            except BaseException as e:  # noqa: BLE001 - re-raised by the caller
+                done.append(e)
+
+        thread = threading.Thread(target=join, name="vllm-tp-rendezvous", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(_MONITOR_POLL_S)
+            if thread.is_alive() and self.dead_reason is not None:
+                raise VllmError(f"tensor parallel start-up failed: {self.dead_reason}")
+        if done[0] is not None:
+            raise done[0]
 
     def _monitor_workers(self) -> None:
         """Poll the workers; one exiting outside shutdown is the engine's death."""
