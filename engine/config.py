@@ -51,6 +51,12 @@ class EngineConfig:
     multiprocessing: bool | None = None
     cudagraph_capture_sizes: list[int] | None = None  # None: vLLM's ladder (below)
     max_cudagraph_capture_size: int | None = None  # None: min(2 * max_num_seqs, 512)
+    # vLLM --tensor-parallel-size: ranks the weights are sharded over, one process each
+    # (engine/executor/multiproc_executor.py; docs/tensor_parallel.md)
+    tensor_parallel_size: int = 1
+    # vLLM --distributed-executor-backend: None / "mp" (worker processes on this host) |
+    # "external_launcher" (every rank started by torchrun or the like: multi-node)
+    distributed_executor_backend: str | None = None
     load_format: str = "auto"  # auto: the checkpoint's weights | dummy: random, config only
     skip_tokenizer_init: bool = False  # no tokenizer: token-id prompts, token-id outputs
     max_logprobs: int = 20  # vLLM --max-logprobs; -1: the whole vocab
@@ -80,6 +86,14 @@ class EngineConfig:
                      "n_threads"):
             if getattr(self, name) < 0:
                 raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if isinstance(self.tensor_parallel_size, bool) or \
+                not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise InvalidArgumentError("tensor_parallel_size must be an int >= 1, got "
+                                       f"{self.tensor_parallel_size!r}")
+        if self.distributed_executor_backend not in (None, "mp", "external_launcher"):
+            raise InvalidArgumentError("distributed_executor_backend must be mp or "
+                                       f"external_launcher, got "
+                                       f"{self.distributed_executor_backend!r}")
         if self.max_num_seqs < 1:
             raise InvalidArgumentError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.block_size not in (8, 16, 32, 64, 128):

@@ -12,6 +12,11 @@ scheduled and queued on the device before the output of step N is waited for.
 Start-up: load the model (load_format auto | dummy), profile the activation peak on CUDA
 and size the KV cache from gpu_memory_utilization (kv_cache_memory_bytes overrides),
 allocate and bind the cache, capture the decode CUDA graphs (not with enforce_eager).
+With tensor_parallel_size > 1 this process is rank 0 of a MultiprocExecutor
+(engine/executor/multiproc_executor.py): the workers mirror each start-up step and run
+every step whose scheduler output it broadcasts; or, with distributed_executor_backend
+external_launcher, one of the ranks a launcher started (engine/executor/
+external_launcher.py). The KV cache holds this rank's kv heads.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.async_scheduler import AsyncScheduler
-from engine.core.engine_core_load import load_model_and_tokenizer
+from engine.core.engine_core_load import load_model_and_tokenizer, resolve_device
 from engine.core.engine_core_messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -34,7 +39,11 @@ from engine.core.kv_cache_utils import get_num_kv_blocks
 from engine.core.mamba_spec import mamba_state_bytes, num_attention_layers
 from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
+from engine.distributed.parallel_state import device_backend
 from engine.errors import InvalidArgumentError, VllmError
+from engine.executor.external_launcher import ExternalLauncherExecutor
+from engine.executor.kv_heads import kv_cache_shape, num_kv_heads_per_rank, verify_tensor_parallel
+from engine.executor.multiproc_executor import MultiprocExecutor
 from engine.models.config import ModelArchConfig, get_diff_sampling_param
 from engine.request import Request, RequestStatus
 from engine.structured_output import (
@@ -56,8 +65,13 @@ _CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
 
 class EngineCore:
     def __init__(self, config: EngineConfig, model: torch.nn.Module, arch: ModelArchConfig,
-                 tokenizer: Tokenizer | None, device: torch.device, dtype: torch.dtype) -> None:
+                 tokenizer: Tokenizer | None, device: torch.device, dtype: torch.dtype,
+                 executor: MultiprocExecutor | ExternalLauncherExecutor | None = None
+                 ) -> None:
         self.config = config
+        self.executor = executor  # tensor parallel: the workers of ranks 1..tp-1
+        self.tp_size = config.tensor_parallel_size
+        verify_tensor_parallel(arch, self.tp_size)
         self.device = device
         self.eos_token_id = None if tokenizer is None else tokenizer.eos_token_id
         self.max_model_len = config.max_model_len or arch.max_position_embeddings
@@ -72,9 +86,13 @@ class EngineCore:
         self.model_runner = ModelRunner(
             model, None, device, config.block_size, max_num_reqs=config.max_num_seqs,
             max_num_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len)
+        if executor is not None:  # the workers build their runners (and profile on CUDA)
+            executor.init_workers(self.max_model_len, config.max_num_batched_tokens,
+                                  device.type == "cuda" and not config.kv_cache_memory_bytes)
         self.num_gpu_blocks = self._num_kv_blocks(arch, dtype)
-        shape = (2, self.num_gpu_blocks, config.block_size, arch.num_key_value_heads,
-                 arch.head_dim)
+        if executor is not None:
+            executor.initialize_kv_cache(self.num_gpu_blocks)
+        shape = kv_cache_shape(arch, self.num_gpu_blocks, config.block_size, self.tp_size)
         kv_caches = [torch.empty(shape, dtype=dtype, device=device)  # hybrid: attention only
                      for _ in range(num_attention_layers(arch))]
         self.model_runner.initialize_kv_cache(kv_caches)
@@ -92,6 +110,8 @@ class EngineCore:
         # CUDA graphs, captured at start-up (vLLM's capture_model); 0.0 without
         self.cudagraph_capture_time_s = self.model_runner.capture_model(
             config.cudagraph_batch_sizes())
+        if executor is not None:  # every rank samples the same draws (vLLM's set_random_seed)
+            torch.manual_seed(config.seed)
         # steps queued on the device whose output is not processed yet, newest first
         self.batch_queue: deque[tuple[AsyncModelRunnerOutput, SchedulerOutput]] = deque()
         self.batch_queue_size = 2 if config.async_scheduling else 1
@@ -109,13 +129,25 @@ class EngineCore:
         """The core and the tokenizer it loaded (the in-process front end shares it)."""
         if config.n_threads:  # vllm.h n_threads: process-wide (the core's process)
             torch.set_num_threads(config.n_threads)
-        model, arch, tokenizer, device, dtype = load_model_and_tokenizer(config)
-        return cls(config, model, arch, tokenizer, device, dtype), tokenizer
+        executor = None
+        if config.tensor_parallel_size > 1:  # join the group before the shard loads
+            executor_cls = ExternalLauncherExecutor \
+                if config.distributed_executor_backend == "external_launcher" \
+                else MultiprocExecutor
+            executor = executor_cls(config, device_backend(resolve_device(config)))
+        try:
+            model, arch, tokenizer, device, dtype = load_model_and_tokenizer(config)
+            return cls(config, model, arch, tokenizer, device, dtype, executor), tokenizer
+        except BaseException:
+            if executor is not None:
+                executor.abort()
+            raise
 
     def _num_kv_blocks(self, arch: ModelArchConfig, dtype: torch.dtype) -> int:
         bs = self.config.block_size
-        block_bytes = (2 * num_attention_layers(arch) * bs * arch.num_key_value_heads
-                       * arch.head_dim * torch.finfo(dtype).bits // 8)
+        kv_heads = num_kv_heads_per_rank(arch, self.tp_size)
+        block_bytes = (2 * num_attention_layers(arch) * bs * kv_heads * arch.head_dim
+                       * torch.finfo(dtype).bits // 8)
         budget = self.config.kv_cache_memory_bytes
         if not budget:
             if self.device.type == "cuda":  # vLLM's profile run + gpu_memory_utilization
@@ -170,6 +202,8 @@ class EngineCore:
             if sched_out.pending_output_tokens and queue:  # its sampling needs that output
                 outputs += self._process_step(*queue.pop())
             grammar_output = self.scheduler.get_grammar_bitmask(sched_out)
+            if self.executor is not None:
+                self.executor.broadcast_step(sched_out, grammar_output)
             queue.appendleft((self.model_runner.execute_model_async(sched_out, grammar_output),
                               sched_out))
             if len(queue) < self.batch_queue_size and sched_out.total_num_scheduled_tokens:
@@ -206,6 +240,8 @@ class EngineCore:
             self.batch_queue.pop()[0].get_output()
         if self.structured_output_manager is not None:
             self.structured_output_manager.clear_backend()
+        if self.executor is not None:
+            self.executor.shutdown()
 
 
 def _engine_core_outputs(results: list[tuple[Request, list[int]]],

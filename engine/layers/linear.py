@@ -1,10 +1,13 @@
 """Linear layers with shard-aware weight loaders, as vllm/model_executor/layers/linear.py.
 
-Single-device forms of vLLM's classes, same names so tensor parallelism can slot in:
-ReplicatedLinear / RowParallelLinear (one weight), MergedColumnParallelLinear (gate_up:
-several outputs stacked on dim 0) and QKVParallelLinear (q, k, v stacked). Each parameter
-carries a `weight_loader(param, loaded, shard_id=None)` that checks the checkpoint shape
-before copying; forward returns the output tensor only (vLLM also returns the bias).
+ReplicatedLinear (whole weight), ColumnParallelLinear (output dim split by rank),
+RowParallelLinear (input dim split, partial products all-reduced),
+MergedColumnParallelLinear (gate_up: several outputs stacked on dim 0, each split) and
+QKVParallelLinear (q, k, v stacked; kv heads replicated when fewer than ranks). At
+tensor_parallel_size 1 the shapes are the whole ones. Each parameter carries a
+`weight_loader(param, loaded, shard_id=None)` that takes the full checkpoint tensor, checks
+its shape and copies this rank's slice; forward returns the output tensor only (vLLM also
+returns the bias).
 GGUFWeight is the quantized form of a weight on CUDA (vLLM's GGUFLinearMethod,
 vllm/model_executor/layers/quantization/gguf.py): the raw GGUF blocks of each output shard
 stay on the device and every matmul runs kernels/gguf_gemm.py; a layer that has one
@@ -19,12 +22,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.errors import ModelLoadError
+from engine.distributed.communication_op import tensor_model_parallel_all_reduce
+from engine.distributed.parallel_state import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+)
+from engine.errors import InvalidArgumentError, ModelLoadError
 from engine.layers.activation import SiluAndMul
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
-    """Copy a whole tensor into `param`; a shape mismatch is a ModelLoadError."""
+    """Copy a whole tensor into `param`; a shape mismatch is a ModelLoadError. (Sharding
+    loaders return the elements they wrote; None means all of `loaded`.)"""
     if tuple(param.shape) != tuple(loaded.shape):
         raise ModelLoadError(f"weight has shape {tuple(loaded.shape)}, want {tuple(param.shape)}")
     param.data.copy_(loaded.to(param.dtype))
@@ -106,43 +115,138 @@ class ReplicatedLinear(nn.Module):
         return self(act_fn(gate_up))
 
 
+def divide(numerator: int, denominator: int, what: str = "size") -> int:
+    """numerator / denominator, which must divide (vLLM's divide)."""
+    if numerator % denominator:
+        raise InvalidArgumentError(f"{what} {numerator} is not divisible by "
+                                   f"tensor_parallel_size {denominator}")
+    return numerator // denominator
+
+
+def _copy_rows(param: nn.Parameter, dst: torch.Tensor, loaded: torch.Tensor, dim: int,
+               index: int, what: str) -> int:
+    """Copy slice `index` (of dst's size along `dim`) of the full `loaded` into dst."""
+    size = dst.shape[dim]
+    if loaded.shape[dim] < (index + 1) * size or \
+            tuple(s for i, s in enumerate(loaded.shape) if i != dim % loaded.dim()) != \
+            tuple(s for i, s in enumerate(dst.shape) if i != dim % dst.dim()):
+        raise ModelLoadError(f"{what} has shape {tuple(loaded.shape)}, want {size} rows "
+                             f"{index} of shape {tuple(dst.shape)} along dim {dim}")
+    dst.copy_(loaded.narrow(dim, index * size, size).to(param.dtype))
+    return dst.numel()
+
+
+class ColumnParallelLinear(ReplicatedLinear):
+    """Y = X A with A split along its output dim: this rank holds rows
+    [rank * out / tp, (rank + 1) * out / tp) of the [out, in] weight (no gather_output)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.tp_size = get_tensor_model_parallel_world_size()
+        self.output_size_per_partition = divide(output_size, self.tp_size, "output size")
+        super().__init__(input_size, self.output_size_per_partition, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
+                      shard_id: int | str | None = None) -> int | None:
+        if self.tp_size == 1:
+            return default_weight_loader(param, loaded)
+        return _copy_rows(param, param.data, loaded, 0, self.tp_rank, "weight")
+
+
 class RowParallelLinear(ReplicatedLinear):
-    pass
+    """Y = X A with A split along its input dim: this rank holds columns of the [out, in]
+    weight and the partial products are all-reduced; the bias is added once (rank 0)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False,
+                 reduce_results: bool = True) -> None:
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.tp_size = get_tensor_model_parallel_world_size()
+        self.reduce_results = reduce_results
+        self.input_size_per_partition = divide(input_size, self.tp_size, "input size")
+        super().__init__(self.input_size_per_partition, output_size, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
+                      shard_id: int | str | None = None) -> int | None:
+        if self.tp_size == 1 or param.dim() == 1:  # the bias is whole on every rank
+            return default_weight_loader(param, loaded)
+        return _copy_rows(param, param.data, loaded, 1, self.tp_rank, "weight")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [num_tokens, in / tp] -> [num_tokens, out]
+        if self.tp_size == 1:
+            return super().forward(x)
+        return self._reduce(dense_linear(x, self.weight, None))
+
+    def forward_act_and_mul(self, gate_up: torch.Tensor, act_fn: nn.Module) -> torch.Tensor:
+        # gate_up: [num_tokens, 2 * in / tp] -> [num_tokens, out]
+        if self.tp_size == 1:
+            return super().forward_act_and_mul(gate_up, act_fn)
+        if isinstance(act_fn, SiluAndMul) and self.gguf_weight is None and \
+                _one_row_gemv(gate_up, self.weight, None):
+            from kernels.gemv import dense_gemv  # lazy: CUDA path only
+
+            return self._reduce(dense_gemv(gate_up, self.weight, None, silu_and_mul=True))
+        return self(act_fn(gate_up))
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        if self.bias is not None and self.tp_rank == 0:
+            partial = partial + self.bias
+        return tensor_model_parallel_all_reduce(partial) if self.reduce_results else partial
 
 
-class MergedColumnParallelLinear(ReplicatedLinear):
-    """Outputs of several projections stacked on dim 0; shard_id is the index."""
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Outputs of several projections stacked on dim 0, each split by rank; shard_id is the
+    index."""
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
-        self.output_sizes = list(output_sizes)
+        tp = get_tensor_model_parallel_world_size()
+        self.output_sizes = [divide(n, tp, "output size") for n in output_sizes]  # per rank
         super().__init__(input_size, sum(output_sizes), bias)
 
     def _shard_index(self, shard_id: int | str) -> int:
         return int(shard_id)
 
+    def _shard_rank(self, i: int) -> int:
+        return self.tp_rank
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
-                      shard_id: int | str | None = None) -> None:
+                      shard_id: int | str | None = None) -> int | None:
         if shard_id is None:
             return default_weight_loader(param, loaded)
         i = self._shard_index(shard_id)
         start, size = sum(self.output_sizes[:i]), self.output_sizes[i]
-        want = (size, *param.shape[1:])
-        if tuple(loaded.shape) != want:
-            raise ModelLoadError(f"shard {shard_id!r} has shape {tuple(loaded.shape)}, "
-                                 f"want {want}")
-        param.data[start:start + size].copy_(loaded.to(param.dtype))
+        dst = param.data[start:start + size]
+        if self.tp_size == 1:
+            if tuple(loaded.shape) != tuple(dst.shape):
+                raise ModelLoadError(f"shard {shard_id!r} has shape {tuple(loaded.shape)}, "
+                                     f"want {tuple(dst.shape)}")
+            dst.copy_(loaded.to(param.dtype))
+            return None
+        return _copy_rows(param, dst, loaded, 0, self._shard_rank(i), f"shard {shard_id!r}")
 
 
 class QKVParallelLinear(MergedColumnParallelLinear):
-    """q, k, v projections stacked: shard ids "q", "k", "v"."""
+    """q, k, v projections stacked: shard ids "q", "k", "v". Heads split by rank; with
+    fewer kv heads than ranks each kv head is replicated on tp / num_kv_heads ranks
+    (vLLM's rule): rank r holds kv head r // replicas."""
 
     def __init__(self, hidden_size: int, head_size: int, total_num_heads: int,
                  total_num_kv_heads: int, bias: bool = False) -> None:
+        tp = get_tensor_model_parallel_world_size()
         self.head_size = head_size
-        self.num_heads = total_num_heads
-        self.num_kv_heads = total_num_kv_heads
-        q, kv = total_num_heads * head_size, total_num_kv_heads * head_size
-        super().__init__(hidden_size, [q, kv, kv], bias)
+        self.num_heads = divide(total_num_heads, tp, "num_attention_heads")
+        if tp >= total_num_kv_heads:
+            self.num_kv_heads = 1
+            self.num_kv_head_replicas = divide(tp, total_num_kv_heads, "num_key_value_heads")
+        else:
+            self.num_kv_heads = divide(total_num_kv_heads, tp, "num_key_value_heads")
+            self.num_kv_head_replicas = 1
+        q, kv = self.num_heads * head_size, self.num_kv_heads * head_size
+        # the parent divides each output by tp again: hand it the per-rank sizes times tp
+        super().__init__(hidden_size, [q * tp, kv * tp, kv * tp], bias)
 
     def _shard_index(self, shard_id: int | str) -> int:
         return {"q": 0, "k": 1, "v": 2}[shard_id]
+
+    def _shard_rank(self, i: int) -> int:
+        return self.tp_rank if i == 0 else self.tp_rank // self.num_kv_head_replicas

@@ -2,7 +2,9 @@
 logits_processor.py (scale, then optional tanh soft cap: Gemma's final_logit_softcapping).
 An LM head kept as GGUF blocks on CUDA (`gguf_weight`, engine/layers/linear.py) runs the
 GGUF GEMV/GEMM kernels; a dense head with one row of hidden states on CUDA runs the Triton
-GEMV kernels/gemv.py (engine/layers/linear.py dense_linear).
+GEMV kernels/gemv.py (engine/layers/linear.py dense_linear). With tensor parallelism each
+rank computes its vocab shard's logits and they are all-gathered (vLLM's use_all_gather
+path), so every rank samples from the same logits.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.distributed.communication_op import tensor_model_parallel_all_gather
 from engine.layers.linear import dense_linear
 from engine.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
@@ -27,6 +30,8 @@ class LogitsProcessor(nn.Module):
         gguf_weight = getattr(lm_head, "gguf_weight", None)
         logits = (gguf_weight(hidden_states) if gguf_weight is not None
                   else dense_linear(hidden_states, lm_head.weight)).float()
+        if lm_head.tp_size > 1:  # [num_seqs, vocab / tp] per rank -> [num_seqs, vocab]
+            logits = tensor_model_parallel_all_gather(logits)[:, :self.vocab_size]
         if self.scale != 1.0:
             logits = logits * self.scale
         if self.soft_cap is not None:

@@ -8,7 +8,8 @@ is built on the meta device and its parameter count checked against the elements
 checkpoint actually holds, so a hostile config cannot ask for a giant allocation.
 load_format "dummy" (vLLM's DummyModelLoader, engine/model_loader/dummy_loader.py) reads
 config.json only and fills random weights on the target device. On CUDA, a GGUF file's
-quantized linear weights stay quantized (engine/model_loader/gguf_quant.py).
+quantized linear weights stay quantized (engine/model_loader/gguf_quant.py), under tensor
+parallelism as this rank's blocks (engine/model_loader/gguf_shard.py).
 """
 
 from __future__ import annotations

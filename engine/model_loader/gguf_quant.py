@@ -12,6 +12,8 @@ those tensors are never dequantized. A FusedMoE layer whose ffn_gate_exps / ffn_
 ffn_down_exps all have a kernel gets a GGUFExperts holding them as [E, rows, row_bytes]
 (gate and up merged when of one type; engine/layers/fused_moe/gguf_experts.py, vLLM's
 GGUFMoEMethod) and drops w13/w2. Embeddings, norms and tensors of other types load dense.
+Under tensor parallelism each rank keeps its share of the blocks (gguf_shard.py); a
+tensor whose input dim cannot be split on block boundaries loads dense, then sliced.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from engine.errors import ModelLoadError
 from engine.gguf.reader import GGUFReader
 from engine.layers.fused_moe import FusedMoE
 from engine.layers.fused_moe.gguf_experts import GGUFExperts
-from engine.layers.linear import GGUFWeight, ReplicatedLinear
+from engine.layers.linear import GGUFWeight, ReplicatedLinear, RowParallelLinear
 from engine.layers.vocab_parallel_embedding import ParallelLMHead
 from engine.model_loader.gguf_loader import _hf_name, _reverse_permute
+from engine.model_loader.gguf_shard import shard_cols, shard_linear, shard_rows
 from engine.models.config import ModelArchConfig
 
 # fused module -> checkpoint projections, in output order (models/utils.py's mapping)
@@ -71,14 +74,20 @@ def keep_gguf_quantized(model: nn.Module, reader: GGUFReader, cfg: ModelArchConf
         if not gguf_names or None in gguf_names or any(
                 reader.tensors[g].ggml_type not in TILE_TYPES for g in gguf_names):
             continue
-        rows = sum(reader.tensors[g].shape[0] for g in gguf_names)
-        if any(reader.tensors[g].shape[1:] != tuple(module.weight.shape[1:])
-               for g in gguf_names) or rows != module.weight.shape[0]:
+        k = reader.tensors[gguf_names[0]].shape[1]
+        raws = shard_linear(module, [(_raw_rows(reader, g, h, cfg),
+                                      int(reader.tensors[g].ggml_type))
+                                     for g, h in zip(gguf_names, hf_names)], k)
+        if raws is None:  # not on block boundaries: dense, sliced by the weight loader
+            continue
+        rows = sum(raw.shape[0] for raw, _ in raws)
+        split_k = module.tp_size if isinstance(module, RowParallelLinear) else 1
+        if any(reader.tensors[g].shape[1:] != (k,) for g in gguf_names) or \
+                rows != module.weight.shape[0] or k != module.weight.shape[1] * split_k:
             raise ModelLoadError(f"{gguf_names}: shapes do not match {name} "
                                  f"{tuple(module.weight.shape)}")
         shards: list[tuple[torch.Tensor, int]] = []
-        for g, h in zip(gguf_names, hf_names):
-            raw, qtype = _raw_rows(reader, g, h, cfg), int(reader.tensors[g].ggml_type)
+        for raw, qtype in raws:
             if shards and shards[-1][1] == qtype:  # same type: one buffer, one kernel
                 raw = torch.cat([shards.pop()[0], raw])
             shards.append((raw, qtype))
@@ -94,15 +103,22 @@ def _keep_experts_quantized(name: str, module: FusedMoE, reader: GGUFReader,
     names = [by_hf.get(f"{name}.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj")]
     if None in names or any(reader.tensors[g].ggml_type not in tile_types for g in names):
         return set()
-    want = [module.w13_weight.shape[1] // 2] * 2 + [module.w2_weight.shape[1]]
+    i, tp = module.intermediate_size, module.tp_size  # i: this rank's share
+    want = [i * tp] * 2 + [module.w2_weight.shape[1]]
     raws = []
-    for g, rows in zip(names, want):
+    for n, (g, rows) in enumerate(zip(names, want)):
         info = reader.tensors[g]
         if len(info.shape) != 3 or info.shape[:2] != (module.num_experts, rows):
             raise ModelLoadError(f"{g} has shape {info.shape}, want ({module.num_experts}, "
                                  f"{rows}, ...)")
         raw = torch.from_numpy(reader.tensor_bytes(g).copy()).view(info.shape[0], rows, -1)
-        raws.append((raw, int(info.ggml_type)))
+        qtype = int(info.ggml_type)
+        # tensor parallel: gate/up rows [E, I, .] and down's input blocks [E, H, I]
+        raw = shard_rows(raw, module.tp_rank * i, i, dim=1) if n < 2 else \
+            shard_cols(raw, qtype, info.shape[2], module.tp_rank, tp)
+        if raw is None:  # down's K / tp is not whole blocks: dense
+            return set()
+        raws.append((raw, qtype))
     (gate, t1), (up, t2), w2 = raws
     w13 = [(torch.cat([gate, up], dim=1), t1)] if t1 == t2 else [(gate, t1), (up, t2)]
     module.gguf_experts = GGUFExperts(w13, w2)

@@ -1,9 +1,10 @@
 """Llama (and Mistral) decoder-only model, structured as vllm/model_executor/models/llama.py.
 
 LlamaForCausalLM = LlamaModel (embed -> decoder layers -> norm) + lm_head. Fused projections
-as vLLM stacks them (qkv_proj, gate_up_proj); Llama 3 rope scaling and GGUF rope_freqs come
-through get_rope. Sliding window: per layer from `layer_types`, else the config's
-`sliding_window` on every layer (Mistral), as vLLM's cache_config.sliding_window.
+as vLLM stacks them (qkv_proj, gate_up_proj), tensor-parallel as vLLM's (engine/layers/
+linear.py: heads and the MLP's intermediate dim split by rank); Llama 3 rope scaling
+and GGUF rope_freqs come through get_rope. Sliding window: per layer from `layer_types`,
+else the config's `sliding_window` on every layer (Mistral), as vLLM's cache_config.sliding_window.
 LlamaModel takes the decoder layer class so Qwen2/Qwen3/Mixtral reuse the skeleton, as
 vLLM's LlamaModel(layer_type=...) and Qwen2Model(decoder_layer_type=...).
 """
@@ -45,13 +46,14 @@ class LlamaAttention(nn.Module):
                  bias_o_proj: bool = False) -> None:
         super().__init__()
         hd = self.head_dim = cfg.head_dim
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, hd, cfg.num_attention_heads,
+                                          cfg.num_key_value_heads, bias=bias)
+        self.num_heads = self.qkv_proj.num_heads  # this rank's heads (all at tp 1)
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * hd
         self.kv_size = self.num_kv_heads * hd
-        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, hd, self.num_heads, self.num_kv_heads,
-                                          bias=bias)
-        self.o_proj = RowParallelLinear(self.q_size, cfg.hidden_size, bias=bias_o_proj)
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * hd, cfg.hidden_size,
+                                        bias=bias_o_proj)
         self.rotary_emb = get_rope(hd, cfg.max_position_embeddings,
                                    cfg.layer_rope_parameters(layer_idx))
         self.attn = Attention(self.num_heads, hd, self._scaling(cfg), self.num_kv_heads,

@@ -47,10 +47,10 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
         seen.add((target, shard))
         loader = getattr(param, "weight_loader", default_weight_loader)
         try:
-            loader(param, w, *args)
+            written = loader(param, w, *args)  # sharding loaders: this rank's elements
         except ModelLoadError as e:
             raise ModelLoadError(f"{name}: {e}") from None
-        filled[target] += w.numel()
+        filled[target] += w.numel() if written is None else written
     partial = [n for n, p in params.items() if filled[n] != p.numel()]
     if partial:
         raise ModelLoadError(f"checkpoint is missing weights: {sorted(partial)[:5]}")

@@ -59,6 +59,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None)
     parser.add_argument("--max-cudagraph-capture-size", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
+                        help="vLLM's tensor parallelism: ranks to shard the model over")
 
 
 _FIELDS = ("tokenizer", "skip_tokenizer_init", "load_format", "device", "dtype",
@@ -66,7 +68,7 @@ _FIELDS = ("tokenizer", "skip_tokenizer_init", "load_format", "device", "dtype",
            "gpu_memory_utilization", "kv_cache_memory_bytes", "enable_prefix_caching",
            "enable_chunked_prefill", "enforce_eager", "async_scheduling",
            "multiprocessing", "cudagraph_mode", "cudagraph_capture_sizes",
-           "max_cudagraph_capture_size", "seed")
+           "max_cudagraph_capture_size", "seed", "tensor_parallel_size")
 
 
 def engine_config(args: argparse.Namespace):

@@ -10,6 +10,9 @@ A GGUF file loaded for CUDA may leave the experts as raw blocks (`gguf_experts`,
 gguf_experts.py; set by engine/model_loader/gguf_quant.py, which drops w13/w2).
 `shared_experts` (vLLM's SharedFusedMoE; shared_expert.py for Qwen2-MoE / Qwen3-Next) is
 run on every token and added to the routed output.
+Tensor parallel (vLLM's TP MoE, no expert parallel): every rank holds every expert and its
+slice of the intermediate dim (w13 rows of gate and of up, w2 columns); the routed output
+is all-reduced (the shared experts reduce in their own RowParallelLinear).
 """
 
 from __future__ import annotations
@@ -19,6 +22,11 @@ import os
 import torch
 from torch import nn
 
+from engine.distributed.communication_op import tensor_model_parallel_all_reduce
+from engine.distributed.parallel_state import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+)
 from engine.errors import InvalidArgumentError, ModelLoadError
 from engine.layers.activation import get_act_and_mul_fn
 from engine.layers.fused_moe.gguf_experts import GGUFExperts
@@ -50,34 +58,47 @@ class FusedMoE(nn.Module):
         self.shared_experts = shared_experts  # added to the routed output (SharedFusedMoE)
         self.num_experts = num_experts
         self.top_k = top_k
-        self.intermediate_size = intermediate_size
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.tp_size = get_tensor_model_parallel_world_size()
+        if intermediate_size % self.tp_size:
+            raise InvalidArgumentError(f"moe_intermediate_size {intermediate_size} is not "
+                                       f"divisible by tensor_parallel_size {self.tp_size}")
+        self.intermediate_size = intermediate_size // self.tp_size  # per rank
         self.renormalize = renormalize
         self.backend = moe_backend()
         self.gguf_experts: GGUFExperts | None = None  # set by the GGUF loader on CUDA
         self.act = get_act_and_mul_fn(activation)
-        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size,
-                                                   hidden_size), requires_grad=False)
-        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size),
-                                      requires_grad=False)
+        i = self.intermediate_size
+        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * i, hidden_size),
+                                       requires_grad=False)  # [E, 2 * I / tp, H]
+        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, i),
+                                      requires_grad=False)  # [E, H, I / tp]
         self.w13_weight.weight_loader = self.weight_loader
         self.w2_weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, weight_name: str,
-                      shard_id: str, expert_id: int | None = None) -> None:
+                      shard_id: str, expert_id: int | None = None) -> int:
         """One expert's w1 (gate), w3 (up) or w2 (down) into the stacked parameter; with
-        expert_id None, all experts at once (GGUF's ffn_*_exps: [E, rows, cols])."""
+        expert_id None, all experts at once (GGUF's ffn_*_exps: [E, rows, cols]). Takes
+        this rank's slice of the intermediate dim; returns the elements written."""
         i = self.intermediate_size
         rows = {"w1": slice(0, i), "w3": slice(i, 2 * i), "w2": slice(None)}[shard_id]
         dst = param.data[:, rows] if expert_id is None else param.data[expert_id, rows]
+        if self.tp_size > 1 and loaded.dim() >= 2:  # the intermediate dim: -2 (w1/w3), -1
+            dim = -1 if shard_id == "w2" else -2
+            if loaded.shape[dim] == i * self.tp_size:
+                loaded = loaded.narrow(dim, self.tp_rank * i, i)
         if tuple(loaded.shape) != tuple(dst.shape):
             raise ModelLoadError(f"{weight_name} has shape {tuple(loaded.shape)}, "
                                  f"want {tuple(dst.shape)}")
         dst.copy_(loaded.to(param.dtype))
+        return dst.numel()
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor
                 ) -> torch.Tensor:
         # hidden_states: [n, H]; router_logits: [n, E] -> [n, H]
-        out = self.routed_experts(hidden_states, router_logits)
+        out = tensor_model_parallel_all_reduce(self.routed_experts(hidden_states,
+                                                                   router_logits))
         if self.shared_experts is not None:
             out = out + self.shared_experts(hidden_states)
         return out

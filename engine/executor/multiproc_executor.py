@@ -1,0 +1,161 @@
+"""MultiprocExecutor: tensor parallelism with one process per rank, as
+vllm/v1/executor/multiproc_executor.py.
+
+Rank 0 runs in the engine core's own process (vLLM's driver worker): it joins the process
+group, loads its shard and drives its ModelRunner as the engine core always did. Ranks
+1..tp-1 are worker processes (`python -m engine.executor.multiproc_worker`, started with the
+environment's python as the engine-core child is, engine/core/engine_core_utils.py) that
+mirror its start-up and run every step on the scheduler output rank 0 broadcasts
+(engine/executor/messages.py); rank 0's sampled tokens are the step's output. Rendezvous:
+torch.distributed env:// (MASTER_ADDR, MASTER_PORT; 127.0.0.1 and a free port when unset).
+Worker death (vLLM's monitor_workers): a monitor thread logs it and records the reason;
+rank 0's next collective fails (gloo/nccl: the peer is gone) and the step raises, which the
+engine-core child turns into its DEAD path: every stream gets an error event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+from engine.config import EngineConfig
+from engine.core.engine_core_utils import describe_exit, python_executable
+from engine.core.sched_output import GrammarOutput, SchedulerOutput
+from engine.distributed.parallel_state import (
+    destroy_distributed_environment,
+    init_distributed_environment,
+    initialize_model_parallel,
+)
+from engine.errors import VllmError
+from engine.executor import messages
+
+logger = logging.getLogger(__name__)
+ENV_TIMEOUT = "LIBVLLM_DIST_TIMEOUT_S"  # rendezvous and collective timeout, s
+_MONITOR_POLL_S = 0.2
+
+
+def dist_timeout() -> timedelta:
+    return timedelta(seconds=float(os.environ.get(ENV_TIMEOUT, "300")))
+
+
+def get_open_port() -> int:
+    """A free TCP port on 127.0.0.1 (vllm/utils get_open_port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MultiprocExecutor:
+    def __init__(self, config: EngineConfig, backend: str) -> None:
+        self.world_size = config.tensor_parallel_size
+        self.dead_reason: str | None = None
+        self._closing = False
+        env = dict(os.environ)
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        env.setdefault("MASTER_PORT", str(get_open_port()))
+        # rank 0 meets the workers' env:// at the same address (this process's environment
+        # is left alone: a later engine picks its own port)
+        self.init_method = f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        env["WORLD_SIZE"] = str(self.world_size)
+        cfg = json.dumps(dataclasses.asdict(config))
+        self.workers: list[subprocess.Popen] = []
+        for rank in range(1, self.world_size):
+            argv = [python_executable(), "-m", "engine.executor.multiproc_worker",
+                    "--rank", str(rank), "--backend", backend, "--parent-pid",
+                    str(os.getpid()), "--config", cfg]
+            self.workers.append(subprocess.Popen(
+                argv, env={**env, "RANK": str(rank)}, stdin=subprocess.DEVNULL,
+                start_new_session=True, close_fds=True))
+        threading.Thread(target=self._monitor_workers, name="vllm-tp-monitor",
+                         daemon=True).start()
+        try:
+            self._rendezvous(backend)
+            initialize_model_parallel(self.world_size)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _rendezvous(self, backend: str) -> None:
+        """Join the group; a worker that exits first (it could not start) fails this at
+        once instead of after the rendezvous timeout."""
+        done: list[BaseException | None] = []
+
+        def join() -> None:
+            try:
+                init_distributed_environment(self.world_size, 0, backend, self.init_method,
+                                             timeout=dist_timeout())
+                done.append(None)
+            except BaseException as e:  # noqa: BLE001 - re-raised by the caller
+                done.append(e)
+
+        thread = threading.Thread(target=join, name="vllm-tp-rendezvous", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(_MONITOR_POLL_S)
+            if thread.is_alive() and self.dead_reason is not None:
+                raise VllmError(f"tensor parallel start-up failed: {self.dead_reason}")
+        if done[0] is not None:
+            raise done[0]
+
+    def _monitor_workers(self) -> None:
+        """Poll the workers; one exiting outside shutdown is the engine's death."""
+        while not self._closing:
+            for p in self.workers:
+                code = p.poll()
+                if code is not None and not self._closing:
+                    self.dead_reason = f"tensor-parallel worker pid {p.pid} died " \
+                                       f"({describe_exit(code)})"
+                    logger.error("%s", self.dead_reason)
+                    self._kill_workers()  # the others' next collective would fail anyway
+                    return
+            time.sleep(_MONITOR_POLL_S)
+
+    # ------------------------------------------------------------- start-up and steps
+
+    def init_workers(self, max_model_len: int, max_num_batched_tokens: int,
+                     profile: bool) -> None:
+        messages.send(messages.WorkerInit(max_model_len, max_num_batched_tokens, profile))
+
+    def initialize_kv_cache(self, num_gpu_blocks: int) -> None:
+        messages.send(num_gpu_blocks)
+
+    def broadcast_step(self, so: SchedulerOutput, grammar: GrammarOutput | None) -> None:
+        """Every worker runs this step (rank 0 runs it next, in the caller)."""
+        if self.dead_reason is not None:
+            raise VllmError(self.dead_reason)
+        messages.send(messages.StepMessage(so, grammar))
+
+    def shutdown(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        try:
+            if self.dead_reason is None:
+                messages.send(messages.StepMessage(None))
+            for p in self.workers:
+                p.wait(timeout=30)
+        except Exception:  # noqa: BLE001 - a worker that cannot stop is killed
+            logger.warning("a tensor-parallel worker did not stop; killing it")
+        finally:
+            self._kill_workers()
+            destroy_distributed_environment()
+
+    def abort(self) -> None:
+        """Start-up failed on rank 0: stop the workers without a message."""
+        self._closing = True
+        self._kill_workers()
+        destroy_distributed_environment()
+
+    def _kill_workers(self) -> None:
+        for p in self.workers:
+            if p.poll() is None:
+                p.kill()

@@ -1,0 +1,85 @@
+"""A tensor-parallel worker process (ranks 1..tp-1), as vllm/v1/executor/multiproc_executor.py
+WorkerProc: join the process group, load this rank's shard, mirror the engine core's
+start-up (ModelRunner, optional CUDA profile pass, KV cache with this rank's kv heads, CUDA
+graphs), then run every step rank 0 broadcasts until the shutdown message. Its sampled
+tokens are discarded (rank 0's are the output; all ranks sample from the same gathered
+logits with the same seeds). Exits when its parent (the engine core) does.
+
+`python -m engine.executor.multiproc_worker --rank R --backend gloo|nccl --parent-pid P
+--config JSON`, with MASTER_ADDR / MASTER_PORT / WORLD_SIZE in the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+
+import torch
+
+from engine.config import EngineConfig
+from engine.core.engine_core_load import load_model_and_tokenizer
+from engine.distributed.parallel_state import (
+    destroy_distributed_environment,
+    init_distributed_environment,
+    initialize_model_parallel,
+)
+from engine.executor import messages
+from engine.executor.kv_heads import kv_cache_shape
+from engine.executor.multiproc_executor import dist_timeout
+from engine.worker.gpu_worker import determine_available_memory
+from engine.worker.model_runner import ModelRunner
+
+
+def run_worker(config: EngineConfig, rank: int, backend: str) -> None:
+    tp = config.tensor_parallel_size
+    if backend == "nccl":  # one GPU per rank on this host (LOCAL_RANK when launched)
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    init_distributed_environment(tp, rank, backend, timeout=dist_timeout())
+    initialize_model_parallel(tp)
+    if config.n_threads:
+        torch.set_num_threads(config.n_threads)
+    config.skip_tokenizer_init = True
+    model, arch, _, device, dtype = load_model_and_tokenizer(config)
+    init = messages.recv(messages.WorkerInit)
+    config.max_num_batched_tokens = init.max_num_batched_tokens  # as rank 0 derived it
+    runner = ModelRunner(model, None, device, config.block_size,
+                         max_num_reqs=config.max_num_seqs,
+                         max_num_tokens=init.max_num_batched_tokens,
+                         max_model_len=init.max_model_len)
+    if init.profile:
+        determine_available_memory(runner, init.max_num_batched_tokens,
+                                   config.gpu_memory_utilization)
+    num_blocks = messages.recv(int)
+    shape = kv_cache_shape(arch, num_blocks, config.block_size, tp)
+    runner.initialize_kv_cache([torch.empty(shape, dtype=dtype, device=device)
+                                for _ in range(arch.num_hidden_layers)])
+    runner.capture_model(config.cudagraph_batch_sizes())
+    torch.manual_seed(config.seed)  # the draws of rank 0's sampler, step after step
+    while (msg := messages.recv(messages.StepMessage)).scheduler_output is not None:
+        runner.execute_model(msg.scheduler_output, msg.grammar_output)
+    destroy_distributed_environment()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(0.5)
+    os._exit(1)  # the engine core is gone
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="a libvllm tensor-parallel worker")
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    p.add_argument("--parent-pid", type=int, required=True)
+    p.add_argument("--config", required=True, help="EngineConfig as JSON")
+    args = p.parse_args(argv)
+    threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
+    run_worker(EngineConfig(**json.loads(args.config)), args.rank, args.backend)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,189 @@
+"""Tensor parallelism on CPU with gloo (engine/distributed, engine/layers, engine/executor).
+
+Oracle: the same engine at tensor_parallel_size 1, fp32, greedy: TP=2 must give the same
+tokens (vLLM's tests/distributed/test_pipeline_parallel.py / test_basic_correctness
+compare TP runs against a single-device run the same way). Configs: tiny Llama (kv heads
+replicated: 1 kv head on 2 ranks), Qwen2 (q/k/v bias), Qwen3, Qwen3-MoE and Mixtral
+(experts sharded as vLLM's TP MoE), Gemma 3 (tied, soft-capped LM head) and a Q8_0 GGUF
+file (dequantized, then sharded).
+The external_launcher backend (vLLM's torchrun mode) on two plain processes.
+Failure path as tests/v1/shutdown/test_forward_error.py: a worker killed mid-request gives
+every stream an error event, no hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import gguf
+import pytest
+import torch
+
+from engine.async_llm import AsyncLLM
+from engine.config import EngineConfig
+from engine.errors import InvalidArgumentError, VllmError
+from engine.exceptions import EngineDeadError
+from engine.executor.multiproc_executor import get_open_port
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from tests.test_models_parity import make_hf_model, make_prompts, write_gguf_twin
+
+pytestmark = pytest.mark.slow
+MAX_TOKENS = 12
+
+
+def _engine(path: str, tp: int, mp: bool = False, **kw) -> LLMEngine:
+    return LLMEngine.from_config(EngineConfig(
+        path, device="cpu", dtype="float32", max_model_len=128, max_num_seqs=4,
+        skip_tokenizer_init=True, multiprocessing=mp, tensor_parallel_size=tp,
+        n_threads=1, **kw))
+
+
+def _generate(path: str, tp: int, prompts: list[list[int]], temperature: float = 0.0,
+            **kw) -> list[list[int]]:
+    engine = _engine(path, tp, **kw)
+    torch.manual_seed(0)  # what a TP engine does after start-up on every rank
+    try:
+        model = engine.engine_core.engine_core.model_runner.model  # rank 0's shard
+        qkv = model.model.layers[0].self_attn.qkv_proj
+        assert qkv.num_heads == 4 // tp and qkv.weight.shape[1] == 64
+        assert model.model.embed_tokens.weight.shape[0] == 300 // tp
+        for i, ids in enumerate(prompts):
+            engine.add_request(str(i), ids, SamplingParams(temperature=temperature,
+                                                           max_tokens=MAX_TOKENS))
+        done = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out.outputs[0].token_ids
+        return [done[str(i)] for i in range(len(prompts))]
+    finally:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral",
+                                        "gemma3", "gguf"])
+def model_dir(request, tmp_path_factory):
+    name = request.param
+    path = tmp_path_factory.mktemp(name)
+    if name == "gguf":
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(gguf.GGUFWriter, "add_tensor", _add_q8_0(gguf.GGUFWriter.add_tensor))
+            write_gguf_twin(make_hf_model("llama"), "llama", path / "tiny.gguf")
+        return str(path / "tiny.gguf")
+    overrides = {"num_key_value_heads": 1} if name == "llama" else {}  # kv replication
+    make_hf_model(name, **overrides).save_pretrained(path)
+    return str(path)
+
+
+def _add_q8_0(add_tensor):
+    """GGUFWriter.add_tensor storing matrices as Q8_0 blocks (32 values per block)."""
+    def add(self, name, array, *args, **kw):
+        if array.ndim == 2 and array.shape[1] % 32 == 0:
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            return add_tensor(self, name, gguf.quants.quantize(array, q8), raw_dtype=q8)
+        return add_tensor(self, name, array, *args, **kw)
+    return add
+
+
+def test_tp2_greedy_tokens_equal_tp1(model_dir):
+    prompts = make_prompts(300)
+    want = _generate(model_dir, 1, prompts)
+    got = _generate(model_dir, 2, prompts)
+    assert got == want and all(len(t) == MAX_TOKENS for t in got)
+    assert not torch.distributed.is_initialized()  # the engine left the group
+
+
+def test_tp2_random_sampling_equals_tp1(tmp_path):
+    """Unseeded sampling: the worker draws what rank 0 draws, so its next inputs (its own
+    sampled tokens) match rank 0's; a mismatch would corrupt its KV shard, then rank 0's
+    logits."""
+    make_hf_model("qwen3").save_pretrained(tmp_path)
+    prompts = make_prompts(300)
+    want = _generate(str(tmp_path), 1, prompts, temperature=1.0)
+    assert _generate(str(tmp_path), 2, prompts, temperature=1.0) == want
+
+
+_LAUNCHED_RANK = """
+import json, sys
+from tests.test_tensor_parallel import _generate
+print(json.dumps(_generate(sys.argv[1], 2, json.loads(sys.argv[2]),
+                         distributed_executor_backend="external_launcher")))
+"""
+
+
+def test_external_launcher_ranks_equal_tp1(tmp_path):
+    """Every rank started by the launcher (here: two plain processes with torchrun's
+    variables) runs its own engine on the same requests and gets the TP=1 tokens."""
+    make_hf_model("qwen3").save_pretrained(tmp_path)
+    prompts = make_prompts(300)
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(get_open_port()), "PYTHONPATH": os.getcwd()}
+    procs = [subprocess.Popen([sys.executable, "-c", _LAUNCHED_RANK, str(tmp_path),
+                               json.dumps(prompts)], env={**env, "RANK": str(r)},
+                              stdout=subprocess.PIPE) for r in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    want = _generate(str(tmp_path), 1, prompts)
+    assert [json.loads(o.decode().splitlines()[-1]) for o in outs] == [want, want]
+
+
+def test_indivisible_heads_are_refused(tmp_path):
+    make_hf_model("qwen3").save_pretrained(tmp_path)  # 4 heads
+    with pytest.raises(InvalidArgumentError, match="tensor_parallel_size 3"):
+        _engine(str(tmp_path), 3)
+    with pytest.raises(InvalidArgumentError, match="tensor_parallel_size"):
+        EngineConfig(str(tmp_path), tensor_parallel_size=0)
+
+
+def test_worker_that_cannot_start_fails_engine_creation(tmp_path, monkeypatch):
+    make_hf_model("qwen3").save_pretrained(tmp_path)
+    monkeypatch.setenv("LIBVLLM_PYTHON", "/bin/false")  # the workers' interpreter
+    start = time.monotonic()
+    with pytest.raises(VllmError, match="tensor parallel start-up failed.*exit code 1"):
+        _engine(str(tmp_path), 2)
+    assert time.monotonic() - start < 30 and not torch.distributed.is_initialized()
+
+
+def test_killed_worker_ends_every_stream(tmp_path):
+    make_hf_model("qwen3").save_pretrained(tmp_path)
+    engine = _engine(str(tmp_path), 2, mp=True)
+    loop = AsyncLLM(engine)
+    try:
+        worker_pid = _tp_worker_pid(engine.engine_core.core.proc.pid)
+        streams = [loop.add_request(f"s{i}", list(range(1, 9)),
+                                    SamplingParams(max_tokens=100, ignore_eos=True))
+                   for i in range(3)]
+        assert streams[0].get(60) is not None  # generation is under way
+        os.kill(worker_pid, signal.SIGKILL)
+        killed = time.monotonic()
+        for stream in streams:
+            with pytest.raises(EngineDeadError):
+                while stream.get(30) is not None:
+                    pass
+        assert time.monotonic() - killed < 30
+    finally:
+        loop.shutdown()
+        engine.shutdown()
+
+
+def _tp_worker_pid(core_pid: int) -> int:
+    """The rank-1 worker: the engine-core child's child running multiproc_worker."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().split(")")[-1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if ppid == core_pid and b"multiproc_worker" in cmd:
+            return int(pid)
+    raise AssertionError("no tensor-parallel worker found")
