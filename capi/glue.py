@@ -16,10 +16,17 @@ import warnings
 
 from _libvllm import ffi, lib
 
-from capi import caller_driven, logs, openai_glue, streams  # noqa: F401  (glue_* bodies)
+from capi import (  # noqa: F401  (glue_* bodies)
+    caller_driven,
+    logs,
+    openai_glue,
+    plain_text,
+    streams,
+)
 from capi.create_checks import check_create_inputs
 from capi.plumbing import (
     BufferTooSmallError,
+    CancelledError,
     EngineRecord,
     InvalidStateError,
     RuntimeInitError,
@@ -132,9 +139,17 @@ def _load_chat_template(value: str) -> str:
         return value
 
 
-def _report_progress(p, fraction: float) -> None:
-    if p.progress_callback != ffi.NULL:
-        lib.glue_emit_progress(p.progress_callback, fraction, p.progress_callback_user_data)
+def _report_progress(p, fraction: float) -> bool:
+    """Calls the caller's progress callback; False when it asked to abort the load."""
+    if p.progress_callback == ffi.NULL:
+        return True
+    return lib.glue_emit_progress(p.progress_callback, fraction,
+                                  p.progress_callback_user_data) != 0
+
+
+def _load_aborted(fraction: float) -> CancelledError:
+    return CancelledError(f"vllm_engine_create: the progress callback returned 0 at "
+                          f"{fraction:g}: model load aborted")
 
 
 @export
@@ -143,13 +158,17 @@ def glue_engine_create(model_path, params, out) -> None:
     override = optional_text(params.chat_template, "params->chat_template")
     chat_template = None if override is None else _load_chat_template(override)
     check_create_inputs(config.model, chat_template)  # vLLM fails at start-up
-    _report_progress(params, 0.0)
+    if not _report_progress(params, 0.0):
+        raise _load_aborted(0.0)
     engine = _engine_class().from_config(config)
     if chat_template is not None:
         if engine.tokenizer is None:
+            engine.shutdown()
             raise InvalidArgumentError("chat_template needs a tokenizer (skip_tokenizer_init)")
         engine.tokenizer.chat_template = chat_template
-    _report_progress(params, 1.0)
+    if not _report_progress(params, 1.0):
+        engine.shutdown()
+        raise _load_aborted(1.0)
     out[0] = engines.add(EngineRecord(engine, config))
 
 
@@ -198,9 +217,18 @@ def glue_engine_metrics(key, out) -> None:
 
 
 @export
-def glue_tokenize(key, text_ptr, add_special_tokens, tokens, capacity, n_tokens) -> None:
+def glue_tokenize(key, text_ptr, text_len, add_special, parse_special, tokens, capacity,
+                  n_tokens) -> None:
     tokenizer = _tokenizer(key)
-    ids = tokenizer.encode(text(text_ptr, "text"), add_special_tokens=bool(add_special_tokens))
+    data = ffi.unpack(text_ptr, text_len) if text_len else b""
+    try:
+        value = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidArgumentError(f"text is not valid UTF-8: {e}") from None
+    if parse_special:
+        ids = tokenizer.encode(value, add_special_tokens=bool(add_special))
+    else:
+        ids = plain_text.encode(tokenizer, value, add_special=bool(add_special))
     n_tokens[0] = len(ids)
     if len(ids) > capacity:
         raise BufferTooSmallError(f"{len(ids)} tokens do not fit in capacity {capacity}")

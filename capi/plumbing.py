@@ -53,6 +53,10 @@ class InvalidStateError(VllmError):
     status = lib.VLLM_ERR_INVALID_STATE
 
 
+class CancelledError(VllmError):
+    status = lib.VLLM_ERR_CANCELLED
+
+
 def set_error(status: int, message: str) -> int:
     lib.glue_set_error(message.encode("utf-8", "replace"))
     return status

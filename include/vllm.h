@@ -12,9 +12,10 @@
  *   - Pointer and count out-parameters are set to NULL / 0 on entry, so they are
  *     NULL / 0 on failure.
  *   - Parameter structs start with `uint32_t struct_size` and are filled with
- *     defaults by their *_init() function; the library reads
+ *     defaults by their *_init(params, sizeof *params) function, which writes only
+ *     that many bytes and sets struct_size to it; the library reads
  *     min(struct_size, sizeof(struct)) bytes, so fields can be appended in later
- *     minor versions without breaking older callers.
+ *     minor versions without breaking older callers (in either direction).
  *   - Memory the library returns says who owns it and for how long it stays valid.
  *     Strings the caller owns are freed with vllm_string_free().
  *   - Strings are UTF-8 and NUL-terminated.
@@ -64,8 +65,8 @@
 #endif
 
 /* ABI version: the major changes on any incompatible change (and with it the SONAME). */
-#define VLLM_ABI_VERSION_MAJOR 0
-#define VLLM_ABI_VERSION_MINOR 5
+#define VLLM_ABI_VERSION_MAJOR 1
+#define VLLM_ABI_VERSION_MINOR 0
 #define VLLM_ABI_VERSION ((VLLM_ABI_VERSION_MAJOR << 16) | VLLM_ABI_VERSION_MINOR)
 
 #ifdef __cplusplus
@@ -94,8 +95,10 @@ enum vllm_status_code {
     VLLM_ERR_TIMEOUT = 10,          /* since 0.2: nothing arrived within timeout_ms */
     VLLM_END_OF_STREAM = 11,        /* since 0.2: the stream already ended (not an error:
                                        vllm_last_error() stays "") */
-    VLLM_ERR_INVALID_STATE = 12     /* since 0.2: not allowed now (e.g. a step while the
+    VLLM_ERR_INVALID_STATE = 12,    /* since 0.2: not allowed now (e.g. a step while the
                                        background loop runs, a call after shutdown) */
+    VLLM_ERR_CANCELLED = 13         /* since 1.0: the caller stopped it (a progress
+                                       callback returned 0) */
 };
 
 /* Why a request finished (vllm_request_output.finish_reason). */
@@ -122,8 +125,10 @@ enum vllm_log_level {
 typedef void (*vllm_log_callback)(int32_t level, const char *message, void *user_data);
 
 /* Model loading progress in [0, 1], called on the thread of vllm_engine_create;
- * 1 comes once, when the weights are in place. Since 0.2. */
-typedef void (*vllm_progress_callback)(float progress, void *user_data);
+ * 1 comes once, when the weights are in place. Return nonzero to go on, 0 to abort
+ * the load: vllm_engine_create then returns VLLM_ERR_CANCELLED (as llama.h's
+ * progress_callback returning false). Since 0.2; returns int32_t since 1.0. */
+typedef int32_t (*vllm_progress_callback)(float progress, void *user_data);
 
 /* An engine: one loaded model, its KV cache and its requests. */
 struct vllm_engine;
@@ -345,8 +350,12 @@ VLLM_API void vllm_shutdown(void);
 /* Engine                                                                     */
 /* ------------------------------------------------------------------------- */
 
-/* Fills *params with the defaults (pure C). */
-VLLM_API void vllm_engine_params_init(vllm_engine_params *params);
+/* Fills *params with the defaults (pure C): writes min(size, sizeof(vllm_engine_params))
+ * bytes, struct_size included (set to that count), so a caller built against an
+ * older, smaller struct passes its own sizeof and nothing past it is written. Call it
+ * as vllm_engine_params_init(&p, sizeof p). size < 4 or params NULL: no-op. Since 1.0
+ * (0.x had no size). */
+VLLM_API void vllm_engine_params_init(vllm_engine_params *params, size_t size);
 
 /* Loads the model at model_path and creates an engine. model_path: a GGUF file, a
  * directory holding exactly one .gguf file, or a Hugging Face model directory
@@ -369,13 +378,19 @@ VLLM_API vllm_status vllm_engine_model_info(vllm_engine *engine, vllm_model_info
 /* Tokenizer                                                                  */
 /* ------------------------------------------------------------------------- */
 
-/* Tokenizes text. Two-call sizing: *n_tokens is always set to the number of tokens;
- * if capacity < *n_tokens it returns VLLM_ERR_BUFFER_TOO_SMALL and writes nothing
- * (tokens may be NULL when capacity is 0).
- * add_special_tokens: 1 to add the model's BOS etc. (as HF tokenizers), 0 not to. */
-VLLM_API vllm_status vllm_tokenize(vllm_engine *engine, const char *text,
-                                   int32_t add_special_tokens, int32_t *tokens,
-                                   size_t capacity, size_t *n_tokens);
+/* Tokenizes text_len bytes of UTF-8 text (no NUL needed; a NUL byte is text; text
+ * may be NULL when text_len is 0; not UTF-8: VLLM_ERR_INVALID_ARGUMENT). Two-call
+ * sizing: *n_tokens is always set to the number of tokens; if capacity < *n_tokens it
+ * returns VLLM_ERR_BUFFER_TOO_SMALL and writes nothing (tokens may be NULL when
+ * capacity is 0).
+ * add_special: 1 to add the model's BOS etc. (as HF tokenizers), 0 not to.
+ * parse_special: 1 to turn special-token text written in the input (e.g.
+ * "<|im_start|>") into those control tokens, as for a rendered chat template; 0 to
+ * tokenize it as plain text (user input: no prompt injection), as llama_tokenize's
+ * parse_special. Since 1.0 (0.x: no text_len, always parse_special). */
+VLLM_API vllm_status vllm_tokenize(vllm_engine *engine, const char *text, size_t text_len,
+                                   int32_t add_special, int32_t parse_special,
+                                   int32_t *tokens, size_t capacity, size_t *n_tokens);
 
 /* Turns tokens back into text. Two-call sizing: *n_bytes is always set to the text's
  * length in bytes, without the NUL; buf needs capacity >= *n_bytes + 1, else
@@ -420,8 +435,9 @@ VLLM_API void vllm_string_free(char *str);
 /* Requests                                                                   */
 /* ------------------------------------------------------------------------- */
 
-/* Fills *params with vLLM's defaults (pure C). */
-VLLM_API void vllm_sampling_params_init(vllm_sampling_params *params);
+/* Fills *params with vLLM's defaults (pure C), writing min(size, sizeof) bytes as
+ * vllm_engine_params_init: vllm_sampling_params_init(&sp, sizeof sp). Since 1.0. */
+VLLM_API void vllm_sampling_params_init(vllm_sampling_params *params, size_t size);
 
 /* Adds a request. Give exactly one of prompt (text, tokenized with special tokens)
  * or prompt_token_ids (n_prompt_token_ids > 0). params: NULL for the defaults.

@@ -61,7 +61,7 @@ def test_dummy_engine_through_the_abi(api, tmp_path):
         assert status == lib.VLLM_ERR_INVALID_ARGUMENT
         assert "text prompts" in api.error() and "skip_tokenizer_init" in api.error()
         ids, n = ffi.new("int32_t[8]"), ffi.new("size_t *")
-        assert lib.vllm_tokenize(e, b"hi", 0, ids, 8, n) == lib.VLLM_ERR_INVALID_STATE
+        assert lib.vllm_tokenize(e, b"hi", 2, 0, 1, ids, 8, n) == lib.VLLM_ERR_INVALID_STATE
         body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
         api.ok(lib.vllm_engine_start_loop(e))
         status_out, body_out = ffi.new("int32_t *"), ffi.new("char **")

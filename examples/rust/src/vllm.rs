@@ -38,7 +38,7 @@ mod sys {
         pub enforce_eager: i32,
         pub served_model_name: *const c_char,
         pub chat_template: *const c_char,
-        pub progress_callback: Option<extern "C" fn(f32, *mut c_void)>,
+        pub progress_callback: Option<extern "C" fn(f32, *mut c_void) -> i32>,
         pub progress_callback_user_data: *mut c_void,
         pub tokenizer: *const c_char,
         pub structured_outputs_backend: *const c_char,
@@ -112,7 +112,7 @@ mod sys {
         pub fn vllm_status_string(status: vllm_status) -> *const c_char;
         pub fn vllm_last_error() -> *const c_char;
         pub fn vllm_shutdown();
-        pub fn vllm_engine_params_init(params: *mut vllm_engine_params);
+        pub fn vllm_engine_params_init(params: *mut vllm_engine_params, size: usize);
         pub fn vllm_engine_create(
             model_path: *const c_char,
             params: *const vllm_engine_params,
@@ -120,7 +120,7 @@ mod sys {
         ) -> vllm_status;
         pub fn vllm_engine_free(engine: *mut vllm_engine);
         pub fn vllm_engine_start_loop(engine: *mut vllm_engine) -> vllm_status;
-        pub fn vllm_sampling_params_init(params: *mut vllm_sampling_params);
+        pub fn vllm_sampling_params_init(params: *mut vllm_sampling_params, size: usize);
         pub fn vllm_request_submit(
             engine: *mut vllm_engine,
             request_id: *const c_char,
@@ -193,7 +193,7 @@ impl Engine {
         let mut handle = ptr::null_mut();
         unsafe {
             let mut params = std::mem::zeroed::<sys::vllm_engine_params>();
-            sys::vllm_engine_params_init(&mut params);
+            sys::vllm_engine_params_init(&mut params, std::mem::size_of::<sys::vllm_engine_params>());
             params.max_model_len = max_model_len;
             check(sys::vllm_engine_create(path.as_ptr(), &params, &mut handle))?;
         }
@@ -208,7 +208,7 @@ impl Engine {
         let mut handle = ptr::null_mut();
         unsafe {
             let mut sp = std::mem::zeroed::<sys::vllm_sampling_params>();
-            sys::vllm_sampling_params_init(&mut sp);
+            sys::vllm_sampling_params_init(&mut sp, std::mem::size_of::<sys::vllm_sampling_params>());
             sp.temperature = 0.0;
             sp.max_tokens = max_tokens;
             check(sys::vllm_request_submit(
