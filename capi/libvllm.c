@@ -168,6 +168,8 @@ VLLM_API void vllm_sampling_params_init(vllm_sampling_params *params, size_t siz
     d.top_p = 1.0f;
     d.skip_special_tokens = 1;
     d.repetition_penalty = 1.0f;
+    d.logprobs = -1;
+    d.n = 1;
     write_defaults(params, size, &d, sizeof d);
 }
 

@@ -148,6 +148,8 @@ def sampling_params(p) -> SamplingParams:
             p.allowed_token_ids[0 : p.n_allowed_token_ids]),
         bad_words=[text(p.bad_words[i], "params->bad_words[]") for i in range(p.n_bad_words)],
         structured_outputs=_structured_outputs(p),
+        logprobs=None if p.logprobs == -1 else p.logprobs,  # vLLM checks the rest
+        n=p.n,
         output_kind=RequestOutputKind.DELTA,
     )
 
@@ -208,9 +210,10 @@ class EngineRecord:
     lock: FairRLock = field(default_factory=FairRLock)
     stats: StatsCollector = field(default_factory=StatsCollector)
     loop: AsyncLLM | None = None
-    # caller-driven mode (capi.caller_driven): request id -> output tokens so far, until
-    # its last output reached its owner; owner = the thread that added it
-    requests: dict[str, int] = field(default_factory=dict)
+    # caller-driven mode (capi.caller_driven): request id -> its RequestTimes (tokens so
+    # far, timings), until its last output reached its owner; owner = the thread that
+    # added it
+    requests: dict[str, Any] = field(default_factory=dict)
     owners: dict[str, int] = field(default_factory=dict)
     adders: set[int] = field(default_factory=set)  # threads that ever added a request
     pending: dict[int, list] = field(default_factory=dict)  # thread -> its routed outputs

@@ -109,7 +109,8 @@ enum vllm_finish_reason {
     VLLM_FINISH_ABORT = 3,   /* vllm_request_abort(), vllm_request_cancel() */
     VLLM_FINISH_ERROR = 4    /* since 0.2: the engine failed (since 0.3 also: this request
                                 alone failed, e.g. its grammar did not compile); see
-                                vllm_event.status and vllm_event.error */
+                                vllm_event.status and vllm_event.error (since 1.0 also
+                                vllm_request_output.status and .error) */
 };
 
 /* Log levels (the Python logging levels of the engine). Since 0.2. */
@@ -245,7 +246,30 @@ typedef struct vllm_sampling_params {
     size_t n_choice;                     /* 0: no choice constraint */
     const char *grammar;                 /* NULL: none; EBNF / GBNF (llama.cpp) or Lark */
     const char *structural_tag;          /* NULL: none; an xgrammar structural tag (JSON) */
+    /* since 1.0 */
+    int32_t logprobs;                    /* -1 (default): none; 0: each generated token's
+                                            logprob and rank; k > 0: also the top k
+                                            (vllm_token_logprobs; vLLM's logprobs) */
+    int32_t n;                           /* default 1: sequences per request; each output
+                                            carries its sequence's index */
 } vllm_sampling_params;
+
+/* One candidate for a generated token (since 1.0). */
+typedef struct vllm_logprob {
+    int32_t token_id;
+    int32_t rank;               /* 1: the most likely token */
+    float logprob;              /* log probability (of the processed logits, as vLLM) */
+} vllm_logprob;
+
+/* The logprobs of one generated token (since 1.0): vLLM's Logprob dict of a position. */
+typedef struct vllm_token_logprobs {
+    int32_t token_id;           /* the sampled token */
+    int32_t rank;               /* its rank in the vocabulary (1: the most likely) */
+    float logprob;              /* its log probability */
+    const vllm_logprob *top;    /* the sampling params' logprobs most likely tokens, rank
+                                   1 first; NULL when n_top is 0 */
+    size_t n_top;
+} vllm_token_logprobs;
 
 /* One request's progress in one step. Owned by the engine (see vllm_engine_step). */
 typedef struct vllm_request_output {
@@ -257,6 +281,21 @@ typedef struct vllm_request_output {
     int32_t finish_reason;      /* enum vllm_finish_reason */
     int32_t num_prompt_tokens;
     int32_t num_output_tokens;  /* cumulative, including this step */
+    /* since 1.0 */
+    vllm_status status;         /* VLLM_OK; with VLLM_FINISH_ERROR, why this request
+                                   failed (e.g. VLLM_ERR_INVALID_ARGUMENT: its grammar) */
+    const char *error;          /* "" unless status != VLLM_OK: the message */
+    int32_t index;              /* the sequence, 0..n-1 (n of the sampling params); with
+                                   n > 1 finish_reason is this sequence's, and finished
+                                   = 1 comes once, on the request's last output */
+    const vllm_token_logprobs *logprobs; /* one per token_ids entry; NULL unless the
+                                   sampling params asked for logprobs (>= 0) */
+    double arrival_time;        /* Unix time in s when the request was added (vLLM's
+                                   RequestStateStats.arrival_time) */
+    double first_token_latency; /* s from arrival to the sequence's first token, 0
+                                   before it (RequestStateStats.first_token_latency) */
+    double e2e_latency;         /* s from arrival to the request's end, on its last
+                                   output, else 0 (FinishedRequestStats.e2e_latency) */
 } vllm_request_output;
 
 /* A request streamed by the background loop (since 0.2). */
@@ -278,6 +317,12 @@ typedef struct vllm_event {
     int32_t num_cached_tokens;  /* prompt tokens served from the prefix cache */
     vllm_status status;         /* VLLM_OK; on a last event with VLLM_FINISH_ERROR, why */
     const char *error;          /* "" unless status != VLLM_OK */
+    /* since 1.0: as in vllm_request_output */
+    int32_t index;
+    const vllm_token_logprobs *logprobs;
+    double arrival_time;
+    double first_token_latency;
+    double e2e_latency;
 } vllm_event;
 
 /* Receives the events of one request, in order, on the engine's loop thread. The event

@@ -1,7 +1,8 @@
 """ABI 1.0 of include/vllm.h, through build/libvllm.so loaded into this process (cffi ABI
 mode, as a ctypes host would): size-taking *_init that writes only the caller's bytes,
-vllm_tokenize with an explicit length and parse_special, and load abort through the
-progress callback (VLLM_ERR_CANCELLED).
+vllm_tokenize with an explicit length and parse_special, load abort through the
+progress callback (VLLM_ERR_CANCELLED), and request outputs that carry the status and
+message of a request that failed alone.
 
 Oracles: guard bytes after a caller's smaller struct (nothing written past it), the
 engine's Python tokenizer (engine/tokenizers) for the parse_special = 1 ids and the
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.errors import InvalidArgumentError
 from engine.gguf.reader import GGUFReader
 from engine.tokenizer import Tokenizer
 from tests.test_capi_stream import open_library
@@ -129,3 +131,146 @@ def test_progress_callback_returning_zero_aborts_the_load(api, model_path, abort
     e = api.create(model_path)
     api.ok(lib.vllm_engine_num_unfinished(e, left))
     lib.vllm_engine_free(e)
+
+
+def _failing_request_step(real_step, failing: str):
+    """An LLMEngine.step that ends request `failing` with finish reason "error" and a
+    message after its first output (as a grammar that rejects a token would: vLLM's
+    FINISHED_ERROR), and drops its later outputs."""
+    state = {"done": False}
+
+    def step(self):
+        results = []
+        for result in real_step(self):
+            if result.request_id != failing:
+                results.append(result)
+            elif not state["done"]:
+                state["done"] = True
+                self.abort_request(failing)
+                result.finished, result.outputs[0].finish_reason = True, "error"
+                result.error = InvalidArgumentError("the grammar rejected token 42")
+                results.append(result)
+        return results
+
+    return step
+
+
+def test_caller_driven_output_carries_the_error_of_a_failed_request(api, model_path,
+                                                                    monkeypatch):
+    ffi, lib = api.ffi, api.lib
+    from engine.llm_engine import LLMEngine
+
+    e = api.create(model_path)
+    monkeypatch.setattr(LLMEngine, "step", _failing_request_step(LLMEngine.step, "bad"))
+    for rid in (b"good", b"bad"):
+        api.ok(lib.vllm_request_add(e, rid, b"The capital of France is", ffi.NULL, 0,
+                                    api.greedy(4)))
+    last, left = {}, ffi.new("size_t *", 1)
+    outs, n = ffi.new("vllm_request_output **"), ffi.new("size_t *")
+    while left[0]:
+        api.ok(lib.vllm_engine_step(e, outs, n))
+        for out in outs[0][0:n[0]]:
+            rid = ffi.string(out.request_id).decode()
+            last[rid] = (out.finish_reason, out.status, ffi.string(out.error).decode())
+        api.ok(lib.vllm_engine_num_unfinished(e, left))
+    assert last["bad"] == (lib.VLLM_FINISH_ERROR, lib.VLLM_ERR_INVALID_ARGUMENT,
+                           "the grammar rejected token 42")
+    assert last["good"] == (lib.VLLM_FINISH_LENGTH, lib.VLLM_OK, "")
+    monkeypatch.undo()
+    lib.vllm_engine_free(e)
+
+
+def _sampling(api, **fields):
+    sp = api.greedy(6)
+    for name, value in fields.items():
+        setattr(sp, name, value)
+    return sp
+
+
+def _step_all(api, e) -> list[dict]:
+    """Every output of the caller-driven steps until nothing is unfinished."""
+    ffi, lib = api.ffi, api.lib
+    seen, left = [], ffi.new("size_t *", 1)
+    outs, n = ffi.new("vllm_request_output **"), ffi.new("size_t *")
+    while left[0]:
+        api.ok(lib.vllm_engine_step(e, outs, n))
+        for out in outs[0][0:n[0]]:
+            seen.append(_typed(api, out))
+        api.ok(lib.vllm_engine_num_unfinished(e, left))
+    return seen
+
+
+def _typed(api, out) -> dict:
+    ffi = api.ffi
+    tokens = list(out.token_ids[0:out.n_token_ids])
+    logprobs = None
+    if out.logprobs != ffi.NULL:
+        logprobs = [(lp.token_id, lp.rank, lp.logprob,
+                     [(t.token_id, t.rank, t.logprob) for t in lp.top[0:lp.n_top]])
+                    for lp in out.logprobs[0:len(tokens)]]
+    return {"index": out.index, "tokens": tokens, "logprobs": logprobs,
+            "finished": out.finished, "finish_reason": out.finish_reason,
+            "num_output_tokens": out.num_output_tokens, "arrival_time": out.arrival_time,
+            "first_token_latency": out.first_token_latency, "e2e_latency": out.e2e_latency}
+
+
+def test_typed_logprobs_of_greedy_tokens(api, engine):
+    ffi, lib = api.ffi, api.lib
+    api.ok(lib.vllm_request_add(engine, b"lp", b"The capital of France is", ffi.NULL, 0,
+                                _sampling(api, logprobs=3)))
+    outs = _step_all(api, engine)
+    per_token = [entry for out in outs for entry in out["logprobs"] or []]
+    assert len(per_token) == sum(len(out["tokens"]) for out in outs) == 6
+    for (token, rank, logprob, top), sampled in zip(per_token,
+                                                    [t for o in outs for t in o["tokens"]]):
+        assert token == sampled and rank == 1 and logprob <= 0.0  # greedy: the top token
+        assert [r for _, r, _ in top] == [1, 2, 3]
+        assert top[0][0] == token and top[0][2] == pytest.approx(logprob)
+        assert top[0][2] >= top[1][2] >= top[2][2]
+    api.ok(lib.vllm_request_add(engine, b"nolp", b"Hi", ffi.NULL, 0, _sampling(api)))
+    assert all(out["logprobs"] is None for out in _step_all(api, engine))
+
+
+def test_n_sequences_carry_their_index_and_timings(api, engine):
+    import time
+
+    ffi, lib = api.ffi, api.lib
+    before = time.time()
+    sp = _sampling(api, n=3, temperature=1.0, seed=11, has_seed=1, logprobs=0)
+    api.ok(lib.vllm_request_add(engine, b"n3", b"Once upon a time", ffi.NULL, 0, sp))
+    outs = _step_all(api, engine)
+    assert sorted({o["index"] for o in outs}) == [0, 1, 2]
+    assert [o["finished"] for o in outs].count(1) == 1 and outs[-1]["finished"] == 1
+    for i in range(3):
+        mine = [o for o in outs if o["index"] == i]
+        assert sum(len(o["tokens"]) for o in mine) == mine[-1]["num_output_tokens"] == 6
+        assert [o["finish_reason"] != lib.VLLM_FINISH_NONE for o in mine][-1]
+        assert all(len(o["logprobs"]) == len(o["tokens"]) for o in mine)
+        assert all(o["logprobs"][0][3] == [] for o in mine)  # logprobs 0: no top list
+        assert all(o["first_token_latency"] > 0 for o in mine if o["tokens"])
+    assert all(before <= o["arrival_time"] <= time.time() for o in outs)
+    assert outs[-1]["e2e_latency"] >= max(o["first_token_latency"] for o in outs) > 0
+    assert all(o["e2e_latency"] == 0 for o in outs[:-1])
+    sp.n = 0
+    api.ok(lib.vllm_request_add(engine, b"n0", b"Hi", ffi.NULL, 0, sp),
+           lib.VLLM_ERR_INVALID_ARGUMENT)
+
+
+def test_pulled_events_carry_index_logprobs_and_timings(api, model_path):
+    ffi, lib = api.ffi, api.lib
+    e = api.create(model_path)
+    api.ok(lib.vllm_engine_start_loop(e))
+    sp = _sampling(api, n=2, temperature=1.0, seed=3, has_seed=1, logprobs=1)
+    request, event, events = api.submit(e, "pull", sp), ffi.new("const vllm_event **"), []
+    while (status := lib.vllm_request_next(request, 60000, event)) == lib.VLLM_OK:
+        events.append(_typed(api, event[0]))
+    api.ok(status, lib.VLLM_END_OF_STREAM)
+    lib.vllm_request_free(request)
+    lib.vllm_engine_free(e)
+    assert {ev["index"] for ev in events} == {0, 1}
+    assert [ev["finished"] for ev in events].count(1) == 1 and events[-1]["finished"] == 1
+    assert all(len(ev["logprobs"]) == len(ev["tokens"]) for ev in events if ev["tokens"])
+    assert all(len(lp[3]) == 1 for ev in events for lp in ev["logprobs"] or [])
+    assert events[-1]["e2e_latency"] > 0 and events[-1]["arrival_time"] > 0
+    for i in (0, 1):
+        assert sum(len(ev["tokens"]) for ev in events if ev["index"] == i) == 6

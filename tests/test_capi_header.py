@@ -131,8 +131,10 @@ def test_sampling_params_defaults_match_vllm(abi):
         "repetition_penalty",
         "min_tokens",
         "include_stop_str_in_output",
+        "n",
     ):
         assert getattr(p, name) == getattr(want, name), name
+    assert p.logprobs == -1 and want.logprobs is None  # -1: none (since 1.0)
     assert not p.has_seed and want.seed is None
     assert p.n_stop_token_ids == 0 and p.stop_token_ids == ffi.NULL
     assert p.n_stop == p.n_logit_bias == p.n_bad_words == p.n_allowed_token_ids == 0
