@@ -25,6 +25,11 @@ vllm_status glue_engine_create(const char *model_path, const vllm_engine_params 
                                uint64_t *engine);
 vllm_status glue_engine_free(uint64_t engine);
 vllm_status glue_engine_model_info(uint64_t engine, vllm_model_info *out);
+vllm_status glue_model_meta_count(uint64_t engine, size_t *n);
+vllm_status glue_model_meta_key(uint64_t engine, size_t index, char *buf, size_t capacity,
+                                size_t *n_bytes);
+vllm_status glue_model_meta_value(uint64_t engine, const char *key, char *buf,
+                                  size_t capacity, size_t *n_bytes);
 vllm_status glue_tokenize(uint64_t engine, const char *text, size_t text_len,
                           int32_t add_special, int32_t parse_special, int32_t *tokens,
                           size_t capacity, size_t *n_tokens);

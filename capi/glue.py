@@ -19,6 +19,7 @@ from _libvllm import ffi, lib
 from capi import (  # noqa: F401  (glue_* bodies)
     caller_driven,
     logs,
+    model_meta,
     openai_glue,
     plain_text,
     streams,
@@ -31,6 +32,7 @@ from capi.plumbing import (
     InvalidStateError,
     RuntimeInitError,
     c_string,
+    copy_out,
     engines,
     export,
     f32,
@@ -199,6 +201,7 @@ def glue_engine_model_info(key, out) -> None:
     out.bos_token_id = info.bos_token_id
     out.eos_token_id = info.eos_token_id
     out.architecture, out.name = record.info_strings
+    model_meta.fill_info(record, out)
 
 
 @export
@@ -235,20 +238,12 @@ def glue_tokenize(key, text_ptr, text_len, add_special, parse_special, tokens, c
     tokens[0 : len(ids)] = ids
 
 
-def _copy_out(data: bytes, buf, capacity: int, n_bytes) -> None:
-    """Two-call sizing: *n_bytes = len(data); data + NUL into buf if it fits."""
-    n_bytes[0] = len(data)
-    if len(data) + 1 > capacity:
-        raise BufferTooSmallError(f"{len(data)} bytes and a NUL do not fit in capacity {capacity}")
-    ffi.memmove(buf, data + b"\0", len(data) + 1)
-
-
 @export
 def glue_detokenize(key, tokens, n_tokens, skip_special_tokens, buf, capacity, n_bytes) -> None:
     tokenizer = engines.get_live(key).engine.tokenizer
     ids = list(tokens[0:n_tokens]) if n_tokens else []
     decoded = tokenizer.decode(ids, skip_special_tokens=bool(skip_special_tokens))
-    _copy_out(decoded.encode("utf-8", "replace"), buf, capacity, n_bytes)
+    copy_out(decoded.encode("utf-8", "replace"), buf, capacity, n_bytes)
 
 
 def _tokenizer(key):
@@ -267,7 +262,7 @@ def _token_bytes(tokenizer, token: int, special: bool) -> bytes:
 @export
 def glue_token_to_piece(key, token, special, buf, capacity, n_bytes) -> None:
     tokenizer = _tokenizer(key)
-    _copy_out(_token_bytes(tokenizer, token, bool(special)), buf, capacity, n_bytes)
+    copy_out(_token_bytes(tokenizer, token, bool(special)), buf, capacity, n_bytes)
 
 
 # --------------------------------------------------------------------------- chat template

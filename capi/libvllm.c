@@ -177,7 +177,7 @@ VLLM_API void vllm_sampling_params_init(vllm_sampling_params *params, size_t siz
  * against that header passes this struct_size. */
 #define ENGINE_PARAMS_V0_1_SIZE offsetof(vllm_engine_params, served_model_name)
 #define SAMPLING_PARAMS_V0_1_SIZE offsetof(vllm_sampling_params, presence_penalty)
-#define MODEL_INFO_V0_1_SIZE sizeof(vllm_model_info)
+#define MODEL_INFO_V0_1_SIZE offsetof(vllm_model_info, n_params)
 #define METRICS_V0_2_SIZE sizeof(vllm_metrics)
 
 /* Copies the first min(struct_size, size) bytes of a caller's params struct over

@@ -203,6 +203,14 @@ class Registry(dict):
         return obj
 
 
+def copy_out(data: bytes, buf, capacity: int, n_bytes) -> None:
+    """Two-call sizing: *n_bytes = len(data); data + NUL into buf if it fits."""
+    n_bytes[0] = len(data)
+    if len(data) + 1 > capacity:
+        raise BufferTooSmallError(f"{len(data)} bytes and a NUL do not fit in capacity {capacity}")
+    ffi.memmove(buf, data + b"\0", len(data) + 1)
+
+
 @dataclass
 class EngineRecord:
     engine: Any  # LLMEngine
@@ -223,6 +231,7 @@ class EngineRecord:
     # requests whose last event was not pulled yet
     awaiting_last_event: dict[int, str] = field(default_factory=dict)
     info_strings: tuple | None = None  # cdata behind vllm_model_info's strings
+    meta: Any = None  # capi.model_meta.ModelMeta, read on first use
 
     def require_loop(self, what: str) -> AsyncLLM:
         if self.loop is None:

@@ -62,6 +62,48 @@ VLLM_API vllm_status vllm_engine_model_info(vllm_engine *engine, vllm_model_info
     return VLLM_OK;
 }
 
+VLLM_API vllm_status vllm_model_meta_count(vllm_engine *engine, size_t *n) {
+    vllm_status status;
+    clear_error();
+    if (n == NULL) return null_argument(__func__, "n");
+    *n = 0;
+    if (engine == NULL) return null_argument(__func__, "engine");
+    if ((status = ensure_runtime()) != VLLM_OK) return status;
+    return glue_model_meta_count(engine_key(engine), n);
+}
+
+/* The checks of a two-call-sized text out-parameter (buf, capacity, *n_bytes). */
+static vllm_status check_text_out(char *buf, size_t capacity, size_t *n_bytes,
+                                  const char *function) {
+    if (n_bytes == NULL) return null_argument(function, "n_bytes");
+    *n_bytes = 0;
+    if (buf == NULL && capacity > 0)
+        return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: buf is NULL but capacity is %zu", function,
+                    capacity);
+    return VLLM_OK;
+}
+
+VLLM_API vllm_status vllm_model_meta_key(vllm_engine *engine, size_t index, char *buf,
+                                         size_t capacity, size_t *n_bytes) {
+    vllm_status status;
+    clear_error();
+    if ((status = check_text_out(buf, capacity, n_bytes, __func__)) != VLLM_OK) return status;
+    if (engine == NULL) return null_argument(__func__, "engine");
+    if ((status = ensure_runtime()) != VLLM_OK) return status;
+    return glue_model_meta_key(engine_key(engine), index, buf, capacity, n_bytes);
+}
+
+VLLM_API vllm_status vllm_model_meta_value(vllm_engine *engine, const char *key, char *buf,
+                                           size_t capacity, size_t *n_bytes) {
+    vllm_status status;
+    clear_error();
+    if ((status = check_text_out(buf, capacity, n_bytes, __func__)) != VLLM_OK) return status;
+    if (engine == NULL) return null_argument(__func__, "engine");
+    if (key == NULL) return null_argument(__func__, "key");
+    if ((status = ensure_runtime()) != VLLM_OK) return status;
+    return glue_model_meta_value(engine_key(engine), key, buf, capacity, n_bytes);
+}
+
 VLLM_API vllm_status vllm_tokenize(vllm_engine *engine, const char *text, size_t text_len,
                                    int32_t add_special, int32_t parse_special, int32_t *tokens,
                                    size_t capacity, size_t *n_tokens) {

@@ -205,6 +205,18 @@ typedef struct vllm_model_info {
     int32_t eos_token_id;       /* -1: none */
     const char *architecture;   /* e.g. "llama"; valid until the engine is freed */
     const char *name;           /* the model's name; valid until the engine is freed */
+    /* since 1.0; the pointers stay valid until the engine is freed */
+    int64_t n_params;           /* parameters in the weights (elements of the GGUF's or
+                                   the safetensors' tensors); -1: unknown (dummy load) */
+    int32_t n_layers;           /* transformer blocks (GGUF <arch>.block_count, config.json
+                                   num_hidden_layers); -1: unknown */
+    int64_t kv_capacity_tokens; /* tokens the KV cache holds (its blocks x block_size) */
+    const char *device;         /* where the engine runs: "cpu" or "cuda" */
+    const char *dtype;          /* its compute dtype: "float32", "bfloat16", "float16" */
+    const char *chat_template;  /* the chat template in use; NULL: none */
+    const int32_t *eog_token_ids; /* the tokens that end generation (EOS and the model's
+                                   generation_config stop tokens); NULL when none */
+    size_t n_eog_token_ids;
 } vllm_model_info;
 
 /* Per-request generation controls (vLLM's SamplingParams; same defaults and checks). */
@@ -418,6 +430,22 @@ VLLM_API void vllm_engine_free(vllm_engine *engine);
 /* Fills *out (set out->struct_size first). The strings stay valid until the engine
  * is freed. */
 VLLM_API vllm_status vllm_engine_model_info(vllm_engine *engine, vllm_model_info *out);
+
+/* The model's metadata key/values (since 1.0; as llama_model_meta_*): a GGUF's
+ * key/values in file order, or the top-level keys of a Hugging Face directory's
+ * config.json. vllm_model_meta_count sets *n to their number. */
+VLLM_API vllm_status vllm_model_meta_count(vllm_engine *engine, size_t *n);
+
+/* The key at index (0 .. count-1; else VLLM_ERR_INVALID_ARGUMENT) into buf. Two-call
+ * sizing as vllm_detokenize: *n_bytes = its length without the NUL. Since 1.0. */
+VLLM_API vllm_status vllm_model_meta_key(vllm_engine *engine, size_t index, char *buf,
+                                         size_t capacity, size_t *n_bytes);
+
+/* The value of key as text into buf (two-call sizing as vllm_model_meta_key): a string
+ * as it is, a number in decimal, a bool "true" / "false", an array as JSON.
+ * VLLM_ERR_NOT_FOUND: no such key. Since 1.0. */
+VLLM_API vllm_status vllm_model_meta_value(vllm_engine *engine, const char *key, char *buf,
+                                           size_t capacity, size_t *n_bytes);
 
 /* ------------------------------------------------------------------------- */
 /* Tokenizer                                                                  */

@@ -1,8 +1,9 @@
 """ABI 1.0 of include/vllm.h, through build/libvllm.so loaded into this process (cffi ABI
 mode, as a ctypes host would): size-taking *_init that writes only the caller's bytes,
 vllm_tokenize with an explicit length and parse_special, load abort through the
-progress callback (VLLM_ERR_CANCELLED), and request outputs that carry the status and
-message of a request that failed alone.
+progress callback (VLLM_ERR_CANCELLED), request outputs that carry the status and
+message of a request that failed alone, typed logprobs, n > 1 and timings, and the model
+metadata queries (oracle: engine/gguf/reader.py on the same file).
 
 Oracles: guard bytes after a caller's smaller struct (nothing written past it), the
 engine's Python tokenizer (engine/tokenizers) for the parse_special = 1 ids and the
@@ -274,3 +275,47 @@ def test_pulled_events_carry_index_logprobs_and_timings(api, model_path):
     assert events[-1]["e2e_latency"] > 0 and events[-1]["arrival_time"] > 0
     for i in (0, 1):
         assert sum(len(ev["tokens"]) for ev in events if ev["index"] == i) == 6
+
+
+def _meta_text(api, fn, *args) -> str:
+    ffi = api.ffi
+    n = ffi.new("size_t *")
+    api.ok(fn(*args, ffi.NULL, 0, n), api.lib.VLLM_ERR_BUFFER_TOO_SMALL)
+    buf = ffi.new("char[]", n[0] + 1)
+    api.ok(fn(*args, buf, n[0] + 1, n))
+    return ffi.unpack(buf, n[0]).decode()
+
+
+def test_model_metadata_queries(api, engine, model_path):
+    ffi, lib = api.ffi, api.lib
+    with GGUFReader(model_path) as r:
+        kv = dict(r.metadata)
+        tensors = len(r.tensors)
+    n = ffi.new("size_t *")
+    api.ok(lib.vllm_model_meta_count(engine, n))
+    assert n[0] == len(kv) > 10
+    keys = [_meta_text(api, lib.vllm_model_meta_key, engine, i) for i in range(n[0])]
+    assert keys == list(kv)
+    assert _meta_text(api, lib.vllm_model_meta_value, engine, b"general.architecture") == "llama"
+    assert _meta_text(api, lib.vllm_model_meta_value, engine, b"llama.block_count") == str(
+        kv["llama.block_count"])
+    assert _meta_text(api, lib.vllm_model_meta_value, engine,
+                      b"tokenizer.ggml.tokens").startswith('["')  # arrays as JSON
+    api.ok(lib.vllm_model_meta_value(engine, b"no.such.key", ffi.NULL, 0, n),
+           lib.VLLM_ERR_NOT_FOUND)
+    api.ok(lib.vllm_model_meta_key(engine, len(kv), ffi.NULL, 0, n),
+           lib.VLLM_ERR_INVALID_ARGUMENT)
+
+    info = ffi.new("vllm_model_info *")
+    info.struct_size = ffi.sizeof("vllm_model_info")
+    api.ok(lib.vllm_engine_model_info(engine, info))
+    assert 100e6 < info.n_params < 200e6 and tensors > 0  # SmolLM2-135M
+    assert info.n_layers == kv["llama.block_count"] == 30
+    assert info.kv_capacity_tokens >= info.max_model_len and info.kv_capacity_tokens % 16 == 0
+    assert ffi.string(info.device) == b"cpu" and ffi.string(info.dtype) == b"float32"
+    assert b"<|im_start|>" in ffi.string(info.chat_template)
+    assert info.eos_token_id in list(info.eog_token_ids[0:info.n_eog_token_ids])
+    old = ffi.new("vllm_model_info *")  # a 0.x-sized struct gets its fields only
+    old.struct_size = ffi.offsetof("vllm_model_info", "n_params")
+    api.ok(lib.vllm_engine_model_info(engine, old))
+    assert old.n_params == 0 and old.vocab_size == info.vocab_size
