@@ -100,6 +100,8 @@ class SamplingParams(Structure):
         ("n_choice", c_size_t),
         ("grammar", c_char_p),
         ("structural_tag", c_char_p),
+        ("logprobs", c_int32),  # since 1.0
+        ("n", c_int32),  # since 1.0
     ]
 
 
@@ -117,6 +119,11 @@ class Event(Structure):
         ("num_cached_tokens", c_int32),
         ("status", c_int32),
         ("error", c_char_p),
+        ("index", c_int32),  # since 1.0
+        ("logprobs", c_void_p),  # const vllm_token_logprobs *
+        ("arrival_time", c_double),
+        ("first_token_latency", c_double),
+        ("e2e_latency", c_double),
     ]
 
 

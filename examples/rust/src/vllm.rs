@@ -88,6 +88,8 @@ mod sys {
         pub n_choice: usize,
         pub grammar: *const c_char,
         pub structural_tag: *const c_char,
+        pub logprobs: i32, // since 1.0
+        pub n: i32,        // since 1.0
     }
 
     #[repr(C)]
@@ -104,6 +106,11 @@ mod sys {
         pub num_cached_tokens: i32,
         pub status: vllm_status,
         pub error: *const c_char,
+        pub index: i32, // since 1.0
+        pub logprobs: *const c_void,
+        pub arrival_time: f64,
+        pub first_token_latency: f64,
+        pub e2e_latency: f64,
     }
 
     pub type vllm_event_callback = Option<extern "C" fn(*const vllm_event, *mut c_void)>;
