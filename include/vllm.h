@@ -367,7 +367,9 @@ typedef struct vllm_openai_stream vllm_openai_stream;
 /* Version and errors (pure C: these never start the runtime)                 */
 /* ------------------------------------------------------------------------- */
 
-/* The library version, e.g. "0.1.0" (pkg-config --modversion libvllm). Static string. */
+/* The library version, e.g. "0.1.0": the Python package's engine.__version__, the same
+ * as pkg-config --modversion libvllm (one source, pyproject.toml). Its ABI is
+ * vllm_abi_version(). Static string. */
 VLLM_API const char *vllm_version(void);
 
 /* The ABI version of the loaded library: (major << 16) | minor. Compare with
