@@ -9,6 +9,10 @@ alignment and fields (type, offset, size) on this platform (x86-64 / aarch64 Lin
 Prototypes come from pycparser, layouts from cffi (the C compiler's rules for these
 types; tests/test_abi_guard.py checks them against offsetof/sizeof compiled by cc).
 
+A new major (N.0) is a deliberate break: tests/test_abi_guard.py then requires the
+description of the previous major's last minor and a migration note in docs/c_api.md
+("## Migrating from <old> to N.0") naming everything broken_names(old, new) lists.
+
 incompatibilities(old, new) is the rule tests/test_abi_guard.py applies between the
 checked-in description of an earlier minor version of the same major and the header:
 nothing may be removed or changed; structs may only grow at the end, and only those
@@ -141,6 +145,18 @@ def incompatibilities(old: dict, new: dict) -> list[str]:
 
 def description_path(version: tuple[int, int]) -> Path:
     return ABI_DIR / f"vllm-{version[0]}.{version[1]}.json"
+
+
+def last_of_major(major: int) -> Path | None:
+    """The checked-in description of the newest minor of `major`, None if there is none."""
+    paths = sorted(ABI_DIR.glob(f"vllm-{major}.*.json"), key=lambda p: int(p.stem.split(".")[1]))
+    return paths[-1] if paths else None
+
+
+def broken_names(old: dict, new: dict) -> set[str]:
+    """The functions, typedefs, enum constants and structs a major bump changed or removed:
+    each needs a line in the migration note (docs/c_api.md)."""
+    return {problem.split()[1].rstrip(":") for problem in incompatibilities(old, new)}
 
 
 def dumps(description: dict) -> str:

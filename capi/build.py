@@ -141,8 +141,9 @@ def write_pkg_config(pc_file: Path, prefix: str, libdir: str, includedir: str) -
 
 
 def link_soname(lib_dir: Path) -> None:
+    """libvllm.so -> libvllm.so.<major>, also over a link to an older major's file."""
     link = lib_dir / "libvllm.so"
-    if not link.is_symlink():
+    if not (link.is_symlink() and os.readlink(link) == SONAME):
         link.unlink(missing_ok=True)
         link.symlink_to(SONAME)
 

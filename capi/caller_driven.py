@@ -20,7 +20,7 @@ import threading
 
 from _libvllm import ffi
 
-from capi import streams
+from capi import streams, typed_outputs
 from capi.plumbing import (
     FINISH_REASONS,
     EngineRecord,
@@ -31,7 +31,10 @@ from capi.plumbing import (
     sampling_params,
     text,
 )
+from capi.typed_outputs import RequestTimes
 from engine.errors import InvalidArgumentError, NotFoundError
+
+_EMPTY = ffi.new("char[]", b"")
 
 
 @export
@@ -43,9 +46,10 @@ def glue_request_add(key, request_id, prompt, prompt_token_ids, n_prompt_token_i
         record.require_caller_driven("vllm_request_add")
         if rid in record.requests:  # includes ones whose last output is still due
             raise InvalidArgumentError(f"request id {rid!r} is already in use")
+        times = RequestTimes(top_k=sampling.logprobs or 0)
         record.engine.add_request(rid, prompt_arg(prompt, prompt_token_ids, n_prompt_token_ids),
                                   sampling)
-        record.requests[rid] = 0
+        record.requests[rid] = times
         record.owners[rid] = threading.get_ident()
         record.adders.add(threading.get_ident())
 
@@ -64,31 +68,39 @@ def glue_request_abort(key, request_id) -> None:
 
 
 def _route(record: EngineRecord, results) -> None:
-    """Each output to its owner's queue, with the request's output tokens so far."""
+    """Each sequence's output to its owner's queue as (RequestOutput, completion, its
+    tokens so far, its first-token latency, the request's last output or not)."""
     for result in results:
         rid = result.request_id
-        record.requests[rid] += len(result.outputs[0].token_ids)
-        record.pending.setdefault(record.owners[rid], []).append((result, record.requests[rid]))
+        times, queue = record.requests[rid], record.pending.setdefault(record.owners[rid], [])
+        for i, completion in enumerate(result.outputs):
+            last = result.finished and i == len(result.outputs) - 1
+            queue.append((result, completion, *times.observe(completion), last))
 
 
 def _outputs_array(record: EngineRecord, outputs: list) -> tuple[object, list]:
-    """A vllm_request_output array for (RequestOutput, tokens so far) pairs, and every
-    cdata it points into. Requests whose last output this is are forgotten."""
+    """A vllm_request_output array for what _route queued, and every cdata it points
+    into. Requests whose last output this is are forgotten."""
     array = ffi.new("vllm_request_output[]", len(outputs))
     memory = [array]
-    for out, (result, num_output_tokens) in zip(array, outputs):
-        completion = result.outputs[0]
+    for out, (result, completion, num_output_tokens, latency, last) in zip(array, outputs):
+        typed_outputs.fill(out, completion, latency, record.requests[result.request_id], last,
+                           memory)
         rid = ffi.new("char[]", result.request_id.encode("utf-8"))
         delta = ffi.new("char[]", completion.text.encode("utf-8", "replace"))
         ids = ffi.new("int32_t[]", completion.token_ids)
         memory += [rid, delta, ids]
         out.request_id, out.text = rid, delta
         out.token_ids, out.n_token_ids = ids, len(completion.token_ids)
-        out.finished = int(result.finished)
+        out.finished = int(last)
         out.finish_reason = FINISH_REASONS[completion.finish_reason]
         out.num_prompt_tokens = len(result.prompt_token_ids)
         out.num_output_tokens = num_output_tokens
-        if result.finished:
+        out.status, out.error = streams.error_status(result.error), _EMPTY
+        if result.error is not None:
+            out.error = ffi.new("char[]", streams.error_message(result.error))
+            memory.append(out.error)
+        if last:
             del record.requests[result.request_id], record.owners[result.request_id]
     return array, memory
 

@@ -25,8 +25,14 @@ vllm_status glue_engine_create(const char *model_path, const vllm_engine_params 
                                uint64_t *engine);
 vllm_status glue_engine_free(uint64_t engine);
 vllm_status glue_engine_model_info(uint64_t engine, vllm_model_info *out);
-vllm_status glue_tokenize(uint64_t engine, const char *text, int32_t add_special_tokens,
-                          int32_t *tokens, size_t capacity, size_t *n_tokens);
+vllm_status glue_model_meta_count(uint64_t engine, size_t *n);
+vllm_status glue_model_meta_key(uint64_t engine, size_t index, char *buf, size_t capacity,
+                                size_t *n_bytes);
+vllm_status glue_model_meta_value(uint64_t engine, const char *key, char *buf,
+                                  size_t capacity, size_t *n_bytes);
+vllm_status glue_tokenize(uint64_t engine, const char *text, size_t text_len,
+                          int32_t add_special, int32_t parse_special, int32_t *tokens,
+                          size_t capacity, size_t *n_tokens);
 vllm_status glue_detokenize(uint64_t engine, const int32_t *tokens, size_t n_tokens,
                             int32_t skip_special_tokens, char *buf, size_t capacity,
                             size_t *n_bytes);
@@ -79,7 +85,7 @@ int32_t glue_log_level(void);
 void glue_log(int32_t level, const char *message);
 /* Call a caller's callback (cffi releases the GIL around these calls). */
 void glue_emit_event(vllm_event_callback callback, const vllm_event *event, void *user_data);
-void glue_emit_progress(vllm_progress_callback callback, float progress, void *user_data);
+int32_t glue_emit_progress(vllm_progress_callback callback, float progress, void *user_data);
 /* GLUE_C_END */
 
 #endif /* LIBVLLM_GLUE_H */

@@ -16,14 +16,23 @@ import warnings
 
 from _libvllm import ffi, lib
 
-from capi import caller_driven, logs, openai_glue, streams  # noqa: F401  (glue_* bodies)
+from capi import (  # noqa: F401  (glue_* bodies)
+    caller_driven,
+    logs,
+    model_meta,
+    openai_glue,
+    plain_text,
+    streams,
+)
 from capi.create_checks import check_create_inputs
 from capi.plumbing import (
     BufferTooSmallError,
+    CancelledError,
     EngineRecord,
     InvalidStateError,
     RuntimeInitError,
     c_string,
+    copy_out,
     engines,
     export,
     f32,
@@ -132,9 +141,17 @@ def _load_chat_template(value: str) -> str:
         return value
 
 
-def _report_progress(p, fraction: float) -> None:
-    if p.progress_callback != ffi.NULL:
-        lib.glue_emit_progress(p.progress_callback, fraction, p.progress_callback_user_data)
+def _report_progress(p, fraction: float) -> bool:
+    """Calls the caller's progress callback; False when it asked to abort the load."""
+    if p.progress_callback == ffi.NULL:
+        return True
+    return lib.glue_emit_progress(p.progress_callback, fraction,
+                                  p.progress_callback_user_data) != 0
+
+
+def _load_aborted(fraction: float) -> CancelledError:
+    return CancelledError(f"vllm_engine_create: the progress callback returned 0 at "
+                          f"{fraction:g}: model load aborted")
 
 
 @export
@@ -143,13 +160,17 @@ def glue_engine_create(model_path, params, out) -> None:
     override = optional_text(params.chat_template, "params->chat_template")
     chat_template = None if override is None else _load_chat_template(override)
     check_create_inputs(config.model, chat_template)  # vLLM fails at start-up
-    _report_progress(params, 0.0)
+    if not _report_progress(params, 0.0):
+        raise _load_aborted(0.0)
     engine = _engine_class().from_config(config)
     if chat_template is not None:
         if engine.tokenizer is None:
+            engine.shutdown()
             raise InvalidArgumentError("chat_template needs a tokenizer (skip_tokenizer_init)")
         engine.tokenizer.chat_template = chat_template
-    _report_progress(params, 1.0)
+    if not _report_progress(params, 1.0):
+        engine.shutdown()
+        raise _load_aborted(1.0)
     out[0] = engines.add(EngineRecord(engine, config))
 
 
@@ -180,6 +201,7 @@ def glue_engine_model_info(key, out) -> None:
     out.bos_token_id = info.bos_token_id
     out.eos_token_id = info.eos_token_id
     out.architecture, out.name = record.info_strings
+    model_meta.fill_info(record, out)
 
 
 @export
@@ -198,21 +220,22 @@ def glue_engine_metrics(key, out) -> None:
 
 
 @export
-def glue_tokenize(key, text_ptr, add_special_tokens, tokens, capacity, n_tokens) -> None:
+def glue_tokenize(key, text_ptr, text_len, add_special, parse_special, tokens, capacity,
+                  n_tokens) -> None:
     tokenizer = _tokenizer(key)
-    ids = tokenizer.encode(text(text_ptr, "text"), add_special_tokens=bool(add_special_tokens))
+    data = ffi.unpack(text_ptr, text_len) if text_len else b""
+    try:
+        value = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidArgumentError(f"text is not valid UTF-8: {e}") from None
+    if parse_special:
+        ids = tokenizer.encode(value, add_special_tokens=bool(add_special))
+    else:
+        ids = plain_text.encode(tokenizer, value, add_special=bool(add_special))
     n_tokens[0] = len(ids)
     if len(ids) > capacity:
         raise BufferTooSmallError(f"{len(ids)} tokens do not fit in capacity {capacity}")
     tokens[0 : len(ids)] = ids
-
-
-def _copy_out(data: bytes, buf, capacity: int, n_bytes) -> None:
-    """Two-call sizing: *n_bytes = len(data); data + NUL into buf if it fits."""
-    n_bytes[0] = len(data)
-    if len(data) + 1 > capacity:
-        raise BufferTooSmallError(f"{len(data)} bytes and a NUL do not fit in capacity {capacity}")
-    ffi.memmove(buf, data + b"\0", len(data) + 1)
 
 
 @export
@@ -220,7 +243,7 @@ def glue_detokenize(key, tokens, n_tokens, skip_special_tokens, buf, capacity, n
     tokenizer = engines.get_live(key).engine.tokenizer
     ids = list(tokens[0:n_tokens]) if n_tokens else []
     decoded = tokenizer.decode(ids, skip_special_tokens=bool(skip_special_tokens))
-    _copy_out(decoded.encode("utf-8", "replace"), buf, capacity, n_bytes)
+    copy_out(decoded.encode("utf-8", "replace"), buf, capacity, n_bytes)
 
 
 def _tokenizer(key):
@@ -239,7 +262,7 @@ def _token_bytes(tokenizer, token: int, special: bool) -> bytes:
 @export
 def glue_token_to_piece(key, token, special, buf, capacity, n_bytes) -> None:
     tokenizer = _tokenizer(key)
-    _copy_out(_token_bytes(tokenizer, token, bool(special)), buf, capacity, n_bytes)
+    copy_out(_token_bytes(tokenizer, token, bool(special)), buf, capacity, n_bytes)
 
 
 # --------------------------------------------------------------------------- chat template

@@ -121,6 +121,7 @@ VLLM_API const char *vllm_status_string(vllm_status status) {
         "VLLM_ERR_TIMEOUT",
         "VLLM_END_OF_STREAM",
         "VLLM_ERR_INVALID_STATE",
+        "VLLM_ERR_CANCELLED",
     };
     if (status < 0 || (size_t)status >= sizeof names / sizeof names[0]) return "VLLM_ERR_UNKNOWN";
     return names[status];
@@ -137,35 +138,46 @@ char *glue_strndup(const char *data, size_t size) {
     return copy;
 }
 
+/* Writes the first min(size, full) bytes of defaults over dst, struct_size being that
+ * count: a caller built against an older header passes its smaller sizeof. */
+static void write_defaults(void *dst, size_t size, void *defaults, size_t full) {
+    size_t n = size < full ? size : full;
+    if (dst == NULL || n < sizeof(uint32_t)) return;
+    *(uint32_t *)defaults = (uint32_t)n;
+    memcpy(dst, defaults, n);
+}
+
 /* Defaults of engine/config.py (EngineConfig). */
-VLLM_API void vllm_engine_params_init(vllm_engine_params *params) {
-    if (params == NULL) return;
-    memset(params, 0, sizeof *params);
-    params->struct_size = sizeof *params;
-    params->max_num_seqs = 256;
-    params->block_size = 16;
-    params->enable_prefix_caching = 1;
-    params->enable_chunked_prefill = 1;
-    params->gpu_memory_utilization = 0.9f;
+VLLM_API void vllm_engine_params_init(vllm_engine_params *params, size_t size) {
+    vllm_engine_params d;
+    memset(&d, 0, sizeof d);
+    d.max_num_seqs = 256;
+    d.block_size = 16;
+    d.enable_prefix_caching = 1;
+    d.enable_chunked_prefill = 1;
+    d.gpu_memory_utilization = 0.9f;
+    write_defaults(params, size, &d, sizeof d);
 }
 
 /* Defaults of engine/sampling_params.py (vLLM's SamplingParams). */
-VLLM_API void vllm_sampling_params_init(vllm_sampling_params *params) {
-    if (params == NULL) return;
-    memset(params, 0, sizeof *params);
-    params->struct_size = sizeof *params;
-    params->max_tokens = 16;
-    params->temperature = 1.0f;
-    params->top_p = 1.0f;
-    params->skip_special_tokens = 1;
-    params->repetition_penalty = 1.0f;
+VLLM_API void vllm_sampling_params_init(vllm_sampling_params *params, size_t size) {
+    vllm_sampling_params d;
+    memset(&d, 0, sizeof d);
+    d.max_tokens = 16;
+    d.temperature = 1.0f;
+    d.top_p = 1.0f;
+    d.skip_special_tokens = 1;
+    d.repetition_penalty = 1.0f;
+    d.logprobs = -1;
+    d.n = 1;
+    write_defaults(params, size, &d, sizeof d);
 }
 
 /* The sizes of the structs as their first ABI version defined them: a caller built
  * against that header passes this struct_size. */
 #define ENGINE_PARAMS_V0_1_SIZE offsetof(vllm_engine_params, served_model_name)
 #define SAMPLING_PARAMS_V0_1_SIZE offsetof(vllm_sampling_params, presence_penalty)
-#define MODEL_INFO_V0_1_SIZE sizeof(vllm_model_info)
+#define MODEL_INFO_V0_1_SIZE offsetof(vllm_model_info, n_params)
 #define METRICS_V0_2_SIZE sizeof(vllm_metrics)
 
 /* Copies the first min(struct_size, size) bytes of a caller's params struct over
@@ -222,8 +234,8 @@ void glue_emit_event(vllm_event_callback callback, const vllm_event *event, void
     callback(event, user_data);
 }
 
-void glue_emit_progress(vllm_progress_callback callback, float progress, void *user_data) {
-    callback(progress, user_data);
+int32_t glue_emit_progress(vllm_progress_callback callback, float progress, void *user_data) {
+    return callback(progress, user_data);
 }
 
 /* ------------------------------------------------------------------------- */

@@ -53,6 +53,10 @@ class InvalidStateError(VllmError):
     status = lib.VLLM_ERR_INVALID_STATE
 
 
+class CancelledError(VllmError):
+    status = lib.VLLM_ERR_CANCELLED
+
+
 def set_error(status: int, message: str) -> int:
     lib.glue_set_error(message.encode("utf-8", "replace"))
     return status
@@ -144,6 +148,8 @@ def sampling_params(p) -> SamplingParams:
             p.allowed_token_ids[0 : p.n_allowed_token_ids]),
         bad_words=[text(p.bad_words[i], "params->bad_words[]") for i in range(p.n_bad_words)],
         structured_outputs=_structured_outputs(p),
+        logprobs=None if p.logprobs == -1 else p.logprobs,  # vLLM checks the rest
+        n=p.n,
         output_kind=RequestOutputKind.DELTA,
     )
 
@@ -197,6 +203,14 @@ class Registry(dict):
         return obj
 
 
+def copy_out(data: bytes, buf, capacity: int, n_bytes) -> None:
+    """Two-call sizing: *n_bytes = len(data); data + NUL into buf if it fits."""
+    n_bytes[0] = len(data)
+    if len(data) + 1 > capacity:
+        raise BufferTooSmallError(f"{len(data)} bytes and a NUL do not fit in capacity {capacity}")
+    ffi.memmove(buf, data + b"\0", len(data) + 1)
+
+
 @dataclass
 class EngineRecord:
     engine: Any  # LLMEngine
@@ -204,9 +218,10 @@ class EngineRecord:
     lock: FairRLock = field(default_factory=FairRLock)
     stats: StatsCollector = field(default_factory=StatsCollector)
     loop: AsyncLLM | None = None
-    # caller-driven mode (capi.caller_driven): request id -> output tokens so far, until
-    # its last output reached its owner; owner = the thread that added it
-    requests: dict[str, int] = field(default_factory=dict)
+    # caller-driven mode (capi.caller_driven): request id -> its RequestTimes (tokens so
+    # far, timings), until its last output reached its owner; owner = the thread that
+    # added it
+    requests: dict[str, Any] = field(default_factory=dict)
     owners: dict[str, int] = field(default_factory=dict)
     adders: set[int] = field(default_factory=set)  # threads that ever added a request
     pending: dict[int, list] = field(default_factory=dict)  # thread -> its routed outputs
@@ -216,6 +231,7 @@ class EngineRecord:
     # requests whose last event was not pulled yet
     awaiting_last_event: dict[int, str] = field(default_factory=dict)
     info_strings: tuple | None = None  # cdata behind vllm_model_info's strings
+    meta: Any = None  # capi.model_meta.ModelMeta, read on first use
 
     def require_loop(self, what: str) -> AsyncLLM:
         if self.loop is None:

@@ -30,7 +30,7 @@ VLLM_API vllm_status vllm_engine_create(const char *model_path, const vllm_engin
     if (out == NULL) return null_argument(__func__, "out");
     *out = NULL;
     if (model_path == NULL) return null_argument(__func__, "model_path");
-    vllm_engine_params_init(&copy);
+    vllm_engine_params_init(&copy, sizeof copy);
     if (params != NULL && (status = copy_params(&copy, sizeof copy, ENGINE_PARAMS_V0_1_SIZE,
                                                 params, __func__)) != VLLM_OK)
         return status;
@@ -62,21 +62,65 @@ VLLM_API vllm_status vllm_engine_model_info(vllm_engine *engine, vllm_model_info
     return VLLM_OK;
 }
 
-VLLM_API vllm_status vllm_tokenize(vllm_engine *engine, const char *text,
-                                   int32_t add_special_tokens, int32_t *tokens, size_t capacity,
-                                   size_t *n_tokens) {
+VLLM_API vllm_status vllm_model_meta_count(vllm_engine *engine, size_t *n) {
+    vllm_status status;
+    clear_error();
+    if (n == NULL) return null_argument(__func__, "n");
+    *n = 0;
+    if (engine == NULL) return null_argument(__func__, "engine");
+    if ((status = ensure_runtime()) != VLLM_OK) return status;
+    return glue_model_meta_count(engine_key(engine), n);
+}
+
+/* The checks of a two-call-sized text out-parameter (buf, capacity, *n_bytes). */
+static vllm_status check_text_out(char *buf, size_t capacity, size_t *n_bytes,
+                                  const char *function) {
+    if (n_bytes == NULL) return null_argument(function, "n_bytes");
+    *n_bytes = 0;
+    if (buf == NULL && capacity > 0)
+        return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: buf is NULL but capacity is %zu", function,
+                    capacity);
+    return VLLM_OK;
+}
+
+VLLM_API vllm_status vllm_model_meta_key(vllm_engine *engine, size_t index, char *buf,
+                                         size_t capacity, size_t *n_bytes) {
+    vllm_status status;
+    clear_error();
+    if ((status = check_text_out(buf, capacity, n_bytes, __func__)) != VLLM_OK) return status;
+    if (engine == NULL) return null_argument(__func__, "engine");
+    if ((status = ensure_runtime()) != VLLM_OK) return status;
+    return glue_model_meta_key(engine_key(engine), index, buf, capacity, n_bytes);
+}
+
+VLLM_API vllm_status vllm_model_meta_value(vllm_engine *engine, const char *key, char *buf,
+                                           size_t capacity, size_t *n_bytes) {
+    vllm_status status;
+    clear_error();
+    if ((status = check_text_out(buf, capacity, n_bytes, __func__)) != VLLM_OK) return status;
+    if (engine == NULL) return null_argument(__func__, "engine");
+    if (key == NULL) return null_argument(__func__, "key");
+    if ((status = ensure_runtime()) != VLLM_OK) return status;
+    return glue_model_meta_value(engine_key(engine), key, buf, capacity, n_bytes);
+}
+
+VLLM_API vllm_status vllm_tokenize(vllm_engine *engine, const char *text, size_t text_len,
+                                   int32_t add_special, int32_t parse_special, int32_t *tokens,
+                                   size_t capacity, size_t *n_tokens) {
     vllm_status status;
     clear_error();
     if (n_tokens == NULL) return null_argument(__func__, "n_tokens");
     *n_tokens = 0;
     if (engine == NULL) return null_argument(__func__, "engine");
-    if (text == NULL) return null_argument(__func__, "text");
+    if (text == NULL && text_len > 0)
+        return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: text is NULL but text_len is %zu", __func__,
+                    text_len);
     if (tokens == NULL && capacity > 0)
         return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: tokens is NULL but capacity is %zu",
                     __func__, capacity);
     if ((status = ensure_runtime()) != VLLM_OK) return status;
-    return glue_tokenize(engine_key(engine), text, add_special_tokens, tokens, capacity,
-                         n_tokens);
+    return glue_tokenize(engine_key(engine), text, text_len, add_special, parse_special, tokens,
+                         capacity, n_tokens);
 }
 
 VLLM_API vllm_status vllm_detokenize(vllm_engine *engine, const int32_t *tokens, size_t n_tokens,
@@ -129,7 +173,7 @@ static vllm_status check_prompt(const char *prompt, const int32_t *ids, size_t n
 static vllm_status copy_sampling_params(vllm_sampling_params *copy,
                                         const vllm_sampling_params *params, const char *function) {
     vllm_status status;
-    vllm_sampling_params_init(copy);
+    vllm_sampling_params_init(copy, sizeof *copy);
     if (params != NULL && (status = copy_params(copy, sizeof *copy, SAMPLING_PARAMS_V0_1_SIZE,
                                                 params, function)) != VLLM_OK)
         return status;

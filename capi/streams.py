@@ -11,10 +11,13 @@ the next pull or free.
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from _libvllm import ffi, lib
 
+from capi import typed_outputs
 from capi.plumbing import (
     FINISH_REASONS,
     EndOfStream,
@@ -28,57 +31,73 @@ from capi.plumbing import (
     sampling_params,
     text,
 )
+from capi.typed_outputs import RequestTimes
 from engine.async_llm import AsyncLLM, RequestStream
 from engine.errors import VllmError
 
 _EMPTY = ffi.new("char[]", b"")
 
 
-@dataclass
-class _Progress:
-    """What a request's events count across events."""
+def error_status(error: BaseException | None) -> int:
+    """The vllm_status of what ended a request (VLLM_OK: nothing did)."""
+    if error is None:
+        return lib.VLLM_OK
+    return error.status if isinstance(error, VllmError) else lib.VLLM_ERR_INTERNAL
 
-    num_prompt_tokens: int = 0
-    num_output_tokens: int = 0
+
+def error_message(error: BaseException) -> bytes:
+    return (str(error) or type(error).__name__).encode("utf-8", "replace")
 
 
-def _event(request_id: str, item, progress: _Progress) -> tuple[object, list]:
-    """A vllm_event for a RequestOutput or the exception that ended the request, and
-    the cdata it points into."""
+def _pieces(item) -> list[tuple]:
+    """(item, completion or None, last) per event of a RequestOutput (one per sequence:
+    with n > 1 an output may hold several) or of the exception that ended the request."""
+    if isinstance(item, BaseException):
+        return [(item, None, True)]
+    return [(item, completion, item.finished and i == len(item.outputs) - 1)
+            for i, completion in enumerate(item.outputs)]
+
+
+def _event(request_id: str, piece: tuple, times: RequestTimes) -> tuple[object, list]:
+    """A vllm_event for one of _pieces and the cdata it points into."""
+    item, completion, last = piece
     event = ffi.new("vllm_event *")
     rid = ffi.new("char[]", request_id.encode("utf-8"))
     memory = [event, rid]
     event.struct_size = ffi.sizeof("vllm_event")
     event.request_id, event.text, event.error = rid, _EMPTY, _EMPTY
     if isinstance(item, BaseException):
-        message = ffi.new("char[]", (str(item) or type(item).__name__).encode("utf-8", "replace"))
+        message = ffi.new("char[]", error_message(item))
         memory.append(message)
         event.finished, event.finish_reason = 1, lib.VLLM_FINISH_ERROR
-        event.status = item.status if isinstance(item, VllmError) else lib.VLLM_ERR_INTERNAL
-        event.error = message
+        event.status, event.error = error_status(item), message
+        event.num_output_tokens = sum(times.num_output_tokens.values())
+        event.arrival_time = times.arrival_time
+        event.first_token_latency = times.first_token_latency.get(0, 0.0)
+        event.e2e_latency = time.monotonic() - times.arrival_mono
     else:
-        completion = item.outputs[0]
         delta = ffi.new("char[]", completion.text.encode("utf-8", "replace"))
         ids = ffi.new("int32_t[]", completion.token_ids)
         memory += [delta, ids]
-        progress.num_prompt_tokens = len(item.prompt_token_ids)
-        progress.num_output_tokens += len(completion.token_ids)
+        times.num_prompt_tokens = len(item.prompt_token_ids)
+        num_output_tokens, latency = times.observe(completion)
+        typed_outputs.fill(event, completion, latency, times, last, memory)
         event.text, event.token_ids, event.n_token_ids = delta, ids, len(completion.token_ids)
-        event.finished = int(item.finished)
+        event.finished = int(last)
         event.finish_reason = FINISH_REASONS[completion.finish_reason]
         event.num_cached_tokens = item.num_cached_tokens
-    event.num_prompt_tokens = progress.num_prompt_tokens
-    event.num_output_tokens = progress.num_output_tokens
+        event.num_output_tokens = num_output_tokens
+    event.num_prompt_tokens = times.num_prompt_tokens
     return event, memory
 
 
-def _pusher(request_id: str, callback, user_data):
-    """The on_output of a push-mode request: each output as an event to callback."""
-    progress = _Progress()
+def _pusher(request_id: str, times: RequestTimes, callback, user_data):
+    """The on_output of a push-mode request: each output as events to callback."""
 
     def on_output(item) -> None:
-        event, _memory = _event(request_id, item, progress)  # alive during the call
-        lib.glue_emit_event(callback, event, user_data)
+        for piece in _pieces(item):
+            event, _memory = _event(request_id, piece, times)  # alive during the call
+            lib.glue_emit_event(callback, event, user_data)
 
     return on_output
 
@@ -87,7 +106,8 @@ def _pusher(request_id: str, callback, user_data):
 class _Request:
     stream: RequestStream
     record: EngineRecord
-    progress: _Progress = field(default_factory=_Progress)
+    times: RequestTimes
+    backlog: deque = field(default_factory=deque)  # _pieces not pulled yet
     event_memory: list = field(default_factory=list)  # cdata of the last pulled event
 
     def last_event_taken(self) -> None:
@@ -131,11 +151,13 @@ def glue_request_submit(key, request_id, prompt, prompt_token_ids, n_prompt_toke
     record = engines.get_live(key)
     loop = record.require_loop("vllm_request_submit")
     rid = text(request_id, "request_id")
-    on_output = None if callback == ffi.NULL else _pusher(rid, callback, user_data)
+    sampling = sampling_params(params)
+    times = RequestTimes(top_k=sampling.logprobs or 0)
+    on_output = None if callback == ffi.NULL else _pusher(rid, times, callback, user_data)
     stream = loop.add_request(rid, prompt_arg(prompt, prompt_token_ids, n_prompt_token_ids),
-                              sampling_params(params), on_output=on_output)
+                              sampling, on_output=on_output)
     if out != ffi.NULL:
-        request = _Request(stream, record)
+        request = _Request(stream, record, times)
         if on_output is None:
             record.awaiting_last_event[id(request)] = rid
         out[0] = _requests.add(request)
@@ -147,15 +169,19 @@ def glue_request_next(key, timeout_ms, event) -> None:
     stream = request.stream
     if stream.pushes:
         raise InvalidStateError(f"request {stream.request_id!r} streams to its callback")
-    try:
-        item = stream.get(None if timeout_ms < 0 else timeout_ms / 1000)
-    except EOFError:
-        raise EndOfStream(f"request {stream.request_id!r} has ended") from None
-    except Exception as e:  # the error that ended the request: its last event
-        item = e
-    if item is None:
-        raise TimeoutStatus(f"no event of request {stream.request_id!r} within {timeout_ms} ms")
-    event[0], request.event_memory = _event(stream.request_id, item, request.progress)
+    if not request.backlog:
+        try:
+            item = stream.get(None if timeout_ms < 0 else timeout_ms / 1000)
+        except EOFError:
+            raise EndOfStream(f"request {stream.request_id!r} has ended") from None
+        except Exception as e:  # the error that ended the request: its last event
+            item = e
+        if item is None:
+            raise TimeoutStatus(
+                f"no event of request {stream.request_id!r} within {timeout_ms} ms")
+        request.backlog.extend(_pieces(item))
+    piece = request.backlog.popleft()
+    event[0], request.event_memory = _event(stream.request_id, piece, request.times)
     if event[0].finished:
         request.last_event_taken()
 

@@ -12,9 +12,10 @@
  *   - Pointer and count out-parameters are set to NULL / 0 on entry, so they are
  *     NULL / 0 on failure.
  *   - Parameter structs start with `uint32_t struct_size` and are filled with
- *     defaults by their *_init() function; the library reads
+ *     defaults by their *_init(params, sizeof *params) function, which writes only
+ *     that many bytes and sets struct_size to it; the library reads
  *     min(struct_size, sizeof(struct)) bytes, so fields can be appended in later
- *     minor versions without breaking older callers.
+ *     minor versions without breaking older callers (in either direction).
  *   - Memory the library returns says who owns it and for how long it stays valid.
  *     Strings the caller owns are freed with vllm_string_free().
  *   - Strings are UTF-8 and NUL-terminated.
@@ -64,8 +65,8 @@
 #endif
 
 /* ABI version: the major changes on any incompatible change (and with it the SONAME). */
-#define VLLM_ABI_VERSION_MAJOR 0
-#define VLLM_ABI_VERSION_MINOR 5
+#define VLLM_ABI_VERSION_MAJOR 1
+#define VLLM_ABI_VERSION_MINOR 0
 #define VLLM_ABI_VERSION ((VLLM_ABI_VERSION_MAJOR << 16) | VLLM_ABI_VERSION_MINOR)
 
 #ifdef __cplusplus
@@ -94,8 +95,10 @@ enum vllm_status_code {
     VLLM_ERR_TIMEOUT = 10,          /* since 0.2: nothing arrived within timeout_ms */
     VLLM_END_OF_STREAM = 11,        /* since 0.2: the stream already ended (not an error:
                                        vllm_last_error() stays "") */
-    VLLM_ERR_INVALID_STATE = 12     /* since 0.2: not allowed now (e.g. a step while the
+    VLLM_ERR_INVALID_STATE = 12,    /* since 0.2: not allowed now (e.g. a step while the
                                        background loop runs, a call after shutdown) */
+    VLLM_ERR_CANCELLED = 13         /* since 1.0: the caller stopped it (a progress
+                                       callback returned 0) */
 };
 
 /* Why a request finished (vllm_request_output.finish_reason). */
@@ -106,7 +109,8 @@ enum vllm_finish_reason {
     VLLM_FINISH_ABORT = 3,   /* vllm_request_abort(), vllm_request_cancel() */
     VLLM_FINISH_ERROR = 4    /* since 0.2: the engine failed (since 0.3 also: this request
                                 alone failed, e.g. its grammar did not compile); see
-                                vllm_event.status and vllm_event.error */
+                                vllm_event.status and vllm_event.error (since 1.0 also
+                                vllm_request_output.status and .error) */
 };
 
 /* Log levels (the Python logging levels of the engine). Since 0.2. */
@@ -122,8 +126,10 @@ enum vllm_log_level {
 typedef void (*vllm_log_callback)(int32_t level, const char *message, void *user_data);
 
 /* Model loading progress in [0, 1], called on the thread of vllm_engine_create;
- * 1 comes once, when the weights are in place. Since 0.2. */
-typedef void (*vllm_progress_callback)(float progress, void *user_data);
+ * 1 comes once, when the weights are in place. Return nonzero to go on, 0 to abort
+ * the load: vllm_engine_create then returns VLLM_ERR_CANCELLED (as llama.h's
+ * progress_callback returning false). Since 0.2; returns int32_t since 1.0. */
+typedef int32_t (*vllm_progress_callback)(float progress, void *user_data);
 
 /* An engine: one loaded model, its KV cache and its requests. */
 struct vllm_engine;
@@ -199,6 +205,18 @@ typedef struct vllm_model_info {
     int32_t eos_token_id;       /* -1: none */
     const char *architecture;   /* e.g. "llama"; valid until the engine is freed */
     const char *name;           /* the model's name; valid until the engine is freed */
+    /* since 1.0; the pointers stay valid until the engine is freed */
+    int64_t n_params;           /* parameters in the weights (elements of the GGUF's or
+                                   the safetensors' tensors); -1: unknown (dummy load) */
+    int32_t n_layers;           /* transformer blocks (GGUF <arch>.block_count, config.json
+                                   num_hidden_layers); -1: unknown */
+    int64_t kv_capacity_tokens; /* tokens the KV cache holds (its blocks x block_size) */
+    const char *device;         /* where the engine runs: "cpu" or "cuda" */
+    const char *dtype;          /* its compute dtype: "float32", "bfloat16", "float16" */
+    const char *chat_template;  /* the chat template in use; NULL: none */
+    const int32_t *eog_token_ids; /* the tokens that end generation (EOS and the model's
+                                   generation_config stop tokens); NULL when none */
+    size_t n_eog_token_ids;
 } vllm_model_info;
 
 /* Per-request generation controls (vLLM's SamplingParams; same defaults and checks). */
@@ -240,7 +258,30 @@ typedef struct vllm_sampling_params {
     size_t n_choice;                     /* 0: no choice constraint */
     const char *grammar;                 /* NULL: none; EBNF / GBNF (llama.cpp) or Lark */
     const char *structural_tag;          /* NULL: none; an xgrammar structural tag (JSON) */
+    /* since 1.0 */
+    int32_t logprobs;                    /* -1 (default): none; 0: each generated token's
+                                            logprob and rank; k > 0: also the top k
+                                            (vllm_token_logprobs; vLLM's logprobs) */
+    int32_t n;                           /* default 1: sequences per request; each output
+                                            carries its sequence's index */
 } vllm_sampling_params;
+
+/* One candidate for a generated token (since 1.0). */
+typedef struct vllm_logprob {
+    int32_t token_id;
+    int32_t rank;               /* 1: the most likely token */
+    float logprob;              /* log probability (of the processed logits, as vLLM) */
+} vllm_logprob;
+
+/* The logprobs of one generated token (since 1.0): vLLM's Logprob dict of a position. */
+typedef struct vllm_token_logprobs {
+    int32_t token_id;           /* the sampled token */
+    int32_t rank;               /* its rank in the vocabulary (1: the most likely) */
+    float logprob;              /* its log probability */
+    const vllm_logprob *top;    /* the sampling params' logprobs most likely tokens, rank
+                                   1 first; NULL when n_top is 0 */
+    size_t n_top;
+} vllm_token_logprobs;
 
 /* One request's progress in one step. Owned by the engine (see vllm_engine_step). */
 typedef struct vllm_request_output {
@@ -252,6 +293,21 @@ typedef struct vllm_request_output {
     int32_t finish_reason;      /* enum vllm_finish_reason */
     int32_t num_prompt_tokens;
     int32_t num_output_tokens;  /* cumulative, including this step */
+    /* since 1.0 */
+    vllm_status status;         /* VLLM_OK; with VLLM_FINISH_ERROR, why this request
+                                   failed (e.g. VLLM_ERR_INVALID_ARGUMENT: its grammar) */
+    const char *error;          /* "" unless status != VLLM_OK: the message */
+    int32_t index;              /* the sequence, 0..n-1 (n of the sampling params); with
+                                   n > 1 finish_reason is this sequence's, and finished
+                                   = 1 comes once, on the request's last output */
+    const vllm_token_logprobs *logprobs; /* one per token_ids entry; NULL unless the
+                                   sampling params asked for logprobs (>= 0) */
+    double arrival_time;        /* Unix time in s when the request was added (vLLM's
+                                   RequestStateStats.arrival_time) */
+    double first_token_latency; /* s from arrival to the sequence's first token, 0
+                                   before it (RequestStateStats.first_token_latency) */
+    double e2e_latency;         /* s from arrival to the request's end, on its last
+                                   output, else 0 (FinishedRequestStats.e2e_latency) */
 } vllm_request_output;
 
 /* A request streamed by the background loop (since 0.2). */
@@ -273,6 +329,12 @@ typedef struct vllm_event {
     int32_t num_cached_tokens;  /* prompt tokens served from the prefix cache */
     vllm_status status;         /* VLLM_OK; on a last event with VLLM_FINISH_ERROR, why */
     const char *error;          /* "" unless status != VLLM_OK */
+    /* since 1.0: as in vllm_request_output */
+    int32_t index;
+    const vllm_token_logprobs *logprobs;
+    double arrival_time;
+    double first_token_latency;
+    double e2e_latency;
 } vllm_event;
 
 /* Receives the events of one request, in order, on the engine's loop thread. The event
@@ -305,7 +367,9 @@ typedef struct vllm_openai_stream vllm_openai_stream;
 /* Version and errors (pure C: these never start the runtime)                 */
 /* ------------------------------------------------------------------------- */
 
-/* The library version, e.g. "0.1.0" (pkg-config --modversion libvllm). Static string. */
+/* The library version, e.g. "0.1.0": the Python package's engine.__version__, the same
+ * as pkg-config --modversion libvllm (one source, pyproject.toml). Its ABI is
+ * vllm_abi_version(). Static string. */
 VLLM_API const char *vllm_version(void);
 
 /* The ABI version of the loaded library: (major << 16) | minor. Compare with
@@ -345,8 +409,12 @@ VLLM_API void vllm_shutdown(void);
 /* Engine                                                                     */
 /* ------------------------------------------------------------------------- */
 
-/* Fills *params with the defaults (pure C). */
-VLLM_API void vllm_engine_params_init(vllm_engine_params *params);
+/* Fills *params with the defaults (pure C): writes min(size, sizeof(vllm_engine_params))
+ * bytes, struct_size included (set to that count), so a caller built against an
+ * older, smaller struct passes its own sizeof and nothing past it is written. Call it
+ * as vllm_engine_params_init(&p, sizeof p). size < 4 or params NULL: no-op. Since 1.0
+ * (0.x had no size). */
+VLLM_API void vllm_engine_params_init(vllm_engine_params *params, size_t size);
 
 /* Loads the model at model_path and creates an engine. model_path: a GGUF file, a
  * directory holding exactly one .gguf file, or a Hugging Face model directory
@@ -365,17 +433,39 @@ VLLM_API void vllm_engine_free(vllm_engine *engine);
  * is freed. */
 VLLM_API vllm_status vllm_engine_model_info(vllm_engine *engine, vllm_model_info *out);
 
+/* The model's metadata key/values (since 1.0; as llama_model_meta_*): a GGUF's
+ * key/values in file order, or the top-level keys of a Hugging Face directory's
+ * config.json. vllm_model_meta_count sets *n to their number. */
+VLLM_API vllm_status vllm_model_meta_count(vllm_engine *engine, size_t *n);
+
+/* The key at index (0 .. count-1; else VLLM_ERR_INVALID_ARGUMENT) into buf. Two-call
+ * sizing as vllm_detokenize: *n_bytes = its length without the NUL. Since 1.0. */
+VLLM_API vllm_status vllm_model_meta_key(vllm_engine *engine, size_t index, char *buf,
+                                         size_t capacity, size_t *n_bytes);
+
+/* The value of key as text into buf (two-call sizing as vllm_model_meta_key): a string
+ * as it is, a number in decimal, a bool "true" / "false", an array as JSON.
+ * VLLM_ERR_NOT_FOUND: no such key. Since 1.0. */
+VLLM_API vllm_status vllm_model_meta_value(vllm_engine *engine, const char *key, char *buf,
+                                           size_t capacity, size_t *n_bytes);
+
 /* ------------------------------------------------------------------------- */
 /* Tokenizer                                                                  */
 /* ------------------------------------------------------------------------- */
 
-/* Tokenizes text. Two-call sizing: *n_tokens is always set to the number of tokens;
- * if capacity < *n_tokens it returns VLLM_ERR_BUFFER_TOO_SMALL and writes nothing
- * (tokens may be NULL when capacity is 0).
- * add_special_tokens: 1 to add the model's BOS etc. (as HF tokenizers), 0 not to. */
-VLLM_API vllm_status vllm_tokenize(vllm_engine *engine, const char *text,
-                                   int32_t add_special_tokens, int32_t *tokens,
-                                   size_t capacity, size_t *n_tokens);
+/* Tokenizes text_len bytes of UTF-8 text (no NUL needed; a NUL byte is text; text
+ * may be NULL when text_len is 0; not UTF-8: VLLM_ERR_INVALID_ARGUMENT). Two-call
+ * sizing: *n_tokens is always set to the number of tokens; if capacity < *n_tokens it
+ * returns VLLM_ERR_BUFFER_TOO_SMALL and writes nothing (tokens may be NULL when
+ * capacity is 0).
+ * add_special: 1 to add the model's BOS etc. (as HF tokenizers), 0 not to.
+ * parse_special: 1 to turn special-token text written in the input (e.g.
+ * "<|im_start|>") into those control tokens, as for a rendered chat template; 0 to
+ * tokenize it as plain text (user input: no prompt injection), as llama_tokenize's
+ * parse_special. Since 1.0 (0.x: no text_len, always parse_special). */
+VLLM_API vllm_status vllm_tokenize(vllm_engine *engine, const char *text, size_t text_len,
+                                   int32_t add_special, int32_t parse_special,
+                                   int32_t *tokens, size_t capacity, size_t *n_tokens);
 
 /* Turns tokens back into text. Two-call sizing: *n_bytes is always set to the text's
  * length in bytes, without the NUL; buf needs capacity >= *n_bytes + 1, else
@@ -420,8 +510,9 @@ VLLM_API void vllm_string_free(char *str);
 /* Requests                                                                   */
 /* ------------------------------------------------------------------------- */
 
-/* Fills *params with vLLM's defaults (pure C). */
-VLLM_API void vllm_sampling_params_init(vllm_sampling_params *params);
+/* Fills *params with vLLM's defaults (pure C), writing min(size, sizeof) bytes as
+ * vllm_engine_params_init: vllm_sampling_params_init(&sp, sizeof sp). Since 1.0. */
+VLLM_API void vllm_sampling_params_init(vllm_sampling_params *params, size_t size);
 
 /* Adds a request. Give exactly one of prompt (text, tokenized with special tokens)
  * or prompt_token_ids (n_prompt_token_ids > 0). params: NULL for the defaults.

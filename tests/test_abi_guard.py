@@ -7,6 +7,9 @@
   incompatible change fails here unless VLLM_ABI_VERSION_MAJOR is bumped;
 - the layouts in the description are the C compiler's (oracle: offsetof / sizeof /
   _Alignof printed by a program cc builds from the header);
+- a major bump (N.0) is deliberate: the previous major's last description is kept, and
+  docs/c_api.md has a "Migrating from <old> to N.0" section naming every function,
+  typedef, enum constant and struct it changed or removed;
 - the rule itself flags each kind of break and accepts additions.
 Ours (vLLM has no C ABI); the conventions are those of /work/shared/design/c-abi.md.
 """
@@ -19,8 +22,15 @@ import subprocess
 
 import pytest
 
-from capi.abi import ABI_DIR, describe, description_path, incompatibilities
-from capi.header import HEADER, abi_version
+from capi.abi import (
+    ABI_DIR,
+    broken_names,
+    describe,
+    description_path,
+    incompatibilities,
+    last_of_major,
+)
+from capi.header import HEADER, ROOT, abi_version
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +55,24 @@ def test_compatible_with_every_earlier_minor(current):
         problems = incompatibilities(json.loads(path.read_text()), current)
         assert not problems, (f"include/vllm.h breaks programs built against {path.name} "
                               f"without a major bump: {problems}")
+
+
+def test_a_major_bump_has_a_migration_note(current):
+    major, minor = abi_version()
+    if major == 0 or minor != 0:
+        pytest.skip("not the first minor of a major")
+    previous = last_of_major(major - 1)
+    assert previous is not None, f"abi/vllm-{major - 1}.*.json of the previous major is gone"
+    old = json.loads(previous.read_text())
+    broken = broken_names(old, current)
+    assert broken, f"{previous.name} -> {major}.0 breaks nothing: no major bump needed"
+    docs = (ROOT / "docs" / "c_api.md").read_text()
+    old_version = ".".join(map(str, old["abi_version"]))
+    heading = f"## Migrating from {old_version} to {major}.0"
+    assert heading in docs, f"docs/c_api.md needs a section {heading!r}"
+    note = docs.split(heading, 1)[1].split("\n## ", 1)[0]
+    missing = sorted(name for name in broken if f"`{name}" not in note)
+    assert not missing, f"the migration note does not name {missing}"
 
 
 def test_layouts_are_the_compilers(current, tmp_path):
@@ -101,7 +129,7 @@ def test_rule_flags_incompatible_changes(current, change):
 def test_rule_accepts_additions(current):
     def add(d):
         d["functions"]["vllm_new_thing"] = "vllm_status (void)"
-        d["enums"]["VLLM_ERR_NEW"] = 13
+        d["enums"]["VLLM_ERR_NEW"] = 99
         d["typedefs"]["vllm_new_callback"] = "void (*)(void *)"
         size = d["structs"]["vllm_sampling_params"]["size"]
         _fields(d, "vllm_sampling_params").append(["new_field", "float", size, 4])

@@ -83,14 +83,13 @@ def python_host(library: str, model: str) -> None:
     ffi.cdef(api_cdef())
     lib = ffi.dlopen(library)
     params = ffi.new("vllm_engine_params *")
-    lib.vllm_engine_params_init(params)
+    lib.vllm_engine_params_init(params, ffi.sizeof(params[0]))
     params.max_model_len = 256
     handle = ffi.new("vllm_engine **")
     assert lib.vllm_engine_create(model.encode(), params, handle) == lib.VLLM_OK
     n = ffi.new("size_t *")
-    assert (
-        lib.vllm_tokenize(handle[0], b"Hello", 1, ffi.NULL, 0, n) == lib.VLLM_ERR_BUFFER_TOO_SMALL
-    )
+    status = lib.vllm_tokenize(handle[0], b"Hello", 5, 1, 1, ffi.NULL, 0, n)
+    assert status == lib.VLLM_ERR_BUFFER_TOO_SMALL
     assert n[0] > 0
 
     import engine.llm_engine  # the library's engine lives in this interpreter

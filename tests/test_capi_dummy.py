@@ -11,6 +11,7 @@ status codes of the tokenizer functions and of the OpenAI layer on such an engin
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -61,7 +62,12 @@ def test_dummy_engine_through_the_abi(api, tmp_path):
         assert status == lib.VLLM_ERR_INVALID_ARGUMENT
         assert "text prompts" in api.error() and "skip_tokenizer_init" in api.error()
         ids, n = ffi.new("int32_t[8]"), ffi.new("size_t *")
-        assert lib.vllm_tokenize(e, b"hi", 0, ids, 8, n) == lib.VLLM_ERR_INVALID_STATE
+        assert lib.vllm_tokenize(e, b"hi", 2, 0, 1, ids, 8, n) == lib.VLLM_ERR_INVALID_STATE
+        api.ok(lib.vllm_model_meta_count(e, n))  # the config.json keys (since 1.0)
+        assert n[0] == len(json.loads((Path(path) / "config.json").read_text()))
+        info = ffi.new("vllm_model_info *", {"struct_size": ffi.sizeof("vllm_model_info")})
+        api.ok(lib.vllm_engine_model_info(e, info))
+        assert info.n_params == -1 and info.n_layers >= 1 and info.chat_template == ffi.NULL
         body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
         api.ok(lib.vllm_engine_start_loop(e))
         status_out, body_out = ffi.new("int32_t *"), ffi.new("char **")

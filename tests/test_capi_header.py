@@ -51,8 +51,9 @@ def test_soname_carries_the_abi_major(built):
 
 @pytest.mark.parametrize(
     "compiler",
-    [["cc", "-std=c11", "-x", "c"], ["c++", "-std=c++17", "-x", "c++"]],
-    ids=["c11", "c++17"],
+    [["cc", f"-std={std}", "-x", "c"] for std in ("c89", "c99", "c11", "c17")]
+    + [["c++", f"-std={std}", "-x", "c++"] for std in ("c++98", "c++11", "c++17", "c++20")],
+    ids=["c89", "c99", "c11", "c17", "c++98", "c++11", "c++17", "c++20"],
 )
 def test_header_compiles_strictly(compiler):
     result = subprocess.run([*compiler, *STRICT, str(HEADER)], capture_output=True, text=True)
@@ -62,7 +63,7 @@ def test_header_compiles_strictly(compiler):
 def test_abi_version_matches_header_macros(abi):
     _, lib = abi
     major, minor = abi_version()
-    assert (major, minor) == (0, 5)
+    assert (major, minor) == (1, 0)
     assert lib.vllm_abi_version() == (major << 16) | minor
 
 
@@ -92,7 +93,7 @@ def test_status_codes_match_engine_errors(abi):
 def test_engine_params_defaults_match_engine_config(abi):
     ffi, lib = abi
     p = ffi.new("vllm_engine_params *")
-    lib.vllm_engine_params_init(p)
+    lib.vllm_engine_params_init(p, ffi.sizeof(p[0]))
     want = EngineConfig(model="m")
     assert p.struct_size == ffi.sizeof("vllm_engine_params")
     assert p.device == ffi.NULL and p.dtype == ffi.NULL  # NULL = "auto"
@@ -114,7 +115,7 @@ def test_engine_params_defaults_match_engine_config(abi):
 def test_sampling_params_defaults_match_vllm(abi):
     ffi, lib = abi
     p = ffi.new("vllm_sampling_params *")
-    lib.vllm_sampling_params_init(p)
+    lib.vllm_sampling_params_init(p, ffi.sizeof(p[0]))
     want = SamplingParams()
     assert p.struct_size == ffi.sizeof("vllm_sampling_params")
     for name in (
@@ -130,8 +131,10 @@ def test_sampling_params_defaults_match_vllm(abi):
         "repetition_penalty",
         "min_tokens",
         "include_stop_str_in_output",
+        "n",
     ):
         assert getattr(p, name) == getattr(want, name), name
+    assert p.logprobs == -1 and want.logprobs is None  # -1: none (since 1.0)
     assert not p.has_seed and want.seed is None
     assert p.n_stop_token_ids == 0 and p.stop_token_ids == ffi.NULL
     assert p.n_stop == p.n_logit_bias == p.n_bad_words == p.n_allowed_token_ids == 0

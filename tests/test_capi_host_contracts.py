@@ -40,7 +40,7 @@ params.struct_size = ffi.sizeof("vllm_engine_params")
 seen["zeroed_engine"] = [lib.vllm_engine_create(model.encode(), params, engine), err()]
 e = engine[0]
 sampling = ffi.new("vllm_sampling_params *")
-lib.vllm_sampling_params_init(sampling)
+lib.vllm_sampling_params_init(sampling, ffi.sizeof(sampling[0]))
 sampling.temperature = 0.0
 seen["zeroed_engine_add"] = [lib.vllm_request_add(e, b"z", b"The capital of France is",
                                                     ffi.NULL, 0, sampling), err()]
@@ -57,7 +57,7 @@ seen["zeroed_engine_output"] = [text, tokens]
 # pull mode: unfinished until the last event is pulled; END_OF_STREAM leaves no message
 assert lib.vllm_engine_start_loop(e) == 0, err()
 sp = ffi.new("vllm_sampling_params *")
-lib.vllm_sampling_params_init(sp)
+lib.vllm_sampling_params_init(sp, ffi.sizeof(sp[0]))
 sp.max_tokens = 2
 request = ffi.new("vllm_request **")
 assert lib.vllm_request_submit(e, b"p", b"Hello", ffi.NULL, 0, sp, ffi.NULL, ffi.NULL,

@@ -100,7 +100,7 @@ ffi = cffi.FFI()
 ffi.cdef(api_cdef())
 lib = ffi.dlopen(sys.argv[1])
 params = ffi.new("vllm_engine_params *")
-lib.vllm_engine_params_init(params)
+lib.vllm_engine_params_init(params, ffi.sizeof(params[0]))
 out = ffi.new("vllm_engine **")
 for n in (-1, 1):
     params.n_threads = n

@@ -47,7 +47,8 @@ def _params(api, keep, max_tokens=24, **fields):
 
 def _token(api, engine, text: str) -> int:
     ids, n = api.ffi.new("int32_t[8]"), api.ffi.new("size_t *")
-    api.ok(api.lib.vllm_tokenize(engine, text.encode(), 0, ids, 8, n))
+    data = text.encode()
+    api.ok(api.lib.vllm_tokenize(engine, data, len(data), 0, 1, ids, 8, n))
     assert n[0] == 1, text
     return ids[0]
 
@@ -115,7 +116,8 @@ def test_tokenizer_override_is_a_hf_directory(api, model_path, tmp_path):
     lib, ffi = api.lib, api.ffi
     e = api.create(model_path, tokenizer=str(tmp_path))
     ids, n = ffi.new("int32_t[64]"), ffi.new("size_t *")
-    api.ok(lib.vllm_tokenize(e, "Hello wörld 123".encode(), 1, ids, 64, n))
+    data = "Hello wörld 123".encode()
+    api.ok(lib.vllm_tokenize(e, data, len(data), 1, 1, ids, 64, n))
     assert list(ids[0:n[0]]) == tok.encode("Hello wörld 123")
     lib.vllm_engine_free(e)
     p, _keep = api.params(tokenizer=str(tmp_path / "missing"))

@@ -51,13 +51,13 @@ class Api:
 
     def greedy(self, max_tokens: int):
         sp = self.ffi.new("vllm_sampling_params *")
-        self.lib.vllm_sampling_params_init(sp)
+        self.lib.vllm_sampling_params_init(sp, self.ffi.sizeof(sp[0]))
         sp.temperature, sp.max_tokens, sp.ignore_eos = 0.0, max_tokens, 1
         return sp
 
     def params(self, **fields):
         p = self.ffi.new("vllm_engine_params *")
-        self.lib.vllm_engine_params_init(p)
+        self.lib.vllm_engine_params_init(p, self.ffi.sizeof(p[0]))
         p.max_model_len = 256
         keep = []
         for name, value in fields.items():
@@ -328,7 +328,7 @@ def test_token_to_piece_concatenates_to_the_text(api, looping):
     lib, ffi = api.lib, api.ffi
     text = "Héllo, wörld! 日本"
     ids, n = ffi.new("int32_t[64]"), ffi.new("size_t *")
-    api.ok(lib.vllm_tokenize(engine, text.encode(), 0, ids, 64, n))
+    api.ok(lib.vllm_tokenize(engine, text.encode(), len(text.encode()), 0, 1, ids, 64, n))
     pieces = b""
     for token in ids[0:n[0]]:
         size = ffi.new("size_t *")
@@ -396,9 +396,10 @@ def test_chat_template_path_must_exist(api, model_path, tmp_path):
 def test_progress_callback_reports_zero_to_one(api, model_path):
     seen = []
 
-    @api.ffi.callback("void(float, void *)")
+    @api.ffi.callback("int32_t(float, void *)")
     def on_progress(fraction, user_data):
         seen.append(fraction)
+        return 1
 
     engine = api.create(model_path, progress_callback=on_progress)
     assert seen[0] == 0.0 and seen[-1] == 1.0 and seen.count(1.0) == 1

@@ -38,7 +38,7 @@ def engine(api, model_path):
 
 def _sampled(api, keep, **fields):
     sp = api.ffi.new("vllm_sampling_params *")
-    api.lib.vllm_sampling_params_init(sp)
+    api.lib.vllm_sampling_params_init(sp, api.ffi.sizeof(sp[0]))
     sp.max_tokens, sp.temperature, sp.seed, sp.has_seed = 60, 1.0, 7, 1
     for name, value in fields.items():
         if name == "choice":

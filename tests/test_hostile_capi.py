@@ -186,7 +186,7 @@ def _call(api, engine, name, text, ints, size, body, flags):
     n = ffi.new("size_t *")
     if name == "tokenize":
         buf = ffi.new("int32_t[]", max(size % 64, 1))
-        return lib.vllm_tokenize(engine, text.replace(b"\0", b""), ints[0], buf, size % 64, n)
+        return lib.vllm_tokenize(engine, text, len(text), ints[0], ints[-1], buf, size % 64, n)
     if name == "detokenize":
         ids = ffi.new("int32_t[]", ints)
         buf = ffi.new("char[]", max(size % 64, 1))
@@ -210,7 +210,7 @@ def _call(api, engine, name, text, ints, size, body, flags):
         return rc
     if name == "submit":
         p = ffi.new("vllm_sampling_params *")
-        lib.vllm_sampling_params_init(p)
+        lib.vllm_sampling_params_init(p, ffi.sizeof(p[0]))
         p.max_tokens, p.top_k, p.min_tokens = ints[0] % 4, ints[-1], ints[0]
         p.temperature, p.top_p = ints[-1] / 7, ints[0] / 3
         ids = ffi.new("int32_t[]", ints)

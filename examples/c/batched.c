@@ -62,7 +62,7 @@ static const char *reason_name(int32_t reason) {
 /* Request i's sampling params: greedy, then a spread of temperature/top-p/top-k/min-p. */
 static vllm_sampling_params params_for(int i, char *describe, size_t size) {
     vllm_sampling_params sp;
-    vllm_sampling_params_init(&sp);
+    vllm_sampling_params_init(&sp, sizeof sp);
     sp.max_tokens = 32;
     sp.seed = 1000 + i;
     sp.has_seed = 1;
@@ -88,7 +88,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s MODEL.gguf PROMPT\n", argv[0]);
         return 2;
     }
-    vllm_engine_params_init(&params);
+    vllm_engine_params_init(&params, sizeof params);
     params.max_model_len = 1024;
     if (vllm_engine_create(argv[1], &params, &engine) != VLLM_OK ||
         vllm_engine_start_loop(engine) != VLLM_OK) {

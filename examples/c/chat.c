@@ -20,7 +20,7 @@ int main(int argc, char **argv) {
     snprintf(messages, sizeof messages, "[{\"role\":\"user\",\"content\":\"%s\"}]", argv[2]);
     if (vllm_engine_create(argv[1], NULL, &engine)) return fail("create");
     if (vllm_chat_template_apply(engine, messages, 1, &prompt)) return fail("template");
-    vllm_sampling_params_init(&sp);
+    vllm_sampling_params_init(&sp, sizeof sp);
     sp.temperature = 0.0f;
     sp.max_tokens = 48;
     if (vllm_request_add(engine, "chat", prompt, NULL, 0, &sp)) return fail("add");

@@ -36,7 +36,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     vllm_engine_params params;
-    vllm_engine_params_init(&params);
+    vllm_engine_params_init(&params, sizeof params);
     params.max_model_len = 1024;
 
     vllm_engine *engine = NULL;
@@ -50,7 +50,7 @@ int main(int argc, char **argv) {
         return fail("template");
 
     vllm_sampling_params sp;
-    vllm_sampling_params_init(&sp);
+    vllm_sampling_params_init(&sp, sizeof sp);
     sp.max_tokens = 200;
     sp.temperature = 0.8f;
     sp.seed = argc == 4 ? atoll(argv[3]) : 0;

@@ -22,14 +22,14 @@ int main(int argc, char **argv) {
         return 2;
     }
     vllm_engine_params params;
-    vllm_engine_params_init(&params);
+    vllm_engine_params_init(&params, sizeof params);
     params.max_model_len = 1024;
 
     vllm_engine *engine = NULL;
     if (vllm_engine_create(argv[1], &params, &engine) != VLLM_OK) return fail("create");
 
     vllm_sampling_params sp;
-    vllm_sampling_params_init(&sp);
+    vllm_sampling_params_init(&sp, sizeof sp);
     sp.temperature = 0.0f; /* greedy */
     sp.max_tokens = 32;
     if (vllm_request_add(engine, "req-0", argv[2], NULL, 0, &sp) != VLLM_OK) return fail("add");

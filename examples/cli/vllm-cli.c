@@ -297,7 +297,7 @@ static char *read_file(const char *path) {
 
 static vllm_sampling_params sampling_params(const options *o) {
     vllm_sampling_params sp;
-    vllm_sampling_params_init(&sp);
+    vllm_sampling_params_init(&sp, sizeof sp);
     sp.max_tokens = (int32_t)o->max_tokens;
     sp.temperature = (float)o->temperature;
     sp.top_p = (float)o->top_p;
@@ -375,10 +375,10 @@ static int render_tokens(vllm_engine *engine, buffer *history, int32_t **ids, si
     status = vllm_chat_template_apply(engine, history->data, 1, &prompt);
     history->data[--history->len] = '\0';
     if (status != VLLM_OK) return library_error(status);
-    status = vllm_tokenize(engine, prompt, 0, NULL, 0, n);
+    status = vllm_tokenize(engine, prompt, strlen(prompt), 0, 1, NULL, 0, n);
     if (status == VLLM_ERR_BUFFER_TOO_SMALL) {
         *ids = xrealloc(NULL, *n * sizeof **ids);
-        status = vllm_tokenize(engine, prompt, 0, *ids, *n, n);
+        status = vllm_tokenize(engine, prompt, strlen(prompt), 0, 1, *ids, *n, n);
     }
     vllm_string_free(prompt);
     return status == VLLM_OK ? 0 : library_error(status);
@@ -450,7 +450,7 @@ int main(int argc, char **argv) {
             return usage_error("cannot read --grammar-file ", o.grammar_file);
         o.grammar = grammar_text;
     }
-    vllm_engine_params_init(&params);
+    vllm_engine_params_init(&params, sizeof params);
     params.max_model_len = (int32_t)o.max_model_len;
     params.n_threads = (int32_t)o.threads;
     if ((status = vllm_engine_create(o.model, &params, &engine)) != VLLM_OK)

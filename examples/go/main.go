@@ -50,7 +50,7 @@ func NewEngine(modelPath string, maxModelLen int32) (*Engine, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var params C.vllm_engine_params
-	C.vllm_engine_params_init(&params)
+	C.vllm_engine_params_init(&params, C.size_t(unsafe.Sizeof(params)))
 	params.max_model_len = C.int32_t(maxModelLen)
 	path := C.CString(modelPath)
 	defer C.free(unsafe.Pointer(path))
@@ -74,7 +74,7 @@ func (e *Engine) Generate(id, prompt string, maxTokens int32) (<-chan Event, err
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var sp C.vllm_sampling_params
-	C.vllm_sampling_params_init(&sp)
+	C.vllm_sampling_params_init(&sp, C.size_t(unsafe.Sizeof(sp)))
 	sp.temperature = 0
 	sp.max_tokens = C.int32_t(maxTokens)
 	cid, cprompt := C.CString(id), C.CString(prompt)

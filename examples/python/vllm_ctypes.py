@@ -23,13 +23,14 @@ from ctypes import (
     c_size_t,
     c_uint32,
     c_void_p,
+    sizeof,
 )
 
 VLLM_OK = 0
 VLLM_END_OF_STREAM = 11
 FINISH_REASONS = ("none", "stop", "length", "abort", "error")
 
-PROGRESS_CALLBACK = CFUNCTYPE(None, c_float, c_void_p)
+PROGRESS_CALLBACK = CFUNCTYPE(c_int32, c_float, c_void_p)
 
 
 class EngineParams(Structure):
@@ -99,6 +100,8 @@ class SamplingParams(Structure):
         ("n_choice", c_size_t),
         ("grammar", c_char_p),
         ("structural_tag", c_char_p),
+        ("logprobs", c_int32),  # since 1.0
+        ("n", c_int32),  # since 1.0
     ]
 
 
@@ -116,6 +119,11 @@ class Event(Structure):
         ("num_cached_tokens", c_int32),
         ("status", c_int32),
         ("error", c_char_p),
+        ("index", c_int32),  # since 1.0
+        ("logprobs", c_void_p),  # const vllm_token_logprobs *
+        ("arrival_time", c_double),
+        ("first_token_latency", c_double),
+        ("e2e_latency", c_double),
     ]
 
 
@@ -151,12 +159,12 @@ def load(path: str | None = None) -> ctypes.CDLL:
         "vllm_status_string": (c_char_p, [c_int32]),
         "vllm_last_error": (c_char_p, []),
         "vllm_shutdown": (None, []),
-        "vllm_engine_params_init": (None, [POINTER(EngineParams)]),
+        "vllm_engine_params_init": (None, [POINTER(EngineParams), c_size_t]),
         "vllm_engine_create": (c_int32, [c_char_p, POINTER(EngineParams), POINTER(engine)]),
         "vllm_engine_free": (None, [engine]),
         "vllm_engine_start_loop": (c_int32, [engine]),
         "vllm_engine_metrics": (c_int32, [engine, POINTER(Metrics)]),
-        "vllm_sampling_params_init": (None, [POINTER(SamplingParams)]),
+        "vllm_sampling_params_init": (None, [POINTER(SamplingParams), c_size_t]),
         "vllm_request_submit": (c_int32, [engine, c_char_p, c_char_p, POINTER(c_int32),
                                           c_size_t, POINTER(SamplingParams), c_void_p,
                                           c_void_p, POINTER(request)]),
@@ -183,7 +191,7 @@ class Engine:
     def __init__(self, lib: ctypes.CDLL, model_path: str, max_model_len: int = 1024) -> None:
         self.lib = lib
         params = EngineParams()
-        lib.vllm_engine_params_init(byref(params))
+        lib.vllm_engine_params_init(byref(params), sizeof(params))
         params.max_model_len = max_model_len
         self.handle = c_void_p()
         self._check(lib.vllm_engine_create(model_path.encode(), byref(params),
@@ -197,7 +205,7 @@ class Engine:
     def generate(self, request_id: str, prompt: str, max_tokens: int = 32) -> Request:
         """A greedy request; iterate the result for its events."""
         sp = SamplingParams()
-        self.lib.vllm_sampling_params_init(byref(sp))
+        self.lib.vllm_sampling_params_init(byref(sp), sizeof(sp))
         sp.temperature, sp.max_tokens = 0.0, max_tokens
         handle = c_void_p()
         self._check(self.lib.vllm_request_submit(self.handle, request_id.encode(),

@@ -19,7 +19,7 @@ DEFAULT_LIB = Path(__file__).resolve().parents[2] / "build" / "libvllm.so"
 
 _c_int32, _c_int64, _c_char_p, _c_void_p = (ctypes.c_int32, ctypes.c_int64, ctypes.c_char_p,
                                             ctypes.c_void_p)
-_PROGRESS_CB = ctypes.CFUNCTYPE(None, ctypes.c_float, _c_void_p)
+_PROGRESS_CB = ctypes.CFUNCTYPE(_c_int32, ctypes.c_float, _c_void_p)
 
 
 class EngineParams(ctypes.Structure):
@@ -65,7 +65,7 @@ def _signatures(lib: ctypes.CDLL) -> None:
         "vllm_version": (_c_char_p, []), "vllm_init": (_c_int32, []),
         "vllm_shutdown": (None, []),
         "vllm_last_error_copy": (ctypes.c_size_t, [_c_char_p, ctypes.c_size_t]),
-        "vllm_engine_params_init": (None, [ctypes.POINTER(EngineParams)]),
+        "vllm_engine_params_init": (None, [ctypes.POINTER(EngineParams), ctypes.c_size_t]),
         "vllm_engine_create": (_c_int32, [_c_char_p, ctypes.POINTER(EngineParams),
                                           ctypes.POINTER(_c_void_p)]),
         "vllm_engine_free": (None, [_c_void_p]),
@@ -117,7 +117,7 @@ class LibVLLM:
         the engine's background loop."""
         self._check(self.lib.vllm_init())
         params = EngineParams()
-        self.lib.vllm_engine_params_init(ctypes.byref(params))
+        self.lib.vllm_engine_params_init(ctypes.byref(params), ctypes.sizeof(params))
         for name, value in fields.items():
             if value is not None:
                 setattr(params, name, value.encode() if isinstance(value, str) else

@@ -39,7 +39,7 @@ static vllm_engine *shared_engine;
 static vllm_engine *engine(void) {
     if (shared_engine == NULL) {
         vllm_engine_params params;
-        vllm_engine_params_init(&params);
+        vllm_engine_params_init(&params, sizeof params);
         params.max_model_len = 512;
         if (vllm_engine_create(model_path, &params, &shared_engine) != VLLM_OK) {
             fprintf(stderr, "cannot create the shared engine: %s\n", vllm_last_error());
@@ -51,7 +51,7 @@ static vllm_engine *engine(void) {
 
 static vllm_sampling_params greedy(int32_t max_tokens) {
     vllm_sampling_params sp;
-    vllm_sampling_params_init(&sp);
+    vllm_sampling_params_init(&sp, sizeof sp);
     sp.temperature = 0.0f;
     sp.max_tokens = max_tokens;
     sp.ignore_eos = 1;
@@ -153,7 +153,7 @@ static const char *case_null_args(void) {
     int32_t ids[1] = {1};
     CHECK_STATUS(vllm_engine_create(NULL, NULL, &out), VLLM_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(vllm_engine_create(model_path, NULL, NULL), VLLM_ERR_INVALID_ARGUMENT);
-    vllm_engine_params_init(&params);
+    vllm_engine_params_init(&params, sizeof params);
     params.struct_size = 4;
     CHECK_STATUS(vllm_engine_create(model_path, &params, &out), VLLM_ERR_INVALID_ARGUMENT);
     CHECK(strstr(vllm_last_error(), "struct_size") != NULL, "%s", vllm_last_error());
@@ -161,9 +161,9 @@ static const char *case_null_args(void) {
     CHECK_STATUS(vllm_engine_model_info(e, NULL), VLLM_ERR_INVALID_ARGUMENT);
     info.struct_size = 0;
     CHECK_STATUS(vllm_engine_model_info(e, &info), VLLM_ERR_INVALID_ARGUMENT);
-    CHECK_STATUS(vllm_tokenize(e, NULL, 1, NULL, 0, &n), VLLM_ERR_INVALID_ARGUMENT);
-    CHECK_STATUS(vllm_tokenize(e, "x", 1, NULL, 0, NULL), VLLM_ERR_INVALID_ARGUMENT);
-    CHECK_STATUS(vllm_tokenize(e, "x", 1, NULL, 4, &n), VLLM_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(vllm_tokenize(e, NULL, 3, 1, 1, NULL, 0, &n), VLLM_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(vllm_tokenize(e, "x", strlen("x"), 1, 1, NULL, 0, NULL), VLLM_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(vllm_tokenize(e, "x", strlen("x"), 1, 1, NULL, 4, &n), VLLM_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(vllm_detokenize(e, NULL, 3, 1, NULL, 0, &n), VLLM_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(vllm_detokenize(e, ids, 1, 1, NULL, 8, &n), VLLM_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(vllm_chat_template_apply(e, NULL, 1, &str), VLLM_ERR_INVALID_ARGUMENT);
@@ -173,7 +173,7 @@ static const char *case_null_args(void) {
     CHECK_STATUS(vllm_request_add(e, "r", NULL, NULL, 0, NULL), VLLM_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(vllm_request_add(e, "r", "hi", ids, 1, NULL), VLLM_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(vllm_request_add(e, "r", NULL, NULL, 2, NULL), VLLM_ERR_INVALID_ARGUMENT);
-    vllm_sampling_params_init(&sp);
+    vllm_sampling_params_init(&sp, sizeof sp);
     sp.n_stop_token_ids = 2;
     CHECK_STATUS(vllm_request_add(e, "r", "hi", NULL, 0, &sp), VLLM_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(vllm_request_abort(e, NULL), VLLM_ERR_INVALID_ARGUMENT);
@@ -197,7 +197,7 @@ static const char *case_stale_handle(void) {
     vllm_engine_free(e);
     info.struct_size = sizeof info;
     CHECK_STATUS(vllm_engine_model_info(e, &info), VLLM_ERR_INVALID_HANDLE);
-    CHECK_STATUS(vllm_tokenize(e, "hi", 1, NULL, 0, &n), VLLM_ERR_INVALID_HANDLE);
+    CHECK_STATUS(vllm_tokenize(e, "hi", strlen("hi"), 1, 1, NULL, 0, &n), VLLM_ERR_INVALID_HANDLE);
     CHECK_STATUS(vllm_request_add(e, "r", "hi", NULL, 0, NULL), VLLM_ERR_INVALID_HANDLE);
     CHECK_STATUS(vllm_engine_step(e, &outs, &n), VLLM_ERR_INVALID_HANDLE);
     CHECK_STATUS(vllm_engine_step((vllm_engine *)(uintptr_t)987654, &outs, &n),
@@ -228,10 +228,10 @@ static const char *case_tokenize_roundtrip(void) {
     int32_t tokens[64];
     size_t n = 0, n2 = 0, n_bytes = 0;
     char buf[256];
-    CHECK_STATUS(vllm_tokenize(engine(), text, 0, NULL, 0, &n), VLLM_ERR_BUFFER_TOO_SMALL);
+    CHECK_STATUS(vllm_tokenize(engine(), text, strlen(text), 0, 1, NULL, 0, &n), VLLM_ERR_BUFFER_TOO_SMALL);
     CHECK(n > 3 && n < 64, "n_tokens %zu", n);
-    CHECK_STATUS(vllm_tokenize(engine(), text, 0, tokens, n - 1, &n2), VLLM_ERR_BUFFER_TOO_SMALL);
-    CHECK_STATUS(vllm_tokenize(engine(), text, 0, tokens, n, &n2), VLLM_OK);
+    CHECK_STATUS(vllm_tokenize(engine(), text, strlen(text), 0, 1, tokens, n - 1, &n2), VLLM_ERR_BUFFER_TOO_SMALL);
+    CHECK_STATUS(vllm_tokenize(engine(), text, strlen(text), 0, 1, tokens, n, &n2), VLLM_OK);
     CHECK(n2 == n, "second call %zu tokens, first %zu", n2, n);
     CHECK_STATUS(vllm_detokenize(engine(), tokens, n, 1, NULL, 0, &n_bytes),
                  VLLM_ERR_BUFFER_TOO_SMALL);
@@ -274,7 +274,7 @@ static const char *case_generate(void) {
     run_result results[2];
     vllm_sampling_params sp = greedy(8);
     const char *failed;
-    CHECK_STATUS(vllm_tokenize(engine(), prompt, 1, tokens, 64, &n), VLLM_OK);
+    CHECK_STATUS(vllm_tokenize(engine(), prompt, strlen(prompt), 1, 1, tokens, 64, &n), VLLM_OK);
     CHECK_STATUS(vllm_request_add(engine(), ids[0], prompt, NULL, 0, &sp), VLLM_OK);
     CHECK_STATUS(vllm_request_add(engine(), ids[1], NULL, tokens, n, &sp), VLLM_OK);
     CHECK_STATUS(vllm_request_add(engine(), ids[1], "dup", NULL, 0, &sp),
@@ -345,7 +345,7 @@ static const char *case_bad_sampling(void) {
     run_result r[1];
     vllm_sampling_params sp;
     const char *failed;
-    vllm_sampling_params_init(&sp);
+    vllm_sampling_params_init(&sp, sizeof sp);
     sp.temperature = 5.0f;
     CHECK_STATUS(vllm_request_add(engine(), "bad", "Hello", NULL, 0, &sp),
                  VLLM_ERR_INVALID_ARGUMENT);
@@ -387,7 +387,7 @@ static const char *own_engine_generate(thread_job *job) {
     vllm_sampling_params sp = greedy(6);
     vllm_engine *e;
     const char *failed;
-    vllm_engine_params_init(&params);
+    vllm_engine_params_init(&params, sizeof params);
     params.max_model_len = 256;
     CHECK_STATUS(vllm_engine_create(model_path, &params, &e), VLLM_OK);
     CHECK_STATUS(vllm_request_abort(e, "never-added"), VLLM_ERR_NOT_FOUND); /* this thread's */

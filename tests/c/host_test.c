@@ -43,7 +43,7 @@ static void (*current_sigint(void))(int) {
 static int generate(vllm_engine *engine, char *text, size_t size) {
     vllm_sampling_params sp;
     size_t left = 1, used = 0;
-    vllm_sampling_params_init(&sp);
+    vllm_sampling_params_init(&sp, sizeof sp);
     sp.temperature = 0.0f;
     sp.max_tokens = 8;
     if (vllm_request_add(engine, "r", "The capital of France is", NULL, 0, &sp)) return 0;
@@ -87,7 +87,7 @@ static int blocked_mode(const char *model) {
     const vllm_event *event;
     if (vllm_engine_create(model, NULL, &engine)) return fail("create");
     if (vllm_engine_start_loop(engine)) return fail("start_loop");
-    vllm_sampling_params_init(&sp);
+    vllm_sampling_params_init(&sp, sizeof sp);
     sp.max_tokens = 100000;
     sp.ignore_eos = 1;
     if (vllm_request_submit(engine, "long", "Once upon a time", NULL, 0, &sp, NULL, NULL,

@@ -28,8 +28,8 @@ int main(void) {
     expect(vllm_abi_version() == VLLM_ABI_VERSION, "abi version matches the header");
     expect(strcmp(vllm_status_string(VLLM_OK), "VLLM_OK") == 0, "status string");
     expect(vllm_last_error()[0] == '\0', "no error yet");
-    vllm_engine_params_init(&params);
-    vllm_sampling_params_init(&sp);
+    vllm_engine_params_init(&params, sizeof params);
+    vllm_sampling_params_init(&sp, sizeof sp);
     expect(params.struct_size == sizeof params && sp.struct_size == sizeof sp, "init");
     expect(params.served_model_name == NULL && params.progress_callback == NULL, "0.2 defaults");
     expect(strcmp(vllm_status_string(VLLM_ERR_INVALID_STATE), "VLLM_ERR_INVALID_STATE") == 0,

@@ -51,7 +51,7 @@ static pthread_barrier_t start;
 
 static vllm_sampling_params sampling(int32_t max_tokens, int32_t ignore_eos) {
     vllm_sampling_params sp;
-    vllm_sampling_params_init(&sp);
+    vllm_sampling_params_init(&sp, sizeof sp);
     sp.temperature = 0.0f;
     sp.max_tokens = max_tokens;
     sp.ignore_eos = ignore_eos;

@@ -63,7 +63,7 @@ static size_t expected_tokens; /* vllm_tokenize of PROMPT, computed before the t
 
 static vllm_sampling_params sampling(int32_t max_tokens) {
     vllm_sampling_params sp;
-    vllm_sampling_params_init(&sp);
+    vllm_sampling_params_init(&sp, sizeof sp);
     sp.temperature = 0.0f;
     sp.max_tokens = max_tokens;
     sp.ignore_eos = 1;
@@ -162,9 +162,9 @@ static void tokenizer_and_metrics(job *j) {
     vllm_metrics metrics;
     int round;
     for (round = 0; round < 20; round++) {
-        CHECK_STATUS(vllm_tokenize(engine, PROMPT, 1, NULL, 0, &n), VLLM_ERR_BUFFER_TOO_SMALL);
+        CHECK_STATUS(vllm_tokenize(engine, PROMPT, strlen(PROMPT), 1, 1, NULL, 0, &n), VLLM_ERR_BUFFER_TOO_SMALL);
         CHECK(n == expected_tokens, "%zu tokens, want %zu", n, expected_tokens);
-        CHECK_STATUS(vllm_tokenize(engine, PROMPT, 1, tokens, 64, &n), VLLM_OK);
+        CHECK_STATUS(vllm_tokenize(engine, PROMPT, strlen(PROMPT), 1, 1, tokens, 64, &n), VLLM_OK);
         CHECK_STATUS(vllm_detokenize(engine, tokens, n, 1, text, sizeof text, &n_bytes), VLLM_OK);
         CHECK(strcmp(text, PROMPT) == 0, "round trip '%s'", text);
         CHECK_STATUS(vllm_token_to_piece(engine, tokens[0], 1, text, sizeof text, &n_bytes),
@@ -225,11 +225,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     model_path = argv[1];
-    vllm_engine_params_init(&params);
+    vllm_engine_params_init(&params, sizeof params);
     params.max_model_len = 256;
     if (vllm_engine_create(model_path, &params, &engine) != VLLM_OK ||
         vllm_engine_start_loop(engine) != VLLM_OK ||
-        vllm_tokenize(engine, PROMPT, 1, NULL, 0, &expected_tokens) != VLLM_ERR_BUFFER_TOO_SMALL) {
+        vllm_tokenize(engine, PROMPT, strlen(PROMPT), 1, 1, NULL, 0, &expected_tokens) != VLLM_ERR_BUFFER_TOO_SMALL) {
         fprintf(stderr, "set-up failed: %s\n", vllm_last_error());
         return 2;
     }

@@ -38,7 +38,7 @@ mod sys {
         pub enforce_eager: i32,
         pub served_model_name: *const c_char,
         pub chat_template: *const c_char,
-        pub progress_callback: Option<extern "C" fn(f32, *mut c_void)>,
+        pub progress_callback: Option<extern "C" fn(f32, *mut c_void) -> i32>,
         pub progress_callback_user_data: *mut c_void,
         pub tokenizer: *const c_char,
         pub structured_outputs_backend: *const c_char,
@@ -88,6 +88,8 @@ mod sys {
         pub n_choice: usize,
         pub grammar: *const c_char,
         pub structural_tag: *const c_char,
+        pub logprobs: i32, // since 1.0
+        pub n: i32,        // since 1.0
     }
 
     #[repr(C)]
@@ -104,6 +106,11 @@ mod sys {
         pub num_cached_tokens: i32,
         pub status: vllm_status,
         pub error: *const c_char,
+        pub index: i32, // since 1.0
+        pub logprobs: *const c_void,
+        pub arrival_time: f64,
+        pub first_token_latency: f64,
+        pub e2e_latency: f64,
     }
 
     pub type vllm_event_callback = Option<extern "C" fn(*const vllm_event, *mut c_void)>;
@@ -112,7 +119,7 @@ mod sys {
         pub fn vllm_status_string(status: vllm_status) -> *const c_char;
         pub fn vllm_last_error() -> *const c_char;
         pub fn vllm_shutdown();
-        pub fn vllm_engine_params_init(params: *mut vllm_engine_params);
+        pub fn vllm_engine_params_init(params: *mut vllm_engine_params, size: usize);
         pub fn vllm_engine_create(
             model_path: *const c_char,
             params: *const vllm_engine_params,
@@ -120,7 +127,7 @@ mod sys {
         ) -> vllm_status;
         pub fn vllm_engine_free(engine: *mut vllm_engine);
         pub fn vllm_engine_start_loop(engine: *mut vllm_engine) -> vllm_status;
-        pub fn vllm_sampling_params_init(params: *mut vllm_sampling_params);
+        pub fn vllm_sampling_params_init(params: *mut vllm_sampling_params, size: usize);
         pub fn vllm_request_submit(
             engine: *mut vllm_engine,
             request_id: *const c_char,
@@ -193,7 +200,7 @@ impl Engine {
         let mut handle = ptr::null_mut();
         unsafe {
             let mut params = std::mem::zeroed::<sys::vllm_engine_params>();
-            sys::vllm_engine_params_init(&mut params);
+            sys::vllm_engine_params_init(&mut params, std::mem::size_of::<sys::vllm_engine_params>());
             params.max_model_len = max_model_len;
             check(sys::vllm_engine_create(path.as_ptr(), &params, &mut handle))?;
         }
@@ -208,7 +215,7 @@ impl Engine {
         let mut handle = ptr::null_mut();
         unsafe {
             let mut sp = std::mem::zeroed::<sys::vllm_sampling_params>();
-            sys::vllm_sampling_params_init(&mut sp);
+            sys::vllm_sampling_params_init(&mut sp, std::mem::size_of::<sys::vllm_sampling_params>());
             sp.temperature = 0.0;
             sp.max_tokens = max_tokens;
             check(sys::vllm_request_submit(
