@@ -117,6 +117,7 @@ def _engine_config(model: str, p) -> EngineConfig:
         async_scheduling=_tristate(p.async_scheduling, "params->async_scheduling"),
         n_threads=p.n_threads,
         multiprocessing=_tristate(p.multiprocessing, "params->multiprocessing"),
+        tensor_parallel_size=p.tensor_parallel_size or 1,
     )
 
 

@@ -194,6 +194,10 @@ typedef struct vllm_engine_params {
                                         core (scheduler, model runner) in a child process.
                                         1: on, -1: off, 0 (default): the env var if set,
                                         else on with CUDA, off on CPU */
+    /* since 1.0 */
+    int32_t tensor_parallel_size;    /* vLLM's --tensor-parallel-size: devices the model
+                                        is sharded over (one process per rank); 0 or 1
+                                        (default): one */
 } vllm_engine_params;
 
 /* What vllm_engine_model_info() reports. */

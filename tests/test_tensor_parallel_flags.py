@@ -8,8 +8,6 @@ import argparse
 import os
 import sys
 
-import pytest
-
 from examples.bench.engine_args import add_engine_args, engine_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "server"))
@@ -23,11 +21,7 @@ def test_bench_flag_sets_the_engine_field():
     assert engine_config(p.parse_args([])).tensor_parallel_size == 1
 
 
-def test_server_flag_maps_to_vllm_h_only():
-    args = server.parse_args(["m.gguf", "--tensor-parallel-size", "1"])
-    assert args.tensor_parallel_size == 1
-    fields = server.engine_fields(args)
-    assert ("tensor_parallel_size" in fields) == server.has_engine_param("tensor_parallel_size")
-    if not server.has_engine_param("tensor_parallel_size"):
-        with pytest.raises(SystemExit):
-            server.parse_args(["m.gguf", "-tp", "2"])
+def test_server_flag_sets_the_vllm_h_field():
+    args = server.parse_args(["m.gguf", "--tensor-parallel-size", "2"])
+    assert server.engine_fields(args)["tensor_parallel_size"] == 2
+    assert "tensor_parallel_size" not in server.engine_fields(server.parse_args(["m.gguf"]))

@@ -62,6 +62,7 @@ class EngineParams(Structure):
         ("async_scheduling", c_int32),  # since 0.4
         ("n_threads", c_int32),  # since 0.5
         ("multiprocessing", c_int32),  # since 0.5
+        ("tensor_parallel_size", c_int32),  # since 1.0
     ]
 
 

@@ -39,6 +39,7 @@ class EngineParams(ctypes.Structure):
         ("async_scheduling", _c_int32),  # since 0.4
         ("n_threads", _c_int32),  # since 0.5
         ("multiprocessing", _c_int32),  # since 0.5
+        ("tensor_parallel_size", _c_int32),  # since 1.0
     ]
 
 

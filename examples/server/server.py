@@ -25,7 +25,7 @@ from contextlib import asynccontextmanager
 import anyio
 import uvicorn
 from app import ServerState, build_app
-from libvllm import EngineParams, LibVLLM
+from libvllm import LibVLLM
 from limits import MAX_HEAD_BYTES, HeadLimitH11Protocol
 
 logger = logging.getLogger("vllm.server")
@@ -87,21 +87,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("the model (a GGUF file) is required")
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         p.error("--enable-auto-tool-choice requires --tool-call-parser")
-    if args.tensor_parallel_size is not None and args.tensor_parallel_size != 1 and \
-            not has_engine_param("tensor_parallel_size"):
-        p.error("--tensor-parallel-size: this libvllm's vllm_engine_params has no "
-                "tensor_parallel_size field")
     if args.max_num_queued_reqs < 1:
         p.error("--max-num-queued-reqs must be at least 1")
     env_key = os.environ.get("VLLM_API_KEY")
     args.api_key = args.api_key or ([env_key] if env_key else [])
     return args
-
-
-def has_engine_param(name: str) -> bool:
-    """Whether vllm.h's vllm_engine_params (as examples/server/libvllm.py binds it) has
-    the field `name`."""
-    return any(field[0] == name for field in EngineParams._fields_)
 
 
 def engine_fields(args: argparse.Namespace) -> dict:
@@ -117,7 +107,7 @@ def engine_fields(args: argparse.Namespace) -> dict:
         fields["async_scheduling"] = 1 if args.async_scheduling else -1
     if args.multiprocessing is not None:
         fields["multiprocessing"] = 1 if args.multiprocessing else -1
-    if has_engine_param("tensor_parallel_size"):
+    if args.tensor_parallel_size is not None:
         fields["tensor_parallel_size"] = args.tensor_parallel_size
     return fields
 

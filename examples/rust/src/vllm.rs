@@ -51,6 +51,7 @@ mod sys {
         pub async_scheduling: i32, // since 0.4
         pub n_threads: i32,        // since 0.5
         pub multiprocessing: i32,  // since 0.5
+        pub tensor_parallel_size: i32, // since 1.0
     }
 
     #[repr(C)]
