@@ -51,6 +51,7 @@ STATUS_TO_HTTP = {
     9: (500, "InternalServerError"),  # VLLM_ERR_INTERNAL
     10: (503, "ServiceUnavailableError"),  # VLLM_ERR_TIMEOUT
     12: (503, "ServiceUnavailableError"),  # VLLM_ERR_INVALID_STATE: e.g. shutting down
+    13: (503, "ServiceUnavailableError"),  # VLLM_ERR_CANCELLED: a load the caller stopped
 }
 
 
