@@ -480,15 +480,10 @@ def render_chat_template(
     if not isinstance(bos_token, str) or not isinstance(eos_token, str):
         raise InvalidArgumentError("bos_token and eos_token must be strings")
     try:
-        variables = {
-            "documents": None,
-            **{k: _plain(v, k) for k, v in kwargs.items()},
-            "messages": _normalize_messages(messages),
-            "tools": _plain(tools, "tools"),
-            "add_generation_prompt": bool(add_generation_prompt),
-            "bos_token": bos_token,
-            "eos_token": eos_token,
-        }
+        variables = {"documents": None, **{k: _plain(v, k) for k, v in kwargs.items()},
+                     "messages": _normalize_messages(messages), "tools": _plain(tools, "tools"),
+                     "add_generation_prompt": bool(add_generation_prompt),
+                     "bos_token": bos_token, "eos_token": eos_token}
     except RecursionError:
         raise ChatTemplateError("the messages or tools are nested too deeply") from None
     compiled = _compile(template)
