@@ -53,6 +53,24 @@ def _rotary_embedding_kernel(
     _rotate_heads(k_ptr + tok * stride_kt, stride_kh, n_k_heads, cos, sin, half, BLOCK_HK, BLOCK_D)
 
 
+def _check_positions(positions: torch.Tensor) -> int:
+    """The token count T of positions [T] (int32/int64)."""
+    check(positions.dim() == 1 and positions.dtype in (torch.int32, torch.int64),
+          "positions must be a 1-D int32/int64 tensor")
+    return positions.shape[0]
+
+
+def _check_cos_sin_cache(cos_sin_cache: torch.Tensor, head_size: int) -> int:
+    """rotary_dim of cos_sin_cache [max_position, rotary_dim] float32."""
+    check(cos_sin_cache.dim() == 2 and cos_sin_cache.stride(1) == 1
+          and cos_sin_cache.dtype == torch.float32, "cos_sin_cache must be [max_position, "
+          "rotary_dim] float32 with a contiguous last dimension")
+    rot = cos_sin_cache.shape[1]
+    check(rot % 2 == 0 and 0 < rot <= head_size, lambda: f"rotary_dim {rot} must be even and <= "
+          f"head_size {head_size}")
+    return rot
+
+
 def _heads_view(name: str, t: torch.Tensor, n: int, head_size: int) -> tuple[int, int, int]:
     """(n_heads, token stride, head stride) of a [n, heads * hs] or [n, heads, hs] tensor."""
     check_float(name, t)
@@ -75,17 +93,10 @@ def rotary_embedding(
 
     cos_sin_cache: [max_position, rotary_dim] float32, cos then sin halves.
     """
-    check(positions.dim() == 1 and positions.dtype in (torch.int32, torch.int64),
-          "positions must be a 1-D int32/int64 tensor")
-    n = positions.shape[0]
+    n = _check_positions(positions)
     nq, sqt, sqh = _heads_view("query", query, n, head_size)
     nk, skt, skh = _heads_view("key", key, n, head_size)
-    check(cos_sin_cache.dim() == 2 and cos_sin_cache.stride(1) == 1
-          and cos_sin_cache.dtype == torch.float32, "cos_sin_cache must be [max_position, "
-          "rotary_dim] float32 with a contiguous last dimension")
-    rot = cos_sin_cache.shape[1]
-    check(rot % 2 == 0 and 0 < rot <= head_size, lambda: f"rotary_dim {rot} must be even and <= "
-          f"head_size {head_size}")
+    rot = _check_cos_sin_cache(cos_sin_cache, head_size)
     check_same_device(positions=positions, query=query, key=key, cos_sin_cache=cos_sin_cache)
     if n == 0:
         return

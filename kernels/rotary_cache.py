@@ -21,7 +21,13 @@ import triton.language as tl
 
 from kernels._common import check, check_float, check_same_device, next_pow2, pdl_launch, pdl_wait
 from kernels.reshape_and_cache import reshape_and_cache_ref
-from kernels.rotary import _heads_view, _rotate_heads, rotary_embedding_ref
+from kernels.rotary import (
+    _check_cos_sin_cache,
+    _check_positions,
+    _heads_view,
+    _rotate_heads,
+    rotary_embedding_ref,
+)
 
 
 @triton.jit
@@ -76,18 +82,11 @@ def rotary_embedding_and_cache(
     """Rotate query [T, nq * hs] in place; write rotated key and value [T, nkv * hs] (or
     [T, heads, hs] views) into kv_cache [2, num_blocks, block_size, nkv, hs] at slot_mapping
     [T]. cos_sin_cache: [max_position, rotary_dim] float32, cos then sin halves."""
-    check(positions.dim() == 1 and positions.dtype in (torch.int32, torch.int64),
-          "positions must be a 1-D int32/int64 tensor")
-    n = positions.shape[0]
+    n = _check_positions(positions)
     nq, sqt, sqh = _heads_view("query", query, n, head_size)
     nk, skt, skh = _heads_view("key", key, n, head_size)
     nv, svt, svh = _heads_view("value", value, n, head_size)
-    check(cos_sin_cache.dim() == 2 and cos_sin_cache.stride(1) == 1
-          and cos_sin_cache.dtype == torch.float32, "cos_sin_cache must be [max_position, "
-          "rotary_dim] float32 with a contiguous last dimension")
-    rot = cos_sin_cache.shape[1]
-    check(rot % 2 == 0 and 0 < rot <= head_size, lambda: f"rotary_dim {rot} must be even and <= "
-          f"head_size {head_size}")
+    rot = _check_cos_sin_cache(cos_sin_cache, head_size)
     check(kv_cache.dim() == 5 and kv_cache.shape[0] == 2 and kv_cache.shape[3] == nk == nv
           and kv_cache.shape[4] == head_size and kv_cache.stride(4) == 1,
           lambda: f"kv_cache must be [2, num_blocks, block_size, {nk}, {head_size}] with a "
