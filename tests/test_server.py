@@ -69,6 +69,12 @@ def server(built, model_path, child_env, tmp_path_factory, c_api):
          "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
          "--lib", str(built / "libvllm.so"), "--uvicorn-log-level", "warning"],
         stdout=log, stderr=subprocess.STDOUT, env=child_env)
+    yield from serving(proc, port, log)
+
+
+def serving(proc: subprocess.Popen, port: int, log):
+    """A fixture's body for a started server: (proc, port) once /health answers 200
+    (the log in the failure otherwise), then SIGINT (kill after 30 s)."""
     deadline = time.monotonic() + 300  # the oracle loads the model at the same time
     while _status(port, "GET", "/health")[0] != 200:
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -31,6 +31,7 @@ from test_server import (  # noqa: F401  (c_api: the shared oracle fixture)
     _open_stream,
     _status,
     c_api,
+    serving,
 )
 
 pytestmark = [pytest.mark.capi, pytest.mark.slow]
@@ -46,20 +47,7 @@ def mp_server(built, model_path, child_env, tmp_path_factory, c_api):  # noqa: F
          "--max-num-seqs", "8", "--multiprocessing", "--lib", str(built / "libvllm.so"),
          "--uvicorn-log-level", "warning"],
         stdout=log, stderr=subprocess.STDOUT, env=child_env)
-    deadline = time.monotonic() + 300
-    while _status(port, "GET", "/health")[0] != 200:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            log.seek(0)
-            pytest.fail(f"server did not become healthy:\n{log.read()}")
-        time.sleep(0.3)
-    yield proc, port
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    yield from serving(proc, port, log)
 
 
 def _core_pid(server_pid: int) -> int:
