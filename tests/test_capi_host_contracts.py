@@ -3,7 +3,7 @@ a zeroed engine params struct with only struct_size set is valid, a model direct
 holding one .gguf loads it (and two are refused), VLLM_END_OF_STREAM sets no error
 message, and vllm_engine_num_unfinished counts a pulled request until its
 last event was pulled. (The SIGINT and thread-safety comments: test_capi_host_runtime.py,
-test_capi_step_threads.py.)
+test_capi_threads.py.)
 
 A Python host drives build/libvllm.so through cffi's ABI mode in a child process.
 Oracle: the header's comments; vLLM's defaults (max_num_seqs 256, block_size 16).
