@@ -3,14 +3,17 @@
 Mirrors vllm/v1/attention/ops/triton_decode_attention.py (grouped split-KV decode, stage 1 +
 stage 2 reduction) and triton_unified_attention.py (varlen queries found by a binary search
 over query_start_loc in q-block units, GQA query heads packed into the rows of one tile,
-causal over a cached prefix). Own code; the layout and metadata are the engine's
+causal over a cached prefix, and its 3D variant: kernel_unified_attention_3d splits each
+program's KV tiles into segments when the 2D grid leaves SMs idle, reduce_segments merges
+them). Own code; the layout and metadata are the engine's
 (engine/layers/attention.py): kv_cache [2, num_blocks, block_size, num_kv_heads, head_size],
 block_table [num_reqs, max_blocks] int32, seq_lens [num_reqs] (context incl. this step's
 tokens), query_start_loc [num_reqs + 1]; query token j of request i sits at position
 seq_len - q_len + j and sees keys <= it. All metadata stays on the device: no host sync.
 
 Precondition: block_table entries of the first cdiv(seq_len, block_size) columns are valid
-block ids (the KV cache manager owns them). A request with seq_len 0 yields zeros.
+block ids (the KV cache manager owns them). A request with seq_len 0 yields zeros; prefill
+leaves the rows past query_start_loc[num_reqs] untouched.
 """
 
 from __future__ import annotations
@@ -125,14 +128,18 @@ def _paged_attention_decode_kernel(
 
 @triton.jit
 def _paged_attention_decode_reduce_kernel(
-    part_acc_ptr, part_ml_ptr, out_ptr, stride_ot: tl.int64, stride_oh, num_q_heads,
-    head_size, num_splits, HEAD_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    part_acc_ptr, part_ml_ptr, out_ptr, rows_end_ptr, stride_ot: tl.int64, stride_oh,
+    num_q_heads, head_size, num_splits, HEAD_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # the decode kernel wrote the partials
+    if USE_PDL:  # the decode or prefill kernel wrote the partials
         pdl_wait()
-    # program (request, query head): merge the splits' partial softmax states
+    # program (row, query head): merge the splits' partial softmax states; a row is a
+    # request (decode) or a query token (prefill segments)
     req = tl.program_id(0).to(tl.int64)
+    if rows_end_ptr is not None:  # prefill: tokens past query_start_loc[-1] stay untouched
+        if req >= tl.load(rows_end_ptr):
+            return
     head = tl.program_id(1)
     sp = tl.arange(0, SPLITS_PAD)
     d = tl.arange(0, HEAD_PAD)
@@ -166,17 +173,18 @@ def _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _paged_attention_prefill_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr, num_reqs,
-    stride_qt: tl.int64, stride_qh, stride_bt: tl.int64, stride_block: tl.int64,
+    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+    num_reqs, stride_qt: tl.int64, stride_qh, stride_bt: tl.int64, stride_block: tl.int64,
     stride_slot: tl.int64, stride_head, stride_ot: tl.int64, stride_oh,
-    head_size, group, qk_scale, window,
+    num_q_heads, head_size, group, qk_scale, window, num_segments,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, USE_WINDOW: tl.constexpr,
-    DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SPLIT: tl.constexpr,
+    USE_WINDOW: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # the kernel before wrote this one's inputs
         pdl_wait()
-    # program (q block, kv head): BLOCK_Q query tokens x `group` heads = rows of one tile
+    # program (q block, kv head[, segment]): BLOCK_Q query tokens x `group` heads = the rows
+    # of one tile, over all its KV tiles or (SPLIT) one segment of them
     q_block = tl.program_id(0)
     kvh = tl.program_id(1)
     req = _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q)
@@ -200,17 +208,29 @@ def _paged_attention_prefill_kernel(
     t_begin = 0
     if USE_WINDOW:  # keys the first row can see start at its position - window + 1
         t_begin = tl.maximum(ctx + local * BLOCK_Q - window + 1, 0) // TILE_N
+    t_end = tl.cdiv(kv_end, TILE_N)
+    if SPLIT:  # this segment's share of the tiles [t_begin, t_end); it may be empty
+        seg = tl.program_id(2)
+        per_seg = tl.cdiv(tl.maximum(t_end - t_begin, 0), num_segments)
+        t_begin = t_begin + seg * per_seg
+        t_end = tl.minimum(t_begin + per_seg, t_end)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _attend_tiles(
         q, acc, m_i, l_i, k_ptr, v_ptr, bt_ptr + req.to(tl.int64) * stride_bt,
-        kvh * stride_head, ctx + tok, seq_len, t_begin, tl.cdiv(kv_end, TILE_N), stride_block,
+        kvh * stride_head, ctx + tok, seq_len, t_begin, t_end, stride_block,
         stride_slot, qk_scale, head_size, window, BLOCK_SIZE, TILE_N, HEAD_PAD, True,
         USE_WINDOW, DOT_PREC)
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(out_ptr + row[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=qmask)
+    if SPLIT:  # partials (empty: m -inf, l 0): acc [T, nq, segs, HEAD_PAD], (m, l) [.., 2]
+        ph = (row * num_q_heads + heads) * num_segments + seg  # [BLOCK_M]
+        tl.store(part_acc_ptr + ph[:, None] * HEAD_PAD + d[None, :], acc, mask=rmask[:, None])
+        tl.store(part_ml_ptr + ph * 2, m_i, mask=rmask)
+        tl.store(part_ml_ptr + ph * 2 + 1, l_i, mask=rmask)
+    else:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(out_ptr + row[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=qmask)
 
 
 def _check_cache(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -267,6 +287,13 @@ def _num_sms(device: torch.device) -> int:
     return 4  # the Triton interpreter on CPU: keep test grids small
 
 
+def _kv_splits(programs: int, device: torch.device, most: int, per_sm: int) -> int:
+    """KV splits per program while `programs` leave SMs idle: about per_sm programs per SM,
+    at most `most`. Host ints only (shapes, SM count), so a CUDA graph replays the launch."""
+    sms = _num_sms(device)
+    return 1 if programs >= sms else min(most, cdiv(per_sm * sms, programs))
+
+
 def paged_attention_decode(
     q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
     seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
@@ -285,8 +312,7 @@ def paged_attention_decode(
     if n == 0:
         return out
     if num_splits is None:  # flash-decoding only while (request, kv head) pairs leave SMs idle
-        sms = _num_sms(q.device)
-        num_splits = 1 if n * nkv >= sms else min(64, cdiv(4 * sms, n * nkv))
+        num_splits = _kv_splits(n * nkv, q.device, 64, 4)
     check(1 <= num_splits <= 256, lambda: f"num_splits must be in [1, 256], got {num_splits}")
     head_pad = max(16, next_pow2(hd))
     tile_n = _tile_n(tile_n, head_pad)
@@ -305,7 +331,7 @@ def paged_attention_decode(
     )
     if split:
         _paged_attention_decode_reduce_kernel[(n, nq)](
-            part_acc, part_ml, out, out.stride(0), out.stride(1), nq, hd, num_splits,
+            part_acc, part_ml, out, None, out.stride(0), out.stride(1), nq, hd, num_splits,
             HEAD_PAD=head_pad, SPLITS_PAD=next_pow2(num_splits), num_warps=4,
             **pdl_launch(q),
         )
@@ -317,12 +343,17 @@ def paged_attention_prefill(
     seq_lens: torch.Tensor, block_table: torch.Tensor, scale: float,
     out: torch.Tensor | None = None, sliding_window: int | None = None, block_m: int = 64,
     tile_n: int = 64, num_warps: int | None = None, num_stages: int = 2,
+    num_segments: int | None = None,
 ) -> torch.Tensor:
     """Varlen causal attention over cached prefixes. q: [num_tokens, nq, hd] -> same shape.
 
     Any query lengths (1 included), so a mixed prefill + decode batch can use it whole.
+    num_segments: KV segments per (q block, kv head) program, merged by a reduce (vLLM's 3D
+    kernel); default: up to 16 while the 2D grid leaves SMs idle (batch-1 decode), else 1.
     """
     _check_window(sliding_window)
+    check(num_segments is None or (isinstance(num_segments, int) and 1 <= num_segments <= 256),
+          lambda: f"num_segments must be an int in [1, 256] or None, got {num_segments!r}")
     num_reqs = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
     check(query_start_loc.dim() == 1 and query_start_loc.shape[0] == num_reqs + 1
           and query_start_loc.dtype == torch.int32,
@@ -339,17 +370,30 @@ def paged_attention_prefill(
     block_q = block_m // group
     head_pad = max(16, next_pow2(hd))
     tile_n = _tile_n(tile_n, head_pad)
-    _paged_attention_prefill_kernel[(n // block_q + num_reqs, nkv)](
-        q, kv_cache[0], kv_cache[1], block_table, seq_lens, query_start_loc, out, num_reqs,
-        q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(1), kv_cache.stride(2),
-        kv_cache.stride(3), out.stride(0), out.stride(1), hd, group, scale * LOG2E,
-        sliding_window or 0, BLOCK_SIZE=block_size, TILE_N=tile_n,
-        HEAD_PAD=head_pad, BLOCK_M=block_m, BLOCK_Q=block_q,
+    q_blocks = n // block_q + num_reqs  # an upper bound on the q blocks of any split of n
+    segs = num_segments or _kv_splits(q_blocks * nkv, q.device, 16, 2)
+    split = segs > 1
+    part_acc = part_ml = out  # unused by one segment: no allocation on the eager path
+    if split:  # per call, so graph capture takes them from the graph pool
+        part_acc = torch.empty(n, nq, segs, head_pad, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(n, nq, segs, 2, dtype=torch.float32, device=q.device)
+    _paged_attention_prefill_kernel[(q_blocks, nkv, segs)](
+        q, kv_cache[0], kv_cache[1], block_table, seq_lens, query_start_loc, out, part_acc,
+        part_ml, num_reqs, q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(1),
+        kv_cache.stride(2), kv_cache.stride(3), out.stride(0), out.stride(1), nq, hd, group,
+        scale * LOG2E, sliding_window or 0, segs, BLOCK_SIZE=block_size, TILE_N=tile_n,
+        HEAD_PAD=head_pad, BLOCK_M=block_m, BLOCK_Q=block_q, SPLIT=split,
         USE_WINDOW=sliding_window is not None,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps or (4 if head_pad <= 128 else 8), num_stages=num_stages,
         **pdl_launch(q),
     )
+    if split:
+        _paged_attention_decode_reduce_kernel[(n, nq)](
+            part_acc, part_ml, out, query_start_loc[num_reqs:], out.stride(0), out.stride(1),
+            nq, hd, segs,
+            HEAD_PAD=head_pad, SPLITS_PAD=next_pow2(segs), num_warps=4, **pdl_launch(q),
+        )
     return out
 
 

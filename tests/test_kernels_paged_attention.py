@@ -4,7 +4,9 @@ Oracle: paged_attention_{prefill,decode}_ref = engine/layers/attention.py paged_
 (one SDPA per request over the gathered blocks, causal over the cached prefix, GQA,
 sliding window). Mirrors vLLM 0.33 tests/kernels/attention/test_triton_unified_attention.py
 (varlen (query_len, kv_len) sets, head pairs (4, 4) (8, 2) (5, 1), random block tables,
-sliding windows, tolerance 2e-2 in bf16) and test_triton_decode_attention.py (split-KV).
+sliding windows, tolerance 2e-2 in bf16; its split-K (3D kernel + reduce_segments) cases:
+segments over decode and short-query rows, empty segments, graph padding left untouched)
+and test_triton_decode_attention.py (split-KV).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, ON_CUDA, gpu
 
+import kernels.paged_attention as pa
 from engine.errors import InvalidArgumentError
 from kernels.paged_attention import (
     paged_attention_decode,
@@ -79,12 +82,87 @@ def test_decode_equals_prefill_with_one_token_per_request() -> None:
     _close(a, b, torch.float32)
 
 
+# a decode row, a chunked prefill over a cached prefix, a long prefill (3 tiles of 16 keys)
+SEGMENT_SEQS = [[(1, 100), (6, 37), (33, 33)], [(1, 17), (1, 0), (2, 48)]]
+
+
+@pytest.mark.parametrize("num_segments", [1, 3, 8])
+@pytest.mark.parametrize("seq_lens", SEGMENT_SEQS)
+@pytest.mark.parametrize("nq,nkv", NUM_HEADS)
+@pytest.mark.parametrize("window", [None, 7])
+def test_prefill_segments_match_engine(num_segments, seq_lens, nq, nkv, window) -> None:
+    """KV split into segments (vLLM's 3D kernel) + reduce equals the engine's attention; 8
+    segments over at most 3 tiles leave some empty, the window starts them mid-sequence."""
+    q, kv, qsl, lens, bt = _case(seq_lens, nq, nkv, 32, 4, torch.float32)
+    out = paged_attention_prefill(q, kv, qsl, lens, bt, 0.2, sliding_window=window,
+                                  block_m=16, tile_n=16, num_segments=num_segments)
+    assert torch.isfinite(out).all()
+    _close(out, paged_attention_prefill_ref(q, kv, qsl, lens, bt, 0.2, window), torch.float32)
+
+
+class _Spy:
+    """Records the grids a Triton kernel is launched with (kernel[grid](...))."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("sms,segments", [(4, 1), (8, 3), (64, 16)])
+def test_prefill_segments_chosen_from_shapes(monkeypatch, sms, segments) -> None:
+    """Default: one segment while (q blocks x kv heads) programs fill the SMs, else about two
+    programs per SM, at most 16 (6 programs: 8 SMs -> 3); the reduce runs only after a split."""
+    monkeypatch.setattr(pa, "_num_sms", lambda device: sms)
+    main = _Spy(pa._paged_attention_prefill_kernel)
+    reduce = _Spy(pa._paged_attention_decode_reduce_kernel)
+    monkeypatch.setattr(pa, "_paged_attention_prefill_kernel", main)
+    monkeypatch.setattr(pa, "_paged_attention_decode_reduce_kernel", reduce)
+    q, kv, qsl, lens, bt = _case([(1, 40), (3, 30)], 8, 2, 32, 4, torch.float32)
+    out = paged_attention_prefill(q, kv, qsl, lens, bt, 0.2, block_m=16, tile_n=16)
+    assert main.grids == [(3, 2, segments)]  # 4 tokens // 4 per block + 2 requests, 2 heads
+    assert reduce.grids == ([(4, 8)] if segments > 1 else [])
+    _close(out, paged_attention_prefill_ref(q, kv, qsl, lens, bt, 0.2), torch.float32)
+
+
+@pytest.mark.parametrize("empty", ["one", "all"])
+def test_segment_reduce_ignores_empty_segments(empty) -> None:
+    """An empty segment (m -inf, l 0) must not suppress a strongly negative one; all empty:
+    zeros, never NaN (upstream test_reduce_segments_ignores_empty_softmax_states)."""
+    out = torch.full((1, 1, 32), float("nan"), device=DEVICE)
+    acc = torch.zeros(1, 1, 16, 32, device=DEVICE)
+    ml = torch.zeros(1, 1, 16, 2, device=DEVICE)
+    ml[..., 0] = float("-inf")
+    if empty == "one":
+        acc[:, :, 5], ml[:, :, 5] = 6.0, torch.tensor([-1000.0, 2.0])
+    end = torch.tensor([1], dtype=torch.int32, device=DEVICE)
+    pa._paged_attention_decode_reduce_kernel[(1, 1)](
+        acc, ml, out, end, out.stride(0), out.stride(1), 1, 32, 16, HEAD_PAD=32,
+        SPLITS_PAD=16, USE_PDL=False)
+    torch.testing.assert_close(out, torch.full_like(out, 3.0 if empty == "one" else 0.0))
+
+
+@pytest.mark.parametrize("num_segments", [1, 4])
+def test_prefill_leaves_rows_past_query_start_loc_untouched(num_segments) -> None:
+    q, kv, qsl, lens, bt = _case([(2, 9), (1, 5)], 4, 2, 16, 4, torch.float32)
+    q = torch.cat([q, torch.randn(2, 4, 16, device=DEVICE)])
+    out = torch.full_like(q, 123.0)
+    paged_attention_prefill(q, kv, qsl, lens, bt, 0.3, out=out, block_m=16, tile_n=16,
+                            num_segments=num_segments)
+    assert (out[3:] == 123.0).all()
+    _close(out[:3], paged_attention_prefill_ref(q[:3], kv, qsl, lens, bt, 0.3), torch.float32)
+
+
+@pytest.mark.parametrize("num_segments", [1, 3])
 @pytest.mark.parametrize("seq_lens,pad_tokens,spare_rows", [
     ([(1, 13), (5, 18), (9, 9)], 1, 4),  # a mixed step padded from 15 to 16 tokens
     ([(1, 5), (1, 1), (1, 33)], 5, 0),  # decodes in a mixed graph, padding, no spare rows
     ([(7, 7)], 0, 3),  # a prefill that fills its bucket exactly
 ])
-def test_prefill_in_a_padded_graph_layout(seq_lens, pad_tokens, spare_rows) -> None:
+def test_prefill_in_a_padded_graph_layout(num_segments, seq_lens, pad_tokens,
+                                          spare_rows) -> None:
     """The metadata of a FULL CUDA graph (engine/worker/model_runner.py): tokens padded up
     to the bucket form one more request with seq_len 0 (rows of zeros), request rows past
     it have no tokens; the grid depends only on the padded token and row counts. The
@@ -102,11 +180,11 @@ def test_prefill_in_a_padded_graph_layout(seq_lens, pad_tokens, spare_rows) -> N
                            device=DEVICE)  # stale rows: never read past seq_len 0
     bt_pad[:n] = bt
     out = paged_attention_prefill(q_pad, kv, qsl_pad, lens_pad, bt_pad, 0.2, block_m=16,
-                                  tile_n=16)
+                                  tile_n=16, num_segments=num_segments)
     _close(out[:total], paged_attention_prefill_ref(q, kv, qsl, lens, bt, 0.2), torch.float32)
     _close(out[:total], paged_attention_prefill(q, kv, qsl, lens, bt, 0.2, block_m=16,
                                                 tile_n=16), torch.float32)
-    assert out[total:].abs().max().item() == 0 if pad_tokens else True
+    assert torch.isfinite(out).all() and (out[total:] == 0).all()  # padding rows: zeros
 
 
 def test_attention_rejects_bad_metadata() -> None:
@@ -125,6 +203,10 @@ def test_attention_rejects_bad_metadata() -> None:
         paged_attention_decode(q[:1], kv[..., :8], bt, lens, 1.0)
     with pytest.raises(InvalidArgumentError, match="tile_n must be a power of 2 >= 16"):
         paged_attention_decode(q[:1], kv, bt, lens, 1.0, tile_n=8)
+    for bad in (0, 257, 2.0):
+        with pytest.raises(InvalidArgumentError,
+                           match=r"num_segments must be an int in \[1, 256\] or None, got"):
+            paged_attention_prefill(q, kv, qsl, lens, bt, 1.0, num_segments=bad)
 
 
 UPSTREAM_SEQS = [[(1, 1328), (5, 18), (129, 463)], [(1, 523), (1, 37), (1, 2011)]]
@@ -149,6 +231,19 @@ def test_decode_llama_shapes(batch: int, kv_len: int) -> None:
                                torch.bfloat16)
     out = paged_attention_decode(q, kv, bt, lens, 128**-0.5)
     _close(out, paged_attention_decode_ref(q, kv, bt, lens, 128**-0.5), torch.bfloat16)
+
+
+@gpu
+@pytest.mark.parametrize("kv_len", [1024, 32768])
+def test_prefill_splits_batch1_decode_on_llama_shapes(kv_len: int) -> None:
+    """Batch-1 decode in a mixed FULL graph (the request and its padding row, 8 kv heads:
+    16 programs) fills the SMs with KV segments and matches one segment and the engine."""
+    q, kv, qsl, lens, bt = _case([(1, kv_len), (1, 0)], 32, 8, 128, 16, torch.bfloat16)
+    out = paged_attention_prefill(q, kv, qsl, lens, bt, 128**-0.5)
+    one = paged_attention_prefill(q, kv, qsl, lens, bt, 128**-0.5, num_segments=1)
+    _close(out, paged_attention_prefill_ref(q, kv, qsl, lens, bt, 128**-0.5), torch.bfloat16)
+    _close(out, one, torch.bfloat16)
+    assert (out[1] == 0).all()
 
 
 @gpu
