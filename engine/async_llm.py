@@ -88,7 +88,9 @@ class StatsCollector:
 
 
 class RequestStream:
-    """The outputs of one request, in order: pulled with get() or pushed to a callback."""
+    """The outputs of one request, in order: pulled with get() or pushed to a callback.
+    DELTA outputs the puller has not taken yet merge into one (vLLM's
+    RequestOutputCollector), so a consumer that lags gets fewer, larger deltas."""
 
     def __init__(self, request_id: str, cancel: Callable[[str], None],
                  on_output: OutputCallback | None = None) -> None:
@@ -128,7 +130,12 @@ class RequestStream:
             self._on_output(item)
             return
         with self._cond:
-            self._items.append(item)
+            last = self._items[-1] if self._items else None
+            if isinstance(item, RequestOutput) and isinstance(last, RequestOutput):
+                # the consumer lags: one merged DELTA output, as vLLM's RequestOutputCollector
+                last.add(item, aggregate=True)
+            else:
+                self._items.append(item)
             self._cond.notify_all()
 
 

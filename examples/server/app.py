@@ -191,13 +191,17 @@ async def _deferred(st: ServerState, request: Request, stream: int) -> Response:
 
 async def _sse(st: ServerState, stream: int):
     """The chunks as SSE events. However it ends (done, client gone, shutdown) the engine
-    requests are cancelled if unfinished and the handle is freed."""
+    requests are cancelled if unfinished and the handle is freed. A chunk that is ready
+    is taken on the event loop (a look, timeout 0); only a wait goes to a worker thread,
+    so a stream that lags behind the engine costs no thread hop per chunk."""
     st.streams.add(stream)
     try:
         while True:
             try:
-                chunk = await anyio.to_thread.run_sync(
-                    st.lib.stream_next, stream, STREAM_POLL_MS, limiter=st.limiter)
+                chunk = st.lib.stream_next(stream, 0)
+                if chunk is None:
+                    chunk = await anyio.to_thread.run_sync(
+                        st.lib.stream_next, stream, STREAM_POLL_MS, limiter=st.limiter)
             except EOFError:
                 yield b"data: [DONE]\n\n"
                 return
