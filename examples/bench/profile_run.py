@@ -102,9 +102,10 @@ def run(engine, args: argparse.Namespace) -> dict:
     engine_args.check_max_model_len(engine, args.input_len + args.output_len)
     params = engine_args.sampling_params(args.output_len, 1.0)
     rng = np.random.default_rng(0)
-    prompts = rng.integers(10000, size=(args.num_prompts, args.input_len)).tolist()
-    closed_loop(engine, prompts[: max(args.max_concurrency, 8)], params,
-                args.max_concurrency, "warm-")
+    warm = max(args.max_concurrency, 8)  # own prompts: no prefix-cache hits in the run
+    prompts = rng.integers(10000, size=(args.num_prompts + warm, args.input_len)).tolist()
+    closed_loop(engine, prompts[args.num_prompts:], params, args.max_concurrency, "warm-")
+    prompts = prompts[: args.num_prompts]
     tokens = record_steps(engine) if not engine.is_multiprocess else []
     prof = None
     if args.profile:
