@@ -246,6 +246,40 @@ def bench_prefill(sweep: bool) -> None:
                 note=json.dumps(cfg) if cfg else "default")
 
 
+def bench_unified(sweep: bool) -> None:
+    """The unified kernel on decode rows (what a FULL graph and a mixed step run), and a
+    mixed step whole vs split (decode rows on the decode kernel, the rest unified)."""
+    for b, ctx in ((1, 1024), (64, 1024), (256, 1024)):
+        kv_bytes = b * ctx * NKV * HD * 2 * 2
+        cases = [_attn_case([ctx] * b, [1] * b) for _ in range(copies(kv_bytes))]
+        q, kv, qsl, lens, bt = cases[0]
+        err = rel_err(paged_attention_prefill(q, kv, qsl, lens, bt, HD**-0.5),
+                      paged_attention_decode_ref(q, kv, bt, lens, HD**-0.5))
+        configs = [{}] + ([dict(block_m=m, tile_n=n, num_warps=w)
+                           for m in (16, 64) for n in (16, 32, 64) for w in (2, 4)]
+                          if sweep else [])
+        for cfg in configs:
+            tt = gpu_time(lambda cfg=cfg: [paged_attention_prefill(
+                c[0], c[1], c[2], c[3], c[4], HD**-0.5, **cfg) for c in cases])
+            row("unified on decode rows", f"B={b} ctx={ctx}", tt / len(cases), kv_bytes,
+                err=err if not cfg else None, note=json.dumps(cfg) if cfg else "default")
+    d, seq = 256, [1024] * 256 + [1024] * 8  # 256 decode rows + 8 new 1024-token prompts
+    q, kv, qsl, lens, bt = _attn_case(seq, [1] * d + [1024] * 8)
+    pre_q, pre_qsl = q[d:], (qsl[d:] - d).contiguous()
+    flops = 8 * 4 * NQ * HD * sum(range(1, 1025)) + d * 4 * NQ * HD * 1024
+    configs = [{}] + ([dict(block_m=m) for m in (16, 32, 128)] if sweep else [])
+    for cfg in configs:
+        tt = gpu_time(lambda cfg=cfg: paged_attention_prefill(q, kv, qsl, lens, bt, HD**-0.5,
+                                                              **cfg))
+        row("mixed 256 decode + 8x1024", "whole (unified)", tt, flops=flops,
+            note=json.dumps(cfg) if cfg else "default")
+    tt = gpu_time(lambda: (paged_attention_decode(q[:d], kv, bt[:d], lens[:d], HD**-0.5),
+                           paged_attention_prefill(pre_q, kv, pre_qsl, lens[d:], bt[d:],
+                                                   HD**-0.5)))
+    row("mixed 256 decode + 8x1024", "split (decode + unified)", tt, flops=flops,
+        note="default")
+
+
 def random_weight(qtype: int, n: int, k: int) -> torch.Tensor:
     block, size = GGML_TYPE_TRAITS[GGMLType(qtype)]
     w = torch.randint(0, 256, (n * k // block, size), dtype=torch.uint8, device=DEV)
@@ -340,17 +374,18 @@ def main() -> None:
                     "(no names: all)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--only", nargs="*",
-                    default=["small", "dense", "decode", "prefill", "gguf", "gemm"])
+                    default=["small", "dense", "decode", "prefill", "unified", "gguf", "gemm"])
     args = ap.parse_args()
     torch.manual_seed(0)
     start = time.time()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"triton {__import__('triton').__version__}", flush=True)
-    sweep = {n for n in ("dense", "decode", "prefill", "gguf", "gemm")
+    sweep = {n for n in ("dense", "decode", "prefill", "unified", "gguf", "gemm")
              if args.sweep is not None and (not args.sweep or n in args.sweep)}
     steps = {"small": lambda: bench_small(), "dense": lambda: bench_dense("dense" in sweep),
              "decode": lambda: bench_decode("decode" in sweep),
              "prefill": lambda: bench_prefill("prefill" in sweep),
+             "unified": lambda: bench_unified("unified" in sweep),
              "gguf": lambda: bench_gguf("gguf" in sweep),
              "gemm": lambda: bench_gguf_gemm("gemm" in sweep)}
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
