@@ -1,0 +1,286 @@
+"""Decode GEMV and dequantize over repacked GGUF weights (kernels/gguf_repack.py layout).
+
+The batch-1..8 decode path of a GGUF linear layer on CUDA (engine/layers/linear.py
+GGUFWeight) for Q4_0, Q8_0, Q4_K, Q5_K and Q6_K: y [M, N] = x [M, K] @ W.T (+ bias). Each
+program takes BLOCK_N output rows and BLOCK_G groups of 32 values per step; a lane loads
+its group's 16-byte words for all BLOCK_N rows (consecutive lanes, consecutive words: one
+coalesced 512-byte row piece per warp and load), decodes two values per shift + mask
+(kernels/gguf_packed_tiles.py), and sums f * x per group before the group's scale, so the
+inner loop is about one integer op, two conversions and one FMA per value and token. The M
+rows of x are a tile axis: weights are read once for every row. With silu_and_mul the
+input is a gated MLP's gate_up [M, 2K] and silu(gate) * up is formed as it is loaded, as
+kernels/gemv.py does. More than GEMV_MAX_M rows: the weight is dequantized to x's dtype by
+a Triton kernel over the same planes and multiplied by torch (cuBLAS), the choice by M of
+vLLM's GGUF linear (vllm/model_executor/layers/quantization/gguf.py _fused_mul_mat_gguf:
+mmvq for a few tokens, dequantize + matmul for many).
+
+Safety (CVE-2026-53923): N and K come from the qs plane's own shape, every other plane is
+checked against them, and row offsets are 64-bit.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.errors import UnsupportedError
+from kernels._common import (
+    cdiv,
+    check,
+    check_float,
+    check_same_device,
+    next_pow2,
+    pdl_launch,
+    pdl_wait,
+)
+from kernels.gguf_packed_tiles import packed_high, packed_pair, packed_scales
+from kernels.gguf_repack import PACKED_TYPES, PackedGGUF
+
+GEMV_MAX_M = 8  # up to this many rows of x: the GEMV; beyond, dequantize + cuBLAS
+DEQUANT_CONFIG = (8, 16, 4)  # BLOCK_N, BLOCK_G, warps
+# GGML type -> (plane name -> (dtype, elements per group and row, or per 8 groups))
+_PLANES = {
+    2: {"qh": None, "d": None}, 8: {"qh": None, "d": None},
+    12: {"qh": None, "d": (torch.int32, 8)}, 13: {"qh": (torch.int32, 1), "d": (torch.int32, 8)},
+    14: {"qh": (torch.int16, 4), "d": (torch.int16, 8)},
+}
+
+
+@triton.jit
+def _load_x(x_ptr, row, M, K, g, i, SILU_AND_MUL: tl.constexpr):
+    """x [1, G, WPG] fp32 of token `row` at columns 32 g + i (silu(gate) * up with
+    SILU_AND_MUL, each rounded to x's dtype as kernels/activation.py rounds)."""
+    ptr = x_ptr + (g * 32)[None, :, None] + i[None, None, :]
+    mask = ((g < K // 32) & (g * 0 + row < M))[None, :, None]
+    x = tl.load(ptr, mask=mask, other=0.0)
+    if SILU_AND_MUL:
+        up = tl.load(ptr + K, mask=mask, other=0.0)
+        gate = x.to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(x.dtype)
+        x = (silu.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _packed_gemv_kernel(
+    x_ptr, qs_ptr, qh_ptr, sc_ptr, d_ptr, bias_ptr, y_ptr, M, N, NG,
+    stride_xm: tl.int64, stride_ym: tl.int64,
+    TYPE: tl.constexpr, WPG: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SILU_AND_MUL: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    if USE_PDL:  # the kernel before wrote x
+        pdl_wait()
+    # program: rows n [BN] x all of K; every tile is [BN, G, WPG] in one layout (the
+    # weight words'); token m's per-group sums go to acc[.., m % WPG] of acc_a (m < WPG)
+    # or acc_b, so no tile changes layout inside the loop
+    NPAIR: tl.constexpr = 16 // WPG  # pairs per word: 4 (nibbles), 2 (bytes)
+    SCALE: tl.constexpr = 1 << BITS  # f = 1 + q / SCALE
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = n.to(tl.int64)[:, None, None]  # [BN, 1, 1]
+    wl = tl.arange(0, WPG)
+    K = NG * 32
+    acc_a = tl.zeros([BLOCK_N, BLOCK_G, WPG], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_N, BLOCK_G, WPG], dtype=tl.float32)
+    for g0 in range(0, NG, BLOCK_G):
+        g = g0 + tl.arange(0, BLOCK_G)
+        m3 = (n < N)[:, None, None] & (g < NG)[None, :, None]  # [BN, G, 1]
+        w = tl.load(qs_ptr + rows * (NG * WPG) + (g * WPG)[None, :, None] + wl[None, None, :],
+                    mask=m3, other=0, eviction_policy="evict_first")  # [BN, G, WPG] int32
+        h = packed_high(TYPE, qh_ptr, rows, g, wl, m3, NG)
+        d_lo, m_lo, d_hi, m_hi = packed_scales(TYPE, sc_ptr, d_ptr, rows, g, m3, NG)
+        for mi in tl.static_range(BLOCK_M):
+            x_row = x_ptr + mi * stride_xm
+            f_lo = tl.zeros([BLOCK_N, BLOCK_G, WPG], dtype=tl.float32)
+            f_hi = tl.zeros([BLOCK_N, BLOCK_G, WPG], dtype=tl.float32)
+            x_lo = tl.zeros([1, BLOCK_G, WPG], dtype=tl.float32)
+            x_hi = tl.zeros([1, BLOCK_G, WPG], dtype=tl.float32)
+            for p in tl.static_range(NPAIR):
+                v_lo, v_hi = packed_pair(TYPE, w, h, p, ASM)  # [BN, G, WPG]
+                xl = _load_x(x_row, mi, M, K, g, WPG * p + wl, SILU_AND_MUL)
+                xh = _load_x(x_row, mi, M, K, g, WPG * (p + NPAIR) + wl, SILU_AND_MUL)
+                f_lo += v_lo * xl
+                f_hi += v_hi * xh
+                x_lo += xl
+                x_hi += xh
+            # sum over a group of (D q - M) x = SCALE D sum(f x) - (SCALE D + M) sum(x)
+            c = (SCALE * d_lo) * tl.sum(f_lo, 2, keep_dims=True) - \
+                (SCALE * d_lo + m_lo) * tl.sum(x_lo, 2, keep_dims=True) + \
+                (SCALE * d_hi) * tl.sum(f_hi, 2, keep_dims=True) - \
+                (SCALE * d_hi + m_hi) * tl.sum(x_hi, 2, keep_dims=True)  # [BN, G, 1]
+            if mi < WPG:
+                acc_a += tl.where(wl[None, None, :] == mi, c, 0.0)
+            else:
+                acc_b += tl.where(wl[None, None, :] == mi - WPG, c, 0.0)
+    n2 = n[:, None]  # [BN, 1]
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + n2, mask=n2 < N, other=0.0).to(tl.float32)
+    else:
+        bias = tl.zeros([BLOCK_N, 1], dtype=tl.float32)
+    if BLOCK_M == 1:
+        y = tl.sum(tl.sum(acc_a, 2), 1)[:, None] + bias  # [BN, 1]
+        tl.store(y_ptr + n2, y.to(y_ptr.dtype.element_ty), mask=(n2 < N) & (n2 * 0 < M))
+    else:
+        om = wl[None, :]  # [1, WPG]: token of each acc column
+        y = tl.sum(acc_a, 1) + bias  # [BN, WPG]
+        tl.store(y_ptr + om.to(tl.int64) * stride_ym + n2, y.to(y_ptr.dtype.element_ty),
+                 mask=(n2 < N) & (om < M))
+        if BLOCK_M > WPG:
+            y = tl.sum(acc_b, 1) + bias
+            tl.store(y_ptr + (om + WPG).to(tl.int64) * stride_ym + n2,
+                     y.to(y_ptr.dtype.element_ty), mask=(n2 < N) & (om + WPG < M))
+
+
+@triton.jit
+def _packed_dequantize_kernel(
+    qs_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, N, NG, stride_out: tl.int64,
+    TYPE: tl.constexpr, WPG: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_G: tl.constexpr, ASM: tl.constexpr,
+):
+    # program (BLOCK_N rows, BLOCK_G groups): planes -> out [N, 32 NG], w = D q - M in the
+    # engine's order (engine/gguf/dequant.py), so the values are the same floats
+    NPAIR: tl.constexpr = 16 // WPG
+    SCALE: tl.constexpr = 1 << BITS
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    g = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
+    rows = n.to(tl.int64)[:, None, None]
+    wl = tl.arange(0, WPG)
+    m3 = (n < N)[:, None, None] & (g < NG)[None, :, None]
+    w = tl.load(qs_ptr + rows * (NG * WPG) + (g * WPG)[None, :, None] + wl[None, None, :],
+                mask=m3, other=0)
+    h = packed_high(TYPE, qh_ptr, rows, g, wl, m3, NG)
+    d_lo, m_lo, d_hi, m_hi = packed_scales(TYPE, sc_ptr, d_ptr, rows, g, m3, NG)
+    out = out_ptr + rows * stride_out + (g * 32)[None, :, None] + wl[None, None, :]
+    for p in tl.static_range(NPAIR):
+        v_lo, v_hi = packed_pair(TYPE, w, h, p, ASM)
+        q_lo = (v_lo - 1.0) * SCALE  # exact small integers
+        q_hi = (v_hi - 1.0) * SCALE
+        if TYPE == 12 or TYPE == 13:  # (d * sc) * q - dmin * m
+            w_lo = d_lo * q_lo - m_lo
+            w_hi = d_hi * q_hi - m_hi
+        else:  # d * (q - offset), offset = M / D
+            off: tl.constexpr = 8.0 if TYPE == 2 else (128.0 if TYPE == 8 else 32.0)
+            w_lo = d_lo * (q_lo - off)
+            w_hi = d_hi * (q_hi - off)
+        tl.store(out + WPG * p, w_lo.to(out_ptr.dtype.element_ty), mask=m3)
+        tl.store(out + WPG * (p + NPAIR), w_hi.to(out_ptr.dtype.element_ty), mask=m3)
+
+
+def _asm(t: torch.Tensor) -> bool:
+    """Whether the kernels may use inline PTX: a CUDA tensor, not the interpreter."""
+    return t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def check_packed(pw: PackedGGUF) -> tuple[int, int, int]:
+    """Validate the planes against the qs plane's shape -> (N, K, groups per row)."""
+    if pw.qtype not in PACKED_TYPES:
+        raise UnsupportedError(f"packed GGUF kernels do not support type {pw.qtype}")
+    wpg = PACKED_TYPES[pw.qtype][0]
+    qs = pw.qs
+    check(qs.dtype == torch.int32 and qs.dim() == 2 and qs.is_contiguous()
+          and qs.shape[1] % (wpg * (8 if pw.qtype in (12, 13, 14) else 1)) == 0,
+          lambda: f"qs must be a contiguous [N, groups * {wpg}] int32 plane of whole blocks, "
+          f"got {tuple(qs.shape)} {qs.dtype}")
+    n, ng = qs.shape[0], qs.shape[1] // wpg
+    want = {"sc": (torch.int16, 1), **_PLANES[pw.qtype]}
+    for name, spec in want.items():
+        t = getattr(pw, name)
+        if spec is None:
+            if t is not None:
+                check(False, f"{name} must be None for this type")
+            continue
+        dtype, per = spec
+        cols = ng // 8 if name == "d" else ng * per
+        if not (t is not None and t.dtype == dtype and tuple(t.shape) == (n, cols)
+                and t.is_contiguous()):
+            check(False, f"{name} must be a contiguous [{n}, {cols}] {dtype}, got "
+                  f"{None if t is None else (tuple(t.shape), t.dtype)}")
+        check_same_device(qs=qs, **{name: t})
+    return n, ng * 32, ng
+
+
+def gemv_packed_config(qtype: int, n: int, k: int, m: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_G, warps): 4 warps whose lanes take one group each along K (128
+    groups = 4096 values per step) and BLOCK_N rows per lane, fewer rows as the token tile
+    grows (registers: BLOCK_N * WPG * BLOCK_M accumulators per lane and half)."""
+    bm = next_pow2(max(m, 1))
+    block_n = max(1, 4 // max(1, bm // 2))
+    block_g = 64 if PACKED_TYPES[qtype][0] == 8 else 128
+    return block_n, min(block_g, next_pow2(max(k // 32, 1))), 4
+
+
+def gguf_packed_gemv(x: torch.Tensor, pw: PackedGGUF, bias: torch.Tensor | None = None,
+                     silu_and_mul: bool = False, out: torch.Tensor | None = None,
+                     config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ W.T (+ bias), M <= GEMV_MAX_M; x [M, 2K] with silu_and_mul.
+    out: an [M, N] destination with unit column stride (e.g. a column slice of a wider
+    output), else a new tensor in x's dtype. config: (BLOCK_N, BLOCK_G, warps), for sweeps."""
+    n, k, ng = check_packed(pw)
+    check_float("x", x)
+    kx = 2 * k if silu_and_mul else k
+    check(x.dim() == 2 and x.shape[1] == kx and x.stride(1) == 1,
+          lambda: f"x must be [num_tokens, {kx}] with a contiguous last dimension, "
+          f"got {tuple(x.shape)}")
+    m = x.shape[0]
+    check(m <= GEMV_MAX_M, lambda: f"the GEMV takes at most {GEMV_MAX_M} rows, got {m}")
+    check_same_device(x=x, qs=pw.qs)
+    if bias is not None:
+        check(bias.shape == (n,) and bias.is_contiguous(),
+              lambda: f"bias must be a contiguous [{n}], got {tuple(bias.shape)}")
+        check_same_device(x=x, bias=bias)
+    if out is None:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    check(out.shape == (m, n) and out.stride(1) == 1,
+          lambda: f"out must be [{m}, {n}] with unit column stride, got {tuple(out.shape)}")
+    if m == 0 or n == 0:
+        return out
+    block_n, block_g, warps = config or gemv_packed_config(pw.qtype, n, k, m)
+    wpg, bits = PACKED_TYPES[pw.qtype]
+    _packed_gemv_kernel[(cdiv(n, block_n),)](
+        x, pw.qs, pw.qh if pw.qh is not None else pw.qs, pw.sc,
+        pw.d if pw.d is not None else pw.sc, bias if bias is not None else pw.sc, out,
+        m, n, ng, x.stride(0), out.stride(0),
+        TYPE=pw.qtype, WPG=wpg, BITS=bits, BLOCK_N=block_n, BLOCK_G=block_g,
+        BLOCK_M=next_pow2(max(m, 1)), HAS_BIAS=bias is not None, SILU_AND_MUL=silu_and_mul,
+        ASM=_asm(x), num_warps=warps, **pdl_launch(x),
+    )
+    return out
+
+
+def gguf_packed_dequantize(pw: PackedGGUF, dtype: torch.dtype = torch.float16,
+                           config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """Repacked planes -> dense [N, K] `dtype`, the floats engine/gguf/dequant.py gives."""
+    n, k, ng = check_packed(pw)
+    out = torch.empty(n, k, dtype=dtype, device=pw.qs.device)
+    if n == 0 or k == 0:
+        return out
+    block_n, block_g, warps = config or DEQUANT_CONFIG
+    wpg, bits = PACKED_TYPES[pw.qtype]
+    _packed_dequantize_kernel[(cdiv(n, block_n), cdiv(ng, block_g))](
+        pw.qs, pw.qh if pw.qh is not None else pw.qs, pw.sc,
+        pw.d if pw.d is not None else pw.sc, out, n, ng, out.stride(0),
+        TYPE=pw.qtype, WPG=wpg, BITS=bits, BLOCK_N=block_n, BLOCK_G=block_g,
+        ASM=_asm(out), num_warps=warps,
+    )
+    return out
+
+
+def gguf_packed_linear(x: torch.Tensor, pw: PackedGGUF, bias: torch.Tensor | None = None,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ W.T (+ bias), by M: the GEMV for M <= GEMV_MAX_M, else
+    dequantize to x's dtype + torch matmul (cuBLAS)."""
+    if x.dim() == 2 and x.shape[0] <= GEMV_MAX_M:
+        return gguf_packed_gemv(x, pw, bias, out=out)
+    n, k, _ = check_packed(pw)
+    check_float("x", x)
+    check(x.dim() == 2 and x.shape[1] == k, lambda: f"x must be [num_tokens, {k}], "
+          f"got {tuple(x.shape)}")
+    w = gguf_packed_dequantize(pw, x.dtype)
+    y = torch.nn.functional.linear(x, w, bias)
+    if out is None:
+        return y
+    out.copy_(y)
+    return out

@@ -1,0 +1,103 @@
+"""Triton device helpers that decode the repacked GGUF planes (kernels/gguf_repack.py).
+
+Shared by the decode GEMV and the dequantize kernel of kernels/gguf_packed.py. A tile is
+[BN rows, G groups of 32 values, WPG words]; pair p of a word is its slots p and p + S/2
+(S slots per word), 16 bits apart, so one shift and one mask (LOP3) place both values'
+bits in the mantissas of an fp16 pair: f = 1 + q / 2^BITS, exact (two halves of an int32,
+converted to fp32 by one HADD2.F32 each). The GEMV sums f * x per group and applies
+w = A * f - B once per group (A = 2^BITS * scale, B = 2^BITS * scale + offset): about one
+integer op per value instead of a shift, mask and int-to-float per value.
+Type ids are GGMLType's (engine/gguf/constants.py): Q4_0 2, Q8_0 8, Q4_K 12, Q5_K 13, Q6_K 14.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _shift(v, s: tl.constexpr):
+    """v << s for s >= 0, arithmetic v >> -s otherwise (int32)."""
+    if s >= 0:
+        return v << s
+    else:
+        return v >> (-s)
+
+
+@triton.jit
+def _fp16_bits_to_f32(v):
+    """The fp16 in the low 16 bits of int32 v, as fp32."""
+    return v.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _halves_to_f32(bits, ASM: tl.constexpr):
+    """(low, high) fp16 halves of int32 `bits` as two fp32 tensors. ASM (a GPU): one
+    cvt.f32.f16 per half straight from the 32-bit register (the generic lowering first
+    repacks the halves with a PRMT each); the interpreter runs the plain ops."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; "
+            "cvt.f32.f16 $1, hi; }", "=r,=r,r", [bits], dtype=(tl.float32, tl.float32),
+            is_pure=True, pack=1)
+    else:
+        return _fp16_bits_to_f32(bits), _fp16_bits_to_f32(bits >> 16)
+
+
+@triton.jit
+def packed_pair(TYPE: tl.constexpr, w, h, P: tl.constexpr, ASM: tl.constexpr):
+    """(f_lo, f_hi) fp32 [BN, G, WPG] of pair P: slots P and P + S/2 of words w, with the
+    high-bit tile h (Q5_K: the group's qh word shifted right by the word index l; Q6_K: the
+    word's 16-bit qh | qh << 8; else unused)."""
+    if TYPE == 8:  # bytes: slot P at 8P -> fp16 mantissa bits 2..9
+        bits = (_shift(w, 2 - 8 * P) & 0x03FC03FC) | 0x3C003C00
+    elif TYPE == 13:  # nibble -> bits 5..8, fifth bit (bit 4P of h) -> bit 9
+        bits = (_shift(w, 5 - 4 * P) & 0x01E001E0) | (_shift(h, 9 - 4 * P) & 0x02000200) | \
+            0x3C003C00
+    elif TYPE == 14:  # nibble -> bits 4..7, top two bits (bits 2P of h) -> bits 8..9
+        bits = (_shift(w, 4 - 4 * P) & 0x00F000F0) | (_shift(h, 8 - 2 * P) & 0x03000300) | \
+            0x3C003C00
+    else:  # Q4_0 / Q4_K: nibble -> bits 6..9
+        bits = (_shift(w, 6 - 4 * P) & 0x03C003C0) | 0x3C003C00
+    return _halves_to_f32(bits, ASM)
+
+
+@triton.jit
+def packed_high(TYPE: tl.constexpr, qh_ptr, rows, g, wl, mask, NG):
+    """The high-bit tile packed_pair takes: [BN, G, WPG] int32 (zeros for 4/8-bit types)."""
+    if TYPE == 13:  # int32 [N, G]: one word per group, shifted by the word index
+        h = tl.load(qh_ptr + rows * NG + g[None, :, None], mask=mask, other=0)
+        return h >> wl[None, None, :]
+    elif TYPE == 14:  # int16 [N, G * 4]: one half-word per word
+        h = tl.load(qh_ptr + rows * (NG * 4) + (g * 4)[None, :, None] + wl[None, None, :],
+                    mask=mask, other=0).to(tl.int32) & 0xFFFF
+        return h | (h << 8)
+    else:
+        return wl[None, None, :] * 0
+
+
+@triton.jit
+def packed_scales(TYPE: tl.constexpr, sc_ptr, d_ptr, rows, g, mask, NG):
+    """Per (row, group) fp32 [BN, G, 1] (D_lo, M_lo, D_hi, M_hi): w = D * q - M for the
+    values of slots < S/2 (lo) and >= S/2 (hi) of the group, as engine/gguf/dequant.py
+    forms them. rows: [BN, 1, 1] int64 row indices; g: [G] groups; mask: [BN, G, 1]."""
+    g = tl.where(g < NG, g, 0)  # unknown contiguity: one group per lane, as the words
+    sc = tl.load(sc_ptr + rows * NG + g[None, :, None], mask=mask, other=0).to(tl.int32)
+    if TYPE == 2:  # d bits; q - 8
+        d = _fp16_bits_to_f32(sc)
+        return d, 8.0 * d, d, 8.0 * d
+    elif TYPE == 8:  # d bits; stored u = q + 128
+        d = _fp16_bits_to_f32(sc)
+        return d, 128.0 * d, d, 128.0 * d
+    elif TYPE == 14:  # two int8 scales x d; q - 32
+        d = _fp16_bits_to_f32(tl.load(d_ptr + rows * (NG // 8) + (g // 8)[None, :, None], mask=mask,
+                                      other=0).to(tl.int32))
+        d_lo = d * ((sc << 24) >> 24).to(tl.float32)
+        d_hi = d * (sc >> 8).to(tl.float32)
+        return d_lo, 32.0 * d_lo, d_hi, 32.0 * d_hi
+    else:  # Q4_K / Q5_K: d * scale, dmin * min
+        dd = tl.load(d_ptr + rows * (NG // 8) + (g // 8)[None, :, None], mask=mask, other=0)
+        dl = _fp16_bits_to_f32(dd) * (sc & 63).to(tl.float32)
+        ml = _fp16_bits_to_f32(dd >> 16) * ((sc >> 8) & 63).to(tl.float32)
+        return dl, ml, dl, ml
