@@ -133,7 +133,7 @@ def test_cuda_runs_the_gguf_kernels_like_the_dense_path(gguf_path):
     graphs, engine = greedy(gguf_path, eager=False)
     model = engine.model_runner.model
     qkv = model.model.layers[0].self_attn.qkv_proj
-    assert qkv.weight is None and qkv.gguf_weight.qweight0.is_cuda
+    assert qkv.weight is None and qkv.gguf_weight.packed(0).qs.is_cuda  # repacked Q8_0
     assert graphs == greedy(gguf_path, eager=True)[0]
     dense, _, reader = load_model(gguf_path)
     reader.close()

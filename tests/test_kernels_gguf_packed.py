@@ -136,3 +136,32 @@ def test_weights_over_2gb_use_64bit_offsets() -> None:
     y = gguf_packed_gemv(x, pw)
     assert _rel_err(y[:, -64:], gguf_gemm_ref(x, tail, GGMLType.Q8_0)) < 1e-5
     assert not y[:, :-64].any()
+
+
+def test_gguf_weight_repacks_its_shards_and_fuses_bias_and_silu() -> None:
+    # engine/layers/linear.py GGUFWeight: packed and raw shards side by side (qkv-like),
+    # the bias into the GEMV, SiLU-and-mul of a down projection inside it for <= 8 rows
+    from engine.layers.linear import GGUFWeight, ReplicatedLinear
+
+    shards = [(random_weight(GGMLType.Q8_0, 6, 256, seed=7), GGMLType.Q8_0),
+              (random_weight(GGMLType.Q4_1, 5, 256, seed=8), GGMLType.Q4_1),
+              (random_weight(GGMLType.Q6_K, 7, 256, seed=9), GGMLType.Q6_K)]
+    dense = torch.cat([gguf_dequantize_ref(w, t, torch.float32) for w, t in shards])
+    gw = GGUFWeight(shards)
+    gw.repack_shards()
+    assert gw.packed(0) is not None and gw.packed(1) is None and gw.packed(2) is not None
+    assert {"qweight0", "qweight2"}.isdisjoint(dict(gw.named_buffers()))
+    bias = torch.randn(18, device=DEVICE)
+    for m in (1, 3, 9):
+        x = torch.randn(m, 256, device=DEVICE)
+        assert _rel_err(gw(x, bias), x @ dense.T + bias) < 1e-5
+    down = ReplicatedLinear(256, 9)
+    w = random_weight(GGMLType.Q4_K, 9, 256, seed=10)
+    down.gguf_weight = GGUFWeight([(w, GGMLType.Q4_K)])
+    down.gguf_weight.repack_shards()
+    dense = gguf_dequantize_ref(w, GGMLType.Q4_K, torch.float32)
+    for m in (2, 9):  # fused, then SiluAndMul + dequantize + matmul
+        gate_up = torch.randn(m, 512, device=DEVICE)
+        assert down.gguf_weight.fuses_silu_and_mul(gate_up) == (m <= 8)
+        ref = SiluAndMul().forward_native(gate_up) @ dense.T
+        assert _rel_err(down.forward_act_and_mul(gate_up, SiluAndMul()), ref) < 1e-5
