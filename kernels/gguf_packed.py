@@ -2,11 +2,13 @@
 
 The batch-1..8 decode path of a GGUF linear layer on CUDA (engine/layers/linear.py
 GGUFWeight) for Q4_0, Q8_0, Q4_K, Q5_K and Q6_K: y [M, N] = x [M, K] @ W.T (+ bias). Each
-program takes BLOCK_N output rows and BLOCK_G groups of 32 values per step; a lane loads
-its group's 16-byte words for all BLOCK_N rows (consecutive lanes, consecutive words: one
-coalesced 512-byte row piece per warp and load), decodes two values per shift + mask
-(kernels/gguf_packed_tiles.py), and sums f * x per group before the group's scale, so the
-inner loop is about one integer op, two conversions and one FMA per value and token. The M
+program takes BLOCK_N output rows and BLOCK_G quads (4 words: a group of 32 4-bit values,
+half a Q8_0 group) per step; a lane loads one quad of each of its BLOCK_N rows with one
+16-byte load (consecutive lanes, consecutive words: a coalesced 512-byte row piece per warp
+and load), decodes two values per shift + mask (kernels/gguf_packed_tiles.py), and sums
+f * x per quad before the quad's scale: per value and token about one integer op, one
+fp16-to-fp32 conversion and one FMA (sm_90 code: ~5.3 instructions per Q4_K value at
+BLOCK_N 4, 6.1 Q8_0, 6.8 Q6_K, against ~11 for kernels/gguf_gemm.py's GEMV). The M
 rows of x are a tile axis: weights are read once for every row. With silu_and_mul the
 input is a gated MLP's gate_up [M, 2K] and silu(gate) * up is formed as it is loaded, as
 kernels/gemv.py does. More than GEMV_MAX_M rows: the weight is dequantized to x's dtype by
@@ -50,11 +52,11 @@ _PLANES = {
 
 
 @triton.jit
-def _load_x(x_ptr, row, M, K, g, i, SILU_AND_MUL: tl.constexpr):
-    """x [1, G, WPG] fp32 of token `row` at columns 32 g + i (silu(gate) * up with
+def _load_x(x_ptr, row, M, K, col, i, SILU_AND_MUL: tl.constexpr):
+    """x [1, T, 4] fp32 of token `row` at columns col + i (silu(gate) * up with
     SILU_AND_MUL, each rounded to x's dtype as kernels/activation.py rounds)."""
-    ptr = x_ptr + (g * 32)[None, :, None] + i[None, None, :]
-    mask = ((g < K // 32) & (g * 0 + row < M))[None, :, None]
+    ptr = x_ptr + col[None, :, None] + i[None, None, :]
+    mask = ((col < K) & (col * 0 + row < M))[None, :, None]
     x = tl.load(ptr, mask=mask, other=0.0)
     if SILU_AND_MUL:
         up = tl.load(ptr + K, mask=mask, other=0.0)
@@ -62,6 +64,15 @@ def _load_x(x_ptr, row, M, K, g, i, SILU_AND_MUL: tl.constexpr):
         silu = (gate / (1.0 + tl.exp(-gate))).to(x.dtype)
         x = (silu.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
     return x.to(tl.float32)
+
+
+@triton.jit
+def _quads(t, WPG: tl.constexpr):
+    """Tile quad t (4 words: one group of 4-bit values, half a Q8_0 group) -> (its group,
+    the K column of its word 0's slot 0)."""
+    R: tl.constexpr = WPG // 4
+    g = t // R
+    return g, g * 32 + (t % R) * 4
 
 
 @triton.jit
@@ -74,47 +85,49 @@ def _packed_gemv_kernel(
 ):
     if USE_PDL:  # the kernel before wrote x
         pdl_wait()
-    # program: rows n [BN] x all of K; every tile is [BN, G, WPG] in one layout (the
-    # weight words'); token m's per-group sums go to acc[.., m % WPG] of acc_a (m < WPG)
-    # or acc_b, so no tile changes layout inside the loop
+    # program: rows n [BN] x all of K in steps of BLOCK_G quads of 4 words (a lane's
+    # 16-byte load); every tile is [BN, T, 4] in that layout, so none changes layout inside
+    # the loop. Token m's per-quad sums go to column m % 4 of acc_a (m < 4) or acc_b.
     NPAIR: tl.constexpr = 16 // WPG  # pairs per word: 4 (nibbles), 2 (bytes)
     SCALE: tl.constexpr = 1 << BITS  # f = 1 + q / SCALE
+    NT = NG * (WPG // 4)  # quads per row
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = n.to(tl.int64)[:, None, None]  # [BN, 1, 1]
-    wl = tl.arange(0, WPG)
+    wl = tl.arange(0, 4)
     K = NG * 32
-    acc_a = tl.zeros([BLOCK_N, BLOCK_G, WPG], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK_N, BLOCK_G, WPG], dtype=tl.float32)
-    for g0 in range(0, NG, BLOCK_G):
-        g = g0 + tl.arange(0, BLOCK_G)
-        m3 = (n < N)[:, None, None] & (g < NG)[None, :, None]  # [BN, G, 1]
-        w = tl.load(qs_ptr + rows * (NG * WPG) + (g * WPG)[None, :, None] + wl[None, None, :],
-                    mask=m3, other=0, eviction_policy="evict_first")  # [BN, G, WPG] int32
+    acc_a = tl.zeros([BLOCK_N, BLOCK_G, 4], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_N, BLOCK_G, 4], dtype=tl.float32)
+    for t0 in range(0, NT, BLOCK_G):
+        t = t0 + tl.arange(0, BLOCK_G)
+        g, col = _quads(t, WPG)
+        m3 = (n < N)[:, None, None] & (t < NT)[None, :, None]  # [BN, T, 1]
+        w = tl.load(qs_ptr + rows * (NT * 4) + (t * 4)[None, :, None] + wl[None, None, :],
+                    mask=m3, other=0, eviction_policy="evict_first")  # [BN, T, 4] int32
         h = packed_high(TYPE, qh_ptr, rows, g, wl, m3, NG)
         d_lo, m_lo, d_hi, m_hi = packed_scales(TYPE, sc_ptr, d_ptr, rows, g, m3, NG)
         for mi in tl.static_range(BLOCK_M):
             x_row = x_ptr + mi * stride_xm
-            f_lo = tl.zeros([BLOCK_N, BLOCK_G, WPG], dtype=tl.float32)
-            f_hi = tl.zeros([BLOCK_N, BLOCK_G, WPG], dtype=tl.float32)
-            x_lo = tl.zeros([1, BLOCK_G, WPG], dtype=tl.float32)
-            x_hi = tl.zeros([1, BLOCK_G, WPG], dtype=tl.float32)
+            f_lo = tl.zeros([BLOCK_N, BLOCK_G, 4], dtype=tl.float32)
+            f_hi = tl.zeros([BLOCK_N, BLOCK_G, 4], dtype=tl.float32)
+            x_lo = tl.zeros([1, BLOCK_G, 4], dtype=tl.float32)
+            x_hi = tl.zeros([1, BLOCK_G, 4], dtype=tl.float32)
             for p in tl.static_range(NPAIR):
-                v_lo, v_hi = packed_pair(TYPE, w, h, p, ASM)  # [BN, G, WPG]
-                xl = _load_x(x_row, mi, M, K, g, WPG * p + wl, SILU_AND_MUL)
-                xh = _load_x(x_row, mi, M, K, g, WPG * (p + NPAIR) + wl, SILU_AND_MUL)
+                v_lo, v_hi = packed_pair(TYPE, w, h, p, ASM)  # [BN, T, 4]
+                xl = _load_x(x_row, mi, M, K, col, WPG * p + wl, SILU_AND_MUL)
+                xh = _load_x(x_row, mi, M, K, col, WPG * (p + NPAIR) + wl, SILU_AND_MUL)
                 f_lo += v_lo * xl
                 f_hi += v_hi * xh
                 x_lo += xl
                 x_hi += xh
-            # sum over a group of (D q - M) x = SCALE D sum(f x) - (SCALE D + M) sum(x)
+            # sum over a quad of (D q - M) x = SCALE D sum(f x) - (SCALE D + M) sum(x)
             c = (SCALE * d_lo) * tl.sum(f_lo, 2, keep_dims=True) - \
                 (SCALE * d_lo + m_lo) * tl.sum(x_lo, 2, keep_dims=True) + \
                 (SCALE * d_hi) * tl.sum(f_hi, 2, keep_dims=True) - \
-                (SCALE * d_hi + m_hi) * tl.sum(x_hi, 2, keep_dims=True)  # [BN, G, 1]
-            if mi < WPG:
+                (SCALE * d_hi + m_hi) * tl.sum(x_hi, 2, keep_dims=True)  # [BN, T, 1]
+            if mi < 4:
                 acc_a += tl.where(wl[None, None, :] == mi, c, 0.0)
             else:
-                acc_b += tl.where(wl[None, None, :] == mi - WPG, c, 0.0)
+                acc_b += tl.where(wl[None, None, :] == mi - 4, c, 0.0)
     n2 = n[:, None]  # [BN, 1]
     if HAS_BIAS:
         bias = tl.load(bias_ptr + n2, mask=n2 < N, other=0.0).to(tl.float32)
@@ -124,14 +137,14 @@ def _packed_gemv_kernel(
         y = tl.sum(tl.sum(acc_a, 2), 1)[:, None] + bias  # [BN, 1]
         tl.store(y_ptr + n2, y.to(y_ptr.dtype.element_ty), mask=(n2 < N) & (n2 * 0 < M))
     else:
-        om = wl[None, :]  # [1, WPG]: token of each acc column
-        y = tl.sum(acc_a, 1) + bias  # [BN, WPG]
+        om = wl[None, :]  # [1, 4]: token of each acc column
+        y = tl.sum(acc_a, 1) + bias  # [BN, 4]
         tl.store(y_ptr + om.to(tl.int64) * stride_ym + n2, y.to(y_ptr.dtype.element_ty),
                  mask=(n2 < N) & (om < M))
-        if BLOCK_M > WPG:
+        if BLOCK_M > 4:
             y = tl.sum(acc_b, 1) + bias
-            tl.store(y_ptr + (om + WPG).to(tl.int64) * stride_ym + n2,
-                     y.to(y_ptr.dtype.element_ty), mask=(n2 < N) & (om + WPG < M))
+            tl.store(y_ptr + (om + 4).to(tl.int64) * stride_ym + n2,
+                     y.to(y_ptr.dtype.element_ty), mask=(n2 < N) & (om + 4 < M))
 
 
 @triton.jit
@@ -140,20 +153,22 @@ def _packed_dequantize_kernel(
     TYPE: tl.constexpr, WPG: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_G: tl.constexpr, ASM: tl.constexpr,
 ):
-    # program (BLOCK_N rows, BLOCK_G groups): planes -> out [N, 32 NG], w = D q - M in the
+    # program (BLOCK_N rows, BLOCK_G quads): planes -> out [N, 32 NG], w = D q - M in the
     # engine's order (engine/gguf/dequant.py), so the values are the same floats
     NPAIR: tl.constexpr = 16 // WPG
     SCALE: tl.constexpr = 1 << BITS
+    NT = NG * (WPG // 4)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    g = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
+    t = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
+    g, col = _quads(t, WPG)
     rows = n.to(tl.int64)[:, None, None]
-    wl = tl.arange(0, WPG)
-    m3 = (n < N)[:, None, None] & (g < NG)[None, :, None]
-    w = tl.load(qs_ptr + rows * (NG * WPG) + (g * WPG)[None, :, None] + wl[None, None, :],
+    wl = tl.arange(0, 4)
+    m3 = (n < N)[:, None, None] & (t < NT)[None, :, None]
+    w = tl.load(qs_ptr + rows * (NT * 4) + (t * 4)[None, :, None] + wl[None, None, :],
                 mask=m3, other=0)
     h = packed_high(TYPE, qh_ptr, rows, g, wl, m3, NG)
     d_lo, m_lo, d_hi, m_hi = packed_scales(TYPE, sc_ptr, d_ptr, rows, g, m3, NG)
-    out = out_ptr + rows * stride_out + (g * 32)[None, :, None] + wl[None, None, :]
+    out = out_ptr + rows * stride_out + col[None, :, None] + wl[None, None, :]
     for p in tl.static_range(NPAIR):
         v_lo, v_hi = packed_pair(TYPE, w, h, p, ASM)
         q_lo = (v_lo - 1.0) * SCALE  # exact small integers
@@ -203,13 +218,16 @@ def check_packed(pw: PackedGGUF) -> tuple[int, int, int]:
 
 
 def gemv_packed_config(qtype: int, n: int, k: int, m: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_G, warps): 4 warps whose lanes take one group each along K (128
-    groups = 4096 values per step) and BLOCK_N rows per lane, fewer rows as the token tile
-    grows (registers: BLOCK_N * WPG * BLOCK_M accumulators per lane and half)."""
+    """(BLOCK_N, BLOCK_G, warps): 2 warps whose lanes take one quad (16-byte load) each
+    along K, 64 quads per step, and BLOCK_N rows per lane (the activations loaded once for
+    them), fewer rows as the token tile grows (registers: 8 * BLOCK_N * min(BLOCK_M, 4)
+    fp32 sums per lane). Chosen from the compiled sm_90 code (no spills, no shared-memory
+    layout changes in the loop); the H200 sweep is examples/bench/kernels.py --only packed
+    --sweep gguf."""
     bm = next_pow2(max(m, 1))
     block_n = max(1, 4 // max(1, bm // 2))
-    block_g = 64 if PACKED_TYPES[qtype][0] == 8 else 128
-    return block_n, min(block_g, next_pow2(max(k // 32, 1))), 4
+    block_g = min(64, next_pow2(max(k // 32 * PACKED_TYPES[qtype][0] // 4, 1)))
+    return block_n, block_g, max(1, min(2, block_g // 32))
 
 
 def gguf_packed_gemv(x: torch.Tensor, pw: PackedGGUF, bias: torch.Tensor | None = None,
@@ -259,7 +277,7 @@ def gguf_packed_dequantize(pw: PackedGGUF, dtype: torch.dtype = torch.float16,
         return out
     block_n, block_g, warps = config or DEQUANT_CONFIG
     wpg, bits = PACKED_TYPES[pw.qtype]
-    _packed_dequantize_kernel[(cdiv(n, block_n), cdiv(ng, block_g))](
+    _packed_dequantize_kernel[(cdiv(n, block_n), cdiv(ng * wpg // 4, block_g))](
         pw.qs, pw.qh if pw.qh is not None else pw.qs, pw.sc,
         pw.d if pw.d is not None else pw.sc, out, n, ng, out.stride(0),
         TYPE=pw.qtype, WPG=wpg, BITS=bits, BLOCK_N=block_n, BLOCK_G=block_g,

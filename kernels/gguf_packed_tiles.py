@@ -1,7 +1,8 @@
 """Triton device helpers that decode the repacked GGUF planes (kernels/gguf_repack.py).
 
 Shared by the decode GEMV and the dequantize kernel of kernels/gguf_packed.py. A tile is
-[BN rows, G groups of 32 values, WPG words]; pair p of a word is its slots p and p + S/2
+[BN rows, T quads, 4 words] (a quad: a group of 32 4-bit values or half a Q8_0 group; `g`
+below is each quad's group); pair p of a word is its slots p and p + S/2
 (S slots per word), 16 bits apart, so one shift and one mask (LOP3) place both values'
 bits in the mantissas of an fp16 pair: f = 1 + q / 2^BITS, exact (two halves of an int32,
 converted to fp32 by one HADD2.F32 each). The GEMV sums f * x per group and applies
@@ -47,7 +48,7 @@ def _halves_to_f32(bits, ASM: tl.constexpr):
 
 @triton.jit
 def packed_pair(TYPE: tl.constexpr, w, h, P: tl.constexpr, ASM: tl.constexpr):
-    """(f_lo, f_hi) fp32 [BN, G, WPG] of pair P: slots P and P + S/2 of words w, with the
+    """(f_lo, f_hi) fp32 [BN, T, 4] of pair P: slots P and P + S/2 of words w, with the
     high-bit tile h (Q5_K: the group's qh word shifted right by the word index l; Q6_K: the
     word's 16-bit qh | qh << 8; else unused)."""
     if TYPE == 8:  # bytes: slot P at 8P -> fp16 mantissa bits 2..9
@@ -65,8 +66,9 @@ def packed_pair(TYPE: tl.constexpr, w, h, P: tl.constexpr, ASM: tl.constexpr):
 
 @triton.jit
 def packed_high(TYPE: tl.constexpr, qh_ptr, rows, g, wl, mask, NG):
-    """The high-bit tile packed_pair takes: [BN, G, WPG] int32 (zeros for 4/8-bit types)."""
+    """The high-bit tile packed_pair takes: [BN, T, 4] int32 (zeros for 4/8-bit types)."""
     if TYPE == 13:  # int32 [N, G]: one word per group, shifted by the word index
+        g = tl.where(g < NG, g, 0)  # unknown contiguity: one group per lane, as the words
         h = tl.load(qh_ptr + rows * NG + g[None, :, None], mask=mask, other=0)
         return h >> wl[None, None, :]
     elif TYPE == 14:  # int16 [N, G * 4]: one half-word per word
@@ -79,9 +81,9 @@ def packed_high(TYPE: tl.constexpr, qh_ptr, rows, g, wl, mask, NG):
 
 @triton.jit
 def packed_scales(TYPE: tl.constexpr, sc_ptr, d_ptr, rows, g, mask, NG):
-    """Per (row, group) fp32 [BN, G, 1] (D_lo, M_lo, D_hi, M_hi): w = D * q - M for the
+    """Per (row, quad) fp32 [BN, T, 1] (D_lo, M_lo, D_hi, M_hi): w = D * q - M for the
     values of slots < S/2 (lo) and >= S/2 (hi) of the group, as engine/gguf/dequant.py
-    forms them. rows: [BN, 1, 1] int64 row indices; g: [G] groups; mask: [BN, G, 1]."""
+    forms them. rows: [BN, 1, 1] int64 row indices; g: [T] groups; mask: [BN, T, 1]."""
     g = tl.where(g < NG, g, 0)  # unknown contiguity: one group per lane, as the words
     sc = tl.load(sc_ptr + rows * NG + g[None, :, None], mask=mask, other=0).to(tl.int32)
     if TYPE == 2:  # d bits; q - 8
