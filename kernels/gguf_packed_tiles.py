@@ -33,6 +33,24 @@ def _fp16_bits_to_f32(v):
 
 
 @triton.jit
+def _and_or(a, b, LOP: tl.constexpr, MASK: tl.constexpr, ASM: tl.constexpr):
+    """(a & MASK) | b (b None: | 0x3C003C00, the fp16 pair's exponents), as one LOP3 on a
+    GPU (the asm LOP; LLVM would reassociate the ORs into three), plain ops otherwise."""
+    if ASM:
+        if b is None:
+            return tl.inline_asm_elementwise(LOP, "=r,r", [a], dtype=tl.int32, is_pure=True,
+                                             pack=1)
+        else:
+            return tl.inline_asm_elementwise(LOP, "=r,r,r", [a, b], dtype=tl.int32,
+                                             is_pure=True, pack=1)
+    else:
+        if b is None:
+            return (a & MASK) | 0x3C003C00
+        else:
+            return (a & MASK) | b
+
+
+@triton.jit
 def _halves_to_f32(bits, ASM: tl.constexpr):
     """(low, high) fp16 halves of int32 `bits` as two fp32 tensors. ASM (a GPU): one
     cvt.f32.f16 per half straight from the 32-bit register (the generic lowering first
@@ -54,11 +72,15 @@ def packed_pair(TYPE: tl.constexpr, w, h, P: tl.constexpr, ASM: tl.constexpr):
     if TYPE == 8:  # bytes: slot P at 8P -> fp16 mantissa bits 2..9
         bits = (_shift(w, 2 - 8 * P) & 0x03FC03FC) | 0x3C003C00
     elif TYPE == 13:  # nibble -> bits 5..8, fifth bit (bit 4P of h) -> bit 9
-        bits = (_shift(w, 5 - 4 * P) & 0x01E001E0) | (_shift(h, 9 - 4 * P) & 0x02000200) | \
-            0x3C003C00
+        hp = _and_or(_shift(h, 9 - 4 * P), None,
+                     "lop3.b32 $0, $1, 0x02000200, 0x3C003C00, 0xEA;", 0x02000200, ASM)
+        bits = _and_or(_shift(w, 5 - 4 * P), hp,
+                       "lop3.b32 $0, $1, 0x01E001E0, $2, 0xEA;", 0x01E001E0, ASM)
     elif TYPE == 14:  # nibble -> bits 4..7, top two bits (bits 2P of h) -> bits 8..9
-        bits = (_shift(w, 4 - 4 * P) & 0x00F000F0) | (_shift(h, 8 - 2 * P) & 0x03000300) | \
-            0x3C003C00
+        hp = _and_or(_shift(h, 8 - 2 * P), None,
+                     "lop3.b32 $0, $1, 0x03000300, 0x3C003C00, 0xEA;", 0x03000300, ASM)
+        bits = _and_or(_shift(w, 4 - 4 * P), hp,
+                       "lop3.b32 $0, $1, 0x00F000F0, $2, 0xEA;", 0x00F000F0, ASM)
     else:  # Q4_0 / Q4_K: nibble -> bits 6..9
         bits = (_shift(w, 6 - 4 * P) & 0x03C003C0) | 0x3C003C00
     return _halves_to_f32(bits, ASM)
@@ -72,8 +94,8 @@ def packed_high(TYPE: tl.constexpr, qh_ptr, rows, g, wl, mask, NG):
         h = tl.load(qh_ptr + rows * NG + g[None, :, None], mask=mask, other=0)
         return h >> wl[None, None, :]
     elif TYPE == 14:  # int16 [N, G * 4]: one half-word per word
-        h = tl.load(qh_ptr + rows * (NG * 4) + (g * 4)[None, :, None] + wl[None, None, :],
-                    mask=mask, other=0).to(tl.int32) & 0xFFFF
+        h = tl.load((qh_ptr + rows * (NG * 4) + (g * 4)[None, :, None] + wl[None, None, :])
+                    .to(tl.pointer_type(tl.uint16)), mask=mask, other=0).to(tl.int32)
         return h | (h << 8)
     else:
         return wl[None, None, :] * 0
