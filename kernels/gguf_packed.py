@@ -107,12 +107,14 @@ def _packed_gemv_kernel(
         d_lo, m_lo, d_hi, m_hi = packed_scales(TYPE, sc_ptr, d_ptr, rows, g, m3, NG)
         for mi in tl.static_range(BLOCK_M):
             x_row = x_ptr + mi * stride_xm
-            f_lo = tl.zeros([BLOCK_N, BLOCK_G, 4], dtype=tl.float32)
-            f_hi = tl.zeros([BLOCK_N, BLOCK_G, 4], dtype=tl.float32)
-            x_lo = tl.zeros([1, BLOCK_G, 4], dtype=tl.float32)
-            x_hi = tl.zeros([1, BLOCK_G, 4], dtype=tl.float32)
-            for p in tl.static_range(NPAIR):
-                v_lo, v_hi = packed_pair(TYPE, w, h, p, ASM)  # [BN, T, 4]
+            # pair 0 starts the sums (no zero fill): f = sum of f * x, x = sum of x
+            v_lo, v_hi = packed_pair(TYPE, w, h, 0, ASM)  # [BN, T, 4]
+            x_lo = _load_x(x_row, mi, M, K, col, wl, SILU_AND_MUL)  # [1, T, 4]
+            x_hi = _load_x(x_row, mi, M, K, col, WPG * NPAIR + wl, SILU_AND_MUL)
+            f_lo = v_lo * x_lo
+            f_hi = v_hi * x_hi
+            for p in tl.static_range(1, NPAIR):
+                v_lo, v_hi = packed_pair(TYPE, w, h, p, ASM)
                 xl = _load_x(x_row, mi, M, K, col, WPG * p + wl, SILU_AND_MUL)
                 xh = _load_x(x_row, mi, M, K, col, WPG * (p + NPAIR) + wl, SILU_AND_MUL)
                 f_lo += v_lo * xl
