@@ -38,7 +38,7 @@ from kernels._common import (
     pdl_launch,
     pdl_wait,
 )
-from kernels.gguf_packed_tiles import packed_high, packed_pair, packed_scales
+from kernels.gguf_packed_tiles import packed_high, packed_pair, packed_scales, pair_exponent
 from kernels.gguf_repack import PACKED_TYPES, PackedGGUF
 
 GEMV_MAX_M = 8  # up to this many rows of x: the GEMV; beyond, dequantize + cuBLAS
@@ -61,7 +61,9 @@ def _load_x(x_ptr, row, M, K, col, i, SILU_AND_MUL: tl.constexpr):
     if SILU_AND_MUL:
         up = tl.load(ptr + K, mask=mask, other=0.0)
         gate = x.to(tl.float32)
-        silu = (gate / (1.0 + tl.exp(-gate))).to(x.dtype)
+        # fast division (div.full.f32, <= 2 ulp before the rounding to x's dtype): the
+        # IEEE one costs ~10 instructions per activation, paid again by every program
+        silu = tl.fdiv(gate, 1.0 + tl.exp(-gate), ieee_rounding=False).to(x.dtype)
         x = (silu.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
     return x.to(tl.float32)
 
@@ -89,12 +91,16 @@ def _packed_gemv_kernel(
     # 16-byte load); every tile is [BN, T, 4] in that layout, so none changes layout inside
     # the loop. Token m's per-quad sums go to column m % 4 of acc_a (m < 4) or acc_b.
     NPAIR: tl.constexpr = 16 // WPG  # pairs per word: 4 (nibbles), 2 (bytes)
-    SCALE: tl.constexpr = 1 << BITS  # f = 1 + q / SCALE
+    E: tl.constexpr = 24 if TYPE == 8 else 20  # every f * x term is q * x * 2^-E
+    SCALE: tl.constexpr = 2.0 ** E
+    X0: tl.constexpr = 2.0 ** (pair_exponent(TYPE, 0) - E)  # pair 0's x factor
     NT = NG * (WPG // 4)  # quads per row
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = n.to(tl.int64)[:, None, None]  # [BN, 1, 1]
     wl = tl.arange(0, 4)
     K = NG * 32
+    SPLIT: tl.constexpr = TYPE == 14  # the halves of a word have their own scales
+    acc_1 = tl.zeros([BLOCK_N, BLOCK_G, 1], dtype=tl.float32)  # BLOCK_M 1
     acc_a = tl.zeros([BLOCK_N, BLOCK_G, 4], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_N, BLOCK_G, 4], dtype=tl.float32)
     for t0 in range(0, NT, BLOCK_G):
@@ -107,26 +113,45 @@ def _packed_gemv_kernel(
         d_lo, m_lo, d_hi, m_hi = packed_scales(TYPE, sc_ptr, d_ptr, rows, g, m3, NG)
         for mi in tl.static_range(BLOCK_M):
             x_row = x_ptr + mi * stride_xm
-            # pair 0 starts the sums (no zero fill): f = sum of f * x, x = sum of x
+            # pair 0 starts the sums (no zero fill): f = sum of f * x (x * 16 on the pairs
+            # whose f is q * 2^-24, so every term is q * x * 2^-20; Q8_0 2^-24 throughout),
+            # x = sum of x; one sum for both halves of a word unless their scales differ
             v_lo, v_hi = packed_pair(TYPE, w, h, 0, ASM)  # [BN, T, 4]
             x_lo = _load_x(x_row, mi, M, K, col, wl, SILU_AND_MUL)  # [1, T, 4]
-            x_hi = _load_x(x_row, mi, M, K, col, WPG * NPAIR + wl, SILU_AND_MUL)
-            f_lo = v_lo * x_lo
-            f_hi = v_hi * x_hi
+            xh = _load_x(x_row, mi, M, K, col, WPG * NPAIR + wl, SILU_AND_MUL)
+            f_lo = v_lo * (x_lo * X0)
+            if SPLIT:
+                f_hi = v_hi * (xh * X0)
+                x_hi = xh
+            else:
+                f_lo += v_hi * (xh * X0)
+                x_lo += xh
             for p in tl.static_range(1, NPAIR):
                 v_lo, v_hi = packed_pair(TYPE, w, h, p, ASM)
                 xl = _load_x(x_row, mi, M, K, col, WPG * p + wl, SILU_AND_MUL)
                 xh = _load_x(x_row, mi, M, K, col, WPG * (p + NPAIR) + wl, SILU_AND_MUL)
-                f_lo += v_lo * xl
-                f_hi += v_hi * xh
                 x_lo += xl
-                x_hi += xh
-            # sum over a quad of (D q - M) x = SCALE D sum(f x) - (SCALE D + M) sum(x)
+                if TYPE != 8 and p % 2 == 0:  # f = q * 2^-24: x * 16
+                    xl = xl * 16.0
+                    xh_s = xh * 16.0
+                else:
+                    xh_s = xh
+                f_lo += v_lo * xl
+                if SPLIT:
+                    f_hi += v_hi * xh_s
+                    x_hi += xh
+                else:
+                    f_lo += v_hi * xh_s
+                    x_lo += xh
+            # sum over a quad of (D q - M) x = 2^E D sum(f x) - M sum(x)
             c = (SCALE * d_lo) * tl.sum(f_lo, 2, keep_dims=True) - \
-                (SCALE * d_lo + m_lo) * tl.sum(x_lo, 2, keep_dims=True) + \
-                (SCALE * d_hi) * tl.sum(f_hi, 2, keep_dims=True) - \
-                (SCALE * d_hi + m_hi) * tl.sum(x_hi, 2, keep_dims=True)  # [BN, T, 1]
-            if mi < 4:
+                m_lo * tl.sum(x_lo, 2, keep_dims=True)  # [BN, T, 1]
+            if SPLIT:
+                c += (SCALE * d_hi) * tl.sum(f_hi, 2, keep_dims=True) - \
+                    m_hi * tl.sum(x_hi, 2, keep_dims=True)
+            if BLOCK_M == 1:
+                acc_1 += c
+            elif mi < 4:
                 acc_a += tl.where(wl[None, None, :] == mi, c, 0.0)
             else:
                 acc_b += tl.where(wl[None, None, :] == mi - 4, c, 0.0)
@@ -136,7 +161,7 @@ def _packed_gemv_kernel(
     else:
         bias = tl.zeros([BLOCK_N, 1], dtype=tl.float32)
     if BLOCK_M == 1:
-        y = tl.sum(tl.sum(acc_a, 2), 1)[:, None] + bias  # [BN, 1]
+        y = tl.sum(acc_1, 1) + bias  # [BN, 1]
         tl.store(y_ptr + n2, y.to(y_ptr.dtype.element_ty), mask=(n2 < N) & (n2 * 0 < M))
     else:
         om = wl[None, :]  # [1, 4]: token of each acc column
@@ -158,7 +183,6 @@ def _packed_dequantize_kernel(
     # program (BLOCK_N rows, BLOCK_G quads): planes -> out [N, 32 NG], w = D q - M in the
     # engine's order (engine/gguf/dequant.py), so the values are the same floats
     NPAIR: tl.constexpr = 16 // WPG
-    SCALE: tl.constexpr = 1 << BITS
     NT = NG * (WPG // 4)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     t = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
@@ -173,8 +197,8 @@ def _packed_dequantize_kernel(
     out = out_ptr + rows * stride_out + col[None, :, None] + wl[None, None, :]
     for p in tl.static_range(NPAIR):
         v_lo, v_hi = packed_pair(TYPE, w, h, p, ASM)
-        q_lo = (v_lo - 1.0) * SCALE  # exact small integers
-        q_hi = (v_hi - 1.0) * SCALE
+        q_lo = v_lo * 2.0 ** pair_exponent(TYPE, p)  # exact small integers
+        q_hi = v_hi * 2.0 ** pair_exponent(TYPE, p)
         if TYPE == 12 or TYPE == 13:  # (d * sc) * q - dmin * m
             w_lo = d_lo * q_lo - m_lo
             w_hi = d_hi * q_hi - m_hi
@@ -219,15 +243,20 @@ def check_packed(pw: PackedGGUF) -> tuple[int, int, int]:
     return n, ng * 32, ng
 
 
-def gemv_packed_config(qtype: int, n: int, k: int, m: int) -> tuple[int, int, int]:
+def gemv_packed_config(qtype: int, n: int, k: int, m: int,
+                       silu_and_mul: bool = False) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_G, warps): 2 warps whose lanes take one quad (16-byte load) each
-    along K, 64 quads per step, and BLOCK_N rows per lane (the activations loaded once for
-    them), fewer rows as the token tile grows (registers: 8 * BLOCK_N * min(BLOCK_M, 4)
-    fp32 sums per lane). Chosen from the compiled sm_90 code (no spills, no shared-memory
-    layout changes in the loop); the H200 sweep is examples/bench/kernels.py --only packed
-    --sweep gguf."""
+    along K, 64 quads per step, and BLOCK_N rows per lane, the activations loaded (and
+    SiLU-and-mul computed) once for them: 8 rows for one token when the SiLU-and-mul is
+    fused or the weight is tall (N >= 16384: gate_up, LM head), else 4 (o, qkv, down keep
+    ~16 warps per SM); fewer as the token tile grows (registers). Chosen from the compiled
+    sm_90 code (no spills, no shared-memory layout change in the loop); the H200 sweep is
+    examples/bench/kernels.py --only packed --sweep gguf."""
     bm = next_pow2(max(m, 1))
-    block_n = max(1, 4 // max(1, bm // 2))
+    if bm == 1:
+        block_n = 8 if silu_and_mul or n >= 16384 else 4
+    else:
+        block_n = max(1, 4 // max(1, bm // 2))
     block_g = min(64, next_pow2(max(k // 32 * PACKED_TYPES[qtype][0] // 4, 1)))
     return block_n, block_g, max(1, min(2, block_g // 32))
 
@@ -257,7 +286,7 @@ def gguf_packed_gemv(x: torch.Tensor, pw: PackedGGUF, bias: torch.Tensor | None 
           lambda: f"out must be [{m}, {n}] with unit column stride, got {tuple(out.shape)}")
     if m == 0 or n == 0:
         return out
-    block_n, block_g, warps = config or gemv_packed_config(pw.qtype, n, k, m)
+    block_n, block_g, warps = config or gemv_packed_config(pw.qtype, n, k, m, silu_and_mul)
     wpg, bits = PACKED_TYPES[pw.qtype]
     _packed_gemv_kernel[(cdiv(n, block_n),)](
         x, pw.qs, pw.qh if pw.qh is not None else pw.qs, pw.sc,

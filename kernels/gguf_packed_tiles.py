@@ -3,11 +3,11 @@
 Shared by the decode GEMV and the dequantize kernel of kernels/gguf_packed.py. A tile is
 [BN rows, T quads, 4 words] (a quad: a group of 32 4-bit values or half a Q8_0 group; `g`
 below is each quad's group); pair p of a word is its slots p and p + S/2
-(S slots per word), 16 bits apart, so one shift and one mask (LOP3) place both values'
-bits in the mantissas of an fp16 pair: f = 1 + q / 2^BITS, exact (two halves of an int32,
-converted to fp32 by one HADD2.F32 each). The GEMV sums f * x per group and applies
-w = A * f - B once per group (A = 2^BITS * scale, B = 2^BITS * scale + offset): about one
-integer op per value instead of a shift, mask and int-to-float per value.
+(S slots per word), 16 bits apart, so one mask (LOP3; a shift by 8 per word for the upper
+slots) leaves both values' bits in the mantissas of an fp16 pair with a zero exponent: two
+fp16 subnormals f = q * 2^-24 (or 2^-20), exact, converted to fp32 by one cvt each. The GEMV
+sums f * x per quad and applies w = D q - M once per quad: sum = 2^E D sum(f x) - M sum(x),
+about 0.6-1.6 integer ops per value instead of a shift, mask and int-to-float per value.
 Type ids are GGMLType's (engine/gguf/constants.py): Q4_0 2, Q8_0 8, Q4_K 12, Q5_K 13, Q6_K 14.
 """
 
@@ -33,24 +33,6 @@ def _fp16_bits_to_f32(v):
 
 
 @triton.jit
-def _and_or(a, b, LOP: tl.constexpr, MASK: tl.constexpr, ASM: tl.constexpr):
-    """(a & MASK) | b (b None: | 0x3C003C00, the fp16 pair's exponents), as one LOP3 on a
-    GPU (the asm LOP; LLVM would reassociate the ORs into three), plain ops otherwise."""
-    if ASM:
-        if b is None:
-            return tl.inline_asm_elementwise(LOP, "=r,r", [a], dtype=tl.int32, is_pure=True,
-                                             pack=1)
-        else:
-            return tl.inline_asm_elementwise(LOP, "=r,r,r", [a, b], dtype=tl.int32,
-                                             is_pure=True, pack=1)
-    else:
-        if b is None:
-            return (a & MASK) | 0x3C003C00
-        else:
-            return (a & MASK) | b
-
-
-@triton.jit
 def _halves_to_f32(bits, ASM: tl.constexpr):
     """(low, high) fp16 halves of int32 `bits` as two fp32 tensors. ASM (a GPU): one
     cvt.f32.f16 per half straight from the 32-bit register (the generic lowering first
@@ -65,24 +47,37 @@ def _halves_to_f32(bits, ASM: tl.constexpr):
 
 
 @triton.jit
+def pair_exponent(TYPE: tl.constexpr, P: tl.constexpr):
+    """E with packed_pair's f = q * 2^-E: 20 for the odd pairs of 4/5/6-bit words (the
+    value sits 4 bits up), else 24."""
+    return 20 if (TYPE != 8 and P % 2 == 1) else 24
+
+
+@triton.jit
 def packed_pair(TYPE: tl.constexpr, w, h, P: tl.constexpr, ASM: tl.constexpr):
-    """(f_lo, f_hi) fp32 [BN, T, 4] of pair P: slots P and P + S/2 of words w, with the
-    high-bit tile h (Q5_K: the group's qh word shifted right by the word index l; Q6_K: the
-    word's 16-bit qh | qh << 8; else unused)."""
-    if TYPE == 8:  # bytes: slot P at 8P -> fp16 mantissa bits 2..9
-        bits = (_shift(w, 2 - 8 * P) & 0x03FC03FC) | 0x3C003C00
-    elif TYPE == 13:  # nibble -> bits 5..8, fifth bit (bit 4P of h) -> bit 9
-        hp = _and_or(_shift(h, 9 - 4 * P), None,
-                     "lop3.b32 $0, $1, 0x02000200, 0x3C003C00, 0xEA;", 0x02000200, ASM)
-        bits = _and_or(_shift(w, 5 - 4 * P), hp,
-                       "lop3.b32 $0, $1, 0x01E001E0, $2, 0xEA;", 0x01E001E0, ASM)
-    elif TYPE == 14:  # nibble -> bits 4..7, top two bits (bits 2P of h) -> bits 8..9
-        hp = _and_or(_shift(h, 8 - 2 * P), None,
-                     "lop3.b32 $0, $1, 0x03000300, 0x3C003C00, 0xEA;", 0x03000300, ASM)
-        bits = _and_or(_shift(w, 4 - 4 * P), hp,
-                       "lop3.b32 $0, $1, 0x00F000F0, $2, 0xEA;", 0x00F000F0, ASM)
-    else:  # Q4_0 / Q4_K: nibble -> bits 6..9
-        bits = (_shift(w, 6 - 4 * P) & 0x03C003C0) | 0x3C003C00
+    """(f_lo, f_hi) fp32 [BN, T, 4] of pair P: slots P and P + S/2 of words w as fp16
+    subnormals, f = q * 2^-pair_exponent (exact), with the high-bit tile h (Q5_K: the
+    group's qh word shifted right by the word index; Q6_K: the word's 16-bit qh | qh << 8;
+    else unused). Pairs 0, 1 read w, pairs 2, 3 w >> 8 (bytes: pair 1); even pairs take
+    bits 0.. of each half, odd ones bits 4..: one shift per word, one mask per pair."""
+    if TYPE == 8:  # bytes s and s + 2 of w >> 8s
+        bits = _shift(w, -8 * P) & 0x00FF00FF
+    else:
+        src = _shift(w, -8 * (P // 2))
+        if P % 2 == 0:  # nibble at bits 0..3 of each half, high bits from bit 4
+            if TYPE == 13:  # fifth bit of slot P at bit 4P of h
+                bits = (src & 0x000F000F) | (_shift(h, 4 - 4 * P) & 0x00100010)
+            elif TYPE == 14:  # top two bits of slot P at bits 2P of h
+                bits = (src & 0x000F000F) | (_shift(h, 4 - 2 * P) & 0x00300030)
+            else:
+                bits = src & 0x000F000F
+        else:  # nibble at bits 4..7, high bits from bit 8
+            if TYPE == 13:
+                bits = (src & 0x00F000F0) | (_shift(h, 8 - 4 * P) & 0x01000100)
+            elif TYPE == 14:
+                bits = (src & 0x00F000F0) | (_shift(h, 8 - 2 * P) & 0x03000300)
+            else:
+                bits = src & 0x00F000F0
     return _halves_to_f32(bits, ASM)
 
 

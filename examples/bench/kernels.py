@@ -304,8 +304,8 @@ def bench_gguf(sweep: bool) -> None:
 
 
 PACKED_TYPES = (GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
-PACKED_SWEEP = [(1, 128, 4), (2, 128, 4), (8, 128, 4), (4, 64, 2), (4, 256, 8), (8, 64, 2),
-                (4, 32, 1), (2, 64, 2), (16, 32, 1)]  # (BLOCK_N, BLOCK_G, warps)
+PACKED_SWEEP = [(2, 64, 2), (4, 64, 2), (8, 64, 2), (4, 128, 4), (8, 128, 4), (4, 32, 1),
+                (8, 32, 1), (16, 32, 1), (4, 256, 8), (2, 128, 4)]  # (BLOCK_N, BLOCK_G, warps)
 
 
 def bench_gguf_packed(sweep: bool) -> None:
@@ -329,7 +329,7 @@ def bench_gguf_packed(sweep: bool) -> None:
                 err = rel_err(gp.gguf_packed_gemv(x, pw0, silu_and_mul=silu),
                               gg.gguf_gemm_ref(xin.float(), w0, qtype))
                 nbytes = wbytes + x.numel() * 2 + m * n * 2
-                default = gp.gemv_packed_config(qtype, n, k, m)
+                default = gp.gemv_packed_config(qtype, n, k, m, silu)
                 configs = [None] + ([c for c in PACKED_SWEEP if c != default]
                                     if sweep and m == 1 else [])
                 best = None
