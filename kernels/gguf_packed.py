@@ -5,10 +5,11 @@ GGUFWeight) for Q4_0, Q8_0, Q4_K, Q5_K and Q6_K: y [M, N] = x [M, K] @ W.T (+ bi
 program takes BLOCK_N output rows and BLOCK_G quads (4 words: a group of 32 4-bit values,
 half a Q8_0 group) per step; a lane loads one quad of each of its BLOCK_N rows with one
 16-byte load (consecutive lanes, consecutive words: a coalesced 512-byte row piece per warp
-and load), decodes two values per shift + mask (kernels/gguf_packed_tiles.py), and sums
-f * x per quad before the quad's scale: per value and token about one integer op, one
-fp16-to-fp32 conversion and one FMA (sm_90 code: ~5.3 instructions per Q4_K value at
-BLOCK_N 4, 6.1 Q8_0, 6.8 Q6_K, against ~11 for kernels/gguf_gemm.py's GEMV). The M
+and load), decodes two values per mask (kernels/gguf_packed_tiles.py), and sums f * x
+per quad before the quad's scale: per value and token under one integer op, one
+fp16-to-fp32 conversion and one FMA (sm_90 code at BLOCK_N 4: ~4.5 instructions per
+Q4_K value, 4.3 Q4_0, 5.2 Q8_0, 5.4 Q5_K, 6.4 Q6_K; 4.1 for Q4_K at BLOCK_N 8; against
+~11 for kernels/gguf_gemm.py's GEMV). The M
 rows of x are a tile axis: weights are read once for every row. With silu_and_mul the
 input is a gated MLP's gate_up [M, 2K] and silu(gate) * up is formed as it is loaded, as
 kernels/gemv.py does. More than GEMV_MAX_M rows: the weight is dequantized to x's dtype by
