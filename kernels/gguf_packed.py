@@ -184,6 +184,7 @@ def _packed_dequantize_kernel(
     # program (BLOCK_N rows, BLOCK_G quads): planes -> out [N, 32 NG], w = D q - M in the
     # engine's order (engine/gguf/dequant.py), so the values are the same floats
     NPAIR: tl.constexpr = 16 // WPG
+    OFF: tl.constexpr = 8.0 if TYPE == 2 else (128.0 if TYPE == 8 else 32.0)  # Q4_0 Q8_0 Q6_K
     NT = NG * (WPG // 4)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     t = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
@@ -204,9 +205,8 @@ def _packed_dequantize_kernel(
             w_lo = d_lo * q_lo - m_lo
             w_hi = d_hi * q_hi - m_hi
         else:  # d * (q - offset), offset = M / D
-            off: tl.constexpr = 8.0 if TYPE == 2 else (128.0 if TYPE == 8 else 32.0)
-            w_lo = d_lo * (q_lo - off)
-            w_hi = d_hi * (q_hi - off)
+            w_lo = d_lo * (q_lo - OFF)
+            w_hi = d_hi * (q_hi - OFF)
         tl.store(out + WPG * p, w_lo.to(out_ptr.dtype.element_ty), mask=m3)
         tl.store(out + WPG * (p + NPAIR), w_hi.to(out_ptr.dtype.element_ty), mask=m3)
 
