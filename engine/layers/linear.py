@@ -125,6 +125,12 @@ class GGUFWeight(nn.Module):
             return gguf_packed_gemv(x, self.packed(0), bias, silu_and_mul=True)
         if x.dim() != 2:
             raise InvalidArgumentError(f"x must be [num_tokens, in], got {tuple(x.shape)}")
+        if len(self.qtypes) == 1:  # no output buffer to share
+            pw = self.packed(0)
+            if pw is not None:
+                return gguf_packed_linear(x, pw, bias)
+            y = gguf_gemm(x, self._buffers["qweight0"], self.qtypes[0])
+            return y if bias is None else y + bias
         y = torch.empty(x.shape[0], sum(self.sizes), dtype=x.dtype, device=x.device)
         at = 0
         for i, (qtype, n) in enumerate(zip(self.qtypes, self.sizes)):
