@@ -82,7 +82,7 @@ def _quads(t, WPG: tl.constexpr):
 def _packed_gemv_kernel(
     x_ptr, qs_ptr, qh_ptr, sc_ptr, d_ptr, bias_ptr, y_ptr, M, N, NG,
     stride_xm: tl.int64, stride_ym: tl.int64,
-    TYPE: tl.constexpr, WPG: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
+    TYPE: tl.constexpr, WPG: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr, HAS_BIAS: tl.constexpr,
     SILU_AND_MUL: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr,
 ):
@@ -178,7 +178,7 @@ def _packed_gemv_kernel(
 @triton.jit
 def _packed_dequantize_kernel(
     qs_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, N, NG, stride_out: tl.int64,
-    TYPE: tl.constexpr, WPG: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
+    TYPE: tl.constexpr, WPG: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_G: tl.constexpr, ASM: tl.constexpr,
 ):
     # program (BLOCK_N rows, BLOCK_G quads): planes -> out [N, 32 NG], w = D q - M in the
@@ -220,7 +220,7 @@ def check_packed(pw: PackedGGUF) -> tuple[int, int, int]:
     """Validate the planes against the qs plane's shape -> (N, K, groups per row)."""
     if pw.qtype not in PACKED_TYPES:
         raise UnsupportedError(f"packed GGUF kernels do not support type {pw.qtype}")
-    wpg = PACKED_TYPES[pw.qtype][0]
+    wpg = PACKED_TYPES[pw.qtype]
     qs = pw.qs
     check(qs.dtype == torch.int32 and qs.dim() == 2 and qs.is_contiguous()
           and qs.shape[1] % (wpg * (8 if pw.qtype in (12, 13, 14) else 1)) == 0,
@@ -258,7 +258,7 @@ def gemv_packed_config(qtype: int, n: int, k: int, m: int,
         block_n = 8 if silu_and_mul or n >= 16384 else 4
     else:
         block_n = max(1, 4 // max(1, bm // 2))
-    block_g = min(64, next_pow2(max(k // 32 * PACKED_TYPES[qtype][0] // 4, 1)))
+    block_g = min(64, next_pow2(max(k // 32 * PACKED_TYPES[qtype] // 4, 1)))
     return block_n, block_g, max(1, min(2, block_g // 32))
 
 
@@ -288,12 +288,12 @@ def gguf_packed_gemv(x: torch.Tensor, pw: PackedGGUF, bias: torch.Tensor | None 
     if m == 0 or n == 0:
         return out
     block_n, block_g, warps = config or gemv_packed_config(pw.qtype, n, k, m, silu_and_mul)
-    wpg, bits = PACKED_TYPES[pw.qtype]
+    wpg = PACKED_TYPES[pw.qtype]
     _packed_gemv_kernel[(cdiv(n, block_n),)](
         x, pw.qs, pw.qh if pw.qh is not None else pw.qs, pw.sc,
         pw.d if pw.d is not None else pw.sc, bias if bias is not None else pw.sc, out,
         m, n, ng, x.stride(0), out.stride(0),
-        TYPE=pw.qtype, WPG=wpg, BITS=bits, BLOCK_N=block_n, BLOCK_G=block_g,
+        TYPE=pw.qtype, WPG=wpg, BLOCK_N=block_n, BLOCK_G=block_g,
         BLOCK_M=next_pow2(max(m, 1)), HAS_BIAS=bias is not None, SILU_AND_MUL=silu_and_mul,
         ASM=_asm(x), num_warps=warps, **pdl_launch(x),
     )
@@ -308,11 +308,11 @@ def gguf_packed_dequantize(pw: PackedGGUF, dtype: torch.dtype = torch.float16,
     if n == 0 or k == 0:
         return out
     block_n, block_g, warps = config or DEQUANT_CONFIG
-    wpg, bits = PACKED_TYPES[pw.qtype]
+    wpg = PACKED_TYPES[pw.qtype]
     _packed_dequantize_kernel[(cdiv(n, block_n), cdiv(ng * wpg // 4, block_g))](
         pw.qs, pw.qh if pw.qh is not None else pw.qs, pw.sc,
         pw.d if pw.d is not None else pw.sc, out, n, ng, out.stride(0),
-        TYPE=pw.qtype, WPG=wpg, BITS=bits, BLOCK_N=block_n, BLOCK_G=block_g,
+        TYPE=pw.qtype, WPG=wpg, BLOCK_N=block_n, BLOCK_G=block_g,
         ASM=_asm(out), num_warps=warps,
     )
     return out

@@ -32,10 +32,9 @@ from engine.errors import UnsupportedError
 from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
 from kernels._common import check
 
-# type id -> (words per 32-value group, value bits in the GEMV's fp16 mantissa)
-PACKED_TYPES: dict[int, tuple[int, int]] = {
-    GGMLType.Q4_0: (4, 4), GGMLType.Q8_0: (8, 8), GGMLType.Q4_K: (4, 4),
-    GGMLType.Q5_K: (4, 5), GGMLType.Q6_K: (4, 6),
+# type id -> int32 words of the qs plane per 32-value group
+PACKED_TYPES: dict[int, int] = {
+    GGMLType.Q4_0: 4, GGMLType.Q8_0: 8, GGMLType.Q4_K: 4, GGMLType.Q5_K: 4, GGMLType.Q6_K: 4,
 }
 
 
@@ -51,7 +50,7 @@ class PackedGGUF(NamedTuple):
     @property
     def shape(self) -> tuple[int, int]:
         """(N, K), from the qs plane's own shape."""
-        wpg = PACKED_TYPES[self.qtype][0]
+        wpg = PACKED_TYPES[self.qtype]
         return self.qs.shape[0], self.qs.shape[1] // wpg * 32
 
     def planes(self) -> dict[str, torch.Tensor]:
