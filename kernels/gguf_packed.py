@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from engine.errors import UnsupportedError
+from engine.gguf.constants import GGMLType
 from kernels._common import (
     cdiv,
     check,
@@ -79,15 +80,29 @@ def _quads(t, WPG: tl.constexpr):
 
 
 @triton.jit
+def _load_quads(TYPE: tl.constexpr, qs_ptr, qh_ptr, sc_ptr, d_ptr, rows, n, N, t, NT, NG,
+                WPG: tl.constexpr):
+    """Quads t [T] of rows n: words [BN, T, 4] int32, the high-bit tile and the scales
+    (kernels/gguf_packed_tiles.py); quads >= NT read as zeros."""
+    wl = tl.arange(0, 4)
+    g, _ = _quads(t, WPG)
+    m3 = (n < N)[:, None, None] & (t < NT)[None, :, None]  # [BN, T, 1]
+    w = tl.load(qs_ptr + rows * (NT * 4) + (t * 4)[None, :, None] + wl[None, None, :],
+                mask=m3, other=0, eviction_policy="evict_first")
+    h = packed_high(TYPE, qh_ptr, rows, g, wl, m3, NG)
+    d_lo, m_lo, d_hi, m_hi = packed_scales(TYPE, sc_ptr, d_ptr, rows, g, m3, NG)
+    return w, h, d_lo, m_lo, d_hi, m_hi
+
+
+@triton.jit
 def _packed_gemv_kernel(
     x_ptr, qs_ptr, qh_ptr, sc_ptr, d_ptr, bias_ptr, y_ptr, M, N, NG,
     stride_xm: tl.int64, stride_ym: tl.int64,
     TYPE: tl.constexpr, WPG: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SILU_AND_MUL: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr,
+    SILU_AND_MUL: tl.constexpr, PREFETCH: tl.constexpr, ASM: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # the kernel before wrote x
-        pdl_wait()
     # program: rows n [BN] x all of K in steps of BLOCK_G quads of 4 words (a lane's
     # 16-byte load); every tile is [BN, T, 4] in that layout, so none changes layout inside
     # the loop. Token m's per-quad sums go to column m % 4 of acc_a (m < 4) or acc_b.
@@ -104,14 +119,21 @@ def _packed_gemv_kernel(
     acc_1 = tl.zeros([BLOCK_N, BLOCK_G, 1], dtype=tl.float32)  # BLOCK_M 1
     acc_a = tl.zeros([BLOCK_N, BLOCK_G, 4], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_N, BLOCK_G, 4], dtype=tl.float32)
+    if PREFETCH:  # step i + 1's words and scales load while step i computes
+        w_n, h_n, dl_n, ml_n, dh_n, mh_n = _load_quads(
+            TYPE, qs_ptr, qh_ptr, sc_ptr, d_ptr, rows, n, N, tl.arange(0, BLOCK_G), NT, NG, WPG)
+    if USE_PDL:  # the kernel before wrote x (the weights were written at load)
+        pdl_wait()
     for t0 in range(0, NT, BLOCK_G):
         t = t0 + tl.arange(0, BLOCK_G)
         g, col = _quads(t, WPG)
-        m3 = (n < N)[:, None, None] & (t < NT)[None, :, None]  # [BN, T, 1]
-        w = tl.load(qs_ptr + rows * (NT * 4) + (t * 4)[None, :, None] + wl[None, None, :],
-                    mask=m3, other=0, eviction_policy="evict_first")  # [BN, T, 4] int32
-        h = packed_high(TYPE, qh_ptr, rows, g, wl, m3, NG)
-        d_lo, m_lo, d_hi, m_hi = packed_scales(TYPE, sc_ptr, d_ptr, rows, g, m3, NG)
+        if PREFETCH:
+            w, h, d_lo, m_lo, d_hi, m_hi = w_n, h_n, dl_n, ml_n, dh_n, mh_n
+            w_n, h_n, dl_n, ml_n, dh_n, mh_n = _load_quads(
+                TYPE, qs_ptr, qh_ptr, sc_ptr, d_ptr, rows, n, N, t + BLOCK_G, NT, NG, WPG)
+        else:
+            w, h, d_lo, m_lo, d_hi, m_hi = _load_quads(
+                TYPE, qs_ptr, qh_ptr, sc_ptr, d_ptr, rows, n, N, t, NT, NG, WPG)
         for mi in tl.static_range(BLOCK_M):
             x_row = x_ptr + mi * stride_xm
             # pair 0 starts the sums (no zero fill): f = sum of f * x (x * 16 on the pairs
@@ -245,29 +267,35 @@ def check_packed(pw: PackedGGUF) -> tuple[int, int, int]:
 
 
 def gemv_packed_config(qtype: int, n: int, k: int, m: int,
-                       silu_and_mul: bool = False) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_G, warps): 2 warps whose lanes take one quad (16-byte load) each
-    along K, 64 quads per step, and BLOCK_N rows per lane, the activations loaded (and
-    SiLU-and-mul computed) once for them: 8 rows for one token when the SiLU-and-mul is
-    fused or the weight is tall (N >= 16384: gate_up, LM head), else 4 (o, qkv, down keep
-    ~16 warps per SM); fewer as the token tile grows (registers). Chosen from the compiled
-    sm_90 code (no spills, no shared-memory layout change in the loop); the H200 sweep is
+                       silu_and_mul: bool = False) -> tuple[int, int, int, bool]:
+    """(BLOCK_N, BLOCK_G, warps, prefetch): 2 warps whose lanes take one quad (16-byte
+    load) each along K, 64 quads per step, BLOCK_N rows per lane (the activations loaded,
+    and SiLU-and-mul computed, once for them), and the next step's words loaded while a
+    step computes (Triton does not pipeline these loads). One token: 8 rows with the fused
+    SiLU-and-mul or a tall 4/8-bit weight (N >= 16384: gate_up, an LM head), else 4 (o, qkv
+    and down keep ~16 warps per SM); fewer rows as the token tile grows. Q5_K / Q6_K drop
+    the prefetch where it would not fit in 255 registers. Chosen from the compiled sm_90
+    code (no spills, no shared-memory layout change in the loop); the H200 sweep is
     examples/bench/kernels.py --only packed --sweep gguf."""
     bm = next_pow2(max(m, 1))
+    high_bits = qtype in (GGMLType.Q5_K, GGMLType.Q6_K)
     if bm == 1:
-        block_n = 8 if silu_and_mul or n >= 16384 else 4
+        block_n = 8 if silu_and_mul or (n >= 16384 and not high_bits) else 4
+        prefetch = not (high_bits and block_n == 8)
     else:
         block_n = max(1, 4 // max(1, bm // 2))
+        prefetch = not (high_bits and silu_and_mul)
     block_g = min(64, next_pow2(max(k // 32 * PACKED_TYPES[qtype] // 4, 1)))
-    return block_n, block_g, max(1, min(2, block_g // 32))
+    return block_n, block_g, max(1, min(2, block_g // 32)), prefetch
 
 
 def gguf_packed_gemv(x: torch.Tensor, pw: PackedGGUF, bias: torch.Tensor | None = None,
                      silu_and_mul: bool = False, out: torch.Tensor | None = None,
-                     config: tuple[int, int, int] | None = None) -> torch.Tensor:
+                     config: tuple[int, int, int, bool] | None = None) -> torch.Tensor:
     """y [M, N] = x [M, K] @ W.T (+ bias), M <= GEMV_MAX_M; x [M, 2K] with silu_and_mul.
     out: an [M, N] destination with unit column stride (e.g. a column slice of a wider
-    output), else a new tensor in x's dtype. config: (BLOCK_N, BLOCK_G, warps), for sweeps."""
+    output), else a new tensor in x's dtype. config: (BLOCK_N, BLOCK_G, warps, prefetch),
+    for sweeps; None: gemv_packed_config's."""
     n, k, ng = check_packed(pw)
     check_float("x", x)
     kx = 2 * k if silu_and_mul else k
@@ -287,7 +315,8 @@ def gguf_packed_gemv(x: torch.Tensor, pw: PackedGGUF, bias: torch.Tensor | None 
           lambda: f"out must be [{m}, {n}] with unit column stride, got {tuple(out.shape)}")
     if m == 0 or n == 0:
         return out
-    block_n, block_g, warps = config or gemv_packed_config(pw.qtype, n, k, m, silu_and_mul)
+    block_n, block_g, warps, prefetch = config or gemv_packed_config(pw.qtype, n, k, m,
+                                                                      silu_and_mul)
     wpg = PACKED_TYPES[pw.qtype]
     _packed_gemv_kernel[(cdiv(n, block_n),)](
         x, pw.qs, pw.qh if pw.qh is not None else pw.qs, pw.sc,
@@ -295,7 +324,7 @@ def gguf_packed_gemv(x: torch.Tensor, pw: PackedGGUF, bias: torch.Tensor | None 
         m, n, ng, x.stride(0), out.stride(0),
         TYPE=pw.qtype, WPG=wpg, BLOCK_N=block_n, BLOCK_G=block_g,
         BLOCK_M=next_pow2(max(m, 1)), HAS_BIAS=bias is not None, SILU_AND_MUL=silu_and_mul,
-        ASM=_asm(x), num_warps=warps, **pdl_launch(x),
+        PREFETCH=prefetch, ASM=_asm(x), num_warps=warps, **pdl_launch(x),
     )
     return out
 

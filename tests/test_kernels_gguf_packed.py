@@ -52,14 +52,15 @@ def test_gemv_matches_reference(qtype: GGMLType, m: int) -> None:
     assert _rel_err(y, gguf_gemm_ref(x, w, qtype)) < 1e-5
 
 
+@pytest.mark.parametrize("prefetch", [True, False])
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K])
-def test_gemv_fp16_bias_and_partial_steps(qtype: GGMLType) -> None:
+def test_gemv_fp16_bias_and_partial_steps(qtype: GGMLType, prefetch: bool) -> None:
     w = random_weight(qtype, 7, 256 * 3, seed=2)
     pw = repack(w, qtype)
     x = torch.randn(2, 768, device=DEVICE).half()
     bias = torch.randn(7, device=DEVICE).half()
     ref = (x.float() @ gguf_dequantize_ref(w, qtype, torch.float32).T + bias.float())
-    y = gguf_packed_gemv(x, pw, bias, config=(2, 16, 1))  # 24 groups: a partial step
+    y = gguf_packed_gemv(x, pw, bias, config=(2, 16, 1, prefetch))  # 24 groups: partial
     assert y.dtype == torch.float16
     assert _rel_err(y, ref) < 2e-3
 

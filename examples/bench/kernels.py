@@ -304,8 +304,10 @@ def bench_gguf(sweep: bool) -> None:
 
 
 PACKED_TYPES = (GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
-PACKED_SWEEP = [(2, 64, 2), (4, 64, 2), (8, 64, 2), (4, 128, 4), (8, 128, 4), (4, 32, 1),
-                (8, 32, 1), (16, 32, 1), (4, 256, 8), (2, 128, 4)]  # (BLOCK_N, BLOCK_G, warps)
+# (BLOCK_N, BLOCK_G, warps, prefetch)
+PACKED_SWEEP = [(2, 64, 2, True), (4, 64, 2, True), (8, 64, 2, True), (4, 64, 2, False),
+                (8, 64, 2, False), (4, 128, 4, True), (8, 128, 4, True), (4, 128, 4, False),
+                (4, 32, 1, True), (8, 32, 1, True), (16, 32, 1, True), (4, 256, 8, False)]
 
 
 def bench_gguf_packed(sweep: bool) -> None:
