@@ -20,6 +20,7 @@ exits when its parent does (a parent-pid watch: PR_SET_PDEATHSIG follows the par
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -157,6 +158,16 @@ def process_output_socket(ctx: zmq.Context, address: str, output_queue: queue.Qu
     sock.close()
 
 
+def freeze_gc_heap() -> None:
+    """The start-up heap (model, KV cache, graphs) moved to the oldest generation and
+    frozen, so the collector never scans it again while serving (vllm/utils/gc_utils.py
+    freeze_gc_heap, called at the end of vLLM's EngineCore.__init__). The child ends with
+    its engine, so nothing needs unfreezing."""
+    for generation in (0, 1, 2):
+        gc.collect(generation)
+    gc.freeze()
+
+
 def _watch_parent(parent_pid: int) -> None:
     while os.getppid() == parent_pid:
         time.sleep(_PARENT_POLL_S)
@@ -189,6 +200,7 @@ def run_engine_core(argv: list[str] | None = None) -> int:
             output_queue.put((FAILED, EngineCoreStartupFailure(status, message)))
             return 1
         proc = EngineCoreProc(core, args.input, ctx, output_queue)
+        freeze_gc_heap()
         output_queue.put((READY, core.ready))
         try:
             proc.run_busy_loop()
