@@ -242,6 +242,11 @@ class LLMEngine:
         """vLLM LLMEngine.reset_prefix_cache: False while running requests hold blocks."""
         return self.engine_core.reset_prefix_cache(reset_running_requests)
 
+    def peak_memory_bytes(self) -> int:
+        """The engine core's peak GPU memory (torch allocator; in its own process when it
+        runs in a child); 0 on CPU."""
+        return self.engine_core.peak_memory_bytes()
+
     def get_num_unfinished_requests(self) -> int:
         return len(self.output_processor.request_states)
 

@@ -92,6 +92,22 @@ def test_n_abort_and_stats_across_the_split(mp_engine):
     stats = mp_engine.get_stats()
     assert stats.prefix_cache_hits > 0 and stats.num_running_reqs == 0
     assert mp_engine.reset_prefix_cache() is True
+    assert mp_engine.peak_memory_bytes() == 0  # a utility call to the child; CPU: no CUDA
+
+
+def test_peak_memory_bytes_is_the_cores_allocator_peak(monkeypatch) -> None:
+    """The benchmarks' peak-memory row reads the core's process (a child by default on
+    CUDA), not the front end's, which never allocates on the device."""
+    import types
+
+    import torch
+
+    from engine.core.engine_core import EngineCore
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 123 << 20)
+    core = types.SimpleNamespace(device=torch.device("cuda"))
+    assert EngineCore.peak_memory_bytes(core) == 123 << 20
+    assert EngineCore.peak_memory_bytes(types.SimpleNamespace(device=torch.device("cpu"))) == 0
 
 
 def test_structured_output_compiles_in_the_child(mp_engine):

@@ -85,6 +85,9 @@ class EngineCoreClient:
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         raise NotImplementedError
 
+    def peak_memory_bytes(self) -> int:
+        raise NotImplementedError
+
     def wakeup(self) -> None:
         """Make a blocked get_output return (None) now."""
 
@@ -123,6 +126,9 @@ class InprocClient(EngineCoreClient):
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return self.engine_core.reset_prefix_cache(reset_running_requests)
+
+    def peak_memory_bytes(self) -> int:
+        return self.engine_core.peak_memory_bytes()
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()

@@ -209,6 +209,9 @@ class SyncMPClient(EngineCoreClient):
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return self.call_utility("reset_prefix_cache", reset_running_requests, result_type=bool)
 
+    def peak_memory_bytes(self) -> int:
+        return self.call_utility("peak_memory_bytes", result_type=int)
+
     # ---------------------------------------------------------------- shutdown
 
     def shutdown(self) -> None:

@@ -234,6 +234,12 @@ class EngineCore:
         """vLLM EngineCore.reset_prefix_cache: False while running requests hold blocks."""
         return self.scheduler.reset_prefix_cache(reset_running_requests)
 
+    def peak_memory_bytes(self) -> int:
+        """The core's peak torch-allocator bytes on its device (KV cache and graph pool
+        included; 0 on CPU): the benchmarks' peak-memory row, from the core's process."""
+        return torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" \
+            else 0
+
     def shutdown(self) -> None:
         self.scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)
         while self.batch_queue:  # wait for the device; the outputs are of aborted requests

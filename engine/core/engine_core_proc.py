@@ -42,7 +42,7 @@ from engine.core.serial_utils import MsgpackDecoder, MsgpackEncoder
 from engine.errors import VllmError
 
 READY, FAILED, DEAD = b"READY", b"FAILED", b"DEAD"
-UTILITY_METHODS = frozenset({"make_stats", "reset_prefix_cache"})
+UTILITY_METHODS = frozenset({"make_stats", "reset_prefix_cache", "peak_memory_bytes"})
 _PARENT_POLL_S = 0.5
 logger = logging.getLogger(__name__)
 

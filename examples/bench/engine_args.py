@@ -134,13 +134,14 @@ def first_tokens_sampled(engine) -> bool:
     return not states or any(s.detokenizer.output_token_ids for s in states)
 
 
-def peak_memory_line() -> tuple[str, float | None]:
-    """("Peak GPU memory: X GiB ...", GiB) from torch's allocator; n/a without CUDA."""
+def peak_memory_line(engine) -> tuple[str, float | None]:
+    """("Peak GPU memory: X GiB ...", GiB) from the engine core's torch allocator (in the
+    core's process, a child by default on CUDA); n/a without CUDA."""
     import torch
 
     if not torch.cuda.is_available():
         return "Peak GPU memory: n/a (no CUDA device)", None
-    gib = torch.cuda.max_memory_allocated() / (1 << 30)
+    gib = engine.peak_memory_bytes() / (1 << 30)
     return f"Peak GPU memory: {gib:.2f} GiB (torch allocator, KV cache included)", gib
 
 

@@ -82,7 +82,7 @@ def run(engine, args: argparse.Namespace) -> dict:
         print(f"Avg decode throughput (excl. 1st step): "
               f"{results['decode_tokens_per_second']:.2f} tokens/s")
     print(f"Avg first step (prefill + 1st token): {results['first_step_seconds']} seconds")
-    results["peak_gpu_memory_gib"] = engine_args.peak_memory_line()[1]
+    results["peak_gpu_memory_gib"] = engine_args.peak_memory_line(engine)[1]
     return results
 
 

@@ -52,7 +52,7 @@ def run(engine, args: argparse.Namespace) -> dict:
           f"{output_tokens / elapsed:.2f} output tokens/s")
     print(f"Total num prompt tokens:  {prompt_tokens}")
     print(f"Total num output tokens:  {output_tokens}")
-    line, peak_gib = engine_args.peak_memory_line()
+    line, peak_gib = engine_args.peak_memory_line(engine)
     print(line)
     return {"elapsed_time": elapsed, "num_requests": len(requests),
             "total_num_tokens": total, "requests_per_second": len(requests) / elapsed,
