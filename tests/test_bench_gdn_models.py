@@ -6,6 +6,8 @@ match the bytes those models read per decode step (CPU only; no weights)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -70,3 +72,27 @@ def test_table_rows_for_the_gdn_steps():
     assert "b1 100% of it (MI300X)" in table and "5.00 req/s" in table
     assert "Qwen3.5-35B-A3B b1 decode" in table and "PENDING: suite time budget" in table
     assert "Qwen3.5" not in suite.table({}, {})  # the default suite's table is unchanged
+
+
+def test_gdn_step_runs_latency_and_throughput_on_tiny_shapes(tmp_path, monkeypatch):
+    """The step's plumbing on CPU: a tiny Qwen3.5-MoE config under the step's directory."""
+    config = read_json_object(str(suite.MODELS / "qwen3.5-35b-a3b" / "config.json"))
+    config.update(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+                  linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                  num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                  shared_expert_intermediate_size=32, vocab_size=10240,
+                  layer_types=config["layer_types"][:4])
+    (tmp_path / "qwen3.5-35b-a3b").mkdir()
+    (tmp_path / "qwen3.5-35b-a3b" / "config.json").write_text(json.dumps(config))
+    monkeypatch.setattr(suite, "MODELS", tmp_path)
+    monkeypatch.setattr(suite, "COMMON", [*suite.COMMON, "--device", "cpu", "--dtype", "float32"])
+    monkeypatch.setattr(suite, "LAT", ["--input-len", "8", "--output-len", "4",
+                                       "--num-iters-warmup", "0", "--num-iters", "1"])
+    monkeypatch.setattr(suite, "THROUGHPUT_LENS", (24, 4))
+    suite.run_step("qwen3.5-35b-a3b", tmp_path, throughput_prompts=3)
+    res = json.loads((tmp_path / "suite-qwen3.5-35b-a3b.json").read_text())
+    assert res["latency_b1"]["decode_tokens_per_second"] > 0
+    assert res["throughput"]["num_requests"] == 3
+    assert res["throughput"]["total_prompt_tokens"] == 3 * 24
+    assert "throughput_sharegpt" not in res
