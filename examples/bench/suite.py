@@ -91,16 +91,16 @@ TARGETS = {"b1": 250.0, "eager_b1": 60.0, "throughput": 34.0, "seqs64": 26.0, "s
 # vLLM's published figures for the hybrid GDN models (shared/reference/hybrid-gdn.md section
 # 6, P1/P5/P6/P9): (conditions and figure, batch-1 decode tok/s to compare with or None).
 # None is on one H200 in bf16. P1 runs TP=8 on 8 H200 (batch-1 decode there splits the
-# weights over 8 GPUs), P5 is FP8, P6 FP8 on an H100: printed with no ratio. P9 is the same
-# model, bf16, one GPU, single stream, on an MI300X (5.3 TB/s against the H200's 4.8): the
-# table prints that ratio, labelled as across GPUs.
+# weights over 8 GPUs), P5 is FP8, P6 FP8 on an H100: printed with no ratio. P9 (Qwen3.6-27B,
+# the same shapes) is bf16, one GPU, single stream, on an MI300X (5.3 TB/s against the
+# H200's 4.8): the table prints that ratio, labelled as across GPUs.
 VLLM_PUBLISHED = {
     "qwen3.5-35b-a3b": [
         ("vLLM 0.19 bf16, 8xH200 TP=8, random 1024/1024: c1 984, c64 12,810 tok/s in+out (P1)",
          None),
         ("vLLM FP8, 1xH200 (GPUStack): ShareGPT 9,632 total tok/s, TPOT 24.7 ms (P5)", None)],
     "qwen3.5-27b": [
-        ("vLLM 0.31 bf16, 1xMI300X: single stream 67 tok/s (~200 in, 512 out) (P9)", 67.0),
+        ("vLLM 0.31 bf16 (Qwen3.6-27B), 1xMI300X: 1 stream 67 tok/s (~200 in, 512 out) (P9)", 67.0),
         ("vLLM 0.21 FP8 (Qwen3.6-27B), 1xH100: decode 77 tok/s, 512-token prompt (P6)", None)],
 }
 
