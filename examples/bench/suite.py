@@ -3,6 +3,8 @@
     PYTHONPATH=. python -m examples.bench.suite [--throughput-prompts 1000]
         [--budget-s 540] [--cudagraph-mode MODE]
         [--steps llama8b-graphs llama8b-seqs64 llama8b-eager qwen3-8b qwen3-30b-a3b]
+    PYTHONPATH=. python -m examples.bench.suite --budget-s 560 \
+        --steps qwen3.5-35b-a3b qwen3.5-27b     # the hybrid GDN steps (issue 18), opt-in
 
 Every step is a child process (`--step NAME`) that builds one engine with random weights
 of a real architecture (examples/bench/models/, --load-format dummy, bf16, token-id
@@ -16,6 +18,9 @@ prompts) and runs benchmarks on it through examples/bench/{startup,latency,throu
   (most steps mix prefill chunks with decodes: issue 13's graphed-mixed-steps figure).
 - llama8b-eager: `latency` batch 1 with --enforce-eager.
 - qwen3-8b, qwen3-30b-a3b: `latency` batch 1 with CUDA graphs.
+- qwen3.5-35b-a3b, qwen3.5-27b (hybrid Gated DeltaNet, issue 18; not in the default
+  --steps: with 70 / 54 GB of weights they need a device call of their own): `latency`
+  batch 1 and `throughput` random N x (1024 in, 128 out), CUDA graphs.
 
 Batch-1 decode is latency's decode throughput excluding the first step. Prefix caching is
 off in every step (latency's default; the random prompts share no prefix). A child writes
@@ -47,19 +52,57 @@ STEPS = {  # name: (model directory, extra engine flags, latency batch sizes)
     "llama8b-eager": ("llama-3.1-8b", ["--enforce-eager"], [1]),
     "qwen3-8b": ("qwen3-8b", [], [1]),
     "qwen3-30b-a3b": ("qwen3-30b-a3b", [], [1]),
+    # hybrid GDN (issue 18). Memory on the H200 (139 GiB; --gpu-memory-utilization 0.9 of it
+    # is 125 GiB): 27B has 50.1 GiB of weights plus 36.8 GiB of state for the default 256
+    # slots and the null slot (48 GDN layers x 3.2 MB = 153.9 MB a request, fp32 SSM state),
+    # which leaves ~33 GiB of KV at 64 KiB/token (16 attention layers), where 256 x 1152
+    # tokens need 18 GiB. 35B-A3B has 64.6 GiB + 15.4 GiB of state (30 x 2.1 MB = 64.4 MB a
+    # request), leaving ~40 GiB at 20 KiB/token. The default --max-num-seqs 256 fits both.
+    "qwen3.5-35b-a3b": ("qwen3.5-35b-a3b", [], [1]),
+    "qwen3.5-27b": ("qwen3.5-27b", [], [1]),
 }
+DEFAULT_STEPS = ["llama8b-graphs", "llama8b-seqs64", "llama8b-eager", "qwen3-8b",
+                 "qwen3-30b-a3b"]
+RANDOM_THROUGHPUT_STEPS = {"llama8b-graphs", "qwen3.5-35b-a3b", "qwen3.5-27b"}
 # batch-1 decode rooflines, tok/s: bytes read per step (weights less the embedding table)
 # over 4.28 TB/s; Llama-3.1-8B as the brief's 286 (15.01 GB at 4.3 TB/s)
 BW = 4.28e12
 ROOFLINE_B1 = {"llama-3.1-8b": 286.0, "qwen3-8b": BW / (2 * (8.191e9 - 151936 * 4096)),
-               "qwen3-30b-a3b": BW / (2 * 3.04e9)}
+               "qwen3-30b-a3b": BW / (2 * 3.04e9),
+               # Qwen3.5-27B: all 26.896e9 parameters (meta-device count) less the embedding
+               # table 248320 x 5120: 25.625e9 x 2 B = 51.25 GB, 83.5 tok/s. The GDN state
+               # (48 x 3.2 MB, read and written) adds 0.3 GB, 0.6%, not counted.
+               "qwen3.5-27b": BW / (2 * (26_895_998_464 - 248320 * 5120)),
+               # Qwen3.5-35B-A3B, active weights per token: all 34.661e9 parameters less the
+               # embedding table (248320 x 2048) less the 248 routed experts of 256 not picked
+               # (40 layers x 248 x 3 x 2048 x 512): GDN 1.012e9 + attention 0.273e9 + routers
+               # 0.021e9 + shared experts 0.126e9 + top-8 experts 1.007e9 + lm_head 0.509e9
+               # = 2.946e9 x 2 B = 5.89 GB, 726 tok/s. State (30 x 2.1 MB) not counted.
+               "qwen3.5-35b-a3b": BW / (2 * (34_660_610_688 - 248320 * 2048
+                                             - 40 * 248 * 3 * 2048 * 512))}
 THROUGHPUT_BOUND = 47.7  # req/s, 1000 x (1024, 128) at 799 TFLOP/s (performance anchors)
 VLLM_H200 = 22.6  # req/s, vLLM CI throughput_llama8B_tp1 (ShareGPT, 200 prompts, H200)
 THROUGHPUT_LENS = (1024, 128)  # (input, output) tokens of the random throughput run
 SHAREGPT_PROMPTS = 200  # as vLLM CI's throughput_llama8B_tp1
 SEQS64_PROMPTS = 300  # llama8b-seqs64: 300 x THROUGHPUT_LENS at --max-num-seqs 64
-# issue 13's acceptance figures
-TARGETS = {"b1": 250.0, "eager_b1": 60.0, "throughput": 34.0, "seqs64": 26.0, "startup": 20.0}
+# issue 13's acceptance figures; issue 18's as fractions of ROOFLINE_B1
+TARGETS = {"b1": 250.0, "eager_b1": 60.0, "throughput": 34.0, "seqs64": 26.0, "startup": 20.0,
+           "qwen3.5-35b-a3b": 0.5, "qwen3.5-27b": 0.8}
+# vLLM's published figures for the hybrid GDN models (shared/reference/hybrid-gdn.md section
+# 6, P1/P5/P6/P9): (conditions and figure, batch-1 decode tok/s to compare with or None).
+# None is on one H200 in bf16. P1 runs TP=8 on 8 H200 (batch-1 decode there splits the
+# weights over 8 GPUs), P5 is FP8, P6 FP8 on an H100: printed with no ratio. P9 (Qwen3.6-27B,
+# the same shapes) is bf16, one GPU, single stream, on an MI300X (5.3 TB/s against the
+# H200's 4.8): the table prints that ratio, labelled as across GPUs.
+VLLM_PUBLISHED = {
+    "qwen3.5-35b-a3b": [
+        ("vLLM 0.19 bf16, 8xH200 TP=8, random 1024/1024: c1 984, c64 12,810 tok/s in+out (P1)",
+         None),
+        ("vLLM FP8, 1xH200 (GPUStack): ShareGPT 9,632 total tok/s, TPOT 24.7 ms (P5)", None)],
+    "qwen3.5-27b": [
+        ("vLLM 0.31 bf16 (Qwen3.6-27B), 1xMI300X: 1 stream 67 tok/s (~200 in, 512 out) (P9)", 67.0),
+        ("vLLM 0.21 FP8 (Qwen3.6-27B), 1xH100: decode 77 tok/s, 512-token prompt (P6)", None)],
+}
 
 
 def run_step(name: str, out_dir: Path, throughput_prompts: int,
@@ -99,13 +142,14 @@ def run_step(name: str, out_dir: Path, throughput_prompts: int,
             "--output-len", str(THROUGHPUT_LENS[1]),
             "--num-prompts", str(SEQS64_PROMPTS), "--temperature", "1.0"]))
         save()
-    if name == "llama8b-graphs" and throughput_prompts > 0:
+    if name in RANDOM_THROUGHPUT_STEPS and throughput_prompts > 0:
         print(f"[{name}] throughput {throughput_prompts} x {THROUGHPUT_LENS}", flush=True)
         results["throughput"] = throughput.run(engine, parse(throughput, [
             "--dataset-name", "random", "--input-len", str(THROUGHPUT_LENS[0]),
             "--output-len", str(THROUGHPUT_LENS[1]),
             "--num-prompts", str(throughput_prompts), "--temperature", "1.0"]))
         save()
+    if name == "llama8b-graphs" and throughput_prompts > 0:
         print(f"[{name}] throughput sharegpt-synthetic {SHAREGPT_PROMPTS}", flush=True)
         results["throughput_sharegpt"] = throughput.run(engine, parse(throughput, [
             "--dataset-name", "sharegpt-synthetic", "--num-prompts", str(SHAREGPT_PROMPTS)]))
@@ -185,13 +229,38 @@ def table(results: dict[str, dict], status: dict[str, str]) -> str:
         rows.append(("Llama-8B CUDA-graph memory", f"{mp.get('cudagraph_pool', 0) / 2**30:.2f} "
                      "GiB pool", f"profile counted {mp.get('cudagraph_estimate', 0) / 2**30:.2f}"
                      " GiB", ""))
+    rows += _gdn_rows(get, results, status)
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return "\n".join(" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
 
 
+def _gdn_rows(get, results: dict, status: dict) -> list[tuple[str, str, str, str]]:
+    """Issue 18's rows, for the hybrid GDN steps that ran or were asked for."""
+    rows = []
+    for step, label in (("qwen3.5-35b-a3b", "Qwen3.5-35B-A3B"), ("qwen3.5-27b", "Qwen3.5-27B")):
+        if step not in results and step not in status:
+            continue
+        roof = ROOFLINE_B1[STEPS[step][0]]
+        v = get(step, "latency_b1", "decode_tokens_per_second")
+        ratio = f"{_ratio(v, roof)} of {roof:.0f} roofline" if v is not None \
+            else status.get(step, "not run")
+        rows.append((f"{label} b1 decode, CUDA graphs", f"{_fmt(v)} tok/s", ratio,
+                     f">= {100 * TARGETS[step]:.0f}% of roofline"))
+        tp = get(step, "throughput") or {}
+        rows.append((f"{label} throughput {tp.get('num_requests', '-')} x {THROUGHPUT_LENS}",
+                     f"{_fmt(tp.get('requests_per_second'), '.2f')} req/s, "
+                     f"{_fmt(tp.get('output_tokens_per_second'))} out tok/s",
+                     f"peak {_fmt(tp.get('peak_gpu_memory_gib'))} GiB", ""))
+        for ref, value in VLLM_PUBLISHED[step]:
+            ratio = "no ratio: not like-for-like" if value is None else \
+                "b1 " + (_ratio(v, value) if v is not None else "PENDING") + " of it (MI300X)"
+            rows.append((f"  vLLM published ({label})", "", ratio, ref))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", nargs="+", choices=list(STEPS), default=list(STEPS))
+    ap.add_argument("--steps", nargs="+", choices=list(STEPS), default=DEFAULT_STEPS)
     ap.add_argument("--throughput-prompts", type=int, default=1000)
     ap.add_argument("--budget-s", type=float, default=540.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
