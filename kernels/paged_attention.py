@@ -342,7 +342,7 @@ def paged_attention_prefill(
     q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor, block_table: torch.Tensor, scale: float,
     out: torch.Tensor | None = None, sliding_window: int | None = None,
-    block_m: int | None = None, tile_n: int | None = None, num_warps: int | None = None,
+    block_m: int | None = None, tile_n: int = 64, num_warps: int | None = None,
     num_stages: int = 2, num_segments: int | None = None,
 ) -> torch.Tensor:
     """Varlen causal attention over cached prefixes. q: [num_tokens, nq, hd] -> same shape.
@@ -350,10 +350,9 @@ def paged_attention_prefill(
     Any query lengths (1 included), so a mixed prefill + decode batch can use it whole.
     num_segments: KV segments per (q block, kv head) program, merged by a reduce (vLLM's 3D
     kernel); default: up to 16 while the 2D grid leaves SMs idle (batch-1 decode), else 1.
-    block_m / tile_n / num_warps default by the batch's shape: with at most one query token
-    per request row (decode, a CUDA graph of up to max_num_seqs tokens) 16 rows of 32 keys
-    (2 warps unless split), so the rows are not mostly masked; else 64 rows of 64 keys,
-    4 warps (8 beyond head size 128). From the H200 sweep in docs/kernels.md.
+    block_m: query rows (tokens x heads of a KV group) per program; default 16 when the
+    batch has at most one query token per request row (decode, a decode CUDA graph), so
+    the rows are not mostly masked, else 64.
     """
     _check_window(sliding_window)
     check(num_segments is None or (isinstance(num_segments, int) and 1 <= num_segments <= 256),
@@ -370,11 +369,10 @@ def paged_attention_prefill(
     out = _out(q, out)
     if n == 0 or num_reqs == 0:
         return out
-    decode_shaped = n <= num_reqs
-    block_m = max(block_m or (16 if decode_shaped else 64), 16, next_pow2(group))
+    block_m = max(block_m or (16 if n <= num_reqs else 64), 16, next_pow2(group))
     block_q = block_m // group
     head_pad = max(16, next_pow2(hd))
-    tile_n = _tile_n(tile_n or (32 if decode_shaped else 64), head_pad)
+    tile_n = _tile_n(tile_n, head_pad)
     q_blocks = n // block_q + num_reqs  # an upper bound on the q blocks of any split of n
     segs = num_segments or _kv_splits(q_blocks * nkv, q.device, 16, 2)
     split = segs > 1
@@ -390,8 +388,8 @@ def paged_attention_prefill(
         HEAD_PAD=head_pad, BLOCK_M=block_m, BLOCK_Q=block_q, SPLIT=split,
         USE_WINDOW=sliding_window is not None,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=num_warps or (8 if head_pad > 128 else 2 if decode_shaped and not split
-                                else 4), num_stages=num_stages, **pdl_launch(q),
+        num_warps=num_warps or (4 if head_pad <= 128 else 8), num_stages=num_stages,
+        **pdl_launch(q),
     )
     if split:
         _paged_attention_decode_reduce_kernel[(n, nq)](

@@ -45,10 +45,6 @@ class AttentionMetadata:
     # longest context of the step (host), 0 when unknown (a CUDA graph): decode splits
     # the KV range only past NO_SPLIT_SEQ_LEN
     max_seq_len: int = 0
-    # eager mixed steps (vLLM's split_decodes_and_prefills): the leading rows with one query
-    # token run the decode kernel, the rest the unified one over these query starts
-    num_decodes: int = 0
-    prefill_query_start_loc_t: torch.Tensor | None = None  # [num_reqs - num_decodes + 1]
     # hybrid models: the Gated DeltaNet layers' state slots (engine/layers/gdn.py GDNMetadata)
     gdn: object | None = None
 
@@ -105,19 +101,11 @@ class Attention(nn.Module):
                                        rotary_emb.head_size, self.kv_cache, md.slot_mapping)
         else:
             cache_kernel(k, v, self.kv_cache, md.slot_mapping)
-        splits = 1 if 0 < md.max_seq_len <= NO_SPLIT_SEQ_LEN else None
         if md.max_query_len == 1 and md.seq_lens_t.shape[0] == q.shape[0]:  # a row per token
+            short = 0 < md.max_seq_len <= NO_SPLIT_SEQ_LEN
             out = paged_attention_decode(q, self.kv_cache, md.block_table, md.seq_lens_t,
                                          self.scale, sliding_window=self.sliding_window,
-                                         num_splits=splits)
-        elif md.num_decodes:  # decode rows first: at HBM speed on the decode kernel
-            d, out = md.num_decodes, torch.empty_like(q)
-            paged_attention_decode(q[:d], self.kv_cache, md.block_table[:d], md.seq_lens_t[:d],
-                                   self.scale, out=out[:d], sliding_window=self.sliding_window,
-                                   num_splits=splits)
-            paged_attention_prefill(q[d:], self.kv_cache, md.prefill_query_start_loc_t,
-                                    md.seq_lens_t[d:], md.block_table[d:], self.scale,
-                                    out=out[d:], sliding_window=self.sliding_window)
+                                         num_splits=1 if short else None)
         else:
             out = paged_attention_prefill(q, self.kv_cache, md.query_start_loc_t, md.seq_lens_t,
                                           md.block_table, self.scale,

@@ -268,9 +268,6 @@ class ModelRunner:
             seq_lens[:n].tolist(), block_table, self.query_start_loc.copy_to_gpu(rows + 1),
             self.seq_lens.copy_to_gpu(rows), max_query_len,
             0 if graph else int(seq_lens[:n].max()))
-        if not graph and max_query_len > 1 and num_sched[0] == 1:  # eager mixed step: its
-            md.num_decodes = nd = int(np.argmax(num_sched != 1))  # leading decode rows
-            md.prefill_query_start_loc_t = md.query_start_loc_t[nd:] - nd
         if self.mamba is not None:
             md.gdn = self.mamba.build_metadata(req_ids, starts.tolist(), qsl[:n + 1].tolist(),
                                                max_query_len, md.query_start_loc_t, rows)
