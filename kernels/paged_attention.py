@@ -341,18 +341,15 @@ def paged_attention_decode(
 def paged_attention_prefill(
     q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor, block_table: torch.Tensor, scale: float,
-    out: torch.Tensor | None = None, sliding_window: int | None = None,
-    block_m: int | None = None, tile_n: int = 64, num_warps: int | None = None,
-    num_stages: int = 2, num_segments: int | None = None,
+    out: torch.Tensor | None = None, sliding_window: int | None = None, block_m: int = 64,
+    tile_n: int = 64, num_warps: int | None = None, num_stages: int = 2,
+    num_segments: int | None = None,
 ) -> torch.Tensor:
     """Varlen causal attention over cached prefixes. q: [num_tokens, nq, hd] -> same shape.
 
     Any query lengths (1 included), so a mixed prefill + decode batch can use it whole.
     num_segments: KV segments per (q block, kv head) program, merged by a reduce (vLLM's 3D
     kernel); default: up to 16 while the 2D grid leaves SMs idle (batch-1 decode), else 1.
-    block_m: query rows (tokens x heads of a KV group) per program; default 16 when the
-    batch has at most one query token per request row (decode, a decode CUDA graph), so
-    the rows are not mostly masked, else 64.
     """
     _check_window(sliding_window)
     check(num_segments is None or (isinstance(num_segments, int) and 1 <= num_segments <= 256),
@@ -369,7 +366,7 @@ def paged_attention_prefill(
     out = _out(q, out)
     if n == 0 or num_reqs == 0:
         return out
-    block_m = max(block_m or (16 if n <= num_reqs else 64), 16, next_pow2(group))
+    block_m = max(block_m, 16, next_pow2(group))
     block_q = block_m // group
     head_pad = max(16, next_pow2(hd))
     tile_n = _tile_n(tile_n, head_pad)

@@ -127,22 +127,6 @@ def test_prefill_segments_chosen_from_shapes(monkeypatch, sms, segments) -> None
     _close(out, paged_attention_prefill_ref(q, kv, qsl, lens, bt, 0.2), torch.float32)
 
 
-@pytest.mark.parametrize("pairs, grid", [
-    ([(1, 40), (1, 30), (1, 9)], (3 // 8 + 3, 2, 1)),  # decode rows: 16-row blocks (8 tokens)
-    ([(5, 40), (1, 30)], (6 // 32 + 2, 2, 1)),  # a prefill row: 64-row blocks (32 tokens)
-])
-def test_prefill_block_rows_follow_the_batch(monkeypatch, pairs, grid) -> None:
-    """Default block_m: 16 rows (here 8 tokens x 2 heads) when no request row has more than
-    one query token on average, so a decode batch is not mostly masked rows; else 64."""
-    monkeypatch.setattr(pa, "_num_sms", lambda device: 1)  # no KV split
-    main = _Spy(pa._paged_attention_prefill_kernel)
-    monkeypatch.setattr(pa, "_paged_attention_prefill_kernel", main)
-    q, kv, qsl, lens, bt = _case(pairs, 4, 2, 32, 4, torch.float32)
-    out = paged_attention_prefill(q, kv, qsl, lens, bt, 0.2, tile_n=16)
-    assert main.grids == [grid]
-    _close(out, paged_attention_prefill_ref(q, kv, qsl, lens, bt, 0.2), torch.float32)
-
-
 @pytest.mark.parametrize("empty", ["one", "all"])
 def test_segment_reduce_ignores_empty_segments(empty) -> None:
     """An empty segment (m -inf, l 0) must not suppress a strongly negative one; all empty:
