@@ -4,8 +4,6 @@ the kernel before it drains, and calls pdl_wait() before it touches memory (the 
 returns once that kernel finished and flushed), then lets the next kernel launch early in
 turn. In a CUDA graph of tiny decode kernels this hides most of each launch gap.
 LIBVLLM_DISABLE_PDL=1 turns it off (A/B benchmarks); the interpreter never uses it.
-prefetch_l2 asks for memory that does not depend on the kernel before (weights) to be
-pulled into L2 before pdl_wait, so a kernel's first loads hit L2.
 """
 
 from __future__ import annotations
@@ -73,12 +71,3 @@ def pdl_wait():
     """Wait for the kernel before (all of it, its writes visible), then let the next launch."""
     tl.extra.cuda.gdc_wait()
     tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def prefetch_l2(ptrs):
-    """PTX prefetch.global.L2 of the 128-byte line holding each pointer (any shape): no
-    registers held, nothing returned. Inline PTX: callers gate it off the interpreter (e.g.
-    behind USE_PDL, which the interpreter never sets)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)

@@ -11,12 +11,8 @@ accumulator reduced once at the end. Rounding follows F.linear in fp32 rounded o
 dtype (the bias is added in fp32 before that rounding). With silu_and_mul the row is a
 gated MLP's gate_up output [1, 2K] and the kernel feeds silu(gate) * up to the GEMV as it
 loads it (the down projection of batch-1 decode without the SiLU-and-mul kernel), rounded
-as kernels/activation.py rounds. With PREFETCH > 0 (PDL launches only) each program asks
-for the 128-byte lines of its first PREFETCH weight steps to be pulled into L2 before its
-PDL wait (the weights do not depend on the kernel before), so the loop's first loads hit L2
-while the kernel before drains; L2 prefetches hold no registers and leave the loop as it
-was (loading the first tile into registers before the wait measured slower: it broke
-Triton's pipelining of the loop). GEMV_PREFETCH is the default.
+as kernels/activation.py rounds. A weight prefetch before the PDL wait (peeling the first
+tile) measured slower: it broke Triton's pipelining of the loop.
 """
 
 from __future__ import annotations
@@ -35,32 +31,20 @@ from kernels._common import (
     next_pow2,
     pdl_launch,
     pdl_wait,
-    prefetch_l2,
 )
-
-# BK steps of weight rows each program prefetches into L2 before its PDL wait (0: none); the
-# values a config may take (powers of two: the prefetched lines form one tl.arange)
-GEMV_PREFETCH = 0
-PREFETCH_STEPS = (0, 1, 2, 4, 8)
 
 
 @triton.jit
 def _dense_gemv_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, N, K,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SILU_AND_MUL: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # the kernel before wrote this one's inputs
+        pdl_wait()
     # one program: BN output values; x: [K] ([2K] gate | up with SILU_AND_MUL),
     # w rows: [BN, K] (row stride K), y: [BN]
     rn = tl.program_id(0) * BN + tl.arange(0, BN)
-    if USE_PDL:  # the kernel before wrote this one's inputs (never set by the interpreter)
-        if PREFETCH:  # ... but not the weights: their first steps go to L2 meanwhile
-            LINE: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth
-            cols = tl.arange(0, (PREFETCH * BK + LINE - 1) // LINE) * LINE  # [L], a line each
-            pm = (rn[:, None] < N) & (cols[None, :] < K)
-            prefetch_l2(tl.where(pm, w_ptr + rn[:, None].to(tl.int64) * K + cols[None, :],
-                                 w_ptr))  # [BN, L]
-        pdl_wait()
     rk = tl.arange(0, BK)
     row_mask = rn[:, None] < N
     acc = tl.zeros((BN, BK), dtype=tl.float32)
@@ -92,13 +76,11 @@ def _dense_gemv_kernel(
     tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
 
-def gemv_config(n: int, k: int, silu_and_mul: bool = False
-                ) -> tuple[int, int, int, int, int]:
-    """(BN, BK, num_warps, num_stages, PREFETCH) for an [n, k] weight, the fastest of a sweep
-    of the Llama-3.1-8B shapes on the H200 (docs/kernels.md): 4-row blocks of 1024-wide steps
-    for the square and wide weights (o, gate_up) and the fused SiLU-and-mul down projection,
-    8-row blocks for qkv (n > k) and down (n < k), 16-row blocks for an LM head; PREFETCH
-    is GEMV_PREFETCH."""
+def gemv_config(n: int, k: int, silu_and_mul: bool = False) -> tuple[int, int, int, int]:
+    """(BN, BK, num_warps, num_stages) for an [n, k] weight, the fastest of a sweep of the
+    Llama-3.1-8B shapes on the H200 (docs/kernels.md): 4-row blocks of 1024-wide steps for
+    the square and wide weights (o, gate_up) and the fused SiLU-and-mul down projection,
+    8-row blocks for qkv (n > k) and down (n < k), 16-row blocks for an LM head."""
     if n > 65536:
         bn, bk, warps, stages = 16, 256, 4, 2
     elif silu_and_mul:
@@ -109,15 +91,15 @@ def gemv_config(n: int, k: int, silu_and_mul: bool = False
         bn, bk, warps, stages = 8, 512, 8, 2
     else:
         bn, bk, warps, stages = 4, 1024, 2, 1
-    return bn, min(bk, next_pow2(k)), warps, stages, GEMV_PREFETCH
+    return bn, min(bk, next_pow2(k)), warps, stages
 
 
 def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                silu_and_mul: bool = False,
-               config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+               config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """x: [1, K] ([1, 2K] = gate | up with silu_and_mul), w: [N, K], bias: [N] or None
-    -> y: [1, N] in x's dtype. config: (BN, BK, num_warps, num_stages, PREFETCH), for
-    sweeps; None: gemv_config's."""
+    -> y: [1, N] in x's dtype. config: (BN, BK, num_warps, num_stages), for sweeps;
+    None: gemv_config's."""
     check(x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1,
           lambda: f"x must be one row [1, K] "
           f"with a contiguous last dimension, got {tuple(x.shape)} strides {x.stride()}")
@@ -139,17 +121,11 @@ def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     y = torch.empty(1, n, dtype=x.dtype, device=x.device)
     if n == 0:
         return y
-    if config is None:
-        bn, bk, warps, stages, prefetch = gemv_config(n, k, silu_and_mul)
-    else:
-        check(len(config) == 5 and type(config[4]) is int and config[4] in PREFETCH_STEPS,
-              lambda: f"config must be (BN, BK, num_warps, num_stages, PREFETCH) with "
-              f"PREFETCH one of {PREFETCH_STEPS}, got {config}")
-        bn, bk, warps, stages, prefetch = config
+    bn, bk, warps, stages = config or gemv_config(n, k, silu_and_mul)
     _dense_gemv_kernel[(cdiv(n, bn),)](
         x, w, bias if bias is not None else w, y, n, k,
         HAS_BIAS=bias is not None, EVEN_K=k % bk == 0, SILU_AND_MUL=silu_and_mul, BN=bn, BK=bk,
-        PREFETCH=prefetch, num_warps=warps, num_stages=stages,
+        num_warps=warps, num_stages=stages,
         **pdl_launch(x),
     )
     return y

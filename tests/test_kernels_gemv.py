@@ -2,11 +2,10 @@
 
 Oracle: dense_gemv_ref = F.linear in fp32 rounded to x's dtype. Shapes cover the unmasked
 K loop (K % BK == 0), a masked K tail after full steps, N not a multiple of the row block,
-bias or none, the L2 weight prefetch before the PDL wait (PREFETCH: the same result, bad
-values refused; a no-op without PDL, as under the interpreter); on CUDA also
-Llama-3.1-8B's weights (both configs), 64-bit weight offsets, and ReplicatedLinear /
-LogitsProcessor taking the kernel for one bf16 row (the down projection with SiLU-and-mul
-fused into it). Runs on CUDA or under the Triton interpreter (tests/test_kernels_common.py).
+bias or none; on CUDA also Llama-3.1-8B's weights (both configs), 64-bit weight offsets,
+and ReplicatedLinear / LogitsProcessor taking the kernel for one bf16 row (the down
+projection with SiLU-and-mul fused into it). Runs on CUDA or
+under the Triton interpreter (tests/test_kernels_common.py).
 """
 
 from __future__ import annotations
@@ -65,31 +64,8 @@ def test_dense_gemv_silu_and_mul_matches_the_engine(n: int, k: int, dtype: torch
 def test_dense_gemv_launch_config_override() -> None:
     """A sweep's config (examples/bench/kernels.py --sweep dense) computes the same."""
     x, w, b = _inputs(37, 1100, torch.float32, True)
-    for config in ((4, 64, 2, 1, 0), (16, 256, 4, 2, 0)):
+    for config in ((4, 64, 2, 1), (16, 256, 4, 2)):
         assert_close(dense_gemv(x, w, b, config=config), dense_gemv_ref(x, w, b))
-
-
-@pytest.mark.parametrize("prefetch", [0, 1, 2, 4, 8])
-@pytest.mark.parametrize("silu", [False, True])
-def test_dense_gemv_l2_prefetch_computes_the_same(prefetch: int, silu: bool) -> None:
-    """PREFETCH only asks for weight lines in L2 before the PDL wait (on the CPU, with no PDL,
-    nothing): the result is the one without it; lines past a short row or the last row are
-    not prefetched (K 100 < one BK step, N 37 not a multiple of BN)."""
-    for n, k in ((37, 100), (300, 1100)):
-        x, w, b = _inputs(n, 2 * k if silu else k, torch.float16, True)
-        w = w[:, :k].contiguous()
-        base = dense_gemv(x, w, b, silu_and_mul=silu, config=(8, 128, 4, 2, 0))
-        y = dense_gemv(x, w, b, silu_and_mul=silu, config=(8, 128, 4, 2, prefetch))
-        torch.testing.assert_close(y, base, rtol=0, atol=0)
-        assert_close(y, dense_gemv_ref(x, w, b, silu_and_mul=silu))
-
-
-@pytest.mark.parametrize("config", [(4, 64, 2, 1), (4, 64, 2, 1, 3), (4, 64, 2, 1, -1),
-                                    (4, 64, 2, 1, 16), (4, 64, 2, 1, 2.0), (4, 64, 2, 1, True)])
-def test_dense_gemv_rejects_bad_prefetch(config) -> None:
-    x, w, _ = _inputs(8, 64, torch.float32, False)
-    with pytest.raises(InvalidArgumentError, match=r"PREFETCH one of \(0, 1, 2, 4, 8\)"):
-        dense_gemv(x, w, config=config)
 
 
 def test_dense_gemv_row_view_and_empty_n() -> None:
@@ -100,14 +76,12 @@ def test_dense_gemv_row_view_and_empty_n() -> None:
 
 
 def test_gemv_config_reproduces_the_h200_sweep() -> None:
-    pf = kernels.gemv.GEMV_PREFETCH
-    assert pf in kernels.gemv.PREFETCH_STEPS
-    assert gemv_config(6144, 4096) == (8, 512, 4, 2, pf)  # qkv
-    assert gemv_config(4096, 4096) == (4, 1024, 2, 1, pf)  # o
-    assert gemv_config(4096, 14336) == (8, 512, 8, 2, pf)  # down
-    assert gemv_config(4096, 14336, silu_and_mul=True) == (4, 512, 4, 1, pf)  # fused down
-    assert gemv_config(28672, 4096) == (4, 1024, 2, 1, pf)  # gate_up
-    assert gemv_config(128256, 4096) == (16, 256, 4, 2, pf)  # lm_head
+    assert gemv_config(6144, 4096) == (8, 512, 4, 2)  # qkv
+    assert gemv_config(4096, 4096) == (4, 1024, 2, 1)  # o
+    assert gemv_config(4096, 14336) == (8, 512, 8, 2)  # down
+    assert gemv_config(4096, 14336, silu_and_mul=True) == (4, 512, 4, 1)  # fused down
+    assert gemv_config(28672, 4096) == (4, 1024, 2, 1)  # gate_up
+    assert gemv_config(128256, 4096) == (16, 256, 4, 2)  # lm_head
     assert gemv_config(300, 100)[1] == 128  # BK shrinks to next_power_of_2(K)
 
 

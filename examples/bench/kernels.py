@@ -165,9 +165,7 @@ def bench_dense(sweep: bool) -> None:
     """cuBLAS bf16 GEMV/GEMM (F.linear) at decode batch sizes on Llama-3.1-8B's weights, and
     at M=1 kernels/gemv.py dense_gemv (what the layers run for one row on CUDA; the down
     projection with SiLU-and-mul fused, as the MLP runs it). --sweep dense also times the
-    GEMV's other launch configs (BN, BK, num_warps, num_stages) at the default PREFETCH, and
-    the default (BN, BK, num_warps) at 1-3 stages with PREFETCH 0, 1, 2 and 4 (weight steps
-    pulled into L2 before the PDL wait; consecutive replayed GEMVs overlap through PDL)."""
+    GEMV's other launch configs (BN, BK, num_warps, num_stages)."""
     shapes = {"qkv": (6144, H, False), "o": (H, H, False), "gate_up": (2 * FF, H, False),
               "down": (H, FF, True), "lm_head": (128256, H, False)}
     for name, (n, k, silu) in shapes.items():
@@ -183,19 +181,16 @@ def bench_dense(sweep: bool) -> None:
         err = rel_err(dense_gemv(x, ws[0], silu_and_mul=silu), ref)
         configs = [gemv_config(n, k, silu)]
         if sweep:
-            bn0, bk0, w0, st0, pf0 = configs[0]
-            configs += [(bn, bk, w, st, pf0) for bn in (4, 8, 16) for bk in (256, 512, 1024)
+            configs += [(bn, bk, w, st) for bn in (4, 8, 16) for bk in (256, 512, 1024)
                         for w in (2, 4, 8) for st in (1, 2, 3, 4)
-                        if bn * bk <= 16384 and (bn, bk, w, st, pf0) != configs[0]]
-            configs += [(bn0, bk0, w0, st, pf) for st in sorted({1, 2, 3, st0})
-                        for pf in (0, 1, 2, 4) if pf != pf0]
+                        if bn * bk <= 16384 and (bn, bk, w, st) != configs[0]]
         for cfg in configs:
             tt = gpu_time(lambda cfg=cfg: [dense_gemv(x, w, silu_and_mul=silu, config=cfg)
                                            for w in ws])
             row(f"triton_gemv_{name}", f"M=1 N={n} K={k}" + (" silu" if silu else ""),
                 tt / len(ws), n * k * 2 + x.numel() * 2 + n * 2, 2 * n * k,
                 err=err if cfg is configs[0] else None,
-                note=f"(BN, BK, warps, stages, prefetch) {cfg}")
+                note=f"(BN, BK, warps, stages) {cfg}")
         ws.clear()  # free this shape's copies before the next (the lambdas hold the list)
 
 
