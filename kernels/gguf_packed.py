@@ -40,7 +40,7 @@ from kernels._common import (
     pdl_launch,
     pdl_wait,
 )
-from kernels.gguf_packed_tiles import packed_high, packed_pair, packed_scales
+from kernels.gguf_packed_tiles import packed_high, packed_pair, packed_scales, pair_exponent
 from kernels.gguf_repack import PACKED_TYPES, PackedGGUF
 
 GEMV_MAX_M = 8  # up to this many rows of x: the GEMV; beyond, dequantize + cuBLAS
@@ -107,11 +107,9 @@ def _packed_gemv_kernel(
     # 16-byte load); every tile is [BN, T, 4] in that layout, so none changes layout inside
     # the loop. Token m's per-quad sums go to column m % 4 of acc_a (m < 4) or acc_b.
     NPAIR: tl.constexpr = 16 // WPG  # pairs per word: 4 (nibbles), 2 (bytes)
-    # every f * x term is q * x * 2^-E (E 24 for Q8_0, else 20): SCALE = 2^E; pair 0's f
-    # is q * 2^-24, so its x factor X0 is 2^(24 - E). Literal constants: Triton 3.6 folds
-    # no power (or @jit helper) into a constexpr (examples/bench/compile_check.py)
-    SCALE: tl.constexpr = 16777216.0 if TYPE == 8 else 1048576.0
-    X0: tl.constexpr = 1.0 if TYPE == 8 else 16.0
+    E: tl.constexpr = 24 if TYPE == 8 else 20  # every f * x term is q * x * 2^-E
+    SCALE: tl.constexpr = 2.0 ** E
+    X0: tl.constexpr = 2.0 ** (pair_exponent(TYPE, 0) - E)  # pair 0's x factor
     NT = NG * (WPG // 4)  # quads per row
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = n.to(tl.int64)[:, None, None]  # [BN, 1, 1]
@@ -223,10 +221,8 @@ def _packed_dequantize_kernel(
     out = out_ptr + rows * stride_out + col[None, :, None] + wl[None, None, :]
     for p in tl.static_range(NPAIR):
         v_lo, v_hi = packed_pair(TYPE, w, h, p, ASM)
-        # 2^E of packed_pair's f = q * 2^-E: 2^20 for the odd pairs of 4/5/6-bit words
-        scale = 1048576.0 if (TYPE != 8 and p % 2 == 1) else 16777216.0
-        q_lo = v_lo * scale  # exact small integers
-        q_hi = v_hi * scale
+        q_lo = v_lo * 2.0 ** pair_exponent(TYPE, p)  # exact small integers
+        q_hi = v_hi * 2.0 ** pair_exponent(TYPE, p)
         if TYPE == 12 or TYPE == 13:  # (d * sc) * q - dmin * m
             w_lo = d_lo * q_lo - m_lo
             w_hi = d_hi * q_hi - m_hi

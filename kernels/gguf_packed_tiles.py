@@ -47,10 +47,16 @@ def _halves_to_f32(bits, ASM: tl.constexpr):
 
 
 @triton.jit
+def pair_exponent(TYPE: tl.constexpr, P: tl.constexpr):
+    """E with packed_pair's f = q * 2^-E: 20 for the odd pairs of 4/5/6-bit words (the
+    value sits 4 bits up), else 24."""
+    return 20 if (TYPE != 8 and P % 2 == 1) else 24
+
+
+@triton.jit
 def packed_pair(TYPE: tl.constexpr, w, h, P: tl.constexpr, ASM: tl.constexpr):
     """(f_lo, f_hi) fp32 [BN, T, 4] of pair P: slots P and P + S/2 of words w as fp16
-    subnormals, f = q * 2^-E (exact; E 20 for the odd pairs of 4/5/6-bit words, whose
-    value sits 4 bits up, else 24), with the high-bit tile h (Q5_K: the
+    subnormals, f = q * 2^-pair_exponent (exact), with the high-bit tile h (Q5_K: the
     group's qh word shifted right by the word index; Q6_K: the word's 16-bit qh | qh << 8;
     else unused). Pairs 0, 1 read w, pairs 2, 3 w >> 8 (bytes: pair 1); even pairs take
     bits 0.. of each half, odd ones bits 4..: one shift per word, one mask per pair."""
