@@ -114,37 +114,6 @@ def test_swapped_blocks_dequantize_to_the_dense_weights(gguf_path):
         f"{n}.weight" for n in swapped}  # embeddings and norms stay dense
 
 
-def test_repacked_layers_compute_the_dense_outputs(gguf_path):
-    # what GGUFWeight does on CUDA (repack_shards when moved there), run here under the
-    # Triton interpreter: packed Q8_0 / Q4_0 shards beside raw Q4_1 / Q5_0 / Q5_1 ones
-    from engine.layers.activation import SiluAndMul
-
-    dense, _, reader = load_model(gguf_path)
-    reader.close()
-    model, _, reader = load_gguf_model(gguf_path, keep_quantized=True)
-    reader.close()
-    layers = dict(model.named_modules())
-    layer0 = "model.layers.0"
-    packed = 0
-    with torch.inference_mode():
-        for name, want in dense.named_modules():
-            gw = getattr(layers[name], "gguf_weight", None)
-            if not isinstance(gw, GGUFWeight) or not name.startswith(layer0):
-                continue
-            gw.repack_shards()
-            packed += sum(gw.packed(i) is not None for i in range(len(gw.qtypes)))
-            for m in (1, 9):  # the packed GEMV, then dequantize + matmul
-                x = torch.randn(m, want.input_size)
-                ref = want(x)
-                assert ((layers[name](x) - ref).abs().max() / ref.abs().max()) < 1e-5, name
-        down = f"{layer0}.mlp.down_proj"
-        gate_up = torch.randn(2, 2 * FF)
-        ref = dict(dense.named_modules())[down](SiluAndMul().forward_native(gate_up))
-        got = layers[down].forward_act_and_mul(gate_up, SiluAndMul())
-        assert ((got - ref).abs().max() / ref.abs().max()) < 1e-5
-    assert packed == 2  # layer 0's q + k (Q8_0, merged) and v (Q4_0)
-
-
 def greedy(path: str, eager: bool) -> tuple[list[int], LLMEngine]:
     engine = LLMEngine.from_config(EngineConfig(path, device="cuda", skip_tokenizer_init=True,
                                                 enforce_eager=eager, max_num_seqs=4,
@@ -164,7 +133,7 @@ def test_cuda_runs_the_gguf_kernels_like_the_dense_path(gguf_path):
     graphs, engine = greedy(gguf_path, eager=False)
     model = engine.model_runner.model
     qkv = model.model.layers[0].self_attn.qkv_proj
-    assert qkv.weight is None and qkv.gguf_weight.packed(0).qs.is_cuda  # repacked Q8_0
+    assert qkv.weight is None and qkv.gguf_weight.qweight0.is_cuda
     assert graphs == greedy(gguf_path, eager=True)[0]
     dense, _, reader = load_model(gguf_path)
     reader.close()

@@ -9,10 +9,8 @@ tensor_parallel_size 1 the shapes are the whole ones. Each parameter carries a
 its shape and copies this rank's slice; forward returns the output tensor only (vLLM also
 returns the bias).
 GGUFWeight is the quantized form of a weight on CUDA (vLLM's GGUFLinearMethod,
-vllm/model_executor/layers/quantization/gguf.py): the GGUF blocks of each output shard stay
-quantized on the device, repacked at load for the decode GEMV where a layout exists
-(kernels/gguf_repack.py, kernels/gguf_packed.py; the bias and a gated MLP's SiLU-and-mul
-run inside it), raw for kernels/gguf_gemm.py otherwise; a layer that has one
+vllm/model_executor/layers/quantization/gguf.py): the raw GGUF blocks of each output shard
+stay on the device and every matmul runs kernels/gguf_gemm.py; a layer that has one
 (`gguf_weight`) has no dense weight. A dense bf16/fp16 matmul of one row on CUDA (batch-1
 decode) runs the Triton GEMV kernels/gemv.py (dense_linear), which beats cuBLAS there; a
 gated MLP's down projection takes its SiLU-and-mul into that GEMV (forward_act_and_mul).
@@ -64,85 +62,22 @@ def _new_param(*shape: int) -> nn.Parameter:
 
 
 class GGUFWeight(nn.Module):
-    """GGUF weight of consecutive output shards, each of GGML type qtypes[i] with sizes[i]
-    rows. Built on the host with the raw blocks qweight{i} [N_i, row_bytes_i] uint8
-    (buffers: moved by .to(device), never cast). When the module moves to CUDA each shard
-    of a type with a packed layout (kernels/gguf_repack.py: Q4_0 Q8_0 Q4_K Q5_K Q6_K) is
-    repacked once on the device into integer planes w{i}_{plane} and its raw blocks are
-    dropped; those shards run kernels/gguf_packed.py (decode GEMV for <= 8 tokens, fused
-    bias and SiLU-and-mul; dequantize + cuBLAS beyond), the others kernels/gguf_gemm.py."""
+    """Raw GGUF blocks of consecutive output shards: qweight{i} [N_i, row_bytes_i] uint8
+    buffers (moved by .to(device), never cast), each of GGML type qtypes[i]."""
 
     def __init__(self, shards: list[tuple[torch.Tensor, int]]) -> None:
         super().__init__()
         self.qtypes = [qtype for _, qtype in shards]
-        self.sizes = [raw.shape[0] for raw, _ in shards]
         for i, (raw, _) in enumerate(shards):
             self.register_buffer(f"qweight{i}", raw)
 
-    def _apply(self, fn, recurse: bool = True):
-        super()._apply(fn, recurse)
-        if any(b.is_cuda for b in self._buffers.values()):  # moved to the GPU: repack there
-            self.repack_shards()
-        return self
-
-    def repack_shards(self) -> None:
-        """Repack every raw shard of a type with a packed layout, on its device."""
-        from kernels.gguf_repack import PACKED_TYPES, repack  # lazy: CUDA path only
-
-        for i, qtype in enumerate(self.qtypes):
-            raw = self._buffers.get(f"qweight{i}")
-            if raw is not None and qtype in PACKED_TYPES:
-                for name, plane in repack(raw, qtype).planes().items():
-                    self.register_buffer(f"w{i}_{name}", plane)
-                del self._buffers[f"qweight{i}"]
-
-    def packed(self, i: int):
-        """Shard i's kernels.gguf_repack.PackedGGUF, or None while it is raw blocks."""
-        if f"w{i}_qs" not in self._buffers:
-            return None
-        from kernels.gguf_repack import PackedGGUF  # lazy: CUDA path only
-
-        b = self._buffers
-        return PackedGGUF(self.qtypes[i], b[f"w{i}_qs"], b.get(f"w{i}_qh"), b[f"w{i}_sc"],
-                          b.get(f"w{i}_d"))
-
-    def fuses_silu_and_mul(self, gate_up: torch.Tensor) -> bool:
-        """Whether forward(gate_up, silu_and_mul=True) runs SiLU-and-mul inside the GEMV:
-        one packed shard and at most 8 rows on CUDA."""
-        from kernels.gguf_packed import GEMV_MAX_M  # lazy: CUDA path only
-
-        return (len(self.qtypes) == 1 and self.packed(0) is not None and gate_up.dim() == 2
-                and gate_up.shape[0] <= GEMV_MAX_M)
-
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None,
-                silu_and_mul: bool = False) -> torch.Tensor:
-        # x: [num_tokens, in] ([num_tokens, 2 * in] = gate | up with silu_and_mul)
-        # -> [num_tokens, sum N_i]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [num_tokens, in] -> [num_tokens, sum N_i]
         from kernels.gguf_gemm import gguf_gemm  # lazy: CUDA path only
-        from kernels.gguf_packed import gguf_packed_gemv, gguf_packed_linear
 
-        if silu_and_mul:
-            return gguf_packed_gemv(x, self.packed(0), bias, silu_and_mul=True)
-        if x.dim() != 2:
-            raise InvalidArgumentError(f"x must be [num_tokens, in], got {tuple(x.shape)}")
-        if len(self.qtypes) == 1:  # no output buffer to share
-            pw = self.packed(0)
-            if pw is not None:
-                return gguf_packed_linear(x, pw, bias)
-            y = gguf_gemm(x, self._buffers["qweight0"], self.qtypes[0])
-            return y if bias is None else y + bias
-        y = torch.empty(x.shape[0], sum(self.sizes), dtype=x.dtype, device=x.device)
-        at = 0
-        for i, (qtype, n) in enumerate(zip(self.qtypes, self.sizes)):
-            b = None if bias is None else bias[at:at + n]
-            pw = self.packed(i)
-            if pw is not None:
-                gguf_packed_linear(x, pw, b, out=y[:, at:at + n])
-            else:
-                part = gguf_gemm(x, self._buffers[f"qweight{i}"], qtype)
-                y[:, at:at + n] = part if b is None else part + b
-            at += n
-        return y
+        outs = [gguf_gemm(x, getattr(self, f"qweight{i}"), qtype)
+                for i, qtype in enumerate(self.qtypes)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
 
 class ReplicatedLinear(nn.Module):
@@ -164,16 +99,14 @@ class ReplicatedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, in] -> [num_tokens, out]
         if self.gguf_weight is not None:
-            return self.gguf_weight(x, self.bias)
+            y = self.gguf_weight(x)
+            return y if self.bias is None else y + self.bias
         return dense_linear(x, self.weight, self.bias)
 
     def forward_act_and_mul(self, gate_up: torch.Tensor, act_fn: nn.Module) -> torch.Tensor:
         """self(act_fn(gate_up)) for a gated MLP's down projection; SiLU-and-mul of one row
         on CUDA runs inside the GEMV (kernels/gemv.py silu_and_mul), one kernel for two."""
         # gate_up: [num_tokens, 2 * in] -> [num_tokens, out]
-        if isinstance(act_fn, SiluAndMul) and self.gguf_weight is not None and \
-                self.gguf_weight.fuses_silu_and_mul(gate_up):
-            return self.gguf_weight(gate_up, self.bias, silu_and_mul=True)
         if isinstance(act_fn, SiluAndMul) and self.gguf_weight is None and \
                 _one_row_gemv(gate_up, self.weight, self.bias):
             from kernels.gemv import dense_gemv  # lazy: CUDA path only
@@ -242,17 +175,12 @@ class RowParallelLinear(ReplicatedLinear):
         # x: [num_tokens, in / tp] -> [num_tokens, out]
         if self.tp_size == 1:
             return super().forward(x)
-        if self.gguf_weight is not None:
-            return self._reduce(self.gguf_weight(x))
         return self._reduce(dense_linear(x, self.weight, None))
 
     def forward_act_and_mul(self, gate_up: torch.Tensor, act_fn: nn.Module) -> torch.Tensor:
         # gate_up: [num_tokens, 2 * in / tp] -> [num_tokens, out]
         if self.tp_size == 1:
             return super().forward_act_and_mul(gate_up, act_fn)
-        if isinstance(act_fn, SiluAndMul) and self.gguf_weight is not None and \
-                self.gguf_weight.fuses_silu_and_mul(gate_up):
-            return self._reduce(self.gguf_weight(gate_up, silu_and_mul=True))
         if isinstance(act_fn, SiluAndMul) and self.gguf_weight is None and \
                 _one_row_gemv(gate_up, self.weight, None):
             from kernels.gemv import dense_gemv  # lazy: CUDA path only

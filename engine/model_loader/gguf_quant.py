@@ -8,9 +8,7 @@ tensors all have a Triton kernel (kernels/gguf_tiles.py) and the layer's shapes 
 GGUFWeight holding the raw rows (Llama Q/K rows un-permuted as the dense path does; rows
 are independent blocks, so this is a row permutation), adjacent shards of one type merged
 into one buffer; its dense weight is dropped (never touched, so never allocated) and
-those tensors are never dequantized; when the model moves to CUDA, GGUFWeight repacks
-Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K rows on the device into the decode GEMV's layout
-(kernels/gguf_repack.py). A FusedMoE layer whose ffn_gate_exps / ffn_up_exps /
+those tensors are never dequantized. A FusedMoE layer whose ffn_gate_exps / ffn_up_exps /
 ffn_down_exps all have a kernel gets a GGUFExperts holding them as [E, rows, row_bytes]
 (gate and up merged when of one type; engine/layers/fused_moe/gguf_experts.py, vLLM's
 GGUFMoEMethod) and drops w13/w2. Embeddings, norms and tensors of other types load dense.

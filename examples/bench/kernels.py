@@ -9,8 +9,7 @@ not. Each row: time per call, bytes moved or FLOPs, the ratio to the H200 ceilin
 in ../shared/device/README.md (4.28 TB/s copy, 799 TFLOP/s bf16), and the max relative
 error against the reference. --sweep also times other launch configs of the attention,
 GEMV, dequantize and fused GEMM kernels (sections: small dense decode prefill gguf
-packed gemm; `--only packed` times the repacked GGUF decode GEMV of issue 16 alone).
-Prints a table last; writes kernels.json to --out (default $OUT or .).
+gemm). Prints a table last; writes kernels.json to --out (default $OUT or .).
 """
 # ruff: noqa: B023  (every lambda is timed inside the loop iteration that defines it)
 
@@ -31,10 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType  # noqa: E402
 from kernels import gguf_gemm as gg  # noqa: E402
-from kernels import gguf_packed as gp  # noqa: E402
 from kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
 from kernels.gemv import dense_gemv, dense_gemv_ref, gemv_config  # noqa: E402
-from kernels.gguf_repack import repack  # noqa: E402
 from kernels.paged_attention import (  # noqa: E402
     paged_attention_decode,
     paged_attention_decode_ref,
@@ -337,62 +334,6 @@ def bench_gguf(sweep: bool) -> None:
                                                                       per_token.items()}})
 
 
-PACKED_TYPES = (GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
-# (BLOCK_N, BLOCK_G, warps, prefetch)
-PACKED_SWEEP = [(2, 64, 2, True), (4, 64, 2, True), (8, 64, 2, True), (4, 64, 2, False),
-                (8, 64, 2, False), (4, 128, 4, True), (8, 128, 4, True), (4, 128, 4, False),
-                (4, 32, 1, True), (8, 32, 1, True), (16, 32, 1, True), (4, 256, 8, False)]
-
-
-def bench_gguf_packed(sweep: bool) -> None:
-    """kernels/gguf_packed.py decode GEMV over load-time repacked weights (issue 16) on the
-    Llama-3.1-8B shapes, the down projection with its SiLU-and-mul fused as the MLP runs
-    it; %BW counts the packed bytes read. --sweep gguf also times PACKED_SWEEP configs."""
-    shapes = dict(LLAMA_LINEARS, lm_head=(128256, H))
-    per_token = {}
-    for qtype in PACKED_TYPES:
-        per_token[qtype.name] = 0.0
-        for lin, (n, k) in shapes.items():
-            w0 = random_weight(qtype, n, k)
-            pw0 = repack(w0, qtype)
-            wbytes = sum(t.numel() * t.element_size() for t in pw0.planes().values())
-            pws = [pw0] + [repack(random_weight(qtype, n, k), qtype)
-                           for _ in range(copies(wbytes) - 1)]
-            silu = lin == "down"
-            for m in ((1, 4, 8) if lin == "gate_up" else (1,)):
-                x = torch.randn(m, 2 * k if silu else k, dtype=BF16, device=DEV)
-                xin = silu_and_mul_ref(x) if silu else x
-                err = rel_err(gp.gguf_packed_gemv(x, pw0, silu_and_mul=silu),
-                              gg.gguf_gemm_ref(xin.float(), w0, qtype))
-                nbytes = wbytes + x.numel() * 2 + m * n * 2
-                default = gp.gemv_packed_config(qtype, n, k, m, silu)
-                configs = [None] + ([c for c in PACKED_SWEEP if c != default]
-                                    if sweep and m == 1 else [])
-                best = None
-                for cfg in configs:
-                    tt = gpu_time(lambda cfg=cfg: [
-                        gp.gguf_packed_gemv(x, pw, silu_and_mul=silu, config=cfg)
-                        for pw in pws]) / len(pws)
-                    best = tt if best is None else min(best, tt)
-                    row(f"packed_gemv {qtype.name}", f"{lin} {n}x{k} M={m}"
-                        + (" silu" if silu else ""), tt, nbytes,
-                        err=err if cfg is None else None,
-                        note=str(cfg) if cfg else f"default {default}")
-                if m == 1:
-                    per_token[qtype.name] += (best or 0) * (1 if lin == "lm_head" else 32)
-            pws.clear()
-        n, k = 2 * FF, H  # the prefill path: packed planes -> bf16, then cuBLAS
-        pw = repack(random_weight(qtype, n, k), qtype)
-        wbytes = sum(t.numel() * t.element_size() for t in pw.planes().values())
-        tt = gpu_time(lambda: gp.gguf_packed_dequantize(pw, BF16))
-        row(f"packed_dequantize {qtype.name}", f"{n}x{k}", tt, wbytes + 2 * n * k)
-    for name, t in per_token.items():
-        print(f"  Llama-3.1-8B {name} linears + LM head (packed GEMV, best config): "
-              f"{t * 1e3:.3f} ms per token")
-    ROWS.append({"kernel": "llama8b_packed_linears_per_token_ms",
-                 "values": {k: v * 1e3 for k, v in per_token.items()}})
-
-
 MMQ_SWEEP = [(16, 64, 4, 2), (32, 64, 4, 2), (64, 128, 4, 3), (128, 128, 8, 3), (16, 128, 4, 3)]
 
 
@@ -433,8 +374,7 @@ def main() -> None:
                     "(no names: all)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--only", nargs="*",
-                    default=["small", "dense", "decode", "prefill", "unified", "gguf", "packed",
-                             "gemm"])
+                    default=["small", "dense", "decode", "prefill", "unified", "gguf", "gemm"])
     args = ap.parse_args()
     torch.manual_seed(0)
     start = time.time()
@@ -447,7 +387,6 @@ def main() -> None:
              "prefill": lambda: bench_prefill("prefill" in sweep),
              "unified": lambda: bench_unified("unified" in sweep),
              "gguf": lambda: bench_gguf("gguf" in sweep),
-             "packed": lambda: bench_gguf_packed("gguf" in sweep),
              "gemm": lambda: bench_gguf_gemm("gemm" in sweep)}
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d"),
