@@ -187,3 +187,19 @@ def _tp_worker_pid(core_pid: int) -> int:
         if ppid == core_pid and b"multiproc_worker" in cmd:
             return int(pid)
     raise AssertionError("no tensor-parallel worker found")
+
+
+def test_row_parallel_shard_with_quantized_gguf_blocks_uses_them() -> None:
+    """On CUDA a GGUF shard keeps its blocks (gguf_weight) and has no dense weight: the
+    row-parallel forward at tp > 1 multiplies with the blocks, then adds the bias on rank 0
+    (it used to call dense_linear on the missing weight)."""
+    from engine.layers.linear import RowParallelLinear
+
+    layer = RowParallelLinear(8, 4, bias=True, reduce_results=False)
+    layer.tp_size, layer.tp_rank = 2, 0  # a rank-0 shard, no process group needed
+    with torch.no_grad():
+        layer.bias.copy_(torch.arange(4.0))
+    layer.weight = None
+    layer.gguf_weight = lambda x: x[:, :4] * 2  # stands in for the quantized GEMV
+    x = torch.ones(3, 8)
+    assert torch.equal(layer(x), torch.full((3, 4), 2.0) + torch.arange(4.0))

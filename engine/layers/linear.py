@@ -175,6 +175,8 @@ class RowParallelLinear(ReplicatedLinear):
         # x: [num_tokens, in / tp] -> [num_tokens, out]
         if self.tp_size == 1:
             return super().forward(x)
+        if self.gguf_weight is not None:  # CUDA: the shard's blocks stay quantized
+            return self._reduce(self.gguf_weight(x))
         return self._reduce(dense_linear(x, self.weight, None))
 
     def forward_act_and_mul(self, gate_up: torch.Tensor, act_fn: nn.Module) -> torch.Tensor:
