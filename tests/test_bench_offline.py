@@ -1,5 +1,5 @@
-"""`python -m examples.bench throughput|latency|startup` and examples/bench/profile_step.py
-end to end on CPU, with a tiny Llama-shaped config and --load-format dummy (token-id
+"""`python -m examples.bench throughput|latency|startup`, examples/bench/profile_step.py and
+profile_run.py end to end on CPU, with a tiny Llama-shaped config and --load-format dummy (token-id
 prompts, no tokenizer), and the suite's child step on the same tiny shapes. Checks
 vLLM's printed lines and JSON keys (vllm/benchmarks/throughput.py, latency.py) and that
 the token counts are what the workload asks for."""
@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from examples.bench import profile_step, suite
+from examples.bench import profile_run, profile_step, suite
 from examples.bench.__main__ import main
 
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
@@ -80,6 +80,24 @@ def test_profile_step(tiny, tmp_path, capsys):
     assert res["wall_us_per_step"] > 0 and res["kernels"] == []  # no CUDA kernels on CPU
     assert json.loads((tmp_path / "profile_step-b2.json").read_text()) == res
     assert "decode steps 4, batch 2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("concurrency, steps, buckets", [
+    (2, 9, [(1, 1), (64, 7)]),  # two in flight: a new prefill joins as one finishes
+    (0, 3, [(64, 2)]),  # all five prefill in one step, then two decode steps
+], ids=["closed-loop", "all-at-once"])
+def test_profile_run(tiny, tmp_path, concurrency, steps, buckets):
+    """A closed loop keeps `concurrency` requests in flight (0: all at once, as
+    `throughput`); in process the steps are grouped by scheduled tokens, each wall paired
+    with the step planned one call earlier (the first call plans without a wall)."""
+    res = profile_run.main(["--num-prompts", "5", "--input-len", "12", "--output-len", "3",
+                            "--max-concurrency", str(concurrency), "--no-multiprocessing",
+                            "--out", str(tmp_path), *_engine_flags(tiny)])
+    assert res["requests_per_second"] > 0 and "kernels" not in res  # no --profile
+    assert res["steps"] == steps
+    assert [(row["tokens_le"], row["steps"]) for row in res["step_table"]] == buckets
+    name = f"profile_run-c{concurrency}-inproc.json"
+    assert json.loads((tmp_path / name).read_text()) == res
 
 
 def test_startup(tiny, capsys):
