@@ -538,6 +538,25 @@ def test_completion_logprobs_end_to_end(client):
         in error["message"]
 
 
+def test_lagging_stream_reader_gets_merged_chunks(client):
+    """A reader that falls behind the engine gets the steps in between merged into fewer
+    chunks (vLLM's RequestOutputCollector): text, tokens and logprob offsets still add up
+    to the non-streamed response."""
+    req = {"prompt": "Hello", "max_tokens": 6, "temperature": 0, "logprobs": 1,
+           "ignore_eos": True}
+    lp = ok(client, "/v1/completions", req)["choices"][0]["logprobs"]
+    res = call(client, "/v1/completions", {**req, "stream": True})
+    deadline = time.monotonic() + 60
+    while client.num_unfinished() and time.monotonic() < deadline:  # the reader lags
+        time.sleep(0.01)
+    got = [c for c in chunks(res) if c["choices"]]
+    assert len(got) < len(lp["tokens"])
+    merged = [c["choices"][0]["logprobs"] for c in got]
+    assert [t for m in merged for t in m["tokens"]] == lp["tokens"]
+    assert [o for m in merged for o in m["text_offset"]] == lp["text_offset"]
+    assert got[-1]["choices"][0]["finish_reason"] == "length"
+
+
 @needs_logprobs
 def test_chat_logprobs_end_to_end(client):
     """chat_completion/test_chat.py::test_some_logprobs_chat: content[{token, logprob,
