@@ -135,19 +135,14 @@ def run_step(name: str, out_dir: Path, throughput_prompts: int,
         r = latency.run(engine, parse(latency, [*LAT, "--batch-size", str(b)]))
         results[f"latency_b{b}"] = {k: v for k, v in r.items() if k != "latencies"}
         save()
-    if name == "llama8b-seqs64":
-        print(f"[{name}] throughput {SEQS64_PROMPTS} x {THROUGHPUT_LENS}", flush=True)
+    prompts = SEQS64_PROMPTS if name == "llama8b-seqs64" else \
+        throughput_prompts if name in RANDOM_THROUGHPUT_STEPS else 0
+    if prompts > 0:
+        print(f"[{name}] throughput {prompts} x {THROUGHPUT_LENS}", flush=True)
         results["throughput"] = throughput.run(engine, parse(throughput, [
             "--dataset-name", "random", "--input-len", str(THROUGHPUT_LENS[0]),
             "--output-len", str(THROUGHPUT_LENS[1]),
-            "--num-prompts", str(SEQS64_PROMPTS), "--temperature", "1.0"]))
-        save()
-    if name in RANDOM_THROUGHPUT_STEPS and throughput_prompts > 0:
-        print(f"[{name}] throughput {throughput_prompts} x {THROUGHPUT_LENS}", flush=True)
-        results["throughput"] = throughput.run(engine, parse(throughput, [
-            "--dataset-name", "random", "--input-len", str(THROUGHPUT_LENS[0]),
-            "--output-len", str(THROUGHPUT_LENS[1]),
-            "--num-prompts", str(throughput_prompts), "--temperature", "1.0"]))
+            "--num-prompts", str(prompts), "--temperature", "1.0"]))
         save()
     if name == "llama8b-graphs" and throughput_prompts > 0:
         print(f"[{name}] throughput sharegpt-synthetic {SHAREGPT_PROMPTS}", flush=True)
