@@ -84,3 +84,13 @@ def compile_c(built, tmp_path_factory):
         return exe
 
     return compile_program
+
+
+@pytest.fixture(scope="module")
+def in_process_core():
+    """For modules that look inside the engine core (model runner, CUDA graphs, its memory
+    profile): the core runs in process (CUDA's default is a child process). Use with
+    `pytestmark = pytest.mark.usefixtures("in_process_core")`."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        yield

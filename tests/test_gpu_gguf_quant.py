@@ -29,14 +29,8 @@ from engine.llm_engine import LLMEngine
 from engine.model_loader import load_gguf_model, load_model
 from engine.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.usefixtures("in_process_core")
 
-@pytest.fixture(scope="module", autouse=True)
-def _in_process_core():
-    """These tests look inside the engine core (model runner, CUDA graphs, its memory
-    profile): the core runs in process here (CUDA's default is a child process)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        yield
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("triton")

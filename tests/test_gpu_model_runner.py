@@ -32,17 +32,8 @@ from engine.worker.model_runner import ModelRunner
 from tests.test_models_parity import make_hf_model
 
 transformers = pytest.importorskip("transformers")
-pytestmark = [pytest.mark.gpu,
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("in_process_core"),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _in_process_core():
-    """These tests look inside the engine core (model runner, CUDA graphs, its memory
-    profile): the core runs in process here (CUDA's default is a child process)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        yield
 
 
 # the tiny configs of the CPU parity tests (both layers of qwen3_moe sparse here)
