@@ -5,11 +5,10 @@ stage 2 reduction) and triton_unified_attention.py (varlen queries found by a bi
 over query_start_loc in q-block units, GQA query heads packed into the rows of one tile,
 causal over a cached prefix, and its 3D variant: kernel_unified_attention_3d splits each
 program's KV tiles into segments when the 2D grid leaves SMs idle, reduce_segments merges
-them; here the last program of each split group merges them, no second launch). Own code;
-the layout and metadata are the engine's (engine/layers/attention.py):
-kv_cache [2, num_blocks, block_size, num_kv_heads, head_size], block_table [num_reqs,
-max_blocks] int32, seq_lens [num_reqs] (context incl. this step's tokens),
-query_start_loc [num_reqs + 1]; query token j of request i sits at position
+them). Own code; the layout and metadata are the engine's
+(engine/layers/attention.py): kv_cache [2, num_blocks, block_size, num_kv_heads, head_size],
+block_table [num_reqs, max_blocks] int32, seq_lens [num_reqs] (context incl. this step's
+tokens), query_start_loc [num_reqs + 1]; query token j of request i sits at position
 seq_len - q_len + j and sees keys <= it. All metadata stays on the device: no host sync.
 
 Precondition: block_table entries of the first cdiv(seq_len, block_size) columns are valid
@@ -78,7 +77,7 @@ def _attend_tiles(
 
 @triton.jit
 def _paged_attention_decode_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr, sem_ptr,
+    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
     stride_qt: tl.int64, stride_qh, stride_bt: tl.int64, stride_block: tl.int64,
     stride_slot: tl.int64, stride_head, stride_ot: tl.int64, stride_oh,
     num_q_heads, head_size, group, qk_scale, num_splits, window,
@@ -116,15 +115,11 @@ def _paged_attention_decode_kernel(
         BLOCK_SIZE, TILE_N, HEAD_PAD, False, USE_WINDOW, DOT_PREC)
     if SPLIT:
         # partials: acc [reqs, nq, splits, HEAD_PAD], (m, l) [reqs, nq, splits, 2]
-        base = (req * num_q_heads + heads) * num_splits  # [BLOCK_H]
-        ph = base + split
+        ph = (req * num_q_heads + heads) * num_splits + split  # [BLOCK_H]
         tl.store(part_acc_ptr + ph[:, None] * HEAD_PAD + d[None, :], acc,
                  mask=(h < group)[:, None])
         tl.store(part_ml_ptr + ph * 2, m_i, mask=h < group)
         tl.store(part_ml_ptr + ph * 2 + 1, l_i, mask=h < group)
-        _merge_if_last(part_acc_ptr, part_ml_ptr, sem_ptr + req * tl.num_programs(1) + kvh,
-                       base, h < group, out_ptr, req * stride_ot + heads * stride_oh,
-                       head_size, num_splits, BLOCK_H, HEAD_PAD)
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(out_ptr + req * stride_ot + heads[:, None] * stride_oh + d[None, :],
@@ -132,45 +127,34 @@ def _paged_attention_decode_kernel(
 
 
 @triton.jit
-def _merge_if_last(
-    part_acc_ptr, part_ml_ptr, sem_ptr, base, rmask, out_ptr, out_off, head_size,
-    num_segments, R: tl.constexpr, HEAD_PAD: tl.constexpr,
+def _paged_attention_decode_reduce_kernel(
+    part_acc_ptr, part_ml_ptr, out_ptr, rows_end_ptr, stride_ot: tl.int64, stride_oh,
+    num_q_heads, head_size, num_splits, HEAD_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    """After a program stored its segment's partials: the last of the num_segments programs
-    of its rows (a counter per program group, at sem_ptr) merges every segment's softmax
-    state, in segment order, and writes the output; it sets the counter back to 0.
-
-    base [R]: partial index of segment 0 per row ((row, head) * num_segments); out_off [R]:
-    the row's offset in out. Partials: acc [.., HEAD_PAD] fp32, (m, l) [.., 2] base-2, an
-    empty segment m -inf and l 0 (it never suppresses a strongly negative one). vLLM merges
-    in a second kernel (reduce_segments); the counter saves that launch: the stores before
-    are ordered by the CTA barrier and the atomic's release, the loads after it by its
-    acquire, and .cg loads bypass L1."""
-    tl.debug_barrier()
-    arrived = tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu")
-    if arrived == num_segments - 1:
-        tl.store(sem_ptr, 0)
-        d = tl.arange(0, HEAD_PAD)
-        m_max = tl.full([R], float("-inf"), dtype=tl.float32)
-        for s in range(num_segments):
-            m = tl.load(part_ml_ptr + (base + s) * 2, mask=rmask, other=float("-inf"),
-                        cache_modifier=".cg")
-            m_max = tl.maximum(m_max, m)
-        m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
-        acc = tl.zeros([R, HEAD_PAD], dtype=tl.float32)
-        denom = tl.zeros([R], dtype=tl.float32)
-        for s in range(num_segments):
-            ph = base + s
-            m = tl.load(part_ml_ptr + ph * 2, mask=rmask, other=float("-inf"),
-                        cache_modifier=".cg")
-            w = tl.exp2(m - m_safe)  # [R]; 0 for an empty segment
-            denom += w * tl.load(part_ml_ptr + ph * 2 + 1, mask=rmask, other=0.0,
-                                 cache_modifier=".cg")
-            acc += w[:, None] * tl.load(part_acc_ptr + ph[:, None] * HEAD_PAD + d[None, :],
-                                        mask=rmask[:, None], other=0.0, cache_modifier=".cg")
-        out = acc / tl.where(denom == 0.0, 1.0, denom)[:, None]
-        tl.store(out_ptr + out_off[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty),
-                 mask=rmask[:, None] & (d < head_size)[None, :])
+    if USE_PDL:  # the decode or prefill kernel wrote the partials
+        pdl_wait()
+    # program (row, query head): merge the splits' partial softmax states; a row is a
+    # request (decode) or a query token (prefill segments)
+    req = tl.program_id(0).to(tl.int64)
+    if rows_end_ptr is not None:  # prefill: tokens past query_start_loc[-1] stay untouched
+        if req >= tl.load(rows_end_ptr):
+            return
+    head = tl.program_id(1)
+    sp = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, HEAD_PAD)
+    base = (req * num_q_heads + head) * num_splits + sp  # [SPLITS_PAD]
+    smask = sp < num_splits
+    m = tl.load(part_ml_ptr + base * 2, mask=smask, other=float("-inf"))
+    ll = tl.load(part_ml_ptr + base * 2 + 1, mask=smask, other=0.0)
+    acc = tl.load(part_acc_ptr + base[:, None] * HEAD_PAD + d[None, :], mask=smask[:, None],
+                  other=0.0)  # [SPLITS_PAD, HEAD_PAD]
+    m_max = tl.max(m, 0)
+    w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # [SPLITS_PAD]
+    denom = tl.sum(ll * w, 0)
+    out = tl.sum(acc * w[:, None], 0) / tl.where(denom == 0.0, 1.0, denom)
+    tl.store(out_ptr + req * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty),
+             mask=d < head_size)
 
 
 @triton.jit
@@ -190,7 +174,7 @@ def _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _paged_attention_prefill_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-    sem_ptr, num_reqs, stride_qt: tl.int64, stride_qh, stride_bt: tl.int64, stride_block: tl.int64,
+    num_reqs, stride_qt: tl.int64, stride_qh, stride_bt: tl.int64, stride_block: tl.int64,
     stride_slot: tl.int64, stride_head, stride_ot: tl.int64, stride_oh,
     num_q_heads, head_size, group, qk_scale, window, num_segments,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr,
@@ -239,14 +223,10 @@ def _paged_attention_prefill_kernel(
         stride_slot, qk_scale, head_size, window, BLOCK_SIZE, TILE_N, HEAD_PAD, True,
         USE_WINDOW, DOT_PREC)
     if SPLIT:  # partials (empty: m -inf, l 0): acc [T, nq, segs, HEAD_PAD], (m, l) [.., 2]
-        base = (row * num_q_heads + heads) * num_segments  # [BLOCK_M]
-        ph = base + seg
+        ph = (row * num_q_heads + heads) * num_segments + seg  # [BLOCK_M]
         tl.store(part_acc_ptr + ph[:, None] * HEAD_PAD + d[None, :], acc, mask=rmask[:, None])
         tl.store(part_ml_ptr + ph * 2, m_i, mask=rmask)
         tl.store(part_ml_ptr + ph * 2 + 1, l_i, mask=rmask)
-        _merge_if_last(part_acc_ptr, part_ml_ptr, sem_ptr + q_block * tl.num_programs(1) + kvh,
-                       base, rmask, out_ptr, row * stride_ot + heads * stride_oh, head_size,
-                       num_segments, BLOCK_M, HEAD_PAD)
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(out_ptr + row[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
@@ -314,25 +294,6 @@ def _kv_splits(programs: int, device: torch.device, most: int, per_sm: int) -> i
     return 1 if programs >= sms else min(most, cdiv(per_sm * sms, programs))
 
 
-_SEMAPHORES: dict[torch.device, torch.Tensor] = {}
-
-
-def _semaphores(device: torch.device, count: int) -> torch.Tensor:
-    """[>= count] int32 zeros: the split kernels' arrival counters, one per program group,
-    which the last program of a group sets back to 0. One buffer per device, made outside
-    graph capture (a captured graph keeps its address; the engine warms every graph size
-    up eagerly before capturing it); a larger count than it holds (an explicit split over
-    a grid that fills the SMs) gets zeros of its own."""
-    sems = _SEMAPHORES.get(device)
-    if sems is not None and sems.numel() >= count:
-        return sems
-    fresh = torch.zeros(max(count, 4 * _num_sms(device)), dtype=torch.int32, device=device)
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if sems is None and not capturing:
-        _SEMAPHORES[device] = fresh
-    return fresh
-
-
 def paged_attention_decode(
     q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
     seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
@@ -356,14 +317,11 @@ def paged_attention_decode(
     head_pad = max(16, next_pow2(hd))
     tile_n = _tile_n(tile_n, head_pad)
     split = num_splits > 1
-    part_acc = part_ml = sems = out  # unused by one split
-    if split:
-        part_acc = torch.empty(n, nq, num_splits, head_pad, dtype=torch.float32, device=q.device)
-        part_ml = torch.empty(n, nq, num_splits, 2, dtype=torch.float32, device=q.device)
-        sems = _semaphores(q.device, n * nkv)
+    part_acc = torch.empty(n, nq, num_splits, head_pad, dtype=torch.float32, device=q.device)
+    part_ml = torch.empty(n, nq, num_splits, 2, dtype=torch.float32, device=q.device)
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     _paged_attention_decode_kernel[(n, nkv, num_splits)](
-        q, kv_cache[0], kv_cache[1], block_table, seq_lens, out, part_acc, part_ml, sems,
+        q, kv_cache[0], kv_cache[1], block_table, seq_lens, out, part_acc, part_ml,
         q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(1), kv_cache.stride(2),
         kv_cache.stride(3), out.stride(0), out.stride(1), nq, hd, group, scale * LOG2E,
         num_splits, sliding_window or 0, BLOCK_SIZE=block_size, TILE_N=tile_n,
@@ -371,6 +329,12 @@ def paged_attention_decode(
         USE_WINDOW=sliding_window is not None, DOT_PREC=prec,
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(q),
     )
+    if split:
+        _paged_attention_decode_reduce_kernel[(n, nq)](
+            part_acc, part_ml, out, None, out.stride(0), out.stride(1), nq, hd, num_splits,
+            HEAD_PAD=head_pad, SPLITS_PAD=next_pow2(num_splits), num_warps=4,
+            **pdl_launch(q),
+        )
     return out
 
 
@@ -384,9 +348,8 @@ def paged_attention_prefill(
     """Varlen causal attention over cached prefixes. q: [num_tokens, nq, hd] -> same shape.
 
     Any query lengths (1 included), so a mixed prefill + decode batch can use it whole.
-    num_segments: KV segments per (q block, kv head) program, merged by the last to finish
-    (vLLM's 3D kernel); default: up to 16 while the 2D grid leaves SMs idle (batch-1
-    decode), else 1.
+    num_segments: KV segments per (q block, kv head) program, merged by a reduce (vLLM's 3D
+    kernel); default: up to 16 while the 2D grid leaves SMs idle (batch-1 decode), else 1.
     """
     _check_window(sliding_window)
     check(num_segments is None or (isinstance(num_segments, int) and 1 <= num_segments <= 256),
@@ -410,22 +373,27 @@ def paged_attention_prefill(
     q_blocks = n // block_q + num_reqs  # an upper bound on the q blocks of any split of n
     segs = num_segments or _kv_splits(q_blocks * nkv, q.device, 16, 2)
     split = segs > 1
-    part_acc = part_ml = sems = out  # unused by one segment: no allocation on the eager path
+    part_acc = part_ml = out  # unused by one segment: no allocation on the eager path
     if split:  # per call, so graph capture takes them from the graph pool
         part_acc = torch.empty(n, nq, segs, head_pad, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(n, nq, segs, 2, dtype=torch.float32, device=q.device)
-        sems = _semaphores(q.device, q_blocks * nkv)
     _paged_attention_prefill_kernel[(q_blocks, nkv, segs)](
         q, kv_cache[0], kv_cache[1], block_table, seq_lens, query_start_loc, out, part_acc,
-        part_ml, sems, num_reqs, q.stride(0), q.stride(1), block_table.stride(0),
-        kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), out.stride(0),
-        out.stride(1), nq, hd, group, scale * LOG2E, sliding_window or 0, segs,
-        BLOCK_SIZE=block_size, TILE_N=tile_n, HEAD_PAD=head_pad, BLOCK_M=block_m,
-        BLOCK_Q=block_q, SPLIT=split, USE_WINDOW=sliding_window is not None,
+        part_ml, num_reqs, q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(1),
+        kv_cache.stride(2), kv_cache.stride(3), out.stride(0), out.stride(1), nq, hd, group,
+        scale * LOG2E, sliding_window or 0, segs, BLOCK_SIZE=block_size, TILE_N=tile_n,
+        HEAD_PAD=head_pad, BLOCK_M=block_m, BLOCK_Q=block_q, SPLIT=split,
+        USE_WINDOW=sliding_window is not None,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps or (4 if head_pad <= 128 else 8), num_stages=num_stages,
         **pdl_launch(q),
     )
+    if split:
+        _paged_attention_decode_reduce_kernel[(n, nq)](
+            part_acc, part_ml, out, query_start_loc[num_reqs:], out.stride(0), out.stride(1),
+            nq, hd, segs,
+            HEAD_PAD=head_pad, SPLITS_PAD=next_pow2(segs), num_warps=4, **pdl_launch(q),
+        )
     return out
 
 

@@ -114,35 +114,34 @@ class _Spy:
 @pytest.mark.parametrize("sms,segments", [(4, 1), (8, 3), (64, 16)])
 def test_prefill_segments_chosen_from_shapes(monkeypatch, sms, segments) -> None:
     """Default: one segment while (q blocks x kv heads) programs fill the SMs, else about two
-    programs per SM, at most 16 (6 programs: 8 SMs -> 3); one launch either way, and the
-    last program of each group leaves its arrival counter at 0 for the next launch."""
+    programs per SM, at most 16 (6 programs: 8 SMs -> 3); the reduce runs only after a split."""
     monkeypatch.setattr(pa, "_num_sms", lambda device: sms)
-    monkeypatch.setattr(pa, "_SEMAPHORES", {})
     main = _Spy(pa._paged_attention_prefill_kernel)
+    reduce = _Spy(pa._paged_attention_decode_reduce_kernel)
     monkeypatch.setattr(pa, "_paged_attention_prefill_kernel", main)
+    monkeypatch.setattr(pa, "_paged_attention_decode_reduce_kernel", reduce)
     q, kv, qsl, lens, bt = _case([(1, 40), (3, 30)], 8, 2, 32, 4, torch.float32)
-    for _ in range(2):  # the second launch reuses the counters the first left behind
-        out = paged_attention_prefill(q, kv, qsl, lens, bt, 0.2, block_m=16, tile_n=16)
-        _close(out, paged_attention_prefill_ref(q, kv, qsl, lens, bt, 0.2), torch.float32)
-    assert main.grids == [(3, 2, segments)] * 2  # 4 tokens // 4 per block + 2 requests
-    sems = list(pa._SEMAPHORES.values())
-    assert len(sems) == (segments > 1) and all((s == 0).all() for s in sems)
+    out = paged_attention_prefill(q, kv, qsl, lens, bt, 0.2, block_m=16, tile_n=16)
+    assert main.grids == [(3, 2, segments)]  # 4 tokens // 4 per block + 2 requests, 2 heads
+    assert reduce.grids == ([(4, 8)] if segments > 1 else [])
+    _close(out, paged_attention_prefill_ref(q, kv, qsl, lens, bt, 0.2), torch.float32)
 
 
-@pytest.mark.parametrize("empty", ["some", "all"])
-def test_segment_merge_ignores_empty_segments(empty) -> None:
+@pytest.mark.parametrize("empty", ["one", "all"])
+def test_segment_reduce_ignores_empty_segments(empty) -> None:
     """An empty segment (m -inf, l 0) must not suppress a strongly negative one; all empty:
-    zeros, never NaN (upstream test_reduce_segments_ignores_empty_softmax_states, through
-    the kernel: 8 segments over one 16-key tile leave 7 empty; every score is -1000)."""
-    q, kv, qsl, lens, bt = _case([(1, 16 if empty == "some" else 0)], 1, 1, 16, 16,
-                                 torch.float32)
-    q.fill_(1.0)
-    kv[0].fill_(-1000.0 / 16)  # q . k = -1000 for every key
-    kv[1].fill_(3.0)
-    out = torch.full_like(q, float("nan"))
-    paged_attention_prefill(q, kv, qsl, lens, bt, 1.0, out=out, block_m=16, tile_n=16,
-                            num_segments=8)
-    torch.testing.assert_close(out, torch.full_like(out, 3.0 if empty == "some" else 0.0))
+    zeros, never NaN (upstream test_reduce_segments_ignores_empty_softmax_states)."""
+    out = torch.full((1, 1, 32), float("nan"), device=DEVICE)
+    acc = torch.zeros(1, 1, 16, 32, device=DEVICE)
+    ml = torch.zeros(1, 1, 16, 2, device=DEVICE)
+    ml[..., 0] = float("-inf")
+    if empty == "one":
+        acc[:, :, 5], ml[:, :, 5] = 6.0, torch.tensor([-1000.0, 2.0])
+    end = torch.tensor([1], dtype=torch.int32, device=DEVICE)
+    pa._paged_attention_decode_reduce_kernel[(1, 1)](
+        acc, ml, out, end, out.stride(0), out.stride(1), 1, 32, 16, HEAD_PAD=32,
+        SPLITS_PAD=16, USE_PDL=False)
+    torch.testing.assert_close(out, torch.full_like(out, 3.0 if empty == "one" else 0.0))
 
 
 @pytest.mark.parametrize("num_segments", [1, 4])
