@@ -2,29 +2,22 @@
 
 The C layer (capi/) turns an exception into `VLLM_ERR_*` + the message; the server
 maps the same classes to HTTP statuses. Keep codes in sync with vllm.h.
+
+VllmError, InvalidArgumentError and UnsupportedError are defined in kernels/errors.py (the
+bottom layer, whose launchers raise them) and re-exported here unchanged: one class each,
+so a kernel's error maps to the same status as the engine's.
 """
 
+from kernels.errors import InvalidArgumentError, UnsupportedError, VllmError
 
-class VllmError(Exception):
-    """Base class. `status` is the vllm.h status code."""
-
-    status = 9  # VLLM_ERR_INTERNAL
-
-
-class InvalidArgumentError(VllmError, ValueError):
-    status = 1  # VLLM_ERR_INVALID_ARGUMENT
+__all__ = ["InvalidArgumentError", "ModelLoadError", "NotFoundError", "OutOfResourcesError",
+           "UnsupportedError", "VllmError"]
 
 
 class ModelLoadError(VllmError):
     """The model path is missing, unreadable, or the file is malformed."""
 
     status = 3  # VLLM_ERR_MODEL_LOAD
-
-
-class UnsupportedError(VllmError):
-    """Well-formed input the engine does not implement (quant type, architecture)."""
-
-    status = 4  # VLLM_ERR_UNSUPPORTED
 
 
 class NotFoundError(VllmError, KeyError):

@@ -1,4 +1,5 @@
-"""Launcher helpers shared by the kernel files: argument checks that raise the engine's errors,
+"""Launcher helpers shared by the kernel files: argument checks that raise InvalidArgumentError
+(kernels/errors.py, the class engine/errors.py re-exports: VLLM_ERR_INVALID_ARGUMENT, HTTP 400),
 and programmatic dependent launch (PDL, sm_90+): a kernel launched with it may start while
 the kernel before it drains, and calls pdl_wait() before it touches memory (the wait
 returns once that kernel finished and flushed), then lets the next kernel launch early in
@@ -16,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.errors import InvalidArgumentError
+from kernels.errors import InvalidArgumentError
 
 # Activation dtypes every kernel accepts.
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

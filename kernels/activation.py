@@ -4,15 +4,17 @@ Mirrors vllm/model_executor/layers/activation.py (SiluAndMul, whose CUDA op is
 csrc/activation_kernels.cu act_and_mul_kernel). Rounding follows the engine's torch path
 (engine/layers/activation.py): silu is computed in fp32 and rounded to the activation dtype,
 then the product is computed in fp32 and rounded again, as torch does for bf16/fp16.
+silu_and_mul_ref is that torch form in plain torch (kernels/ imports nothing from engine/);
+tests/test_kernels_activation.py checks it equals the engine's SiluAndMul.forward_native.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from engine.layers.activation import SiluAndMul
 from kernels._common import cdiv, check, check_float, next_pow2, pdl_launch, pdl_wait
 
 
@@ -57,5 +59,7 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
 
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
-    """The engine's SiluAndMul (engine/layers/activation.py): [n, 2d] -> [n, d]."""
-    return SiluAndMul().forward_native(x)
+    """silu(x[..., :d]) * x[..., d:] in torch, as the engine's SiluAndMul.forward_native
+    (engine/layers/activation.py): [n, 2d] -> [n, d]."""
+    d = x.shape[-1] // 2
+    return F.silu(x[..., :d]) * x[..., d:]

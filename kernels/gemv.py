@@ -22,7 +22,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from engine.layers.activation import SiluAndMul
 from kernels._common import (
     cdiv,
     check,
@@ -32,6 +31,7 @@ from kernels._common import (
     pdl_launch,
     pdl_wait,
 )
+from kernels.activation import silu_and_mul_ref
 
 
 @triton.jit
@@ -134,7 +134,7 @@ def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
 def dense_gemv_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                    silu_and_mul: bool = False) -> torch.Tensor:
     """F.linear computed in fp32 and rounded to x's dtype: [M, K] x [N, K] -> [M, N];
-    with silu_and_mul, of the engine's SiluAndMul of x ([M, 2K])."""
+    with silu_and_mul, of silu_and_mul_ref(x) ([M, 2K], kernels/activation.py)."""
     if silu_and_mul:
-        x = SiluAndMul().forward_native(x)
+        x = silu_and_mul_ref(x)
     return F.linear(x.float(), w.float(), None if bias is None else bias.float()).to(x.dtype)

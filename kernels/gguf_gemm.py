@@ -10,6 +10,10 @@ kernels/gguf_tiles.py. Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
 Safety (CVE-2026-53923, GGUF dequant dimension truncation): N, K and the block count are
 derived from the weight tensor's own shape, never from a declared dimension, and row offsets
 are 64-bit, so no launch can address outside the tensor.
+
+Block sizes come from kernels/ggml_types.py (re-exported by engine/gguf/constants.py); an
+unsupported type raises UnsupportedError (kernels/errors.py, VLLM_ERR_UNSUPPORTED). The
+reference is the engine's torch dequantize (engine/gguf/dequant.py), called by the tests.
 """
 
 from __future__ import annotations
@@ -18,10 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.errors import UnsupportedError
-from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
-from engine.gguf.dequant import dequantize
 from kernels._common import cdiv, check, check_float, check_same_device, next_pow2
+from kernels.errors import UnsupportedError
+from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
 from kernels.gguf_tiles import TILE_TYPES, dequant_tile
 
 # Dispatch by token count M, from the H200 measurements in docs/kernels.md: GEMV up to
@@ -227,20 +230,4 @@ def gguf_gemm(x: torch.Tensor, qweight: torch.Tensor, qtype: int) -> torch.Tenso
         return gguf_mmq(x, qweight, qtype)
     _check_x(x, qweight, _check_weight(qweight, qtype)[1])
     return x @ gguf_dequantize(qweight, qtype, x.dtype).T
-
-
-def gguf_dequantize_ref(
-    qweight: torch.Tensor, qtype: int, dtype: torch.dtype = torch.float16
-) -> torch.Tensor:
-    """The engine's torch dequantize (engine/gguf/dequant.py) of the same rows."""
-    n, row_bytes = qweight.shape
-    block, type_size = GGML_TYPE_TRAITS[GGMLType(qtype)]
-    k = row_bytes // type_size * block
-    return dequantize(qweight.contiguous().view(-1), qtype, n * k).view(n, k).to(dtype)
-
-
-def gguf_gemm_ref(x: torch.Tensor, qweight: torch.Tensor, qtype: int) -> torch.Tensor:
-    """fp32 x @ dequantize(W).T, rounded to x's dtype."""
-    w = gguf_dequantize_ref(qweight, qtype, torch.float32)
-    return (x.float() @ w.T).to(x.dtype)
 

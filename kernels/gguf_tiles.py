@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# GGMLType ids (engine/gguf/constants.py) of the types these helpers decode.
+# GGMLType ids (kernels/ggml_types.py) of the types these helpers decode.
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 6, 7, 8, 12, 13, 14
 
 

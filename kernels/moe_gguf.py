@@ -9,6 +9,8 @@ tile loop: each step decodes a [BLOCK_N, 64-value] tile of the block's expert
 ggml_moe_a8_vec, dequantize-per-expert beyond); this is the Triton counterpart with the
 same weight layout: one GGUF tensor ffn_*_exps as [E, N, row_bytes] uint8. Offsets of
 experts and rows are 64-bit; N, K and the block count come from the tensor's own shape.
+Block sizes come from kernels/ggml_types.py; the tests' reference dequantizes the experts
+with the engine's torch dequantize (engine/gguf/dequant.py).
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
-from engine.gguf.dequant import dequantize
 from kernels._common import check, check_float, check_same_device
+from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
 from kernels.gguf_tiles import TILE_TYPES, dequant_tile
 
 # BLOCK_SIZE_M, BLOCK_SIZE_N, warps, stages: kernels/gguf_gemm.py's MMQ_CONFIG
@@ -121,10 +122,3 @@ def invoke_fused_moe_gguf_kernel(A: torch.Tensor, qweight: torch.Tensor, qtype: 
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
-
-def dequantize_experts(qweight: torch.Tensor, qtype: int, dtype: torch.dtype) -> torch.Tensor:
-    """[E, N, row_bytes] blocks -> [E, N, K] in `dtype` (engine/gguf/dequant.py): the
-    reference's weights."""
-    e = qweight.shape[0]
-    n, k, _ = check_expert_blocks(qweight, qtype)
-    return dequantize(qweight.reshape(-1), qtype, e * n * k).view(e, n, k).to(dtype)

@@ -8,6 +8,8 @@ slot (vLLM's PAD_SLOT_ID = -1, padding rows of a CUDA-graph batch) is skipped. O
 64-bit: one layer's cache can exceed 2^31 elements.
 
 Precondition: slot_mapping < num_blocks * block_size (the KV cache manager allocates slots).
+reshape_and_cache_ref is the engine's torch path (engine/layers/attention.py
+reshape_and_cache) in plain torch; tests/test_kernels_reshape_and_cache.py checks they agree.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.layers.attention import reshape_and_cache as engine_reshape_and_cache
 from kernels._common import (
     cdiv,
     check,
@@ -90,6 +91,10 @@ def reshape_and_cache(
 def reshape_and_cache_ref(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """The engine's torch path (engine/layers/attention.py reshape_and_cache), padding skipped."""
+    """The engine's torch path (engine/layers/attention.py reshape_and_cache), padding skipped:
+    key, value [T, nkv, hd] copied into kv_cache [2, num_blocks, block_size, nkv, hd]."""
     keep = slot_mapping >= 0
-    engine_reshape_and_cache(key[keep], value[keep], kv_cache, slot_mapping[keep].long())
+    slots = slot_mapping[keep].long()
+    flat = kv_cache.view(2, -1, *kv_cache.shape[3:])  # [2, num_slots, nkv, hd]
+    flat[0].index_copy_(0, slots, key[keep].to(kv_cache.dtype))
+    flat[1].index_copy_(0, slots, value[keep].to(kv_cache.dtype))

@@ -4,7 +4,9 @@ Mirrors vllm/model_executor/layers/layernorm.py (RMSNorm.forward_cuda: ops.rms_n
 in-place ops.fused_add_rms_norm of csrc/layernorm_kernels.cu) with the engine's rounding
 (engine/layers/layernorm.py): the residual sum is rounded to the activation dtype first,
 statistics and the weight product are in fp32, the result is rounded once. weight_offset=1
-gives GemmaRMSNorm's x * (1 + w).
+gives GemmaRMSNorm's x * (1 + w). rms_norm_ref is that torch form in plain torch
+(kernels/ imports nothing from engine/); tests/test_kernels_rms_norm.py checks it equals
+the engine's RMSNorm / GemmaRMSNorm.forward_native.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.layers.layernorm import GemmaRMSNorm, RMSNorm
 from kernels._common import check, check_float, check_same_device, next_pow2, pdl_launch, pdl_wait
 
 
@@ -90,7 +91,12 @@ def rms_norm_ref(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
     weight_offset: float = 0.0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The engine's RMSNorm / GemmaRMSNorm forward (engine/layers/layernorm.py)."""
-    norm = (GemmaRMSNorm if weight_offset == 1.0 else RMSNorm)(x.shape[-1], eps)
-    norm.weight.data = weight
-    return norm.forward_native(x, residual)
+    """The engine's RMSNorm / GemmaRMSNorm forward_native (engine/layers/layernorm.py) in
+    torch: x [..., hidden] (+ residual, rounded to x's dtype) normalized in fp32, times
+    (weight + weight_offset) in fp32, rounded once; with a residual (out, x + residual)."""
+    if residual is not None:
+        x = x + residual
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    out = (xf * (weight.float() + weight_offset)).to(x.dtype)
+    return out if residual is None else (out, x)

@@ -9,6 +9,8 @@ and rounded once, as engine/layers/rotary_embedding.py does.
 
 Precondition: 0 <= positions < cos_sin_cache.shape[0]; the scheduler bounds positions by
 max_model_len (checking here would need a host sync inside the step).
+rotary_embedding_ref is the engine's RotaryEmbedding.forward_native in plain torch;
+tests/test_kernels_rotary.py checks they agree.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.layers.rotary_embedding import RotaryEmbedding
 from kernels._common import check, check_float, check_same_device, next_pow2, pdl_launch, pdl_wait
 
 
@@ -113,9 +114,17 @@ def rotary_embedding_ref(
     positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
     cos_sin_cache: torch.Tensor, head_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The engine's RotaryEmbedding.forward (engine/layers/rotary_embedding.py) with the
-    given table, out of place: [T, nq * hs], [T, nkv * hs]."""
-    rope = RotaryEmbedding(head_size, cos_sin_cache.shape[1], 1, 10000.0)
-    rope.cos_sin_cache = cos_sin_cache
-    return rope.forward_native(positions, query.reshape(positions.shape[0], -1),
-                               key.reshape(positions.shape[0], -1))
+    """The engine's RotaryEmbedding.forward_native (engine/layers/rotary_embedding.py) with
+    the given table, out of place: [T, nq * hs], [T, nkv * hs]. The first rotary_dim
+    features of each head are rotated in fp32 and rounded once; the rest pass through."""
+    n, rot = positions.shape[0], cos_sin_cache.shape[1]
+    table = cos_sin_cache.to(positions.device)[positions].unsqueeze(1)  # [T, 1, rot]
+    cos, sin = table.chunk(2, dim=-1)  # [T, 1, rot / 2] each
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(n, -1, head_size)  # [T, heads, hs]
+        x1, x2 = x[..., :rot].float().chunk(2, dim=-1)
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+        return torch.cat((out, x[..., rot:]), dim=-1).reshape(n, -1)
+
+    return rotate(query), rotate(key)

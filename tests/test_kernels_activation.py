@@ -13,6 +13,7 @@ import torch
 from test_kernels_common import DEVICE, DTYPES, assert_close, gpu
 
 from engine.errors import InvalidArgumentError
+from engine.layers.activation import SiluAndMul
 from kernels.activation import silu_and_mul, silu_and_mul_ref
 
 
@@ -54,3 +55,10 @@ def test_silu_and_mul_llama_shapes(num_tokens: int, dtype: torch.dtype) -> None:
     torch.manual_seed(2)
     x = torch.randn(num_tokens, 2 * 14336, dtype=dtype, device=DEVICE)
     assert_close(silu_and_mul(x), silu_and_mul_ref(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_ref_is_the_engine_torch_path(dtype: torch.dtype) -> None:
+    """The kernel's plain-torch reference equals engine/layers/activation.py, bit for bit."""
+    x = torch.randn(5, 2 * 37, generator=torch.Generator().manual_seed(2)).to(dtype)
+    assert torch.equal(silu_and_mul_ref(x), SiluAndMul().forward_native(x))

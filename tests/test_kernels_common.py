@@ -4,7 +4,10 @@ The kernel tests run on CUDA when a device is present; otherwise on CPU under th
 interpreter (TRITON_INTERPRET=1, set here before any kernels/ module defines its
 @triton.jit functions), on small shapes and in fp32/fp16 (the interpreter rounds bf16 by
 truncation, the GPU to nearest). Tests marked gpu need CUDA: large and Llama-shaped inputs,
-64-bit offsets. Oracle for every kernel: its *_ref, which runs the engine's torch path.
+64-bit offsets. Oracle for every kernel: its *_ref, the engine's torch path written in plain
+torch beside the kernel (kernels/ imports nothing from engine/; each test file checks the
+ref equals the engine's path), or for the GGUF kernels the engine's dequantize called from
+the tests.
 Mirrors vLLM 0.33 tests/kernels/allclose_default.py (default tolerances).
 """
 
@@ -20,7 +23,8 @@ if not ON_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="kernels/ need triton (pip install triton); issue 7")
 
-from engine.errors import InvalidArgumentError  # noqa: E402
+from engine.entrypoints.openai.errors import error_response  # noqa: E402
+from engine.errors import InvalidArgumentError, UnsupportedError, VllmError  # noqa: E402
 from kernels._common import check, check_float, check_same_device  # noqa: E402
 from kernels.activation import _silu_and_mul_kernel  # noqa: E402
 
@@ -65,3 +69,18 @@ def test_check_same_device() -> None:
     check_same_device(a=torch.zeros(1), b=torch.zeros(1))
     with pytest.raises(InvalidArgumentError, match="a, b must be on one device"):
         check_same_device(a=torch.zeros(1), b=torch.zeros(1, device="meta"))
+
+
+def test_kernel_errors_are_the_engines() -> None:
+    """kernels/errors.py defines the classes engine/errors.py re-exports, so a launcher's
+    error carries the engine's vllm.h status (capi/plumbing.py maps VllmError.status) and
+    the OpenAI layer's HTTP status: 400 for a bad argument, 501 for an unsupported type."""
+    import kernels.errors
+
+    assert (kernels.errors.VllmError, kernels.errors.InvalidArgumentError,
+            kernels.errors.UnsupportedError) == (VllmError, InvalidArgumentError, UnsupportedError)
+    with pytest.raises(InvalidArgumentError) as bad:
+        check(False, "bad shape")
+    assert bad.value.status == 1 and error_response(bad.value)[0] == 400
+    assert UnsupportedError("no kernel").status == 4
+    assert error_response(UnsupportedError("no kernel"))[0] == 501

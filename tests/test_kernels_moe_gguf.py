@@ -1,7 +1,8 @@
 """kernels/moe_gguf.py (the fused MoE GEMM over raw GGUF expert blocks), GGUFExperts and the
 loader keeping a GGUF MoE file's experts quantized.
 
-Oracle: the experts dequantized by engine/gguf/dequant.py (dequantize_experts), then
+Oracle: the experts dequantized by engine/gguf/dequant.py (test_kernels_gguf_gemm's
+gguf_dequantize_ref of [E, N, row_bytes]), then
 kernels/fused_moe.py's reference (invoke_fused_moe_kernel_ref) or the engine's host path
 (fused_experts). Random block bytes with finite scales (test_kernels_gguf_gemm.random_weight)
 for Q8_0 (32-value blocks) and Q4_K (256-value super-blocks); all 8 types on CUDA.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_kernels_common import DEVICE, ON_CUDA, gpu
-from test_kernels_gguf_gemm import TYPES, random_weight
+from test_kernels_gguf_gemm import TYPES, gguf_dequantize_ref, random_weight
 
 from engine.errors import InvalidArgumentError
 from engine.gguf.constants import GGMLType
@@ -24,7 +25,7 @@ from engine.layers.fused_moe import fused_experts, fused_topk
 from engine.layers.fused_moe.gguf_experts import GGUFExperts
 from kernels.fused_moe import invoke_fused_moe_kernel_ref
 from kernels.moe_align_block_size import moe_align_block_size
-from kernels.moe_gguf import dequantize_experts, invoke_fused_moe_gguf_kernel
+from kernels.moe_gguf import invoke_fused_moe_gguf_kernel
 
 CPU_TYPES = [GGMLType.Q8_0, GGMLType.Q4_K]
 
@@ -53,7 +54,7 @@ def test_fused_moe_gguf_kernel_matches_reference(qtype, m, e, topk, kind, aligne
         sorted_ids, expert_ids, post = moe_align_block_size(ids, 16, e)
     else:
         sorted_ids, expert_ids, post = None, ids.reshape(-1), None
-    dense = dequantize_experts(qw, qtype, torch.float32)
+    dense = gguf_dequantize_ref(qw, qtype, torch.float32)
     for mul in (False, True):
         wide = torch.full((m * topk, n + 8), float("nan"), device=DEVICE)
         c = wide[:, 8:]  # a column slice of a wider buffer, as gate | up in different types
@@ -83,9 +84,9 @@ def _gguf_layer(types, e, h, i):
     w13 = [(torch.cat([gate, up], 1), types[0])] if types[0] == types[1] else \
         [(gate, types[0]), (up, types[1])]
     layer = GGUFExperts(w13, (down, types[2]))
-    dense13 = torch.cat([dequantize_experts(gate, types[0], torch.float32),
-                         dequantize_experts(up, types[1], torch.float32)], 1)
-    return layer, dense13, dequantize_experts(down, types[2], torch.float32)
+    dense13 = torch.cat([gguf_dequantize_ref(gate, types[0], torch.float32),
+                         gguf_dequantize_ref(up, types[1], torch.float32)], 1)
+    return layer, dense13, gguf_dequantize_ref(down, types[2], torch.float32)
 
 
 @pytest.mark.parametrize("types", [(GGMLType.Q8_0,) * 3,

@@ -13,6 +13,7 @@ import torch
 from test_kernels_common import DEVICE, DTYPES, gpu
 
 from engine.errors import InvalidArgumentError
+from engine.layers.attention import reshape_and_cache as engine_reshape_and_cache
 from kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
 
 
@@ -67,3 +68,14 @@ def test_reshape_and_cache_64bit_offsets() -> None:
     flat = cache.view(2, blocks * bs, nkv, hd)
     assert torch.equal(flat[0, slots], k) and torch.equal(flat[1, slots], v)
     assert int(flat.count_nonzero()) == int(k.count_nonzero() + v.count_nonzero())
+
+
+def test_reshape_and_cache_ref_is_the_engine_torch_path() -> None:
+    """The kernel's plain-torch reference equals engine/layers/attention.py's path."""
+    k, v, cache, slots = _case(9, 4, 4, 2, 8, torch.float32, cache_dtype=torch.float16)
+    slots[[0, 5]] = -1
+    expected = cache.clone()
+    keep = slots >= 0
+    engine_reshape_and_cache(k[keep], v[keep], expected, slots[keep].long())
+    reshape_and_cache_ref(k, v, cache, slots)
+    assert torch.equal(cache, expected)

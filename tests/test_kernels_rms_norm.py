@@ -13,6 +13,7 @@ import torch
 from test_kernels_common import DEVICE, DTYPES, gpu
 
 from engine.errors import InvalidArgumentError
+from engine.layers.layernorm import GemmaRMSNorm, RMSNorm
 from kernels.rms_norm import fused_add_rms_norm, rms_norm, rms_norm_ref
 
 TOL = {"atol": 1e-2, "rtol": 1e-2}
@@ -72,3 +73,17 @@ def test_rms_norm_rejects_bad_input() -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_rms_norm_large(n: int, h: int, dtype: torch.dtype) -> None:
     _check(n, h, dtype, False, 0.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm_cls", [RMSNorm, GemmaRMSNorm])
+def test_rms_norm_ref_is_the_engine_torch_path(dtype: torch.dtype, norm_cls) -> None:
+    """The kernels' plain-torch reference equals engine/layers/layernorm.py, bit for bit."""
+    x, res, w = _inputs(3, 40, dtype, True, seed=5)
+    norm = norm_cls(40, 1e-5)
+    norm.weight.data = w
+    assert torch.equal(rms_norm_ref(x, w, 1e-5, weight_offset=norm.weight_offset),
+                       norm.forward_native(x))
+    for got, want in zip(rms_norm_ref(x, w, 1e-5, res, norm.weight_offset),
+                         norm.forward_native(x, res), strict=True):
+        assert torch.equal(got, want)

@@ -1,19 +1,24 @@
 """GGUF/GGML constants: file-format limits, metadata value types, GGML tensor type table.
 
-Mirrors llama.cpp ggml/include/ggml.h (enum ggml_type, GGML_MAX_DIMS, GGML_MAX_NAME),
-ggml/src/ggml.c (type_traits: block size and bytes per block) and ggml/include/gguf.h
-(enum gguf_type, GGUF_MAGIC, GGUF_DEFAULT_ALIGNMENT).
+Mirrors llama.cpp ggml/include/ggml.h (GGML_MAX_DIMS, GGML_MAX_NAME) and
+ggml/include/gguf.h (enum gguf_type, GGUF_MAGIC, GGUF_DEFAULT_ALIGNMENT). The tensor type
+ids and their block sizes (GGMLType, GGML_TYPE_TRAITS, QK_K) are pure data the GGUF kernels
+need too, so they live in kernels/ggml_types.py (the bottom layer) and are re-exported here.
 """
 
 from enum import IntEnum
-from typing import NamedTuple
+
+from kernels.ggml_types import GGML_TYPE_TRAITS, QK_K, GGMLType, TypeTraits
+
+__all__ = ["GGML_MAX_DIMS", "GGML_MAX_NAME", "GGML_TYPE_TRAITS", "GGUF_ALIGNMENT_KEY",
+           "GGUF_DEFAULT_ALIGNMENT", "GGUF_MAGIC", "QK_K", "REMOVED_GGML_TYPES",
+           "SCALAR_FORMATS", "GGMLType", "GGUFValueType", "TypeTraits"]
 
 GGUF_MAGIC = b"GGUF"
 GGUF_DEFAULT_ALIGNMENT = 32
 GGUF_ALIGNMENT_KEY = "general.alignment"
 GGML_MAX_DIMS = 4
 GGML_MAX_NAME = 64  # includes the C string terminator: names are at most 63 bytes
-QK_K = 256  # elements per K-quant super-block
 
 
 class GGUFValueType(IntEnum):
@@ -50,45 +55,6 @@ SCALAR_FORMATS: dict[GGUFValueType, str] = {
 }
 
 
-class GGMLType(IntEnum):
-    """Tensor element type ids (enum ggml_type)."""
-
-    F32 = 0
-    F16 = 1
-    Q4_0 = 2
-    Q4_1 = 3
-    Q5_0 = 6
-    Q5_1 = 7
-    Q8_0 = 8
-    Q8_1 = 9
-    Q2_K = 10
-    Q3_K = 11
-    Q4_K = 12
-    Q5_K = 13
-    Q6_K = 14
-    Q8_K = 15
-    IQ2_XXS = 16
-    IQ2_XS = 17
-    IQ3_XXS = 18
-    IQ1_S = 19
-    IQ4_NL = 20
-    IQ3_S = 21
-    IQ2_S = 22
-    IQ4_XS = 23
-    I8 = 24
-    I16 = 25
-    I32 = 26
-    I64 = 27
-    F64 = 28
-    IQ1_M = 29
-    BF16 = 30
-    TQ1_0 = 34
-    TQ2_0 = 35
-    MXFP4 = 39
-    NVFP4 = 40
-    Q1_0 = 41
-
-
 # Ids ggml once used and has since dropped; files carrying them cannot be loaded.
 REMOVED_GGML_TYPES: dict[int, str] = {
     4: "Q4_2",
@@ -99,47 +65,4 @@ REMOVED_GGML_TYPES: dict[int, str] = {
     36: "IQ4_NL_4_4",
     37: "IQ4_NL_4_8",
     38: "IQ4_NL_8_8",
-}
-
-
-class TypeTraits(NamedTuple):
-    block_size: int  # elements per block
-    type_size: int  # bytes per block
-
-
-GGML_TYPE_TRAITS: dict[GGMLType, TypeTraits] = {
-    GGMLType.F32: TypeTraits(1, 4),
-    GGMLType.F16: TypeTraits(1, 2),
-    GGMLType.Q4_0: TypeTraits(32, 2 + 16),
-    GGMLType.Q4_1: TypeTraits(32, 2 + 2 + 16),
-    GGMLType.Q5_0: TypeTraits(32, 2 + 4 + 16),
-    GGMLType.Q5_1: TypeTraits(32, 2 + 2 + 4 + 16),
-    GGMLType.Q8_0: TypeTraits(32, 2 + 32),
-    GGMLType.Q8_1: TypeTraits(32, 4 + 4 + 32),
-    GGMLType.Q2_K: TypeTraits(QK_K, QK_K // 16 + QK_K // 4 + 2 + 2),
-    GGMLType.Q3_K: TypeTraits(QK_K, QK_K // 8 + QK_K // 4 + 12 + 2),
-    GGMLType.Q4_K: TypeTraits(QK_K, 2 + 2 + 12 + QK_K // 2),
-    GGMLType.Q5_K: TypeTraits(QK_K, 2 + 2 + 12 + QK_K // 8 + QK_K // 2),
-    GGMLType.Q6_K: TypeTraits(QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2),
-    GGMLType.Q8_K: TypeTraits(QK_K, 4 + QK_K + QK_K // 8),
-    GGMLType.IQ2_XXS: TypeTraits(QK_K, 2 + QK_K // 4),
-    GGMLType.IQ2_XS: TypeTraits(QK_K, 2 + QK_K // 4 + QK_K // 32),
-    GGMLType.IQ3_XXS: TypeTraits(QK_K, 2 + QK_K // 4 + QK_K // 8),
-    GGMLType.IQ1_S: TypeTraits(QK_K, 2 + QK_K // 8 + QK_K // 16),
-    GGMLType.IQ4_NL: TypeTraits(32, 2 + 16),
-    GGMLType.IQ3_S: TypeTraits(QK_K, 2 + QK_K // 4 + QK_K // 8 + QK_K // 32 + 4),
-    GGMLType.IQ2_S: TypeTraits(QK_K, 2 + QK_K // 4 + QK_K // 16),
-    GGMLType.IQ4_XS: TypeTraits(QK_K, 2 + 2 + QK_K // 2 + QK_K // 64),
-    GGMLType.I8: TypeTraits(1, 1),
-    GGMLType.I16: TypeTraits(1, 2),
-    GGMLType.I32: TypeTraits(1, 4),
-    GGMLType.I64: TypeTraits(1, 8),
-    GGMLType.F64: TypeTraits(1, 8),
-    GGMLType.IQ1_M: TypeTraits(QK_K, QK_K // 8 + QK_K // 16 + QK_K // 32),
-    GGMLType.BF16: TypeTraits(1, 2),
-    GGMLType.TQ1_0: TypeTraits(QK_K, 2 + 4 * 13),
-    GGMLType.TQ2_0: TypeTraits(QK_K, 2 + 64),
-    GGMLType.MXFP4: TypeTraits(32, 1 + 16),
-    GGMLType.NVFP4: TypeTraits(64, 4 + 32),
-    GGMLType.Q1_0: TypeTraits(128, 2 + 16),
 }

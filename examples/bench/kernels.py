@@ -29,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType  # noqa: E402
+from engine.gguf.dequant import dequantize  # noqa: E402
 from kernels import gguf_gemm as gg  # noqa: E402
 from kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
 from kernels.gemv import dense_gemv, dense_gemv_ref, gemv_config  # noqa: E402
@@ -290,6 +291,17 @@ def random_weight(qtype: int, n: int, k: int) -> torch.Tensor:
     return w.view(n, -1)
 
 
+def gguf_dequantize_ref(w: torch.Tensor, qtype: int, dtype: torch.dtype) -> torch.Tensor:
+    """The engine's torch dequantize (engine/gguf/dequant.py) of raw rows [N, row_bytes]."""
+    block, size = GGML_TYPE_TRAITS[GGMLType(qtype)]
+    n, k = w.shape[0], w.shape[1] // size * block
+    return dequantize(w.contiguous().view(-1), qtype, n * k).view(n, k).to(dtype)
+
+
+def gguf_gemm_ref(x: torch.Tensor, w: torch.Tensor, qtype: int) -> torch.Tensor:
+    return (x.float() @ gguf_dequantize_ref(w, qtype, torch.float32).T).to(x.dtype)
+
+
 LLAMA_LINEARS = {"qkv": (6144, H), "o": (H, H), "gate_up": (2 * FF, H), "down": (H, FF)}
 # (BLOCK_N, blocks per step, warps) tried per type by --sweep, besides gemv_config's
 GEMV_SWEEP = {
@@ -308,7 +320,7 @@ def bench_gguf(sweep: bool) -> None:
             w0 = random_weight(qtype, n, k)
             ws = [w0] + [random_weight(qtype, n, k) for _ in range(copies(w0.numel()) - 1)]
             x = torch.randn(1, k, dtype=BF16, device=DEV)
-            err = rel_err(gg.gguf_gemv(x, w0, qtype), gg.gguf_gemm_ref(x.float(), w0, qtype))
+            err = rel_err(gg.gguf_gemv(x, w0, qtype), gguf_gemm_ref(x.float(), w0, qtype))
             nbytes = w0.numel() + 2 * (k + n)
             configs = [None]
             if sweep:
@@ -341,7 +353,7 @@ def bench_gguf_gemm(sweep: bool) -> None:
     for qtype in (GGMLType.Q4_K, GGMLType.Q8_0):
         n, k = 2 * FF, H
         w = random_weight(qtype, n, k)
-        deq_err = rel_err(gg.gguf_dequantize(w, qtype, BF16), gg.gguf_dequantize_ref(w, qtype,
+        deq_err = rel_err(gg.gguf_dequantize(w, qtype, BF16), gguf_dequantize_ref(w, qtype,
                                                                                       BF16))
         nb = 8 if qtype == GGMLType.Q8_0 else 1
         for cfg in [None] + ([(16, nb, 2), (64, nb, 8), (8, nb, 1), (32, 2 * nb, 4),
@@ -351,7 +363,7 @@ def bench_gguf_gemm(sweep: bool) -> None:
                 err=deq_err if cfg is None else None, note=str(cfg) if cfg else "default")
         for m in (1, 2, 4, 8, 16, 64, 256, 1024, 4096):
             x = torch.randn(m, k, dtype=BF16, device=DEV)
-            ref = gg.gguf_gemm_ref(x.float(), w, qtype)
+            ref = gguf_gemm_ref(x.float(), w, qtype)
             flops = 2 * m * n * k
             paths = {"gguf_gemm dispatch": lambda x=x: gg.gguf_gemm(x, w, qtype),
                      "dequant+cuBLAS": lambda x=x: x @ gg.gguf_dequantize(w, qtype, BF16).T}
