@@ -19,10 +19,10 @@ leaves the rows past query_start_loc[num_reqs] untouched.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from engine.layers.attention import AttentionMetadata, paged_attention_ref
 from kernels._common import (
     cdiv,
     check,
@@ -402,16 +402,31 @@ def paged_attention_prefill_ref(
     seq_lens: torch.Tensor, block_table: torch.Tensor, scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """The engine's paged_attention_ref (engine/layers/attention.py) on the same metadata."""
+    """Plain torch on the same metadata: one SDPA per request over its gathered blocks (the
+    engine's CPU path, engine/layers/attention.py paged_attention_ref, computes the same;
+    tests/test_kernels_paged_attention.py checks the two agree bit for bit)."""
+    # q: [num_tokens, nq, hd] -> same shape; a request with seq_len 0 gets zeros
     qsl, lens = query_start_loc.tolist(), seq_lens.tolist()
-    out = torch.zeros_like(q)  # a request with seq_len 0 has nothing to attend to: zeros
+    block_size = kv_cache.shape[2]
+    out = torch.zeros_like(q)
     for i, seq_len in enumerate(lens):
-        s, e = qsl[i], qsl[i + 1]
-        if seq_len > 0 and e > s:
-            md = AttentionMetadata(num_actual_tokens=e - s, slot_mapping=torch.empty(0),
-                                   query_start_loc=[0, e - s], seq_lens=[seq_len],
-                                   block_table=block_table[i : i + 1])
-            out[s:e] = paged_attention_ref(q[s:e], kv_cache, md, scale, sliding_window)
+        start, end = qsl[i], qsl[i + 1]
+        if seq_len <= 0 or end <= start:
+            continue
+        blocks = block_table[i, :cdiv(seq_len, block_size)].long()
+        kc = kv_cache[0, blocks].flatten(0, 1)[:seq_len]  # [seq_len, nkv, hd]
+        vc = kv_cache[1, blocks].flatten(0, 1)[:seq_len]
+        qpos = torch.arange(seq_len - (end - start), seq_len, device=q.device)
+        kpos = torch.arange(seq_len, device=q.device)[None, :]
+        mask = kpos <= qpos[:, None]  # [q_len, seq_len]
+        if sliding_window is not None:
+            mask &= kpos > qpos[:, None] - sliding_window
+        group = q.shape[1] // kc.shape[1]
+        kc = kc.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)  # [nq, seq, hd]
+        vc = vc.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)
+        o = F.scaled_dot_product_attention(q[start:end].transpose(0, 1), kc, vc,
+                                           attn_mask=mask, scale=scale)  # [nq, q_len, hd]
+        out[start:end] = o.transpose(0, 1)
     return out
 
 

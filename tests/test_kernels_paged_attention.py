@@ -258,3 +258,16 @@ def test_attention_64bit_cache_offsets() -> None:
     dq = q[[2, 3]]
     out = paged_attention_decode(dq, kv, bt, lens, 0.1)
     _close(out, paged_attention_decode_ref(dq, kv, bt, lens, 0.1), torch.bfloat16)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_prefill_ref_is_the_engine_torch_path(window) -> None:
+    """The kernels' plain-torch reference equals engine/layers/attention.py, bit for bit."""
+    from engine.layers.attention import AttentionMetadata, paged_attention_ref
+
+    q, kv, qsl, lens, bt = _case([(1, 13), (5, 18), (9, 9)], 8, 2, 32, 4, torch.float32)
+    md = AttentionMetadata(num_actual_tokens=q.shape[0], slot_mapping=torch.empty(0),
+                           query_start_loc=qsl.tolist(), seq_lens=lens.tolist(),
+                           block_table=bt)
+    assert torch.equal(paged_attention_prefill_ref(q, kv, qsl, lens, bt, 0.3, window),
+                       paged_attention_ref(q, kv, md, 0.3, window))

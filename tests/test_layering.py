@@ -18,10 +18,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL_FILES = sorted((ROOT / "kernels").glob("*.py"))
-# kernels/paged_attention.py still imports engine.layers.attention (AttentionMetadata,
-# paged_attention_ref); another branch owns it and the integrator fixes it in the same merge,
-# then empties this set (strict xfail: the case fails as soon as the import is gone).
-PENDING = {"paged_attention.py"}
 
 
 def _engine_imports(path: Path, root: Path = ROOT) -> list[str]:
@@ -39,13 +35,7 @@ def _engine_imports(path: Path, root: Path = ROOT) -> list[str]:
     return hits
 
 
-def _cases() -> list:
-    xfail = pytest.mark.xfail(strict=True, reason="integrator fixes it in the same merge")
-    return [pytest.param(p, id=p.name, marks=[xfail] if p.name in PENDING else [])
-            for p in KERNEL_FILES]
-
-
-@pytest.mark.parametrize("path", _cases())
+@pytest.mark.parametrize("path", KERNEL_FILES, ids=lambda p: p.name)
 def test_kernel_module_imports_no_engine(path: Path):
     hits = _engine_imports(path)
     assert not hits, "kernels/ must not import engine/:\n" + "\n".join(hits)
@@ -60,7 +50,7 @@ def test_scan_sees_lazy_imports(tmp_path: Path):
 
 
 def test_importing_kernels_leaves_engine_unloaded():
-    modules = [f"kernels.{p.stem}" for p in KERNEL_FILES if p.name not in PENDING]
+    modules = [f"kernels.{p.stem}" for p in KERNEL_FILES]
     code = ("import importlib, sys\n"
             f"for m in {modules!r}:\n"
             "    importlib.import_module(m)\n"
