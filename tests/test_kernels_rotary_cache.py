@@ -4,14 +4,17 @@ Oracle: rotary_embedding_and_cache_ref = the engine's RotaryEmbedding.forward_na
 its reshape_and_cache with padding slots skipped. Cases from vLLM 0.33
 tests/kernels/core/test_pos_encoding.py (head sizes, partial rotary_dim, q/k as views of a
 fused qkv tensor, random positions) and tests/kernels/attention/test_cache.py (random
-slots, PAD_SLOT_ID rows).
+slots, PAD_SLOT_ID rows). The QK_NORM variant (Qwen3's per-head q/k RMSNorm folded in)
+against RMSNorm.forward_native over each head, then the same unfused pair, as vLLM 0.33
+tests/kernels/core/test_fused_qk_norm_rope.py (_apply_qk_norm_rope: q/k views of a fused
+qkv, partial rotary ratios, GQA) and its fused_qknorm_rope_cache_kernel.cu cache write.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels_common import DEVICE, DTYPES, assert_close
+from test_kernels_common import DEVICE, DTYPES, assert_close, gpu
 
 from engine.errors import InvalidArgumentError
 from engine.layers.rotary_embedding import RotaryEmbedding
@@ -39,6 +42,67 @@ def test_rotary_and_cache_matches_unfused(nq, nkv, hs, rot, dtype) -> None:
     assert_close(q, want_q)
     assert_close(cache, want_cache)
     assert torch.equal(k, k_before)  # keys live in the cache only
+
+
+def _check_qk_norm_case(n, nq, nkv, hs, rot, dtype, weight_offset=0.0, atol=None, rtol=None):
+    torch.manual_seed(0)
+    num_blocks, bs, eps = 2 * n, 4, 1e-6
+    table = RotaryEmbedding(hs, rot, 4096, 10000.0).cos_sin_cache.to(DEVICE)
+    positions = torch.randint(0, 4096, (n,), device=DEVICE)
+    qkv = torch.randn(n, (nq + 2 * nkv) * hs, dtype=dtype, device=DEVICE) * 3
+    q, k, v = qkv.split([nq * hs, nkv * hs, nkv * hs], dim=-1)  # strided row views
+    qw = torch.rand(hs, dtype=dtype, device=DEVICE) + 0.5
+    kw = torch.rand(hs, dtype=dtype, device=DEVICE) - 0.5
+    slots = torch.randperm(num_blocks * bs, device=DEVICE)[:n]
+    slots[n // 2] = -1  # a padding row: normalized, rotated q, no cache write
+    cache = torch.randn(2, num_blocks, bs, nkv, hs, dtype=dtype, device=DEVICE)
+    want_cache = cache.clone()
+    want_q = rotary_embedding_and_cache_ref(positions, q.clone(), k, v, table, hs, want_cache,
+                                            slots, qw, kw, eps, weight_offset)
+    k_before = k.clone()
+    rotary_embedding_and_cache(positions, q, k, v, table, hs, cache, slots, qw, kw, eps,
+                               weight_offset)
+    assert_close(q, want_q, atol, rtol)
+    assert_close(cache, want_cache, atol, rtol)
+    assert torch.equal(k, k_before)  # keys live in the cache only
+
+
+@pytest.mark.parametrize("nq,nkv", [(4, 4), (8, 2), (5, 1)])
+@pytest.mark.parametrize("hs,rot", [(64, 64), (128, 128), (64, 32), (128, 32), (40, 40)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qk_norm_rotary_and_cache_matches_unfused(nq, nkv, hs, rot, dtype) -> None:
+    _check_qk_norm_case(5, nq, nkv, hs, rot, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qk_norm_gemma_weight_offset(dtype) -> None:
+    # GemmaRMSNorm's x * (1 + w): Gemma 3 and Qwen3-Next (partial rotary 1/4 of 256)
+    _check_qk_norm_case(3, 4, 2, 128, 128, dtype, weight_offset=1.0)
+    _check_qk_norm_case(3, 4, 1, 256, 64, dtype, weight_offset=1.0)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_qk_norm_qwen3_moe_shapes_gpu(dtype) -> None:
+    # Qwen3-30B-A3B: 32 q heads, 4 kv heads of 128; a 64-token decode batch and a prefill
+    for n in (64, 300):
+        _check_qk_norm_case(n, 32, 4, 128, 128, dtype)
+
+
+def test_qk_norm_rejects_bad_weights() -> None:
+    table = torch.zeros(8, 16, device=DEVICE)
+    pos = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    q, k = torch.zeros(2, 64, device=DEVICE), torch.zeros(2, 32, device=DEVICE)
+    cache = torch.zeros(2, 4, 4, 2, 16, device=DEVICE)
+    slots = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    w = torch.ones(16, device=DEVICE)
+    with pytest.raises(InvalidArgumentError, match="go together"):
+        rotary_embedding_and_cache(pos, q, k, k, table, 16, cache, slots, w)
+    with pytest.raises(InvalidArgumentError, match="k_weight must be \\[16\\]"):
+        rotary_embedding_and_cache(pos, q, k, k, table, 16, cache, slots, w, w[:8])
+    with pytest.raises(InvalidArgumentError, match="weight_offset must be 0 or 1"):
+        rotary_embedding_and_cache(pos, q, k, k, table, 16, cache, slots, w, w,
+                                   weight_offset=2.0)
 
 
 def test_rotary_and_cache_rejects_bad_input() -> None:
