@@ -17,6 +17,8 @@ import torch
 from test_kernels_common import DEVICE, DTYPES, assert_close, gpu
 
 from engine.errors import InvalidArgumentError
+from engine.layers.attention import Attention, AttentionMetadata
+from engine.layers.layernorm import GemmaRMSNorm, RMSNorm
 from engine.layers.rotary_embedding import RotaryEmbedding
 from kernels.rotary_cache import rotary_embedding_and_cache, rotary_embedding_and_cache_ref
 
@@ -87,6 +89,40 @@ def test_qk_norm_qwen3_moe_shapes_gpu(dtype) -> None:
     # Qwen3-30B-A3B: 32 q heads, 4 kv heads of 128; a 64-token decode batch and a prefill
     for n in (64, 300):
         _check_qk_norm_case(n, 32, 4, 128, 128, dtype)
+
+
+@pytest.mark.parametrize("norm_cls,hs,rot", [(RMSNorm, 64, 64), (GemmaRMSNorm, 128, 32)])
+def test_attention_layer_fuses_qk_norm(norm_cls, hs, rot) -> None:
+    # the layer's kernel path (Attention._forward_cuda, interpreted on CPU) with the
+    # (q_norm, k_norm) pair equals the two norms, then the layer without them
+    torch.manual_seed(0)
+    n, nq, nkv, bs = 6, 4, 2, 4
+    rope = RotaryEmbedding(hs, rot, 64, 10000.0)
+    q_norm, k_norm = norm_cls(hs, 1e-6).to(DEVICE), norm_cls(hs, 1e-6).to(DEVICE)
+    q_norm.weight.data.uniform_(0.5, 1.5)
+    k_norm.weight.data.uniform_(-0.5, 0.5)
+    md = AttentionMetadata(n, torch.arange(bs, bs + n, device=DEVICE), [0, n], [n],
+                           torch.tensor([[1, 2]], dtype=torch.int32, device=DEVICE),
+                           torch.tensor([0, n], dtype=torch.int32, device=DEVICE),
+                           torch.tensor([n], dtype=torch.int32, device=DEVICE), n, n)
+    positions = torch.arange(n, device=DEVICE)
+    qkv = torch.randn(n, (nq + 2 * nkv) * hs, device=DEVICE)
+    outs, caches = [], []
+    for fused in (False, True):
+        attn = Attention(nq, hs, hs**-0.5, nkv)
+        attn.kv_cache = torch.zeros(2, 4, bs, nkv, hs, device=DEVICE)
+        q, k, v = qkv.clone().split([nq * hs, nkv * hs, nkv * hs], dim=-1)
+        if fused:
+            out = attn._forward_cuda(q.view(n, nq, hs), k.view(n, nkv, hs), v.view(n, nkv, hs),
+                                     md, positions, rope, (q_norm, k_norm))
+        else:
+            q = q_norm(q.unflatten(-1, (nq, hs))).flatten(-2)
+            k = k_norm(k.unflatten(-1, (nkv, hs))).flatten(-2)
+            out = attn(q, k, v, md, positions, rope)
+        outs.append(out)
+        caches.append(attn.kv_cache)
+    assert_close(outs[1], outs[0], atol=1e-4, rtol=1e-4)
+    assert_close(caches[1], caches[0])
 
 
 def test_qk_norm_rejects_bad_weights() -> None:
