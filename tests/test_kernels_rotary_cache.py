@@ -46,8 +46,14 @@ def test_rotary_and_cache_matches_unfused(nq, nkv, hs, rot, dtype) -> None:
     assert torch.equal(k, k_before)  # keys live in the cache only
 
 
-def _check_qk_norm_case(n, nq, nkv, hs, rot, dtype, weight_offset=0.0, atol=None, rtol=None):
+# fp16 / bf16: a reduction order or rsqrt that differs from torch's may move a normalized
+# value (|x| < 8 here) by one ulp before the rotation, which can cancel: 2 ulps of 8 absolute
+HALF_ATOL = {torch.float16: 2 * 8 * 2**-11, torch.bfloat16: 2 * 8 * 2**-8}
+
+
+def _check_qk_norm_case(n, nq, nkv, hs, rot, dtype, weight_offset=0.0):
     torch.manual_seed(0)
+    atol = HALF_ATOL.get(dtype)
     num_blocks, bs, eps = 2 * n, 4, 1e-6
     table = RotaryEmbedding(hs, rot, 4096, 10000.0).cos_sin_cache.to(DEVICE)
     positions = torch.randint(0, 4096, (n,), device=DEVICE)
@@ -64,8 +70,8 @@ def _check_qk_norm_case(n, nq, nkv, hs, rot, dtype, weight_offset=0.0, atol=None
     k_before = k.clone()
     rotary_embedding_and_cache(positions, q, k, v, table, hs, cache, slots, qw, kw, eps,
                                weight_offset)
-    assert_close(q, want_q, atol, rtol)
-    assert_close(cache, want_cache, atol, rtol)
+    assert_close(q, want_q, atol)
+    assert_close(cache, want_cache, atol)
     assert torch.equal(k, k_before)  # keys live in the cache only
 
 
