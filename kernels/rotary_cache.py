@@ -1,4 +1,5 @@
-"""Rotary embedding fused with the KV-cache write: one launch per layer instead of two.
+"""Rotary embedding fused with the KV-cache write: one launch per layer instead of two, and
+with Qwen3's per-head q/k RMSNorm folded in, one instead of four.
 
 Mirrors vLLM's fused RoPE + KV-cache update (vllm/compilation/passes/fusion
 fuse_qk_norm_rope_kvcache's rope-and-cache part; the unfused pair is
@@ -8,6 +9,13 @@ rotated in registers and written with v straight into the paged cache at the tok
 (slot < 0, vLLM's PAD_SLOT_ID, is not written). `key` itself is left unrotated: attention
 reads keys from the cache only. Arithmetic as kernels/rotary.py: fp32 products of the fp32
 cos/sin table, one rounding to the cache dtype.
+
+QK_NORM (q_weight / k_weight given) is vLLM 0.33's csrc/fused_qknorm_rope_cache_kernel.cu
+(qknorm_rope_cache_kernel, with norm_weight_bias for the Gemma / Qwen3-Next 1 + w form) and
+vllm/model_executor/layers/fused_qk_norm_rope.py: each whole head of q and k is
+RMS-normalized first, with the engine's RMSNorm rounding (kernels/rms_norm.py: fp32
+statistics and weight product, rounded once to the activation dtype), then rotated as
+above; query then holds the normalized, rotated heads (the unrotated tail normalized too).
 
 Preconditions as kernels/rotary.py and kernels/reshape_and_cache.py: positions <
 cos_sin_cache.shape[0], slots < num_blocks * block_size.
@@ -21,23 +29,62 @@ import triton.language as tl
 
 from kernels._common import check, check_float, check_same_device, next_pow2, pdl_launch, pdl_wait
 from kernels.reshape_and_cache import reshape_and_cache_ref
+from kernels.rms_norm import rms_norm_ref
 from kernels.rotary import (
     _check_cos_sin_cache,
     _check_positions,
     _heads_view,
-    _rotate_heads,
     rotary_embedding_ref,
 )
 
 
 @triton.jit
+def _norm_rope_store(src, src_stride_h, dst, dst_stride_h, n_heads, head_size, half, cos, sin,
+                     w_ptr, eps, weight_offset, QK_NORM: tl.constexpr, STORE_TAIL: tl.constexpr,
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
+    # src, dst: this token's first head. Each head [head_size] = rotary halves [half] x 2,
+    # then an unrotated tail (partial rotary). With QK_NORM the whole head is RMS-normalized
+    # (fp32, rounded to src's dtype as RMSNorm's output) before the rotation. A thread keeps
+    # the elements it loads, so dst may be src (q is rotated in place).
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    t = 2 * half + tl.arange(0, BLOCK_T)[None, :]
+    m = (h < n_heads) & (d < half)  # [BLOCK_H, BLOCK_D]
+    mt = (h < n_heads) & (t < head_size)  # [BLOCK_H, BLOCK_T]
+    row = src + h * src_stride_h
+    x1 = tl.load(row + d, mask=m, other=0.0)
+    x2 = tl.load(row + half + d, mask=m, other=0.0)
+    xt = tl.load(row + t, mask=mt, other=0.0)
+    if QK_NORM:
+        f1, f2, ft = x1.to(tl.float32), x2.to(tl.float32), xt.to(tl.float32)
+        var = (tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)
+               + tl.sum(ft * ft, axis=1)) / head_size
+        r = tl.math.rsqrt(var + eps)[:, None]  # [BLOCK_H, 1]
+        w1 = tl.load(w_ptr + d, mask=d < half, other=0.0).to(tl.float32) + weight_offset
+        w2 = tl.load(w_ptr + half + d, mask=d < half, other=0.0).to(tl.float32) + weight_offset
+        wt = tl.load(w_ptr + t, mask=t < head_size, other=0.0).to(tl.float32) + weight_offset
+        x1 = (f1 * r * w1).to(x1.dtype)
+        x2 = (f2 * r * w2).to(x1.dtype)
+        xt = (ft * r * wt).to(x1.dtype)
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    out = dst + h * dst_stride_h
+    # rounded to the activation dtype first, as the unfused rotary kernel stores
+    tl.store(out + d, (f1 * cos - f2 * sin).to(x1.dtype).to(dst.dtype.element_ty), mask=m)
+    tl.store(out + half + d, (f2 * cos + f1 * sin).to(x1.dtype).to(dst.dtype.element_ty),
+             mask=m)
+    if STORE_TAIL:
+        tl.store(out + t, xt.to(dst.dtype.element_ty), mask=mt)
+
+
+@triton.jit
 def _rotary_embedding_and_cache_kernel(
-    pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, cos_sin_ptr, cache_ptr,
+    pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, cos_sin_ptr, cache_ptr, qw_ptr, kw_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_kv: tl.int64, stride_block: tl.int64, stride_slot: tl.int64, stride_head,
-    n_q_heads, n_k_heads, head_size, half, stride_cos, block_size,
+    n_q_heads, n_k_heads, head_size, half, stride_cos, block_size, eps, weight_offset,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
-    HEAD_PAD: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_T: tl.constexpr, HEAD_PAD: tl.constexpr, QK_NORM: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # the kernel before wrote this one's inputs
         pdl_wait()
@@ -46,47 +93,55 @@ def _rotary_embedding_and_cache_kernel(
     dq = tl.arange(0, BLOCK_D)[None, :]
     cos = tl.load(cos_sin_ptr + pos * stride_cos + dq, mask=dq < half, other=0.0)
     sin = tl.load(cos_sin_ptr + pos * stride_cos + half + dq, mask=dq < half, other=0.0)
-    _rotate_heads(q_ptr + tok * stride_qt, stride_qh, n_q_heads, cos, sin, half, BLOCK_HQ,
-                  BLOCK_D)
+    q_row = q_ptr + tok * stride_qt
+    # in place; the tail changes only when normalized
+    _norm_rope_store(q_row, stride_qh, q_row, stride_qh, n_q_heads, head_size, half, cos, sin,
+                     qw_ptr, eps, weight_offset, QK_NORM, QK_NORM, BLOCK_HQ, BLOCK_D, BLOCK_T)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
     if slot < 0:
         return
-    # k, v heads [BLOCK_HK, HEAD_PAD]: feature d pairs with d + half (first half) or
-    # d - half (second half of the rotary part); features past 2 * half stay as they are
+    dst = cache_ptr + (slot // block_size) * stride_block + (slot % block_size) * stride_slot
+    _norm_rope_store(k_ptr + tok * stride_kt, stride_kh, dst, stride_head, n_k_heads,
+                     head_size, half, cos, sin, kw_ptr, eps, weight_offset, QK_NORM, True,
+                     BLOCK_HK, BLOCK_D, BLOCK_T)
     h = tl.arange(0, BLOCK_HK)[:, None]
     d = tl.arange(0, HEAD_PAD)[None, :]
-    mask = (h < n_k_heads) & (d < head_size)
-    rot = d < 2 * half
-    first = d < half
-    j = tl.where(first, d, d - half)
-    k_row = k_ptr + tok * stride_kt + h * stride_kh
-    x = tl.load(k_row + d, mask=mask, other=0.0)
-    xp = tl.load(k_row + tl.where(first, d + half, d - half), mask=mask & rot, other=0.0)
-    c = tl.load(cos_sin_ptr + pos * stride_cos + j, mask=rot, other=1.0)
-    s = tl.load(cos_sin_ptr + pos * stride_cos + half + j, mask=rot, other=0.0)
-    xf, xpf = x.to(tl.float32), xp.to(tl.float32)
-    k_rot = tl.where(first, xf * c - xpf * s, xf * c + xpf * s)
+    mask = (h < n_k_heads) & (d < head_size)  # v heads [BLOCK_HK, HEAD_PAD]
     v = tl.load(v_ptr + tok * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
-    dst = cache_ptr + (slot // block_size) * stride_block + (slot % block_size) * stride_slot \
-        + h * stride_head + d
-    # rounded to the activation dtype first, as the unfused rotary kernel stores k
-    tl.store(dst, k_rot.to(x.dtype).to(cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + stride_kv, v.to(cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + stride_kv + h * stride_head + d, v.to(cache_ptr.dtype.element_ty), mask=mask)
+
+
+def _check_qk_norm(q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                   head_size: int, weight_offset: float) -> None:
+    check((q_weight is None) == (k_weight is None), "q_weight and k_weight go together")
+    if q_weight is None:
+        return
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        check(w.shape == (head_size,) and w.is_contiguous(),
+              lambda name=name, w=w: f"{name} must be [{head_size}], got {tuple(w.shape)}")
+        check_float(name, w)
+    check(weight_offset in (0.0, 1.0), lambda: f"weight_offset must be 0 or 1, got "
+          f"{weight_offset}")
 
 
 def rotary_embedding_and_cache(
     positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     cos_sin_cache: torch.Tensor, head_size: int, kv_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    slot_mapping: torch.Tensor, q_weight: torch.Tensor | None = None,
+    k_weight: torch.Tensor | None = None, eps: float = 1e-6, weight_offset: float = 0.0,
 ) -> None:
     """Rotate query [T, nq * hs] in place; write rotated key and value [T, nkv * hs] (or
     [T, heads, hs] views) into kv_cache [2, num_blocks, block_size, nkv, hs] at slot_mapping
-    [T]. cos_sin_cache: [max_position, rotary_dim] float32, cos then sin halves."""
+    [T]. cos_sin_cache: [max_position, rotary_dim] float32, cos then sin halves.
+    With q_weight and k_weight [hs] (Qwen3's q_norm / k_norm), each head of q and k is first
+    RMS-normalized by x * (w + weight_offset) (1: GemmaRMSNorm) with eps, and query holds
+    the normalized, rotated heads."""
     n = _check_positions(positions)
     nq, sqt, sqh = _heads_view("query", query, n, head_size)
     nk, skt, skh = _heads_view("key", key, n, head_size)
     nv, svt, svh = _heads_view("value", value, n, head_size)
     rot = _check_cos_sin_cache(cos_sin_cache, head_size)
+    _check_qk_norm(q_weight, k_weight, head_size, weight_offset)
     check(kv_cache.dim() == 5 and kv_cache.shape[0] == 2 and kv_cache.shape[3] == nk == nv
           and kv_cache.shape[4] == head_size and kv_cache.stride(4) == 1,
           lambda: f"kv_cache must be [2, num_blocks, block_size, {nk}, {head_size}] with a "
@@ -95,28 +150,43 @@ def rotary_embedding_and_cache(
     check(slot_mapping.dim() == 1 and slot_mapping.shape[0] == n
           and slot_mapping.dtype in (torch.int32, torch.int64),
           lambda: f"slot_mapping must be a [{n}] int32/int64 tensor")
+    norm = q_weight is not None
     check_same_device(positions=positions, query=query, key=key, value=value,
-                      cos_sin_cache=cos_sin_cache, kv_cache=kv_cache, slot_mapping=slot_mapping)
+                      cos_sin_cache=cos_sin_cache, kv_cache=kv_cache, slot_mapping=slot_mapping,
+                      **({"q_weight": q_weight, "k_weight": k_weight} if norm else {}))
     if n == 0:
         return
+    # the normalized q heads stay in registers: more warps, so that 32 heads of 128 (Qwen3
+    # MoE) take ~120 registers a thread and 64 do not spill (ptxas, sm_90, Triton 3.6)
+    block_hq, head_pad = next_pow2(nq), next_pow2(head_size)
+    num_warps = min(16, max(4, block_hq * head_pad // 512)) if norm else 4
     _rotary_embedding_and_cache_kernel[(n,)](
         positions, slot_mapping, query, key, value, cos_sin_cache, kv_cache,
+        q_weight if norm else query, k_weight if norm else key,
         sqt, sqh, skt, skh, svt, svh, kv_cache.stride(0), kv_cache.stride(1),
         kv_cache.stride(2), kv_cache.stride(3), nq, nk, head_size, rot // 2,
-        cos_sin_cache.stride(0), kv_cache.shape[2], BLOCK_HQ=next_pow2(nq),
-        BLOCK_HK=next_pow2(nk), BLOCK_D=next_pow2(rot // 2),
-        HEAD_PAD=next_pow2(head_size), num_warps=4, **pdl_launch(query),
+        cos_sin_cache.stride(0), kv_cache.shape[2], float(eps), float(weight_offset),
+        BLOCK_HQ=block_hq, BLOCK_HK=next_pow2(nk), BLOCK_D=next_pow2(rot // 2),
+        BLOCK_T=next_pow2(head_size - rot), HEAD_PAD=head_pad, QK_NORM=norm,
+        num_warps=num_warps, **pdl_launch(query),
     )
 
 
 def rotary_embedding_and_cache_ref(
     positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     cos_sin_cache: torch.Tensor, head_size: int, kv_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    slot_mapping: torch.Tensor, q_weight: torch.Tensor | None = None,
+    k_weight: torch.Tensor | None = None, eps: float = 1e-6, weight_offset: float = 0.0,
 ) -> torch.Tensor:
-    """The engine's unfused path (RotaryEmbedding.forward_native, then reshape_and_cache
-    with padding slots skipped); writes the cache, returns the rotated query."""
+    """The engine's unfused path (with weights: RMSNorm.forward_native over each q and k
+    head; then RotaryEmbedding.forward_native, then reshape_and_cache with padding slots
+    skipped); writes the cache, returns the rotated query."""
     n = positions.shape[0]
+    if q_weight is not None:
+        query = rms_norm_ref(query.reshape(n, -1, head_size), q_weight, eps,
+                             weight_offset=weight_offset)
+        key = rms_norm_ref(key.reshape(n, -1, head_size), k_weight, eps,
+                           weight_offset=weight_offset)
     q, k = rotary_embedding_ref(positions, query, key, cos_sin_cache, head_size)
     reshape_and_cache_ref(k.view(n, -1, head_size), value.reshape(n, -1, head_size),
                           kv_cache, slot_mapping)

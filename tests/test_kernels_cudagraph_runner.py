@@ -64,14 +64,14 @@ def kernel_attention(monkeypatch):
     """Attention through the Triton kernels (interpreted) on CPU, as on CUDA."""
     native = Attention.forward
 
-    def forward(self, q, k, v, md, positions=None, rotary_emb=None):
+    def forward(self, q, k, v, md, positions=None, rotary_emb=None, qk_norm=None):
         if md is None:
-            return native(self, q, k, v, md, positions, rotary_emb)
+            return native(self, q, k, v, md, positions, rotary_emb, qk_norm)
         n = q.shape[0]
         return self._forward_cuda(q.view(n, self.num_heads, self.head_size),
                                   k.view(n, self.num_kv_heads, self.head_size),
                                   v.view(n, self.num_kv_heads, self.head_size), md, positions,
-                                  rotary_emb)
+                                  rotary_emb, qk_norm)
 
     monkeypatch.setattr(Attention, "forward", forward)
 

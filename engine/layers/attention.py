@@ -66,13 +66,22 @@ class Attention(nn.Module):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata,
         positions: torch.Tensor | None = None, rotary_emb: nn.Module | None = None,
+        qk_norm: tuple[nn.Module, nn.Module] | None = None,
     ) -> torch.Tensor:
         """With rotary_emb (engine/layers/rotary_embedding.py), q and k are rotated by
         positions first; on CUDA that rotation is fused with the KV-cache write
-        (kernels/rotary_cache.py), one launch instead of two."""
+        (kernels/rotary_cache.py), one launch instead of two. qk_norm, the (q_norm, k_norm)
+        RMSNorm pair of Qwen3 / Gemma 3 / Qwen3-Next (engine/layers/layernorm.py), normalizes
+        each q and k head before the rotation; on CUDA with rotary_emb that kernel does it
+        too (vLLM's fused_qknorm_rope_cache), four launches in one."""
         # q: [num_tokens, nq * hd]; k, v: [num_tokens, nkv * hd] -> [num_tokens, nq * hd]
         n = q.shape[0]
-        if rotary_emb is not None and (md is None or not q.is_cuda):
+        fused = rotary_emb is not None and md is not None and q.is_cuda
+        if qk_norm is not None and not fused:
+            q = qk_norm[0](q.unflatten(-1, (self.num_heads, self.head_size))).flatten(-2)
+            k = qk_norm[1](k.unflatten(-1, (self.num_kv_heads, self.head_size))).flatten(-2)
+            qk_norm = None
+        if rotary_emb is not None and not fused:
             q, k = rotary_emb(positions, q, k)
             rotary_emb = None
         if md is None:  # profile run: activations only
@@ -81,7 +90,7 @@ class Attention(nn.Module):
         v = v.view(n, self.num_kv_heads, self.head_size)
         if q.is_cuda:
             return self._forward_cuda(q.view(n, self.num_heads, self.head_size), k, v, md,
-                                      positions, rotary_emb)
+                                      positions, rotary_emb, qk_norm)
         reshape_and_cache(k, v, self.kv_cache, md.slot_mapping)
         out = paged_attention_ref(q.view(n, self.num_heads, self.head_size), self.kv_cache, md,
                                   self.scale, self.sliding_window)
@@ -89,16 +98,22 @@ class Attention(nn.Module):
 
     def _forward_cuda(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       md: AttentionMetadata, positions: torch.Tensor | None,
-                      rotary_emb: nn.Module | None) -> torch.Tensor:
+                      rotary_emb: nn.Module | None,
+                      qk_norm: tuple[nn.Module, nn.Module] | None) -> torch.Tensor:
         # q: [n, nq, hd]; k, v: [n, nkv, hd] -> [n, nq * hd]
         from kernels.paged_attention import paged_attention_decode, paged_attention_prefill
         from kernels.reshape_and_cache import reshape_and_cache as cache_kernel
         from kernels.rotary_cache import rotary_embedding_and_cache
 
         if rotary_emb is not None:
+            # the q/k norms: weights [hd] each; one eps and form (models build both alike)
+            norm = () if qk_norm is None else (qk_norm[0].weight, qk_norm[1].weight,
+                                               qk_norm[0].variance_epsilon,
+                                               qk_norm[0].weight_offset)
             rotary_embedding_and_cache(positions, q, k, v,
                                        rotary_emb.cos_sin_cache_on(q.device),
-                                       rotary_emb.head_size, self.kv_cache, md.slot_mapping)
+                                       rotary_emb.head_size, self.kv_cache, md.slot_mapping,
+                                       *norm)
         else:
             cache_kernel(k, v, self.kv_cache, md.slot_mapping)
         if md.max_query_len == 1 and md.seq_lens_t.shape[0] == q.shape[0]:  # a row per token

@@ -62,16 +62,16 @@ class LlamaAttention(nn.Module):
     def _scaling(self, cfg: ModelArchConfig) -> float:
         return self.head_dim**-0.5
 
-    def _qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return q, k  # Qwen3 / Gemma 3 normalize each head here
+    def _qk_norm(self) -> tuple[nn.Module, nn.Module] | None:
+        return None  # Qwen3 / Gemma 3: the per-head (q_norm, k_norm) the attention applies
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 md: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)  # [num_tokens, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self._qk_norm(q, k)
-        # the attention layer applies RoPE (on CUDA fused with its KV-cache write)
-        return self.o_proj(self.attn(q, k, v, md, positions, self.rotary_emb))
+        # the attention layer applies the q/k norms and RoPE (on CUDA fused with its KV-cache
+        # write)
+        return self.o_proj(self.attn(q, k, v, md, positions, self.rotary_emb, self._qk_norm()))
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -6,7 +6,6 @@ over each head of q and k before rope (q_norm / k_norm).
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from engine.layers.layernorm import RMSNorm
@@ -23,11 +22,10 @@ class Qwen3Attention(LlamaAttention):
         self.q_norm = self.norm_cls(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = self.norm_cls(self.head_dim, cfg.rms_norm_eps)
 
-    def _qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # q: [num_tokens, nq * hd], k: [num_tokens, nkv * hd]; normalized per head
-        q = self.q_norm(q.unflatten(-1, (self.num_heads, self.head_dim))).flatten(-2)
-        k = self.k_norm(k.unflatten(-1, (self.num_kv_heads, self.head_dim))).flatten(-2)
-        return q, k
+    def _qk_norm(self) -> tuple[nn.Module, nn.Module]:
+        # each head of q and k, normalized by the attention layer: on CUDA inside the fused
+        # RoPE + KV-cache write kernel (kernels/rotary_cache.py), else two RMSNorm calls
+        return self.q_norm, self.k_norm
 
 
 class Qwen3DecoderLayer(LlamaDecoderLayer):

@@ -61,10 +61,10 @@ class Qwen3NextAttention(nn.Module):
             gate = gate.reshape(n, -1)
         else:
             q = q_gate.view(n, self.num_heads, self.head_dim)
-        q = self.q_norm(q.contiguous()).reshape(n, -1)
-        k = self.k_norm(k.reshape(n, self.num_kv_heads, self.head_dim)).reshape(n, -1)
-        q, k = self.rotary_emb(positions, q, k)
-        out = self.attn(q, k, v.contiguous(), md)  # [n, nq * hd]
+        # the attention layer applies the q/k norms and the partial RoPE (on CUDA in its
+        # KV-cache write kernel); q: [n, nq * hd], a copy when gated
+        out = self.attn(q.reshape(n, -1), k, v.contiguous(), md, positions, self.rotary_emb,
+                        (self.q_norm, self.k_norm))  # [n, nq * hd]
         if gate is not None:
             out = out * torch.sigmoid(gate)
         return self.o_proj(out)

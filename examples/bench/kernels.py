@@ -158,6 +158,21 @@ def bench_small() -> None:
             2 * t * NQ * HD * 2 + 4 * t * NKV * HD * 2, err=err,
             note="vs rotary_embedding + reshape_and_cache above")
 
+        # with Qwen3's per-head q/k RMSNorm folded in (issue 17, QK_NORM)
+        qw = torch.rand(HD, dtype=BF16, device=DEV) + 0.5
+        kw = torch.rand_like(qw) + 0.5
+        ref_kv = kv.clone()
+        ref_q = rotary_embedding_and_cache_ref(pos, q.clone(), kk, vv, table, HD, ref_kv, slots,
+                                               qw, kw)
+        q0 = q.clone()
+        rotary_embedding_and_cache(pos, q0, kk, vv, table, HD, kv, slots, qw, kw)
+        err = max(rel_err(q0, ref_q), rel_err(kv, ref_kv))
+        tt = gpu_time(lambda: rotary_embedding_and_cache(pos, q, kk, vv, table, HD, kv, slots,
+                                                         qw, kw))
+        row("rotary_embedding_and_cache_qk_norm", f"T={t} q={NQ}x{HD} kv={NKV}x{HD}", tt,
+            2 * t * NQ * HD * 2 + 4 * t * NKV * HD * 2, err=err,
+            note="vs 2 rms_norm launches + rotary_embedding_and_cache above")
+
 
 def bench_dense(sweep: bool) -> None:
     """cuBLAS bf16 GEMV/GEMM (F.linear) at decode batch sizes on Llama-3.1-8B's weights, and
