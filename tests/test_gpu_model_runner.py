@@ -273,7 +273,7 @@ MIXED_PARAMS = [SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, 
 
 
 def run_mixed(path: str, mode: str | None, preempt: bool, async_scheduling: bool,
-              block_bytes: int) -> tuple[list, list, set, int]:
+              block_bytes: int, dtype: str = "auto") -> tuple[list, list, set, int]:
     # preemption: 9 usable blocks of 16 for 4 requests growing to 19 blocks
     """(tokens, sampled logprobs, descriptors replayed, preemptions) of 4 requests whose
     prompts share a prefix, chunked at 16 tokens a step: mixed prefill/decode steps."""
@@ -281,7 +281,7 @@ def run_mixed(path: str, mode: str | None, preempt: bool, async_scheduling: bool
         path, device="cuda", skip_tokenizer_init=True, max_num_seqs=4,
         max_num_batched_tokens=16, max_model_len=128, cudagraph_mode=mode,
         cudagraph_capture_sizes=[1, 2, 4, 8, 16], enforce_eager=mode is None,
-        async_scheduling=async_scheduling,
+        async_scheduling=async_scheduling, dtype=dtype,
         kv_cache_memory_bytes=(10 if preempt else 64) * block_bytes))
     replayed, preempted = set(), []
     graphs = engine.model_runner.cudagraphs
@@ -309,29 +309,28 @@ def test_mixed_steps_under_graphs_equal_eager(hf_dir, preempt, async_scheduling)
     prefill with prefix caching, penalties, logprobs and prompt logprobs, and preemption:
     greedy tokens and logprobs agree with eager ones as vLLM's check_logprobs_close has it.
     FULL_AND_PIECEWISE given runs as FULL_DECODE_ONLY: decode graphs only."""
-    _, path, model = hf_dir
+    name, path, model = hf_dir
     cfg = model.config
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    block_bytes = 2 * cfg.num_hidden_layers * 16 * cfg.num_key_value_heads * hd * 2
-    eager = run_mixed(path, None, preempt, async_scheduling, block_bytes)
-    full = run_mixed(path, "FULL", preempt, async_scheduling, block_bytes)
-    decode_only = run_mixed(path, "FULL_AND_PIECEWISE", preempt, async_scheduling, block_bytes)
+    # qwen3_moe in fp32: in bf16 padded graph steps round differently from eager ones and,
+    # after the preemption recompute, the random tiny MoE's 30th distribution moves by ~1
+    # nat (top-k expert routing is discontinuous; H200, 2026-12-01: FULL and
+    # FULL_DECODE_ONLY both sample 18, eager 148); in fp32 all three modes give the same
+    # tokens (probe over this run_mixed, same call)
+    dtype, elt = ("float32", 4) if name == "qwen3_moe" else ("auto", 2)
+    block_bytes = 2 * cfg.num_hidden_layers * 16 * cfg.num_key_value_heads * hd * elt
+    eager = run_mixed(path, None, preempt, async_scheduling, block_bytes, dtype)
+    full = run_mixed(path, "FULL", preempt, async_scheduling, block_bytes, dtype)
+    decode_only = run_mixed(path, "FULL_AND_PIECEWISE", preempt, async_scheduling, block_bytes,
+                            dtype)
     assert not eager[2]
     assert any(not d.uniform and d.num_tokens > 4 for d in full[2])  # mixed steps graphed
     assert decode_only[2] and all(d.uniform for d in decode_only[2])
     assert (eager[3] > 0) == preempt and (full[3] > 0) == preempt
-    for ids_got, ids_want, lp_got, lp_want in zip(full[0], eager[0], full[1], eager[1]):
-        check_mixed_close(ids_got, ids_want, lp_got, lp_want)
-    try:
-        for ids_got, ids_want, lp_got, lp_want in zip(decode_only[0], eager[0], decode_only[1],
+    for graphed in (full, decode_only):
+        for ids_got, ids_want, lp_got, lp_want in zip(graphed[0], eager[0], graphed[1],
                                                       eager[1]):
             check_mixed_close(ids_got, ids_want, lp_got, lp_want)
-    except AssertionError:
-        if not (preempt and hf_dir[0] == "qwen3_moe"):
-            raise
-        pytest.xfail("issue 13: FULL_DECODE_ONLY (an explicit mode now) parts from eager after "
-                     "a preemption recompute (qwen3_moe, last of 30 tokens, H200 2026-12-01, "
-                     "both MoE backends); FULL, the default, equals eager there")
 
 
 def check_mixed_close(ids_got: list[int], ids_want: list[int], lp_got, lp_want) -> None:
