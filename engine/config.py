@@ -38,10 +38,9 @@ class EngineConfig:
     enforce_eager: bool = False  # True: no CUDA graphs
     n_threads: int = 0  # torch's intra-op CPU threads (torch.set_num_threads); 0: torch's own
     # vLLM -cc.cudagraph_mode: NONE | PIECEWISE | FULL | FULL_DECODE_ONLY |
-    # FULL_AND_PIECEWISE (a piecewise mode given runs without its piecewise part, as vLLM
-    # without compilation). None, the default: FULL, every step up to the largest capture
-    # size in one graph (the unified attention kernel allows it, AttentionCGSupport.ALWAYS):
-    # what vLLM's default FULL_AND_PIECEWISE graphs with torch.compile, which we lack
+    # FULL_AND_PIECEWISE; None: vLLM's default FULL_AND_PIECEWISE, uniform-decode graphs
+    # plus mixed-step graphs up to the largest capture size (a piecewise part is captured
+    # as a full graph here: engine/worker/cudagraph_dispatcher.py)
     cudagraph_mode: str | None = None
     # overlap scheduling step N+1 with running step N (vLLM --async-scheduling);
     # None: on with CUDA, off on CPU (whose forward pass blocks: nothing to overlap)
@@ -142,11 +141,8 @@ class EngineConfig:
         """Token counts to capture, ascending, with the resolved cudagraph mode (empty for
         NONE / enforce_eager); vLLM's derivation from max_num_seqs and
         max_num_batched_tokens (set by the engine before capture)."""
-        if self.cudagraph_mode is None and not self.enforce_eager:
-            mode = CUDAGraphMode.FULL  # the default, see the field's comment
-        else:
-            mode = resolve_cudagraph_mode(CUDAGraphMode.parse(self.cudagraph_mode),
-                                          self.enforce_eager)
+        mode = resolve_cudagraph_mode(CUDAGraphMode.parse(self.cudagraph_mode),
+                                      self.enforce_eager)
         return CaptureSizes(cudagraph_capture_sizes(
             self.max_num_seqs, self.max_num_batched_tokens or 8192,
             self.cudagraph_capture_sizes, self.max_cudagraph_capture_size), mode)

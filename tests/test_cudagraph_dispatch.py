@@ -26,18 +26,18 @@ from engine.worker.model_runner import _graph_rows
 M = CUDAGraphMode
 
 
-@pytest.mark.parametrize("mode", ["FULL", "FULL_DECODE_ONLY"])
+@pytest.mark.parametrize("mode", ["FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
 def test_dispatcher_keys_and_dispatch(mode):
     d = CudagraphDispatcher(M[mode], [1, 8], max_num_seqs=8)
-    full = mode == "FULL"
-    assert len(d.keys) == 2
+    mixed, uniform = mode != "FULL_DECODE_ONLY", mode != "FULL"
+    assert len(d.keys) == 2 * (mixed + uniform)
     # 1. a mixed batch of a captured size: a FULL graph only when mixed batches have one
     assert d.dispatch(8, uniform_decode=False) == (
-        BatchDescriptor(8, 8, False) if full else None)
-    # 2. a uniform decode batch: FULL uses the mixed keys, FULL_DECODE_ONLY its own
-    assert d.dispatch(8, uniform_decode=True) == BatchDescriptor(8, 8, not full)
+        BatchDescriptor(8, 8, False) if mixed else None)
+    # 2. a uniform decode batch: its own graph with a separate decode routine, else FULL's
+    assert d.dispatch(8, uniform_decode=True) == BatchDescriptor(8, 8, uniform)
     # padded up to the next capture size
-    assert d.dispatch(5, uniform_decode=True) == BatchDescriptor(8, 8, not full)
+    assert d.dispatch(5, uniform_decode=True) == BatchDescriptor(8, 8, uniform)
     # 3. no key: larger than the largest size
     assert d.dispatch(15, uniform_decode=False) is None
     assert d.capture_descs()[0].num_tokens == 8  # largest first
@@ -46,8 +46,18 @@ def test_dispatcher_keys_and_dispatch(mode):
 def test_dispatcher_none_and_piecewise():
     assert CudagraphDispatcher(M.NONE, [1, 8], 8).dispatch(1, True) is None
     assert CudagraphDispatcher(M.FULL, [], 8).dispatch(1, True) is None
-    with pytest.raises(InvalidArgumentError, match="piecewise"):
-        CudagraphDispatcher(M.FULL_AND_PIECEWISE, [1, 8], 8)
+    with pytest.raises(InvalidArgumentError, match="PIECEWISE"):
+        CudagraphDispatcher(M.PIECEWISE, [1, 8], 8)
+
+
+def test_uniform_decode_past_max_num_seqs_takes_the_mixed_graph():
+    """With both routines, a decode batch padded past the decode keys (capture sizes
+    above max_num_seqs) replays the mixed graph of its size, as vLLM's dispatch falls
+    back from a uniform to a general descriptor."""
+    d = CudagraphDispatcher(M.FULL_AND_PIECEWISE, [1, 8, 16], max_num_seqs=12)
+    assert d.dispatch(4, uniform_decode=True) == BatchDescriptor(8, 8, True)
+    assert d.dispatch(10, uniform_decode=True) == BatchDescriptor(16, 12, False)
+    assert {k.num_tokens for k in d.keys if k.uniform} == {1, 8}
 
 
 def test_dispatch_num_reqs_capped_at_max_num_seqs():
@@ -78,9 +88,10 @@ def test_modes_parse_and_resolve():
     assert M.FULL_AND_PIECEWISE.decode_mode() == M.FULL
     assert M.FULL_AND_PIECEWISE.mixed_mode() == M.PIECEWISE
     assert M.FULL_DECODE_ONLY.mixed_mode() == M.NONE and M.FULL.mixed_mode() == M.FULL
-    # no compilation here: vLLM's _normalize_piecewise_cudagraph_mode (without_piecewise)
-    assert resolve_cudagraph_mode(M.FULL_AND_PIECEWISE, False) == M.FULL_DECODE_ONLY
-    assert resolve_cudagraph_mode(M.PIECEWISE, False) == M.NONE
+    # no compilation here, but piecewise parts are captured as full graphs (not dropped
+    # as vLLM's _normalize_piecewise_cudagraph_mode drops them)
+    assert resolve_cudagraph_mode(M.FULL_AND_PIECEWISE, False) == M.FULL_AND_PIECEWISE
+    assert resolve_cudagraph_mode(M.PIECEWISE, False) == M.FULL
     assert resolve_cudagraph_mode(M.FULL, False) == M.FULL
     assert resolve_cudagraph_mode(M.FULL_DECODE_ONLY, False) == M.FULL_DECODE_ONLY
     assert resolve_cudagraph_mode(M.FULL, True) == M.NONE  # enforce_eager
@@ -107,9 +118,9 @@ def test_capture_sizes_as_vllm_derives_them():
 def test_engine_config_capture_sizes_and_mode():
     sizes = EngineConfig("m", max_num_seqs=64, max_num_batched_tokens=8192
                          ).cudagraph_batch_sizes()
-    assert isinstance(sizes, CaptureSizes) and sizes.mode == M.FULL  # our default (config.py)
-    assert EngineConfig("m", cudagraph_mode="FULL_AND_PIECEWISE").cudagraph_batch_sizes(
-        ).mode == M.FULL_DECODE_ONLY  # vLLM's default given: normalized as vLLM does
+    assert isinstance(sizes, CaptureSizes) and sizes.mode == M.FULL_AND_PIECEWISE  # vLLM's
+    assert EngineConfig("m", cudagraph_mode="PIECEWISE").cudagraph_batch_sizes(
+        ).mode == M.FULL
     assert sizes[-1] == 128
     assert EngineConfig("m", cudagraph_mode="full").cudagraph_batch_sizes().mode == M.FULL
     assert EngineConfig("m", enforce_eager=True).cudagraph_batch_sizes() == []

@@ -113,7 +113,8 @@ def check_logprobs_close(a: tuple[list, list], b: tuple[list, list]) -> None:
 
 @pytest.mark.parametrize("mode", [None, "FULL"], ids=["default", "full"])
 def test_cuda_graphs_fp32_close_to_cpu_fp32(hf_dir, mode):
-    """Default (FULL_DECODE_ONLY: decode graphs) and FULL (every step up to 16 tokens)."""
+    """Default (FULL_AND_PIECEWISE: decode graphs + mixed graphs) and FULL (every step up
+    to 16 tokens in one kind of graph)."""
     _, path, _ = hf_dir
     cpu_tokens, cpu_lps, _ = greedy(path, "cpu", "float32", logprobs=5)
     cuda_tokens, cuda_lps, engine = greedy(path, "cuda", "float32", logprobs=5,
@@ -308,7 +309,7 @@ def test_mixed_steps_under_graphs_equal_eager(hf_dir, preempt, async_scheduling)
     """FULL graphs over num_tokens buckets run the mixed prefill/decode steps of chunked
     prefill with prefix caching, penalties, logprobs and prompt logprobs, and preemption:
     greedy tokens and logprobs agree with eager ones as vLLM's check_logprobs_close has it.
-    FULL_AND_PIECEWISE given runs as FULL_DECODE_ONLY: decode graphs only."""
+    FULL_DECODE_ONLY: decode graphs only; FULL_AND_PIECEWISE (the default): both."""
     name, path, model = hf_dir
     cfg = model.config
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -321,13 +322,15 @@ def test_mixed_steps_under_graphs_equal_eager(hf_dir, preempt, async_scheduling)
     block_bytes = 2 * cfg.num_hidden_layers * 16 * cfg.num_key_value_heads * hd * elt
     eager = run_mixed(path, None, preempt, async_scheduling, block_bytes, dtype)
     full = run_mixed(path, "FULL", preempt, async_scheduling, block_bytes, dtype)
-    decode_only = run_mixed(path, "FULL_AND_PIECEWISE", preempt, async_scheduling, block_bytes,
+    decode_only = run_mixed(path, "FULL_DECODE_ONLY", preempt, async_scheduling, block_bytes,
                             dtype)
+    both = run_mixed(path, "FULL_AND_PIECEWISE", preempt, async_scheduling, block_bytes, dtype)
     assert not eager[2]
     assert any(not d.uniform and d.num_tokens > 4 for d in full[2])  # mixed steps graphed
     assert decode_only[2] and all(d.uniform for d in decode_only[2])
+    assert {d.uniform for d in both[2]} == {True, False}
     assert (eager[3] > 0) == preempt and (full[3] > 0) == preempt
-    for graphed in (full, decode_only):
+    for graphed in (full, decode_only, both):
         for ids_got, ids_want, lp_got, lp_want in zip(graphed[0], eager[0], graphed[1],
                                                       eager[1]):
             check_mixed_close(ids_got, ids_want, lp_got, lp_want)

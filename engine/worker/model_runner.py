@@ -375,7 +375,7 @@ class ModelRunner:
         mode = getattr(sizes, "mode", CUDAGraphMode.FULL)
         if self.device.type != "cuda" or not sizes or mode == CUDAGraphMode.NONE:
             return 0.0
-        if self.mamba is not None and mode == CUDAGraphMode.FULL:
+        if self.mamba is not None and mode.mixed_mode() != CUDAGraphMode.NONE:
             mode = CUDAGraphMode.FULL_DECODE_ONLY  # GDN state metadata: decode graphs only
         graphs = self.init_cudagraphs(CudaGraphs, mode, sizes)
         self.memory_profile["cudagraph_pool"] = graphs.pool_bytes
