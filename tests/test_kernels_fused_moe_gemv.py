@@ -137,8 +137,10 @@ def test_gemv_kernels_real_sizes(shape, m, dtype) -> None:
     assert_close(act, fused_moe_gemv_w13_ref(x, w13, ids))
     out = fused_moe_gemv_w2(act, w2, weights, ids)
     assert_close(out, fused_moe_gemv_w2_ref(act, w2, weights, ids))
+    # the four-launch path (tl.dot sums, each pair rounded before the top-k sum), at the
+    # fused MoE tests' bf16 tolerance (tests/test_kernels_fused_moe.py)
     old = fused_experts_triton(x, w13, w2, weights, ids, SiluAndMul(), gemv=False)
-    assert_close(out, old)  # the four-launch path, per-pair rounding and all
+    assert ((out.float() - old.float()).abs().max() / old.float().abs().max()) < 2e-2
 
 
 @gpu
