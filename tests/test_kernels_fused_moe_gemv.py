@@ -41,7 +41,8 @@ def inputs(m, e, h, i, topk, dtype, ids_dtype=torch.int32, seed=0):
 
 CASES = [  # m, e, h, i, topk
     (1, 8, 32, 16, 1), (1, 8, 40, 24, 2), (2, 64, 48, 20, 8), (4, 128, 33, 17, 8),
-    (1, 512, 64, 32, 10), (3, 16, 16, 8, 1)]
+    (1, 512, 64, 32, 10), (3, 16, 16, 8, 1),
+    (2, 32, 64, 13, 4), (1, 16, 18, 16, 2)]  # whole steps with partial row blocks
 SMALL = (4, 16, 1, 1)  # BN, BK, warps, stages: several blocks and steps
 
 
