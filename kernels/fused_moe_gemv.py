@@ -147,12 +147,15 @@ def fused_moe_gemv_config(hidden: int, intermediate: int, top_k: int) -> tuple[C
     configs for weights of the same row length. w13: BN gate + BN up rows, 512-wide steps
     (Qwen3-30B-A3B: 192 blocks x 8 pairs). w2: a [KP, BN, BK] tile of ~16 rows over the
     KP = next_pow2(top_k) slots (top-8: 2 rows each, 1024 blocks at H = 2048; Mixtral
-    top-2: 8 rows each), BK dividing I where it can (256 for I = 768 and 512)."""
-    w13 = (4, min(512, next_pow2(hidden)), 4, 2)
+    top-2: 8 rows each), BK dividing I where it can (256 for I = 768 and 512). num_stages
+    changes nothing (no tl.dot, so no loop pipelining: the same PTX for 1..3 under Triton
+    3.6); the loads in flight come from the resident warps (~80 registers a thread for
+    either kernel at the Qwen3-30B-A3B defaults, 16-byte evict_first weight loads)."""
+    w13 = (4, min(512, next_pow2(hidden)), 4, 1)
     kp = next_pow2(top_k)
     bn = max(1, 16 // kp)
     bk = 512 if intermediate % 512 == 0 else 256
-    w2 = (bn, min(bk, next_pow2(intermediate)), 4, 2)
+    w2 = (bn, min(bk, next_pow2(intermediate)), 4, 1)
     return w13, w2
 
 

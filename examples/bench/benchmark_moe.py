@@ -19,7 +19,7 @@ expert weights the call must read, as a share of the H200's 4.28 TB/s. At the sp
 batch sizes (M * top_k * 4 <= E) the Triton path is the GEMV pair (kernels/fused_moe_gemv.py,
 "path": "gemv"), and the row also times the fused_moe_kernel path it replaces
 ("fused_moe_kernel_us"); --tune tunes that path's configs. --gemv-sweep adds, at those
-sizes, a coordinate descent over each GEMV kernel's (BN, BK, num_warps, num_stages) from
+sizes, a coordinate descent over each GEMV kernel's (BN, BK, num_warps) from
 fused_moe_gemv_config's ("gemv_sweep": default and best, us and share of 4.28 TB/s). Writes
 benchmark_moe.json (and with --tune the config file) to --save-dir (default $OUT or .).
 Default model: examples/bench/models/qwen3-30b-a3b (E=128, top-8, N=768, hidden 2048).
@@ -123,7 +123,8 @@ def tune_one(case: Case, start: dict, e: int, deadline: float) -> tuple[dict, fl
     return best, best_t
 
 
-GEMV_RANGES = [[1, 2, 4, 8, 16], [128, 256, 512, 1024], [2, 4, 8], [1, 2, 3]]
+GEMV_RANGES = [[1, 2, 4, 8, 16], [128, 256, 512, 1024], [2, 4, 8]]  # BN, BK, warps
+# (num_stages is not swept: without tl.dot nothing is pipelined, the code is the same)
 GEMV_MAX_TILE = 16384  # fp32 accumulator elements per program
 
 
