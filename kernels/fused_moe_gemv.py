@@ -159,11 +159,13 @@ def fused_moe_gemv_config(hidden: int, intermediate: int, top_k: int) -> tuple[C
     return w13, w2
 
 
-def _check_routing(topk_ids: torch.Tensor, m: int, name: str, like: torch.Tensor) -> None:
-    check(topk_ids.dim() == 2 and topk_ids.shape[0] == m and topk_ids.is_contiguous()
+def _check_routing(topk_ids: torch.Tensor, m: int | None, name: str, like: torch.Tensor
+                   ) -> None:
+    """topk_ids: a contiguous int32/int64 [m, top_k] (any m when None) beside `like`."""
+    check(topk_ids.dim() == 2 and m in (None, topk_ids.shape[0]) and topk_ids.is_contiguous()
           and topk_ids.dtype in (torch.int32, torch.int64),
-          lambda: f"topk_ids must be a contiguous int32/int64 [{m}, top_k], got "
-          f"{tuple(topk_ids.shape)} {topk_ids.dtype}")
+          lambda: f"topk_ids must be a contiguous int32/int64 [{'M' if m is None else m}, "
+          f"top_k], got {tuple(topk_ids.shape)} {topk_ids.dtype}")
     check_same_device(**{name: like, "topk_ids": topk_ids})
 
 
@@ -206,8 +208,8 @@ def fused_moe_gemv_w2(act: torch.Tensor, w2: torch.Tensor, topk_weights: torch.T
     check(act.dim() == 2 and act.is_contiguous(),
           lambda: f"act must be a contiguous [M * top_k, I], got {tuple(act.shape)}")
     check_float("act", act)
-    m, top_k = topk_ids.shape if topk_ids.dim() == 2 else (-1, -1)
-    _check_routing(topk_ids, m, "act", act)
+    _check_routing(topk_ids, None, "act", act)
+    m, top_k = topk_ids.shape
     check(act.shape[0] == m * top_k,
           lambda: f"act must have M * top_k = {m * top_k} rows, got {act.shape[0]}")
     i = act.shape[1]

@@ -88,6 +88,10 @@ def test_gemv_kernels_check_their_arguments() -> None:
         fused_moe_gemv_w2(act[:3], w2, weights, ids)
     with pytest.raises(InvalidArgumentError, match="w2 must be"):
         fused_moe_gemv_w2(act, w2.half(), weights, ids)
+    with pytest.raises(InvalidArgumentError, match=r"topk_ids must be .*\[M, top_k\]"):
+        fused_moe_gemv_w2(act, w2, weights, ids.reshape(-1))
+    with pytest.raises(InvalidArgumentError, match=r"topk_ids must be .*\[2, top_k\]"):
+        fused_moe_gemv_w13(x, w13, ids[:1])
 
 
 def test_config_defaults() -> None:
