@@ -142,20 +142,20 @@ Config = tuple[int, int, int, int]  # (BN, BK, num_warps, num_stages)
 
 
 def fused_moe_gemv_config(hidden: int, intermediate: int, top_k: int) -> tuple[Config, Config]:
-    """(w13 config, w2 config) for H = hidden, I = intermediate. Not yet swept on the
-    H200 (examples/bench/benchmark_moe.py --gemv-sweep): chosen as kernels/gemv.py's
-    configs for weights of the same row length. w13: BN gate + BN up rows, 512-wide steps
-    (Qwen3-30B-A3B: 192 blocks x 8 pairs). w2: a [KP, BN, BK] tile of ~16 rows over the
-    KP = next_pow2(top_k) slots (top-8: 2 rows each, 1024 blocks at H = 2048; Mixtral
-    top-2: 8 rows each), BK dividing I where it can (256 for I = 768 and 512). num_stages
-    changes nothing (no tl.dot, so no loop pipelining: the same PTX for 1..3 under Triton
-    3.6); the loads in flight come from the resident warps (~80 registers a thread for
-    either kernel at the Qwen3-30B-A3B defaults, 16-byte evict_first weight loads)."""
-    w13 = (4, min(512, next_pow2(hidden)), 4, 1)
+    """(w13 config, w2 config) for H = hidden, I = intermediate. Not yet swept on the H200
+    (examples/bench/benchmark_moe.py --gemv-sweep). Chosen offline from the sm_90 SASS of
+    Triton 3.6: the bytes of 16-byte weight loads a thread issues before its first FMA
+    times the threads its registers let an SM hold. The same measure puts kernels/gemv.py's
+    swept winner for Llama's gate_up first; here it varies 10..64 KB a SM with the shape
+    (ptxas serializes the loads of some tiles to save registers), so the defaults are the
+    64-fp32-accumulators-a-thread tiles it scores 48..64 KB: w13 8 gate + 8 up rows of
+    256-wide steps, 2 warps; w2 a [KP, BN, BK] tile of 4096 values, 2 warps (top-8: BN 2,
+    BK 256; top-2: BN 4, BK 512). num_stages changes nothing (no tl.dot: nothing is
+    pipelined, the PTX is the same for 1..3)."""
+    w13 = (8, min(256, next_pow2(hidden)), 2, 1)
     kp = next_pow2(top_k)
-    bn = max(1, 16 // kp)
-    bk = 512 if intermediate % 512 == 0 else 256
-    w2 = (bn, min(bk, next_pow2(intermediate)), 4, 1)
+    bk = 512 if kp in (2, 4) else 256 if kp <= 8 else 128
+    w2 = (max(1, 4096 // (kp * bk)), min(bk, next_pow2(intermediate)), 2, 1)
     return w13, w2
 
 

@@ -125,7 +125,7 @@ def tune_one(case: Case, start: dict, e: int, deadline: float) -> tuple[dict, fl
 
 GEMV_RANGES = [[1, 2, 4, 8, 16], [128, 256, 512, 1024], [2, 4, 8]]  # BN, BK, warps
 # (num_stages is not swept: without tl.dot nothing is pipelined, the code is the same)
-GEMV_MAX_TILE = 16384  # fp32 accumulator elements per program
+GEMV_MAX_ACC = 128  # fp32 accumulator values a thread may hold (more spills)
 
 
 def sweep_gemv(case: Case, deadline: float) -> dict:
@@ -159,7 +159,7 @@ def sweep_gemv(case: Case, deadline: float) -> dict:
             for idx, values in enumerate(GEMV_RANGES):
                 for v in values:
                     cand = best[:idx] + (v,) + best[idx + 1:]
-                    if cand == best or rows * cand[0] * cand[1] > GEMV_MAX_TILE \
+                    if cand == best or rows * cand[0] * cand[1] > GEMV_MAX_ACC * 32 * cand[2] \
                             or time.time() > deadline:
                         continue
                     try:
