@@ -118,10 +118,10 @@ def test_fused_experts_triton_takes_the_gemv_path_exactly_when_sparse(monkeypatc
     got = fused_experts_triton(x, w13, w2, weights, ids, SiluAndMul())
     assert calls == (["w13", "w2"] if m * topk * 4 <= e else [])
     assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
-    if m == 1 and e == 8 and topk == 2:  # never with another activation, nor gemv=False
+    if m == 1 and e == 8 and topk == 2:  # never with another activation, nor allow_gemv=False
         calls.clear()
         fused_experts_triton(x, w13, w2, weights, ids, GeluAndMul())
-        fused_experts_triton(x, w13, w2, weights, ids, SiluAndMul(), gemv=False)
+        fused_experts_triton(x, w13, w2, weights, ids, SiluAndMul(), allow_gemv=False)
         assert calls == []
 
 
@@ -145,7 +145,7 @@ def test_gemv_kernels_real_sizes(shape, m, dtype) -> None:
     assert_close(out, fused_moe_gemv_w2_ref(act, w2, weights, ids))
     # the four-launch path (tl.dot sums, each pair rounded before the top-k sum), at the
     # fused MoE tests' bf16 tolerance (tests/test_kernels_fused_moe.py)
-    old = fused_experts_triton(x, w13, w2, weights, ids, SiluAndMul(), gemv=False)
+    old = fused_experts_triton(x, w13, w2, weights, ids, SiluAndMul(), allow_gemv=False)
     assert ((out.float() - old.float()).abs().max() / old.float().abs().max()) < 2e-2
 
 

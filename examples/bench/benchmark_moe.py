@@ -84,12 +84,13 @@ class Case:
         self.bytes13, self.bytes2 = (distinct * w[0].numel() * 2 for w in (self.w13, self.w2))
         self.bytes = self.bytes13 + self.bytes2
         self.sparse = m * topk * 4 <= e
-        self.gemv: bool | None = None  # fused_experts_triton's choice; False: the GEMMs
+        self.allow_gemv = True  # False: the fused_moe_kernel path at every M
 
     def run(self, experts=fused_experts_triton) -> None:
         for w, ids in self.routes:
             if experts is fused_experts_triton:
-                experts(self.x, self.w13, self.w2, w, ids, SiluAndMul(), gemv=self.gemv)
+                experts(self.x, self.w13, self.w2, w, ids, SiluAndMul(),
+                        allow_gemv=self.allow_gemv)
             else:
                 experts(self.x, self.w13, self.w2, w, ids.long(), SiluAndMul())
 
@@ -199,7 +200,7 @@ def main() -> None:
                "path": "gemv" if case.sparse else "fused_moe_kernel"}
         deadline = start + args.budget_s
         if case.sparse:
-            case.gemv = False  # from here on: the fused_moe_kernel path (what --tune tunes)
+            case.allow_gemv = False  # from here on: the fused_moe_kernel path (what --tune tunes)
             row["fused_moe_kernel_us"] = case.time(cfg) * 1e6
             if args.gemv_sweep:
                 row["gemv_sweep"] = sweep_gemv(case, deadline)

@@ -13,7 +13,7 @@ only on the host ints M, E, N, K (get_config), and nothing is read back on the h
 graphs replay it at a padded M and async scheduling never waits on it. In that sparse
 regime, with SiLU, the layer instead runs two GEMV launches (kernels/fused_moe_gemv.py:
 w13 with SiLU-and-mul fused, w2 with the weighted top-k sum fused), which stream the
-selected experts' weights nearer HBM bandwidth; `gemv=False` forces the kernels above
+selected experts' weights nearer HBM bandwidth; `allow_gemv=False` keeps the kernels above
 (benchmarks). Every float dtype takes it: fp32 stays fp32 arithmetic throughout.
 """
 
@@ -45,11 +45,11 @@ def _prepare_expert_assignment(topk_ids: torch.Tensor, config: dict, num_experts
 
 def fused_experts_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                          topk_weights: torch.Tensor, topk_ids: torch.Tensor, act: nn.Module,
-                         config: dict | None = None, gemv: bool | None = None
+                         config: dict | None = None, allow_gemv: bool = True
                          ) -> torch.Tensor:
     """hidden_states [M, H]; w13 [E, 2I, H]; w2 [E, H, I]; topk_weights [M, k] fp32;
-    topk_ids [M, k] -> [M, H]. `config` overrides try_get_optimal_moe_config. `gemv`:
-    None picks the GEMV path in the sparse regime with SiLU, False never takes it."""
+    topk_ids [M, k] -> [M, H]. `config` overrides try_get_optimal_moe_config (the GEMM
+    path's). The sparse regime with SiLU takes the GEMV path unless allow_gemv is False."""
     from kernels.fused_moe import invoke_fused_moe_kernel  # lazy: triton
 
     m, h = hidden_states.shape
@@ -57,9 +57,7 @@ def fused_experts_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: tor
     top_k = topk_ids.shape[1]
     if m == 0:
         return torch.empty_like(hidden_states)
-    if gemv is None:
-        gemv = _is_sparse(m, top_k, num_experts) and isinstance(act, SiluAndMul)
-    if gemv:
+    if allow_gemv and _is_sparse(m, top_k, num_experts) and isinstance(act, SiluAndMul):
         return _fused_experts_gemv(hidden_states, w13, w2, topk_weights, topk_ids)
     if config is None:
         config = try_get_optimal_moe_config(tuple(w13.shape), tuple(w2.shape), top_k,
