@@ -11,9 +11,10 @@ the top-k sum). Here:
   gate half and rows I + j of its up half against the pair's hidden row and writes
   silu(gate) * up, so the [M * top_k, 2I] gate|up buffer and the SiLU-and-mul launch go.
 - fused_moe_gemv_w2: one program per (token, BN rows of H). It streams those rows of
-  every one of the token's top_k experts' w2 in one [top_k, BN, BK] tile against each
-  pair's activation row, weights each expert's dot products by topk_weights (fp32) and
-  sums them in fp32, writing [M, H] once: no [M, top_k, H] buffer, no moe_sum launch.
+  every one of the token's top_k experts' w2 in one [KP, BN, BK] tile (KP =
+  next_pow2(top_k), the extra slots masked) against each pair's activation row, weights
+  each expert's dot products by topk_weights (fp32) and sums them in fp32, writing
+  [M, H] once: no [M, top_k, H] buffer, no moe_sum launch.
 
 The style is kernels/gemv.py's _dense_gemv_kernel (BN rows in BK-wide steps into an fp32
 [BN, BK] accumulator reduced once, weights loaded evict_first, PDL on sm_90+). Each output
@@ -24,11 +25,12 @@ Behaviour spec: vllm/model_executor/layers/fused_moe/fused_moe.py fused_experts_
 fp32 epilogue, moe_sum); vLLM has no GEMV MoE for CUDA. Rounding: the gate and up dot
 products are rounded to the activation dtype, then SiLU-and-mul rounds as
 kernels/activation.py (silu in fp32 rounded, product in fp32 rounded): the w13 output is
-what fused_moe_kernel + silu_and_mul write. The w2 output differs: upstream (and the
-engine's grouped path) rounds each pair's weighted output to the activation dtype and sums
-those; here the weighted sum is one fp32 sum rounded once, at most top_k / 2 ulps of a
-pair output apart in bf16 (within the fused MoE tests' bf16 tolerance) and exact-fp32 in
-fp32. topk_ids may be int32 or int64 (no expert map: every id must be in [0, E)).
+what fused_moe_kernel + silu_and_mul write, up to the order of the fp32 sums. The w2
+output differs: upstream (and the engine's grouped path) rounds each pair's weighted
+output to the activation dtype and sums those; here the weighted sum is one fp32 sum
+rounded once, at most top_k / 2 ulps of a pair output apart in bf16 (within the fused MoE
+tests' bf16 tolerance); fp32 inputs stay fp32 arithmetic throughout. topk_ids may be int32
+or int64 (no expert map: every id must be in [0, E)).
 """
 
 from __future__ import annotations
