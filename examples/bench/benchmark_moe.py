@@ -1,7 +1,7 @@
 """Time the fused MoE layer and tune its launch configs on a CUDA device.
 
     python examples/bench/benchmark_moe.py [--model DIR] [--batch-size M ...]
-        [--tune] [--budget-s S] [--save-dir DIR]
+        [--tune] [--gemv-sweep] [--budget-s S] [--save-dir DIR]
 
 Mirrors vLLM 0.33 benchmarks/kernels/benchmark_moe.py (model shapes from config.json,
 the same batch sizes, one fused_experts call timed per config, the best config per batch
@@ -15,7 +15,12 @@ replays of 16 calls with different random routings (16 x 8 experts covers Qwen3-
 
 Without --tune it prints, per batch size, the Triton path with the config it would use,
 the torch grouped-GEMM fallback (LIBVLLM_MOE_BACKEND=torch), and the bytes of distinct
-expert weights the call must read, as a share of the H200's 4.28 TB/s. Writes
+expert weights the call must read, as a share of the H200's 4.28 TB/s. At the sparse
+batch sizes (M * top_k * 4 <= E) the Triton path is the GEMV pair (kernels/fused_moe_gemv.py,
+"path": "gemv"), and the row also times the fused_moe_kernel path it replaces
+("fused_moe_kernel_us"); --tune tunes that path's configs. --gemv-sweep adds, at those
+sizes, a coordinate descent over each GEMV kernel's (BN, BK, num_warps) from
+fused_moe_gemv_config's ("gemv_sweep": default and best, us and share of 4.28 TB/s). Writes
 benchmark_moe.json (and with --tune the config file) to --save-dir (default $OUT or .).
 Default model: examples/bench/models/qwen3-30b-a3b (E=128, top-8, N=768, hidden 2048).
 """
@@ -76,12 +81,18 @@ class Case:
                        for _ in range(ROUTINGS)]
         # distinct experts per call, averaged: what the call must read from HBM
         distinct = sum(len(set(ids.flatten().tolist())) for _, ids in self.routes) / ROUTINGS
-        self.bytes = distinct * (self.w13[0].numel() + self.w2[0].numel()) * 2
+        self.bytes13, self.bytes2 = (distinct * w[0].numel() * 2 for w in (self.w13, self.w2))
+        self.bytes = self.bytes13 + self.bytes2
+        self.sparse = m * topk * 4 <= e
+        self.allow_gemv = True  # False: the fused_moe_kernel path at every M
 
     def run(self, experts=fused_experts_triton) -> None:
         for w, ids in self.routes:
-            experts(self.x, self.w13, self.w2, w, ids if experts is fused_experts_triton
-                    else ids.long(), SiluAndMul())
+            if experts is fused_experts_triton:
+                experts(self.x, self.w13, self.w2, w, ids, SiluAndMul(),
+                        allow_gemv=self.allow_gemv)
+            else:
+                experts(self.x, self.w13, self.w2, w, ids.long(), SiluAndMul())
 
     def time(self, config: dict | None) -> float:
         with override_config(config):
@@ -113,11 +124,63 @@ def tune_one(case: Case, start: dict, e: int, deadline: float) -> tuple[dict, fl
     return best, best_t
 
 
+GEMV_RANGES = [[1, 2, 4, 8, 16], [128, 256, 512, 1024], [2, 4, 8]]  # BN, BK, warps
+# (num_stages is not swept: without tl.dot nothing is pipelined, the code is the same)
+GEMV_MAX_ACC = 128  # fp32 accumulator values a thread may hold (more spills)
+
+
+def sweep_gemv(case: Case, deadline: float) -> dict:
+    """Each GEMV kernel alone over the case's routings: fused_moe_gemv_config's config and
+    the best of two coordinate-descent rounds over GEMV_RANGES."""
+    from kernels.fused_moe_gemv import (
+        fused_moe_gemv_config,
+        fused_moe_gemv_w2,
+        fused_moe_gemv_w13,
+    )
+
+    h, i = case.x.shape[1], case.w2.shape[2]
+    acts = [fused_moe_gemv_w13(case.x, case.w13, ids) for _, ids in case.routes]
+    kp = triton.next_power_of_2(case.topk)
+
+    def w13(cfg):
+        for _, ids in case.routes:
+            fused_moe_gemv_w13(case.x, case.w13, ids, cfg)
+
+    def w2(cfg):
+        for act, (w, ids) in zip(acts, case.routes, strict=True):
+            fused_moe_gemv_w2(act, case.w2, w, ids, cfg)
+
+    result = {}
+    for name, fn, start, rows, nbytes in (
+            ("w13", w13, fused_moe_gemv_config(h, i, case.topk)[0], 2, case.bytes13),
+            ("w2", w2, fused_moe_gemv_config(h, i, case.topk)[1], kp, case.bytes2)):
+        default_t = best_t = gpu_time(functools.partial(fn, start)) / ROUTINGS
+        best = start
+        for _ in range(2):
+            for idx, values in enumerate(GEMV_RANGES):
+                for v in values:
+                    cand = best[:idx] + (v,) + best[idx + 1:]
+                    if cand == best or rows * cand[0] * cand[1] > GEMV_MAX_ACC * 32 * cand[2] \
+                            or time.time() > deadline:
+                        continue
+                    try:
+                        t = gpu_time(functools.partial(fn, cand)) / ROUTINGS
+                    except Exception as exc:  # out of resources: skip it
+                        print(f"    skip {name} {cand}: {type(exc).__name__}", flush=True)
+                        continue
+                    if t < best_t:
+                        best, best_t = cand, t
+        result[name] = {"default": start, "default_us": default_t * 1e6, "best": best,
+                        "best_us": best_t * 1e6, "best_pct_bw": 100 * nbytes / best_t / BW}
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=str(Path(__file__).parent / "models/qwen3-30b-a3b"))
     ap.add_argument("--batch-size", type=int, nargs="+", default=BATCH_SIZES)
     ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--gemv-sweep", action="store_true")
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--save-dir", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
@@ -133,9 +196,15 @@ def main() -> None:
                                          None, m)
         t = case.time(cfg)
         row = {"M": m, "triton_us": t * 1e6, "pct_bw": 100 * case.bytes / t / BW,
-               "weight_MB": case.bytes / 1e6, "config": cfg}
+               "weight_MB": case.bytes / 1e6, "config": cfg,
+               "path": "gemv" if case.sparse else "fused_moe_kernel"}
+        deadline = start + args.budget_s
+        if case.sparse:
+            case.allow_gemv = False  # from here on: the fused_moe_kernel path (what --tune tunes)
+            row["fused_moe_kernel_us"] = case.time(cfg) * 1e6
+            if args.gemv_sweep:
+                row["gemv_sweep"] = sweep_gemv(case, deadline)
         if args.tune:
-            deadline = start + args.budget_s
             best, best_t = tune_one(case, cfg, e, deadline)
             tuned[m] = best
             row.update(tuned_us=best_t * 1e6, tuned_pct_bw=100 * case.bytes / best_t / BW,

@@ -10,7 +10,11 @@ count (M * top_k * 4 <= E: batch-1..4 decode of Qwen3-30B-A3B, E = 128, top-8): 
 each 16-row block holds one pair (upstream's naive_block_assignment) and no alignment
 runs. Either way each block reads its expert's weights once, the launch configs depend
 only on the host ints M, E, N, K (get_config), and nothing is read back on the host: CUDA
-graphs replay it at a padded M and async scheduling never waits on it.
+graphs replay it at a padded M and async scheduling never waits on it. In that sparse
+regime, with SiLU, the layer instead runs two GEMV launches (kernels/fused_moe_gemv.py:
+w13 with SiLU-and-mul fused, w2 with the weighted top-k sum fused), which stream the
+selected experts' weights nearer HBM bandwidth; `allow_gemv=False` keeps the kernels above
+(benchmarks). Every float dtype takes it: fp32 stays fp32 arithmetic throughout.
 """
 
 from __future__ import annotations
@@ -18,7 +22,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.layers.activation import SiluAndMul
 from engine.layers.fused_moe.config import get_config_dtype_str, try_get_optimal_moe_config
+
+
+def _is_sparse(m: int, top_k: int, num_experts: int) -> bool:
+    """Far fewer pairs than experts: one pair per block, upstream's naive assignment."""
+    return m * top_k * 4 <= num_experts
 
 
 def _prepare_expert_assignment(topk_ids: torch.Tensor, config: dict, num_experts: int
@@ -28,16 +38,18 @@ def _prepare_expert_assignment(topk_ids: torch.Tensor, config: dict, num_experts
     from kernels.moe_align_block_size import moe_align_block_size  # lazy: triton
 
     m, top_k = topk_ids.shape
-    if m * top_k * 4 <= num_experts:  # sparse: one pair per block, nothing to align
+    if _is_sparse(m, top_k, num_experts):  # one pair per block, nothing to align
         return None, topk_ids.reshape(-1), None
     return moe_align_block_size(topk_ids, config["BLOCK_SIZE_M"], num_experts)
 
 
 def fused_experts_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                          topk_weights: torch.Tensor, topk_ids: torch.Tensor, act: nn.Module,
-                         config: dict | None = None) -> torch.Tensor:
+                         config: dict | None = None, allow_gemv: bool = True
+                         ) -> torch.Tensor:
     """hidden_states [M, H]; w13 [E, 2I, H]; w2 [E, H, I]; topk_weights [M, k] fp32;
-    topk_ids [M, k] -> [M, H]. `config` overrides try_get_optimal_moe_config."""
+    topk_ids [M, k] -> [M, H]. `config` overrides try_get_optimal_moe_config (the GEMM
+    path's). The sparse regime with SiLU takes the GEMV path unless allow_gemv is False."""
     from kernels.fused_moe import invoke_fused_moe_kernel  # lazy: triton
 
     m, h = hidden_states.shape
@@ -45,6 +57,8 @@ def fused_experts_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: tor
     top_k = topk_ids.shape[1]
     if m == 0:
         return torch.empty_like(hidden_states)
+    if allow_gemv and _is_sparse(m, top_k, num_experts) and isinstance(act, SiluAndMul):
+        return _fused_experts_gemv(hidden_states, w13, w2, topk_weights, topk_ids)
     if config is None:
         config = try_get_optimal_moe_config(tuple(w13.shape), tuple(w2.shape), top_k,
                                             get_config_dtype_str(hidden_states.dtype), m)
@@ -61,3 +75,13 @@ def fused_experts_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: tor
     invoke_fused_moe_kernel(cache2, w2, cache3, topk_weights, sorted_ids, expert_ids,
                             post_pad, True, 1, config)
     return cache3.sum(dim=1)
+
+
+def _fused_experts_gemv(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                        topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    """fused_experts_triton's sparse SiLU path in two launches. Shapes as there."""
+    from kernels.fused_moe_gemv import fused_moe_gemv_w2, fused_moe_gemv_w13  # lazy: triton
+
+    ids = topk_ids.contiguous()
+    act = fused_moe_gemv_w13(hidden_states.contiguous(), w13, ids)  # [M * k, I]
+    return fused_moe_gemv_w2(act, w2, topk_weights.float().contiguous(), ids)

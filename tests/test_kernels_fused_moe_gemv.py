@@ -1,0 +1,160 @@
+"""kernels/fused_moe_gemv.py (the decode GEMV path of the fused MoE) against its torch
+references, and fused_experts_triton's choice of it.
+
+Mirrors vLLM 0.33 tests/kernels/moe/test_moe.py (test_fused_moe: fused_experts vs
+torch_moe over m, n, k, e, topk, dtype) for the sparse decode regime (M * top_k * 4 <= E):
+one token, 2 and 4 tokens, top-k 1/2/8 (and 10, padded to 16 slots), E 8..512, odd H and I
+(row and column masks), int32 and int64 ids. On CPU under the Triton interpreter in
+fp32/fp16 with tiny shapes; on CUDA also bf16 and the real Qwen3 / Mixtral sizes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_kernels_common import DEVICE, DTYPES, assert_close, gpu
+
+import kernels.fused_moe_gemv as moe_gemv
+from engine.errors import InvalidArgumentError
+from engine.layers.activation import GeluAndMul, SiluAndMul
+from engine.layers.fused_moe import fused_experts, fused_experts_triton
+from kernels.fused_moe_gemv import (
+    fused_moe_gemv_config,
+    fused_moe_gemv_w2,
+    fused_moe_gemv_w2_ref,
+    fused_moe_gemv_w13,
+    fused_moe_gemv_w13_ref,
+)
+
+
+def inputs(m, e, h, i, topk, dtype, ids_dtype=torch.int32, seed=0):
+    """x [m, h], w13 [e, 2i, h], w2 [e, h, i], weights [m, topk] fp32, ids [m, topk]
+    distinct per token."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, h, generator=g).to(dtype).to(DEVICE)
+    w13 = (torch.randn(e, 2 * i, h, generator=g) / h**0.5).to(dtype).to(DEVICE)
+    w2 = (torch.randn(e, h, i, generator=g) / i**0.5).to(dtype).to(DEVICE)
+    ids = torch.rand(m, e, generator=g).topk(topk, dim=-1).indices.to(ids_dtype).to(DEVICE)
+    weights = torch.rand(m, topk, generator=g).to(DEVICE)
+    return x, w13, w2, weights, ids
+
+
+CASES = [  # m, e, h, i, topk
+    (1, 8, 32, 16, 1), (1, 8, 40, 24, 2), (2, 64, 48, 20, 8), (4, 128, 33, 17, 8),
+    (1, 512, 64, 32, 10), (3, 16, 16, 8, 1),
+    (2, 32, 64, 13, 4), (1, 16, 18, 16, 2)]  # whole steps with partial row blocks
+SMALL = (4, 16, 1, 1)  # BN, BK, warps, stages: several blocks and steps
+
+
+@pytest.mark.parametrize("m,e,h,i,topk", CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("small", [False, True])
+def test_gemv_kernels_match_the_reference(m, e, h, i, topk, dtype, small) -> None:
+    ids_dtype = torch.int64 if m % 2 else torch.int32
+    x, w13, w2, weights, ids = inputs(m, e, h, i, topk, dtype, ids_dtype, seed=m + e)
+    cfg = SMALL if small else None
+    act = fused_moe_gemv_w13(x, w13, ids, cfg)
+    assert act.shape == (m * topk, i) and act.dtype == dtype
+    assert_close(act, fused_moe_gemv_w13_ref(x, w13, ids))
+    out = fused_moe_gemv_w2(act, w2, weights, ids, cfg)
+    assert out.shape == (m, h) and out.dtype == dtype
+    assert_close(out, fused_moe_gemv_w2_ref(act, w2, weights, ids))
+
+
+def test_two_tokens_on_one_expert() -> None:
+    """Tokens sharing experts (slots in different orders) each get their own sum."""
+    x, w13, w2, weights, _ = inputs(2, 8, 24, 12, 2, torch.float32)
+    ids = torch.tensor([[3, 5], [5, 3]], dtype=torch.int32, device=DEVICE)
+    out = fused_moe_gemv_w2(fused_moe_gemv_w13(x, w13, ids), w2, weights, ids)
+    want = fused_experts(x.cpu(), w13.cpu(), w2.cpu(), weights.cpu(), ids.cpu().long(),
+                         SiluAndMul())
+    assert_close(out.cpu(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_gemv_kernels_check_their_arguments() -> None:
+    x, w13, w2, weights, ids = inputs(2, 8, 16, 8, 2, torch.float32)
+    with pytest.raises(InvalidArgumentError, match="w13 must be"):
+        fused_moe_gemv_w13(x, w13[:, :, :8], ids)
+    with pytest.raises(InvalidArgumentError, match="w13 must be"):
+        fused_moe_gemv_w13(x, w13.transpose(1, 2).contiguous().transpose(1, 2), ids)
+    with pytest.raises(InvalidArgumentError, match="x must be"):
+        fused_moe_gemv_w13(x.t(), w13, ids)
+    with pytest.raises(InvalidArgumentError, match="topk_ids must be"):
+        fused_moe_gemv_w13(x, w13, ids.float())
+    act = fused_moe_gemv_w13(x, w13, ids)
+    with pytest.raises(InvalidArgumentError, match="topk_weights must be"):
+        fused_moe_gemv_w2(act, w2, weights.half(), ids)
+    with pytest.raises(InvalidArgumentError, match="M \\* top_k"):
+        fused_moe_gemv_w2(act[:3], w2, weights, ids)
+    with pytest.raises(InvalidArgumentError, match="w2 must be"):
+        fused_moe_gemv_w2(act, w2.half(), weights, ids)
+    with pytest.raises(InvalidArgumentError, match=r"topk_ids must be .*\[M, top_k\]"):
+        fused_moe_gemv_w2(act, w2, weights, ids.reshape(-1))
+    with pytest.raises(InvalidArgumentError, match=r"topk_ids must be .*\[2, top_k\]"):
+        fused_moe_gemv_w13(x, w13, ids[:1])
+
+
+def test_config_defaults() -> None:
+    assert fused_moe_gemv_config(2048, 768, 8) == ((8, 256, 2, 1), (2, 256, 2, 1))
+    assert fused_moe_gemv_config(2048, 512, 8) == ((8, 256, 2, 1), (2, 256, 2, 1))
+    assert fused_moe_gemv_config(4096, 14336, 2) == ((8, 256, 2, 1), (4, 512, 2, 1))
+    assert fused_moe_gemv_config(2048, 768, 1)[1] == (16, 256, 2, 1)
+    assert fused_moe_gemv_config(48, 20, 10) == ((8, 64, 2, 1), (2, 32, 2, 1))
+
+
+@pytest.mark.parametrize("m,e,topk", [(1, 8, 2), (2, 16, 2), (3, 16, 2), (4, 128, 8),
+                                       (1, 4, 1), (2, 4, 1), (1, 8, 8)])
+def test_fused_experts_triton_takes_the_gemv_path_exactly_when_sparse(monkeypatch, m, e,
+                                                                      topk) -> None:
+    calls = []
+    w13_fn, w2_fn = moe_gemv.fused_moe_gemv_w13, moe_gemv.fused_moe_gemv_w2
+    monkeypatch.setattr(moe_gemv, "fused_moe_gemv_w13",
+                        lambda *a, **k: calls.append("w13") or w13_fn(*a, **k))
+    monkeypatch.setattr(moe_gemv, "fused_moe_gemv_w2",
+                        lambda *a, **k: calls.append("w2") or w2_fn(*a, **k))
+    x, w13, w2, weights, ids = inputs(m, e, 16, 8, topk, torch.float32, seed=m)
+    want = fused_experts(x.cpu(), w13.cpu(), w2.cpu(), weights.cpu(), ids.cpu().long(),
+                         SiluAndMul())
+    got = fused_experts_triton(x, w13, w2, weights, ids, SiluAndMul())
+    assert calls == (["w13", "w2"] if m * topk * 4 <= e else [])
+    assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
+    if m == 1 and e == 8 and topk == 2:  # never with another activation, nor allow_gemv=False
+        calls.clear()
+        fused_experts_triton(x, w13, w2, weights, ids, GeluAndMul())
+        fused_experts_triton(x, w13, w2, weights, ids, SiluAndMul(), allow_gemv=False)
+        assert calls == []
+
+
+QWEN3_30B = dict(e=128, h=2048, i=768, topk=8)
+QWEN35_35B = dict(e=256, h=2048, i=512, topk=8)
+QWEN3_NEXT = dict(e=512, h=2048, i=512, topk=10)
+MIXTRAL = dict(e=8, h=4096, i=14336, topk=2)
+
+
+@gpu
+@pytest.mark.parametrize("shape", [QWEN3_30B, QWEN35_35B, QWEN3_NEXT, MIXTRAL],
+                         ids=["qwen3-30b-a3b", "qwen3.5-35b-a3b", "qwen3-next", "mixtral"])
+@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gemv_kernels_real_sizes(shape, m, dtype) -> None:
+    x, w13, w2, weights, ids = inputs(m, shape["e"], shape["h"], shape["i"], shape["topk"],
+                                      dtype, seed=m)
+    act = fused_moe_gemv_w13(x, w13, ids)
+    assert_close(act, fused_moe_gemv_w13_ref(x, w13, ids))
+    out = fused_moe_gemv_w2(act, w2, weights, ids)
+    assert_close(out, fused_moe_gemv_w2_ref(act, w2, weights, ids))
+    # the four-launch path (tl.dot sums, each pair rounded before the top-k sum), at the
+    # fused MoE tests' bf16 tolerance (tests/test_kernels_fused_moe.py)
+    old = fused_experts_triton(x, w13, w2, weights, ids, SiluAndMul(), allow_gemv=False)
+    assert ((out.float() - old.float()).abs().max() / old.float().abs().max()) < 2e-2
+
+
+@gpu
+def test_gemv_kernels_mixed_ids_bf16_cuda() -> None:
+    """bf16 (round to nearest on the GPU) at tiny odd shapes, both id dtypes."""
+    for ids_dtype in (torch.int32, torch.int64):
+        x, w13, w2, weights, ids = inputs(3, 64, 33, 17, 4, torch.bfloat16, ids_dtype)
+        act = fused_moe_gemv_w13(x, w13, ids, SMALL)
+        assert_close(act, fused_moe_gemv_w13_ref(x, w13, ids))
+        assert_close(fused_moe_gemv_w2(act, w2, weights, ids, SMALL),
+                     fused_moe_gemv_w2_ref(act, w2, weights, ids))
