@@ -144,17 +144,14 @@ Config = tuple[int, int, int, int]  # (BN, BK, num_warps, num_stages)
 
 
 def fused_moe_gemv_config(hidden: int, intermediate: int, top_k: int) -> tuple[Config, Config]:
-    """(w13 config, w2 config) for H = hidden, I = intermediate. Not yet swept on the H200
-    (examples/bench/benchmark_moe.py --gemv-sweep). Chosen offline from the sm_90 SASS of
-    Triton 3.6: the bytes of 16-byte weight loads a thread issues before its first FMA
-    times the threads its registers let an SM hold. The same measure puts kernels/gemv.py's
-    swept winner for Llama's gate_up first; here it varies 10..64 KB a SM with the shape
-    (ptxas serializes the loads of some tiles to save registers), so the defaults are the
-    64-fp32-accumulators-a-thread tiles it scores 48..64 KB: w13 8 gate + 8 up rows of
-    256-wide steps, 2 warps; w2 a [KP, BN, BK] tile of 4096 values, 2 warps (top-8: BN 2,
-    BK 256; top-2: BN 4, BK 512). num_stages changes nothing (no tl.dot: nothing is
-    pipelined, the PTX is the same for 1..3)."""
-    w13 = (8, min(256, next_pow2(hidden)), 2, 1)
+    """(w13 config, w2 config) for H = hidden, I = intermediate: (BN, BK, num_warps,
+    num_stages). Swept on the H200 for the Qwen3-30B-A3B layer (examples/bench/
+    benchmark_moe.py --gemv-sweep, 2026-12-01): w13 4 gate + 4 up rows of 256-wide steps, 2
+    warps (M=1 13.5 us, 87% of HBM; 8 rows took 16.2 us; at M=4 8 rows of 128 were 2%
+    faster); w2 a [KP, BN, BK] tile of 4096 values, 2 warps (top-8: BN 2, BK 256, best at
+    M=2 and 4, 5% slower than BN 4 at M=1; top-2: BN 4, BK 512, not swept). num_stages
+    changes nothing (no tl.dot: nothing is pipelined, the PTX is the same for 1..3)."""
+    w13 = (4, min(256, next_pow2(hidden)), 2, 1)
     kp = next_pow2(top_k)
     bk = 512 if kp in (2, 4) else 256 if kp <= 8 else 128
     w2 = (max(1, 4096 // (kp * bk)), min(bk, next_pow2(intermediate)), 2, 1)

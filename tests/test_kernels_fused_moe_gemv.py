@@ -30,12 +30,13 @@ from kernels.fused_moe_gemv import (
 def inputs(m, e, h, i, topk, dtype, ids_dtype=torch.int32, seed=0):
     """x [m, h], w13 [e, 2i, h], w2 [e, h, i], weights [m, topk] fp32, ids [m, topk]
     distinct per token."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, h, generator=g).to(dtype).to(DEVICE)
-    w13 = (torch.randn(e, 2 * i, h, generator=g) / h**0.5).to(dtype).to(DEVICE)
-    w2 = (torch.randn(e, h, i, generator=g) / i**0.5).to(dtype).to(DEVICE)
-    ids = torch.rand(m, e, generator=g).topk(topk, dim=-1).indices.to(ids_dtype).to(DEVICE)
-    weights = torch.rand(m, topk, generator=g).to(DEVICE)
+    g = torch.Generator(DEVICE).manual_seed(seed)  # on the device: real sizes are GBs
+    x = torch.randn(m, h, generator=g, device=DEVICE).to(dtype)
+    w13 = (torch.randn(e, 2 * i, h, generator=g, device=DEVICE) / h**0.5).to(dtype)
+    w2 = (torch.randn(e, h, i, generator=g, device=DEVICE) / i**0.5).to(dtype)
+    ids = torch.rand(m, e, generator=g, device=DEVICE).topk(topk, dim=-1).indices
+    ids = ids.to(ids_dtype)
+    weights = torch.rand(m, topk, generator=g, device=DEVICE)
     return x, w13, w2, weights, ids
 
 
@@ -95,11 +96,11 @@ def test_gemv_kernels_check_their_arguments() -> None:
 
 
 def test_config_defaults() -> None:
-    assert fused_moe_gemv_config(2048, 768, 8) == ((8, 256, 2, 1), (2, 256, 2, 1))
-    assert fused_moe_gemv_config(2048, 512, 8) == ((8, 256, 2, 1), (2, 256, 2, 1))
-    assert fused_moe_gemv_config(4096, 14336, 2) == ((8, 256, 2, 1), (4, 512, 2, 1))
+    assert fused_moe_gemv_config(2048, 768, 8) == ((4, 256, 2, 1), (2, 256, 2, 1))
+    assert fused_moe_gemv_config(2048, 512, 8) == ((4, 256, 2, 1), (2, 256, 2, 1))
+    assert fused_moe_gemv_config(4096, 14336, 2) == ((4, 256, 2, 1), (4, 512, 2, 1))
     assert fused_moe_gemv_config(2048, 768, 1)[1] == (16, 256, 2, 1)
-    assert fused_moe_gemv_config(48, 20, 10) == ((8, 64, 2, 1), (2, 32, 2, 1))
+    assert fused_moe_gemv_config(48, 20, 10) == ((4, 64, 2, 1), (2, 32, 2, 1))
 
 
 @pytest.mark.parametrize("m,e,topk", [(1, 8, 2), (2, 16, 2), (3, 16, 2), (4, 128, 8),
@@ -134,8 +135,8 @@ MIXTRAL = dict(e=8, h=4096, i=14336, topk=2)
 @gpu
 @pytest.mark.parametrize("shape", [QWEN3_30B, QWEN35_35B, QWEN3_NEXT, MIXTRAL],
                          ids=["qwen3-30b-a3b", "qwen3.5-35b-a3b", "qwen3-next", "mixtral"])
-@pytest.mark.parametrize("m", [1, 2, 4])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("dtype", [torch.bfloat16])  # fp16: the interpreter cases
 def test_gemv_kernels_real_sizes(shape, m, dtype) -> None:
     x, w13, w2, weights, ids = inputs(m, shape["e"], shape["h"], shape["i"], shape["topk"],
                                       dtype, seed=m)
