@@ -75,7 +75,7 @@ def _attend_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # one compile for every split count
 def _paged_attention_decode_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
     stride_qt: tl.int64, stride_qh, stride_bt: tl.int64, stride_block: tl.int64,
@@ -171,7 +171,7 @@ def _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_segments"])
 def _paged_attention_prefill_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
     num_reqs, stride_qt: tl.int64, stride_qh, stride_bt: tl.int64, stride_block: tl.int64,
@@ -294,6 +294,13 @@ def _kv_splits(programs: int, device: torch.device, most: int, per_sm: int) -> i
     return 1 if programs >= sms else min(most, cdiv(per_sm * sms, programs))
 
 
+def _splits_pad(splits: int) -> int:
+    """The reduce kernel's split lanes: 16 or 64 (more only for an explicit larger count), so
+    the split counts of every batch size share two compiled variants, not one per power of
+    two (each Triton compile costs a second or two of start-up during graph capture)."""
+    return 16 if splits <= 16 else max(64, next_pow2(splits))
+
+
 def paged_attention_decode(
     q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
     seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
@@ -332,7 +339,7 @@ def paged_attention_decode(
     if split:
         _paged_attention_decode_reduce_kernel[(n, nq)](
             part_acc, part_ml, out, None, out.stride(0), out.stride(1), nq, hd, num_splits,
-            HEAD_PAD=head_pad, SPLITS_PAD=next_pow2(num_splits), num_warps=4,
+            HEAD_PAD=head_pad, SPLITS_PAD=_splits_pad(num_splits), num_warps=4,
             **pdl_launch(q),
         )
     return out
@@ -392,7 +399,7 @@ def paged_attention_prefill(
         _paged_attention_decode_reduce_kernel[(n, nq)](
             part_acc, part_ml, out, query_start_loc[num_reqs:], out.stride(0), out.stride(1),
             nq, hd, segs,
-            HEAD_PAD=head_pad, SPLITS_PAD=next_pow2(segs), num_warps=4, **pdl_launch(q),
+            HEAD_PAD=head_pad, SPLITS_PAD=_splits_pad(segs), num_warps=4, **pdl_launch(q),
         )
     return out
 
