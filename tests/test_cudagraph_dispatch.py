@@ -118,7 +118,9 @@ def test_capture_sizes_as_vllm_derives_them():
 def test_engine_config_capture_sizes_and_mode():
     sizes = EngineConfig("m", max_num_seqs=64, max_num_batched_tokens=8192
                          ).cudagraph_batch_sizes()
-    assert isinstance(sizes, CaptureSizes) and sizes.mode == M.FULL_AND_PIECEWISE  # vLLM's
+    assert isinstance(sizes, CaptureSizes) and sizes.mode == M.FULL  # our default (config.py)
+    assert EngineConfig("m", cudagraph_mode="FULL_AND_PIECEWISE").cudagraph_batch_sizes(
+        ).mode == M.FULL_AND_PIECEWISE  # both routines
     assert EngineConfig("m", cudagraph_mode="PIECEWISE").cudagraph_batch_sizes(
         ).mode == M.FULL
     assert sizes[-1] == 128

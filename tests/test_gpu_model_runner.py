@@ -111,10 +111,10 @@ def check_logprobs_close(a: tuple[list, list], b: tuple[list, list]) -> None:
                 break
 
 
-@pytest.mark.parametrize("mode", [None, "FULL"], ids=["default", "full"])
+@pytest.mark.parametrize("mode", [None, "FULL_AND_PIECEWISE"], ids=["default", "both"])
 def test_cuda_graphs_fp32_close_to_cpu_fp32(hf_dir, mode):
-    """Default (FULL_AND_PIECEWISE: decode graphs + mixed graphs) and FULL (every step up
-    to 16 tokens in one kind of graph)."""
+    """Default (FULL: every step up to 16 tokens in one kind of graph) and FULL_AND_PIECEWISE
+    (decode graphs + mixed graphs)."""
     _, path, _ = hf_dir
     cpu_tokens, cpu_lps, _ = greedy(path, "cpu", "float32", logprobs=5)
     cuda_tokens, cuda_lps, engine = greedy(path, "cuda", "float32", logprobs=5,
@@ -309,7 +309,8 @@ def test_mixed_steps_under_graphs_equal_eager(hf_dir, preempt, async_scheduling)
     """FULL graphs over num_tokens buckets run the mixed prefill/decode steps of chunked
     prefill with prefix caching, penalties, logprobs and prompt logprobs, and preemption:
     greedy tokens and logprobs agree with eager ones as vLLM's check_logprobs_close has it.
-    FULL_DECODE_ONLY: decode graphs only; FULL_AND_PIECEWISE (the default): both."""
+    FULL (the default): one kind of graph for every step; FULL_DECODE_ONLY: decode graphs
+    only; FULL_AND_PIECEWISE: both."""
     name, path, model = hf_dir
     cfg = model.config
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
