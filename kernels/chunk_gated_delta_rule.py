@@ -88,28 +88,29 @@ def _chunk_wy_fwd_kernel(k_ptr, v_ptr, g_ptr, b_ptr, alog_ptr, dtb_ptr, qsl_ptr,
     hk = hv // (HV // HK)
     n = tl.load(cidx_ptr + 2 * i_c)
     bos = tl.load(qsl_ptr + n).to(tl.int64) + tl.load(cidx_ptr + 2 * i_c + 1) * BT
-    eos = tl.load(qsl_ptr + n + 1).to(tl.int64)
-    ot = tl.arange(0, BT)
-    t = bos + ot  # [BT] token rows of this chunk
-    mt = t < eos
+    ot = tl.arange(0, BT)  # tiles: scalar base + int32 offsets
+    mt = ot < tl.load(qsl_ptr + n + 1).to(tl.int64) - bos  # [BT] token rows of this chunk
     ok = tl.arange(0, BK)
     ov = tl.arange(0, BV)
     DT = k_ptr.dtype.element_ty
-    g = tl.load(g_ptr + t * stride_g + hv, mask=mt, other=0.0).to(tl.float32)
-    beta = tl.load(b_ptr + t * stride_b + hv, mask=mt, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + bos * stride_g + hv + ot * stride_g, mask=mt, other=0.0).to(tl.float32)
+    beta = tl.load(b_ptr + bos * stride_b + hv + ot * stride_b, mask=mt,
+                   other=0.0).to(tl.float32)
     if GATING:  # raw a, b: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)
         x = g + tl.load(dtb_ptr + hv).to(tl.float32)
         softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
         g = tl.where(mt, -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)) * softplus, 0.0)
         beta = tl.where(mt, tl.sigmoid(beta), 0.0)
     gc = tl.cumsum(g, 0)  # [BT] cumulative log decay within the chunk
-    tl.store(gc_ptr + t * HV + hv, gc, mask=mt)
-    k = tl.load(k_ptr + t[:, None] * stride_k + hk * DK + ok[None, :],
-                mask=mt[:, None] & (ok < DK)[None, :], other=0.0).to(tl.float32)  # [BT, BK]
+    tl.store(gc_ptr + bos * HV + hv + ot * HV, gc, mask=mt)
+    k = tl.load(k_ptr + bos * stride_k + hk * DK + ot[:, None] * stride_k + ok[None, :],
+                mask=mt[:, None] & (ok < DK)[None, :], other=0.0)  # [BT, BK] raw k
+    rk = tl.full([BT], 1.0, tl.float32)  # the norms scale the products
     if L2NORM:
-        k = k / tl.sqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
+        kf = k.to(tl.float32)
+        rk = rk / tl.sqrt(tl.sum(kf * kf, 1) + 1e-6)
     lower = ot[:, None] > ot[None, :]
-    A = tl.dot((k * beta[:, None]).to(DT), tl.trans(k.to(DT)), input_precision=DOT_PREC)
+    A = tl.dot(k, tl.trans(k), input_precision=DOT_PREC) * (beta * rk)[:, None] * rk[None, :]
     A = tl.where(lower, A * tl.exp(tl.where(lower, gc[:, None] - gc[None, :], 0.0)), 0.0)
     a_base = a_ptr + (i_c * HV + hv).to(tl.int64) * BT * BT  # this program's [BT, BT] tile
     tl.store(a_base + ot[:, None] * BT + ot[None, :], A)
@@ -139,15 +140,16 @@ def _chunk_wy_fwd_kernel(k_ptr, v_ptr, g_ptr, b_ptr, alog_ptr, dtb_ptr, qsl_ptr,
     _put(a_base, i31, 3, 1, BT)
     _put(a_base, i30, 3, 0, BT)
     tl.debug_barrier()
-    ai = tl.load(a_base + ot[:, None] * BT + ot[None, :]).to(DT)  # [BT, BT] upper part 0
-    w = tl.dot(ai, (k * (beta * tl.exp(gc))[:, None]).to(DT), input_precision=DOT_PREC)
-    tl.store(w_ptr + t[:, None] * (HV * DK) + hv * DK + ok[None, :],
+    ai = tl.load(a_base + ot[:, None] * BT + ot[None, :])  # [BT, BT] upper part 0
+    # w = ai (beta exp(gc) k_normed), u = ai (beta v): the row scales go to ai's columns
+    w = tl.dot((ai * (beta * tl.exp(gc) * rk)[None, :]).to(DT), k, input_precision=DOT_PREC)
+    tl.store(w_ptr + (bos * HV + hv) * DK + ot[:, None] * (HV * DK) + ok[None, :],
              w.to(w_ptr.dtype.element_ty), mask=mt[:, None] & (ok < DK)[None, :])
     mv = mt[:, None] & (ov < DV)[None, :]
-    v = tl.load(v_ptr + t[:, None] * stride_v + hv * DV + ov[None, :], mask=mv,
-                other=0.0).to(tl.float32)  # [BT, BV]
-    u = tl.dot(ai, (v * beta[:, None]).to(DT), input_precision=DOT_PREC)
-    tl.store(u_ptr + t[:, None] * (HV * DV) + hv * DV + ov[None, :],
+    v = tl.load(v_ptr + bos * stride_v + hv * DV + ot[:, None] * stride_v + ov[None, :],
+                mask=mv, other=0.0)  # [BT, BV]
+    u = tl.dot((ai * beta[None, :]).to(DT), v.to(DT), input_precision=DOT_PREC)
+    tl.store(u_ptr + (bos * HV + hv) * DV + ot[:, None] * (HV * DV) + ov[None, :],
              u.to(u_ptr.dtype.element_ty), mask=mv)
 
 
@@ -178,34 +180,37 @@ def _chunk_fwd_h_o_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, o_ptr, s_ptr, qsl_
     h = tl.load(s_off, mask=mk[:, None] & (ov < dv_init)[None, :], other=0.0).to(tl.float32)
     causal = ot[:, None] >= ot[None, :]
     for t0 in range(bos, eos, BT):
-        t = t0 + ot  # [BT]
-        mt = t < eos
+        mt = ot < eos - t0  # [BT] rows of this chunk; tiles: scalar base + int32 offsets
         mtk = mt[:, None] & mk[None, :]
-        q = tl.load(q_ptr + t[:, None] * stride_q + hk * DK + ok[None, :], mask=mtk,
-                    other=0.0).to(tl.float32)  # [BT, BK]
-        k = tl.load(k_ptr + t[:, None] * stride_k + hk * DK + ok[None, :], mask=mtk,
-                    other=0.0).to(tl.float32)
+        q = tl.load(q_ptr + t0 * stride_q + hk * DK + ot[:, None] * stride_q + ok[None, :],
+                    mask=mtk, other=0.0)  # [BT, BK] raw q, k: the norms scale the products
+        k = tl.load(k_ptr + t0 * stride_k + hk * DK + ot[:, None] * stride_k + ok[None, :],
+                    mask=mtk, other=0.0)
+        rq = tl.full([BT], 1.0, tl.float32) * scale
+        rk = tl.full([BT], 1.0, tl.float32)
         if L2NORM:
-            q = q / tl.sqrt(tl.sum(q * q, 1) + 1e-6)[:, None]
-            k = k / tl.sqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
-        q = (q * scale).to(DT)
-        k = k.to(DT)
-        gc = tl.load(gc_ptr + t * HV + hv, mask=mt, other=0.0)  # [BT]
-        g_last = tl.load(gc_ptr + (tl.minimum(t0 + BT, eos) - 1) * HV + hv)
-        w = tl.load(w_ptr + t[:, None] * (HV * DK) + hv * DK + ok[None, :], mask=mtk,
-                    other=0.0)  # [BT, BK]
-        u = tl.load(u_ptr + t[:, None] * (HV * DV) + hv * DV + ov[None, :],
+            qf = q.to(tl.float32)
+            kf = k.to(tl.float32)
+            rq = rq / tl.sqrt(tl.sum(qf * qf, 1) + 1e-6)
+            rk = rk / tl.sqrt(tl.sum(kf * kf, 1) + 1e-6)
+        gc_base = gc_ptr + t0 * HV + hv
+        gc = tl.load(gc_base + ot * HV, mask=mt, other=0.0)  # [BT]
+        g_last = tl.load(gc_base + (tl.minimum(eos - t0, BT) - 1) * HV)
+        w = tl.load(w_ptr + (t0 * HV + hv) * DK + ot[:, None] * (HV * DK) + ok[None, :],
+                    mask=mtk, other=0.0)  # [BT, BK]
+        u = tl.load(u_ptr + (t0 * HV + hv) * DV + ot[:, None] * (HV * DV) + ov[None, :],
                     mask=mt[:, None] & mv[None, :], other=0.0).to(tl.float32)  # [BT, BV]
         hd = h.to(DT)
         v_new = u - tl.dot(w, hd, input_precision=DOT_PREC)  # [BT, BV]
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)  # [BT, BT]
-        qk = tl.where(causal, qk * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)),
-                      0.0)
+        qk = tl.where(causal, qk * rk[None, :] * tl.exp(
+            tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
         o = tl.dot(qk.to(DT), v_new.to(DT), input_precision=DOT_PREC)
-        o = o + tl.dot((q * tl.exp(gc)[:, None]).to(DT), hd, input_precision=DOT_PREC)
-        tl.store(o_ptr + t[:, None] * stride_o + hv * DV + ov[None, :],
+        o = o + tl.exp(gc)[:, None] * tl.dot(q, hd, input_precision=DOT_PREC)
+        o = o * rq[:, None]
+        tl.store(o_ptr + t0 * stride_o + hv * DV + ot[:, None] * stride_o + ov[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=mt[:, None] & mv[None, :])
-        v_new = v_new * tl.exp(g_last - gc)[:, None]
+        v_new = v_new * (rk * tl.exp(g_last - gc))[:, None]
         h = h * tl.exp(g_last) + tl.dot(tl.trans(k), v_new.to(DT), input_precision=DOT_PREC)
     dv_out = tl.where(eos > bos, DV, 0)
     tl.store(s_off, h.to(s_ptr.dtype.element_ty), mask=mk[:, None] & (ov < dv_out)[None, :])
@@ -275,11 +280,11 @@ def _launch(q, k, v, g, beta, A_log, dt_bias, ssm_states, query_start_loc, state
         k, v, g, beta, A_log if gating else g, dt_bias if gating else g, query_start_loc,
         chunk_indices, gc, scratch, w, u, k.stride(0), v.stride(0), g.stride(0),
         beta.stride(0), GATING=gating, L2NORM=l2norm, HK=HK, HV=HV, DK=DK, DV=DV, BK=BK,
-        BV=BV, BT=BT, DOT_PREC=prec, num_warps=4)
-    BV = min(32, BV)
+        BV=BV, BT=BT, DOT_PREC=prec, num_warps=8)
+    BV = min(32, BV)  # fp32 dots are FMA tiles: one stage keeps them in shared memory
     _chunk_fwd_h_o_kernel[(triton.cdiv(DV, BV), N * HV)](
         q, k, w, u, gc, o, ssm_states, query_start_loc, state_indices,
         has_initial_state.to(torch.int32), DK ** -0.5, q.stride(0), k.stride(0), o.stride(0),
         L2NORM=l2norm, HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV, BT=BT, DOT_PREC=prec,
-        num_warps=4)
+        num_warps=8, num_stages=1 if k.dtype == torch.float32 else 2)
     return o
