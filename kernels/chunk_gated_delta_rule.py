@@ -258,7 +258,6 @@ def _launch(q, k, v, g, beta, A_log, dt_bias, ssm_states, query_start_loc, state
     check(ssm_states.shape[1:] == (HV, DV, DK) and ssm_states.is_contiguous(),
           lambda: f"ssm_states must be contiguous [slots, {HV}, {DV}, {DK}]")
     check(g.stride(-1) == 1 and beta.stride(-1) == 1, "gates need contiguous rows")
-    check(DK >= 16 and DV >= 16, "chunked delta rule needs head dims >= 16")
     o = torch.zeros(T, HV, DV, dtype=v.dtype, device=v.device) if out is None else out
     check(o.shape == v.shape and o.dtype == v.dtype and o.is_contiguous(),
           "out must be contiguous like v")
@@ -269,7 +268,7 @@ def _launch(q, k, v, g, beta, A_log, dt_bias, ssm_states, query_start_loc, state
     C = chunk_indices.shape[0]
     if N == 0 or T == 0 or C == 0:
         return o
-    BK, BV, BT = next_pow2(DK), next_pow2(DV), CHUNK_SIZE
+    BK, BV, BT = max(16, next_pow2(DK)), max(16, next_pow2(DV)), CHUNK_SIZE  # dots: >= 16
     prec = "ieee" if k.dtype == torch.float32 else "tf32"  # tf32: unused on 16-bit operands
     gc = torch.empty(T, HV, dtype=torch.float32, device=v.device)  # [T, Hv]
     scratch = torch.empty(C, HV, BT, BT, dtype=torch.float32, device=v.device)

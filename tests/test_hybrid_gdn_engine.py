@@ -154,10 +154,15 @@ def test_prefix_cache_hit_without_state_is_an_error(model_dir):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_eager_and_decode_graphs(model_dir):
-    """On CUDA (Triton conv + fused recurrent kernels): fp32 matches transformers; decode
-    CUDA graphs (persistent state indices, padding rows on the null slot) give the eager
-    tokens, in fp32 and bf16, with prefix caching (align mode) on."""
+@pytest.mark.parametrize("prefill_backend", ["recurrent", "triton"])
+def test_cuda_eager_and_decode_graphs(model_dir, prefill_backend, monkeypatch):
+    """On CUDA (Triton conv + fused recurrent kernels, or the chunked kernels for prefill
+    rows): fp32 matches transformers; decode CUDA graphs (persistent state indices, padding
+    rows on the null slot) give the eager tokens, in fp32 and bf16, with prefix caching
+    (align mode) on."""
+    import engine.layers.gdn as gdn
+
+    monkeypatch.setattr(gdn, "GDN_PREFILL_BACKEND", prefill_backend)
     path, prompts, ref = model_dir
     for dtype in ("float32", "bfloat16"):
         got = []
@@ -189,3 +194,32 @@ def test_triton_path_through_the_engine(model_dir, monkeypatch):
     assert _run(engine, prompts[:3]) == ref[:3]
     cached: list[int] = []
     assert _run(engine, prompts[:3], cached) == ref[:3] and cached[2] == 24
+
+
+def test_chunked_prefill_kernels_through_the_engine(model_dir, monkeypatch):
+    """GDN_PREFILL_BACKEND "triton": prefill rows through kernels/chunk_gated_delta_rule.py,
+    decode rows through the recurrent kernel in the same steps (8-token chunks beside
+    decodes; the interpreter on CPU), the greedy tokens of transformers."""
+    import engine.layers.gdn as gdn
+    from kernels.chunk_gated_delta_rule import _chunk_wy_fwd_kernel
+
+    if type(_chunk_wy_fwd_kernel).__name__ != "InterpretedFunction":
+        pytest.skip("kernels/ compiled for a device (the GPU test covers this path)")
+    calls: list[int] = []
+    chunked = gdn.chunk_sigmoid_gating_delta_rule
+    monkeypatch.setattr(gdn, "chunk_sigmoid_gating_delta_rule",
+                        lambda *a: calls.append(1) or chunked(*a))
+    monkeypatch.setattr(gdn, "use_triton", lambda x: True)
+    monkeypatch.setattr(gdn, "GDN_PREFILL_BACKEND", "triton")
+    path, prompts, ref = model_dir
+    engine = _engine(path, max_num_batched_tokens=16)
+    assert _run(engine, prompts[:3]) == ref[:3]
+    assert calls
+
+
+def test_bad_prefill_backend_is_an_error(monkeypatch):
+    import engine.layers.gdn as gdn
+
+    monkeypatch.setattr(gdn, "GDN_PREFILL_BACKEND", "flashinfer")
+    with pytest.raises(InvalidArgumentError, match="LIBVLLM_GDN_PREFILL_BACKEND"):
+        gdn.GatedDeltaNetAttention(32, 2, 4, 16, 16, 4, 1e-6)

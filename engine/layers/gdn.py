@@ -17,20 +17,31 @@ State (bound by engine/worker/mamba_utils.py): conv_state [slots, K-1, conv_dim]
 "SD" layout) and ssm_state [slots, Hv, dv, dk]; slot 0 is the null slot. CUDA runs the
 Triton kernels (kernels/causal_conv1d.py, kernels/gated_delta_rule.py), the CPU their torch
 references. Without metadata (the profile run) the core is skipped (zeros), as attention.
+Prefill rows (more than one token) on CUDA run the chunked kernels of
+kernels/chunk_gated_delta_rule.py when GDN_PREFILL_BACKEND is "triton" (vLLM's
+--gdn-prefill-backend triton: FLA's chunk_gated_delta_rule), decode rows the recurrent
+kernel; "recurrent" (the default until measured on the H200) runs every row recurrently.
+Set it with the environment variable LIBVLLM_GDN_PREFILL_BACKEND.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.errors import ModelLoadError
+from engine.errors import InvalidArgumentError, ModelLoadError
 from engine.layers.linear import ReplicatedLinear, RowParallelLinear
 from kernels.causal_conv1d import causal_conv1d_fn, causal_conv1d_ref
+from kernels.chunk_gated_delta_rule import chunk_sigmoid_gating_delta_rule, prepare_chunk_indices
 from kernels.gated_delta_rule import fused_sigmoid_gating_delta_rule, gated_delta_rule_varlen_torch
+
+GDN_PREFILL_BACKENDS = ("recurrent", "triton")
+GDN_PREFILL_BACKEND = os.environ.get("LIBVLLM_GDN_PREFILL_BACKEND", "recurrent")
 
 
 def use_triton(x: torch.Tensor) -> bool:
@@ -50,6 +61,33 @@ class GDNMetadata:
     query_start_loc_t: torch.Tensor  # [num_reqs + 1] int32
     state_indices_t: torch.Tensor  # [num_reqs] int64
     has_initial_state_t: torch.Tensor  # [num_reqs] bool
+
+    @functools.cached_property
+    def prefill_split(self) -> GDNPrefillSplit:
+        """The rows split between the chunked (prefill) and recurrent (decode) kernels,
+        built once per step on the host (vLLM's num_prefills / num_decodes split)."""
+        rows = self.state_indices_t.shape[0]  # past the requests: padding (no tokens)
+        qsl = self.query_start_loc
+        pre = [qsl[i + 1] - qsl[i] > 1 for i in range(len(self.state_indices))]
+        prefill = [s if p else -1 for s, p in zip(self.state_indices, pre)]
+        decode = [-1 if p else s for s, p in zip(self.state_indices, pre)]
+        pad = [-1] * (rows - len(prefill))
+        dev = self.state_indices_t.device
+        chunks = prepare_chunk_indices(qsl, prefill)
+        return GDNPrefillSplit(
+            torch.tensor(prefill + pad, dtype=self.state_indices_t.dtype, device=dev),
+            None if all(pre) else torch.tensor(decode + pad,
+                                               dtype=self.state_indices_t.dtype, device=dev),
+            torch.tensor(chunks, dtype=torch.int32, device=dev).view(-1, 2))
+
+
+@dataclass
+class GDNPrefillSplit:
+    """State indices per kernel (-1: the row belongs to the other one) and the chunks."""
+
+    prefill_state_indices_t: torch.Tensor  # [rows]: rows of more than one token
+    decode_state_indices_t: torch.Tensor | None  # [rows]: one-token rows; None: none
+    chunk_indices_t: torch.Tensor  # [num_chunks, 2] int32 (sequence, chunk)
 
 
 class RMSNormGated(nn.Module):
@@ -109,6 +147,9 @@ class GatedDeltaNetAttention(nn.Module):
     def __init__(self, hidden_size: int, num_k_heads: int, num_v_heads: int, head_k_dim: int,
                  head_v_dim: int, conv_kernel_size: int, rms_norm_eps: float) -> None:
         super().__init__()
+        if GDN_PREFILL_BACKEND not in GDN_PREFILL_BACKENDS:
+            raise InvalidArgumentError(f"LIBVLLM_GDN_PREFILL_BACKEND={GDN_PREFILL_BACKEND!r}: "
+                                       f"expected one of {GDN_PREFILL_BACKENDS}")
         if num_v_heads % num_k_heads:
             raise ModelLoadError(f"linear_num_value_heads={num_v_heads} is not a multiple of "
                                  f"linear_num_key_heads={num_k_heads}")
@@ -176,6 +217,17 @@ class GatedDeltaNetAttention(nn.Module):
         q = q.unflatten(-1, (self.num_k_heads, self.head_k_dim))
         k = k.unflatten(-1, (self.num_k_heads, self.head_k_dim))
         v = v.unflatten(-1, (self.num_v_heads, self.head_v_dim))
+        if use_triton(mixed_qkv) and gdn.max_query_len > 1 and GDN_PREFILL_BACKEND == "triton":
+            split = gdn.prefill_split
+            out = None if split.decode_state_indices_t is None else \
+                fused_sigmoid_gating_delta_rule(
+                    q, k, v, a, b, self.A_log, self.dt_bias, self.ssm_state,
+                    gdn.query_start_loc_t, split.decode_state_indices_t,
+                    gdn.has_initial_state_t)
+            return chunk_sigmoid_gating_delta_rule(
+                q, k, v, a, b, self.A_log, self.dt_bias, self.ssm_state, gdn.query_start_loc_t,
+                split.prefill_state_indices_t, gdn.has_initial_state_t, split.chunk_indices_t,
+                out)
         if use_triton(mixed_qkv):  # gates computed in the kernel
             return fused_sigmoid_gating_delta_rule(
                 q, k, v, a, b, self.A_log, self.dt_bias, self.ssm_state, gdn.query_start_loc_t,
