@@ -206,15 +206,18 @@ def test_chunked_prefill_kernels_through_the_engine(model_dir, monkeypatch):
     if type(_chunk_wy_fwd_kernel).__name__ != "InterpretedFunction":
         pytest.skip("kernels/ compiled for a device (the GPU test covers this path)")
     calls: list[int] = []
-    chunked = gdn.chunk_sigmoid_gating_delta_rule
+    mixed: list[int] = []  # recurrent calls beside the chunked one (-1: a prefill row)
+    chunked, recurrent = gdn.chunk_sigmoid_gating_delta_rule, gdn.fused_sigmoid_gating_delta_rule
     monkeypatch.setattr(gdn, "chunk_sigmoid_gating_delta_rule",
                         lambda *a: calls.append(1) or chunked(*a))
+    monkeypatch.setattr(gdn, "fused_sigmoid_gating_delta_rule",
+                        lambda *a: mixed.append(-1 in a[9].tolist()) or recurrent(*a))
     monkeypatch.setattr(gdn, "use_triton", lambda x: True)
     monkeypatch.setattr(gdn, "GDN_PREFILL_BACKEND", "triton")
     path, prompts, ref = model_dir
     engine = _engine(path, max_num_batched_tokens=16)
     assert _run(engine, prompts[:3]) == ref[:3]
-    assert calls
+    assert calls and any(mixed)
 
 
 def test_bad_prefill_backend_is_an_error(monkeypatch):

@@ -117,11 +117,13 @@ def test_chunk_real_shapes(dtype: torch.dtype, initial: bool) -> None:
     torch.manual_seed(0)
     lens = LENS + [1000]
     q, k, v, g, beta, states, idx = _case(lens, 16, 32, 128, 128, "cuda", slots=10)
+    q, k, v = (x.to(dtype) for x in (q, k, v))
     init = [initial] * len(lens)
     qsl = _qsl(lens)
     s_ref, s_tri = states.clone(), states.clone()
-    ref = gated_delta_rule_varlen_torch(q, k, v, g, beta, s_ref, qsl, idx, init)
-    out = chunk_gated_delta_rule(q.to(dtype), k.to(dtype), v.to(dtype), g, beta, s_tri,
+    ref = gated_delta_rule_varlen_torch(q.float(), k.float(), v.float(), g, beta, s_ref, qsl,
+                                        idx, init)  # on the rounded inputs
+    out = chunk_gated_delta_rule(q, k, v, g, beta, s_tri,
                                  _t(qsl, torch.int32, "cuda"), _t(idx, device="cuda"),
                                  _t(init, device="cuda"))
     tol = 5e-2 if dtype == torch.bfloat16 else 1e-3
