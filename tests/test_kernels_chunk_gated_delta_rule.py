@@ -129,3 +129,24 @@ def test_chunk_real_shapes(dtype: torch.dtype, initial: bool) -> None:
     tol = 5e-2 if dtype == torch.bfloat16 else 1e-3
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
     torch.testing.assert_close(s_tri, s_ref, atol=tol, rtol=tol)
+
+
+@gpu
+def test_chunk_sigmoid_gating_real_shapes_bf16() -> None:
+    """The layer's call: strided q/k/v (split of the conv output) and a/b, bf16, fp32 state,
+    against the recurrent kernel."""
+    torch.manual_seed(1)
+    lens, Hk, Hv, d = [300, 64, 1, 77], 16, 32, 128
+    x = torch.randn(sum(lens), (2 * Hk + Hv) * d, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (t.unflatten(-1, (-1, d)) for t in x.split([Hk * d, Hk * d, Hv * d], -1))
+    ba = torch.randn(sum(lens), 2 * Hv, device="cuda", dtype=torch.bfloat16) * 3
+    b, a = ba.split([Hv, Hv], dim=-1)
+    A_log, dt_bias = torch.randn(Hv, device="cuda"), torch.randn(Hv, device="cuda")
+    states = torch.randn(6, Hv, d, d, device="cuda") * 0.1
+    args = (_t(_qsl(lens), torch.int32, "cuda"), _t([4, 1, 0, 5], device="cuda"),
+            _t([True, False, True, True], device="cuda"))
+    s_ref, s_tri = states.clone(), states.clone()
+    ref = fused_sigmoid_gating_delta_rule(q, k, v, a, b, A_log, dt_bias, s_ref, *args)
+    out = chunk_sigmoid_gating_delta_rule(q, k, v, a, b, A_log, dt_bias, s_tri, *args)
+    torch.testing.assert_close(out.float(), ref.float(), atol=5e-2, rtol=5e-2)
+    torch.testing.assert_close(s_tri, s_ref, atol=5e-2, rtol=5e-2)
