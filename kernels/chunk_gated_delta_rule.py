@@ -280,7 +280,7 @@ def _launch(q, k, v, g, beta, A_log, dt_bias, ssm_states, query_start_loc, state
         chunk_indices, gc, scratch, w, u, k.stride(0), v.stride(0), g.stride(0),
         beta.stride(0), GATING=gating, L2NORM=l2norm, HK=HK, HV=HV, DK=DK, DV=DV, BK=BK,
         BV=BV, BT=BT, DOT_PREC=prec, num_warps=8)
-    BV = min(32, BV)  # fp32 dots are FMA tiles: one stage keeps them in shared memory
+    BV = min(32, BV)  # the recurrence's value block; fp32 (FMA) dots get one stage (smem)
     _chunk_fwd_h_o_kernel[(triton.cdiv(DV, BV), N * HV)](
         q, k, w, u, gc, o, ssm_states, query_start_loc, state_indices,
         has_initial_state.to(torch.int32), DK ** -0.5, q.stride(0), k.stride(0), o.stride(0),
