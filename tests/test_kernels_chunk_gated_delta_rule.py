@@ -5,7 +5,8 @@ Mirrors the logic of vLLM 0.33 tests/kernels/mamba/cpu/test_cpu_gdn_ops.py
 states) and tests/kernels/fla/test_fused_recurrent_packed_decode.py (state slots written in
 place). Oracle: kernels/gated_delta_rule.py gated_delta_rule_varlen_torch (the chunked torch
 form per sequence, equal to the naive recurrence: tests/test_kernels_gdn.py) and, for the
-gates, the recurrent Triton kernel. On CPU the kernels run under TRITON_INTERPRET=1 in fp32.
+gates, the recurrent Triton kernel. On CPU the kernels run under TRITON_INTERPRET=1 in fp32
+(and one fp16 case).
 """
 
 from __future__ import annotations
@@ -68,6 +69,22 @@ def test_chunk_varlen_matches_torch(d: int, initial: bool) -> None:
                                  _t(init))
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(s_tri, s_ref, atol=1e-4, rtol=1e-4)  # final states, slots
+
+
+def test_chunk_fp16_inputs() -> None:
+    """The 16-bit path (dot operands, w and u in the input dtype) on the rounded inputs."""
+    torch.manual_seed(5)
+    lens = [65, 7]
+    q, k, v, g, beta, states, idx = _case(lens, 1, 2, 32, 32, DEVICE)
+    q, k, v = q.half(), k.half(), v.half()
+    qsl, init = _qsl(lens), [True, False]
+    s_ref, s_tri = states.clone(), states.clone()
+    ref = gated_delta_rule_varlen_torch(q.float(), k.float(), v.float(), g, beta, s_ref, qsl,
+                                        idx, init)
+    out = chunk_gated_delta_rule(q, k, v, g, beta, s_tri, _t(qsl, torch.int32), _t(idx),
+                                 _t(init))
+    torch.testing.assert_close(out.float(), ref, atol=3e-3, rtol=3e-3)
+    torch.testing.assert_close(s_tri, s_ref, atol=3e-3, rtol=3e-3)
 
 
 def test_chunk_skips_rows_and_keeps_out() -> None:
