@@ -226,3 +226,19 @@ def test_bad_prefill_backend_is_an_error(monkeypatch):
     monkeypatch.setattr(gdn, "GDN_PREFILL_BACKEND", "flashinfer")
     with pytest.raises(InvalidArgumentError, match="LIBVLLM_GDN_PREFILL_BACKEND"):
         gdn.GatedDeltaNetAttention(32, 2, 4, 16, 16, 4, 1e-6)
+
+
+def test_prefill_split_of_a_mixed_step():
+    """GDNMetadata.prefill_split: rows of more than one token to the chunked kernels, one-token
+    rows to the recurrent one (-1 in the other's indices), padding rows to neither."""
+    from engine.layers.gdn import GDNMetadata
+
+    qsl = [0, 1, 71, 72, 75]
+    md = GDNMetadata(qsl, [4, 2, 7, 3], [True, True, False, False], 70,
+                     torch.tensor(qsl + [75], dtype=torch.int32),
+                     torch.tensor([4, 2, 7, 3, 0]), torch.zeros(5, dtype=torch.bool))
+    split = md.prefill_split
+    assert split.prefill_state_indices_t.tolist() == [-1, 2, -1, 3, -1]
+    assert split.decode_state_indices_t.tolist() == [4, -1, 7, -1, -1]
+    assert split.chunk_indices_t.tolist() == [[1, 0], [1, 1], [3, 0]]
+    assert md.prefill_split is split  # built once per step
