@@ -205,6 +205,9 @@ def test_chunked_prefill_kernels_through_the_engine(model_dir, monkeypatch):
 
     if type(_chunk_wy_fwd_kernel).__name__ != "InterpretedFunction":
         pytest.skip("kernels/ compiled for a device (the GPU test covers this path)")
+    if "qwen3_next" in model_dir[0]:  # its directory is named after the family
+        pytest.skip("one family is enough here (the interpreter costs ~45 s a model); the "
+                    "kernel tests cover both head layouts")
     calls: list[int] = []
     mixed: list[int] = []  # recurrent calls beside the chunked one (-1: a prefill row)
     chunked, recurrent = gdn.chunk_sigmoid_gating_delta_rule, gdn.fused_sigmoid_gating_delta_rule
