@@ -143,11 +143,8 @@ class EngineConfig:
         """Token counts to capture, ascending, with the resolved cudagraph mode (empty for
         NONE / enforce_eager); vLLM's derivation from max_num_seqs and
         max_num_batched_tokens (set by the engine before capture)."""
-        if self.cudagraph_mode is None and not self.enforce_eager:
-            mode = CUDAGraphMode.FULL  # the default, see the field's comment
-        else:
-            mode = resolve_cudagraph_mode(CUDAGraphMode.parse(self.cudagraph_mode),
-                                          self.enforce_eager)
+        mode = resolve_cudagraph_mode(CUDAGraphMode.parse(self.cudagraph_mode),
+                                      self.enforce_eager)  # None: FULL, the field's comment
         return CaptureSizes(cudagraph_capture_sizes(
             self.max_num_seqs, self.max_num_batched_tokens or 8192,
             self.cudagraph_capture_sizes, self.max_cudagraph_capture_size), mode)

@@ -18,7 +18,10 @@ the top-k sum). Here:
 
 The style is kernels/gemv.py's _dense_gemv_kernel (BN rows in BK-wide steps into an fp32
 [BN, BK] accumulator reduced once, weights loaded evict_first, PDL on sm_90+). Each output
-row depends only on its own token, so a CUDA graph padded to a larger M gives the same rows.
+row depends only on its own token, so a CUDA graph padded to a larger M gives the same rows
+as long as the padded M still takes this path (M * top_k * 4 <= E; for Qwen3-Next, E 512
+and top-10, batches of 9 to 12 pad to 16 and run the GEMM path, which rounds each pair
+before the top-k sum).
 
 Behaviour spec: vllm/model_executor/layers/fused_moe/fused_moe.py fused_experts_impl
 (unquantized, no expert map: w13 GEMM, SiluAndMul, w2 GEMM with the routing weight in the

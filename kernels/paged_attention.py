@@ -126,7 +126,7 @@ def _paged_attention_decode_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=qmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _paged_attention_decode_reduce_kernel(
     part_acc_ptr, part_ml_ptr, out_ptr, rows_end_ptr, stride_ot: tl.int64, stride_oh,
     num_q_heads, head_size, num_splits, HEAD_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,

@@ -25,13 +25,15 @@ from kernels._common import check, check_float, check_same_device, next_pow2, pd
 @triton.jit
 def _rotate_heads(ptr, stride_h, n_heads, cos, sin, half,
                   BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    # ptr: first element of this token's heads; rotates [n_heads, rotary_dim] in place
+    # ptr: first element of this token's heads; rotates [n_heads, rotary_dim] in place (all
+    # loads before the barrier: a small tile is held by several threads)
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_D)[None, :]
     mask = (h < n_heads) & (d < half)
     p1 = ptr + h * stride_h + d
     x1 = tl.load(p1, mask=mask, other=0.0)
     x2 = tl.load(p1 + half, mask=mask, other=0.0)
+    tl.debug_barrier()
     f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
     tl.store(p1, (f1 * cos - f2 * sin).to(x1.dtype), mask=mask)
     tl.store(p1 + half, (f2 * cos + f1 * sin).to(x1.dtype), mask=mask)

@@ -44,8 +44,9 @@ def _norm_rope_store(src, src_stride_h, dst, dst_stride_h, n_heads, head_size, h
                      BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
     # src, dst: this token's first head. Each head [head_size] = rotary halves [half] x 2,
     # then an unrotated tail (partial rotary). With QK_NORM the whole head is RMS-normalized
-    # (fp32, rounded to src's dtype as RMSNorm's output) before the rotation. A thread keeps
-    # the elements it loads, so dst may be src (q is rotated in place).
+    # (fp32, rounded to src's dtype as RMSNorm's output) before the rotation. dst may be src
+    # (q is rotated in place): every load happens before the barrier, every store after
+    # it, since a tile smaller than the block's threads is held by several of them.
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_D)[None, :]
     t = 2 * half + tl.arange(0, BLOCK_T)[None, :]
@@ -55,6 +56,7 @@ def _norm_rope_store(src, src_stride_h, dst, dst_stride_h, n_heads, head_size, h
     x1 = tl.load(row + d, mask=m, other=0.0)
     x2 = tl.load(row + half + d, mask=m, other=0.0)
     xt = tl.load(row + t, mask=mt, other=0.0)
+    tl.debug_barrier()
     if QK_NORM:
         f1, f2, ft = x1.to(tl.float32), x2.to(tl.float32), xt.to(tl.float32)
         var = (tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)

@@ -81,7 +81,7 @@ def test_padding_never_shrinks(num_tokens):
 
 
 def test_modes_parse_and_resolve():
-    assert M.parse(None) == M.FULL_AND_PIECEWISE  # vLLM's default
+    assert M.parse(None) == M.FULL  # ours (vLLM's: FULL_AND_PIECEWISE; engine/config.py)
     assert M.parse("full_decode_only") == M.FULL_DECODE_ONLY
     with pytest.raises(InvalidArgumentError, match="cudagraph_mode"):
         M.parse("SOMETIMES")

@@ -36,6 +36,7 @@ from torch import nn
 
 from engine.errors import InvalidArgumentError, ModelLoadError
 from engine.layers.linear import ReplicatedLinear, RowParallelLinear
+from engine.sample.ops.torch_utils import async_tensor_h2d
 from kernels.causal_conv1d import causal_conv1d_fn, causal_conv1d_ref
 from kernels.chunk_gated_delta_rule import chunk_sigmoid_gating_delta_rule, prepare_chunk_indices
 from kernels.gated_delta_rule import fused_sigmoid_gating_delta_rule, gated_delta_rule_varlen_torch
@@ -72,13 +73,12 @@ class GDNMetadata:
         prefill = [s if p else -1 for s, p in zip(self.state_indices, pre)]
         decode = [-1 if p else s for s, p in zip(self.state_indices, pre)]
         pad = [-1] * (rows - len(prefill))
-        dev = self.state_indices_t.device
+        dev, dtype = self.state_indices_t.device, self.state_indices_t.dtype
         chunks = prepare_chunk_indices(qsl, prefill)
-        return GDNPrefillSplit(
-            torch.tensor(prefill + pad, dtype=self.state_indices_t.dtype, device=dev),
-            None if all(pre) else torch.tensor(decode + pad,
-                                               dtype=self.state_indices_t.dtype, device=dev),
-            torch.tensor(chunks, dtype=torch.int32, device=dev).view(-1, 2))
+        return GDNPrefillSplit(  # pinned, non-blocking copies: no host sync in the forward
+            async_tensor_h2d(prefill + pad, dtype, dev),
+            None if all(pre) else async_tensor_h2d(decode + pad, dtype, dev),
+            async_tensor_h2d(chunks, torch.int32, dev).view(-1, 2))
 
 
 @dataclass

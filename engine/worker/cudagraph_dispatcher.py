@@ -30,7 +30,9 @@ from engine.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"  # vLLM's default (VLLM_COMPILE, -O2)
+# ours: FULL (vLLM's default is FULL_AND_PIECEWISE, VLLM_COMPILE -O2; here it starts 10 s
+# slower cold on the H200, engine/config.py)
+DEFAULT_CUDAGRAPH_MODE = "FULL"
 _DEFAULT_MAX_GRAPH_SIZE = 512  # vLLM's default ceiling (1024 on data-center Blackwell)
 
 

@@ -22,7 +22,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from kernels.chunk_gated_delta_rule import chunk_sigmoid_gating_delta_rule  # noqa: E402
+from kernels.chunk_gated_delta_rule import (  # noqa: E402
+    chunk_sigmoid_gating_delta_rule,
+    prepare_chunk_indices,
+)
 from kernels.gated_delta_rule import fused_sigmoid_gating_delta_rule  # noqa: E402
 
 
@@ -53,12 +56,15 @@ def bench(n: int, length: int, hk: int, hv: int, d: int, dev: str, dtype) -> Non
     idx = torch.arange(1, n + 1, device=dev)
     init = torch.zeros(n, dtype=torch.bool, device=dev)
     res = {}
-    for name, fn in (("recurrent", fused_sigmoid_gating_delta_rule),
-                     ("chunk", chunk_sigmoid_gating_delta_rule)):
+    # the chunk list is built once a step on the host (the layer's prefill_split): not timed
+    chunks = torch.tensor(prepare_chunk_indices(qsl.tolist(), idx.tolist()), dtype=torch.int32,
+                          device=dev).view(-1, 2)
+    for name, fn, extra in (("recurrent", fused_sigmoid_gating_delta_rule, ()),
+                            ("chunk", chunk_sigmoid_gating_delta_rule, (chunks,))):
         s = states.clone()  # every call starts from zero states (init False): same result
 
-        def call(fn=fn, s=s):
-            return fn(q, k, v, a, b, A_log, dt_bias, s, qsl, idx, init)
+        def call(fn=fn, s=s, extra=extra):
+            return fn(q, k, v, a, b, A_log, dt_bias, s, qsl, idx, init, *extra)
         res[name] = (timed(call, dev, 10), call().float(), s)
     (t_r, o_r, s_r), (t_c, o_c, s_c) = res["recurrent"], res["chunk"]
     print(f"{n:5d} x {length:5d}  recurrent {t_r * 1e3:8.3f} ms  chunk {t_c * 1e3:8.3f} ms  "
