@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check, next_pow2
+from kernels.gated_delta_rule import gdn_gates
 
 CHUNK_SIZE = 64  # FLA_CHUNK_SIZE
 
@@ -96,11 +97,9 @@ def _chunk_wy_fwd_kernel(k_ptr, v_ptr, g_ptr, b_ptr, alog_ptr, dtb_ptr, qsl_ptr,
     g = tl.load(g_ptr + bos * stride_g + hv + ot * stride_g, mask=mt, other=0.0).to(tl.float32)
     beta = tl.load(b_ptr + bos * stride_b + hv + ot * stride_b, mask=mt,
                    other=0.0).to(tl.float32)
-    if GATING:  # raw a, b: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)
-        x = g + tl.load(dtb_ptr + hv).to(tl.float32)
-        softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-        g = tl.where(mt, -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)) * softplus, 0.0)
-        beta = tl.where(mt, tl.sigmoid(beta), 0.0)
+    if GATING:  # raw a, b; rows past the chunk's tokens stay 0
+        g, beta = gdn_gates(g, beta, alog_ptr, dtb_ptr, hv)
+        g, beta = tl.where(mt, g, 0.0), tl.where(mt, beta, 0.0)
     gc = tl.cumsum(g, 0)  # [BT] cumulative log decay within the chunk
     tl.store(gc_ptr + bos * HV + hv + ot * HV, gc, mask=mt)
     k = tl.load(k_ptr + bos * stride_k + hk * DK + ot[:, None] * stride_k + ok[None, :],

@@ -127,6 +127,15 @@ def gated_delta_rule_varlen_torch(q, k, v, g, beta, ssm_states: torch.Tensor,
 
 
 @triton.jit
+def gdn_gates(a, b, alog_ptr, dtb_ptr, hv):
+    """Raw projections a, b (fp32) of value head hv -> (g, beta): g = -exp(A_log) *
+    softplus(a + dt_bias) (the log decay), beta = sigmoid(b); softplus is linear past 20."""
+    x = a + tl.load(dtb_ptr + hv).to(tl.float32)
+    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+    return -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)) * softplus, tl.sigmoid(b)
+
+
+@triton.jit
 def _fused_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, s_ptr, qsl_ptr, idx_ptr,
                             init_ptr, alog_ptr, dtb_ptr, scale, stride_q, stride_k, stride_v,
                             stride_o, stride_g, stride_b, GATING: tl.constexpr,
@@ -160,11 +169,8 @@ def _fused_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, s_ptr, qsl
         bq = bq * scale
         bg = tl.load(g_ptr + t * stride_g + hv).to(tl.float32)
         bb = tl.load(b_ptr + t * stride_b + hv).to(tl.float32)
-        if GATING:  # raw a, b: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)
-            x = bg + tl.load(dtb_ptr + hv).to(tl.float32)
-            softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-            bg = -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)) * softplus
-            bb = tl.sigmoid(bb)
+        if GATING:  # raw a, b
+            bg, bb = gdn_gates(bg, bb, alog_ptr, dtb_ptr, hv)
         h = h * tl.exp(bg)
         bv = (bv - tl.sum(h * bk[None, :], 1)) * bb
         h = h + bv[:, None] * bk[None, :]

@@ -15,7 +15,7 @@ import torch
 from engine.errors import InvalidArgumentError, UnsupportedError
 from engine.gguf import dequant
 from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
-from engine.gguf.dequant import SUPPORTED_TYPES, dequantize
+from engine.gguf.dequant import SUPPORTED_TYPES, dequantize, dequantize_rows
 
 # Byte offsets of the fp16 scale fields inside one block, per quantized type.
 FP16_FIELDS = {
@@ -120,6 +120,19 @@ def test_chunked_output_matches(monkeypatch):
     monkeypatch.setattr(dequant, "_CHUNK_ELEMENTS", 3 * 32)  # 3 blocks of 32 per chunk
     raw = random_blocks(GGMLType.Q5_1, 10, seed=3)
     assert_bit_exact(ours(raw, GGMLType.Q5_1, 320), reference(raw, GGMLType.Q5_1))
+
+
+def test_rows_dequantize_each_row_alone():
+    """[2, 3, row_bytes] rows of Q4_K (2 super-blocks a row) -> [2, 3, 512], row by row."""
+    _, type_size = GGML_TYPE_TRAITS[GGMLType.Q4_K]
+    g = torch.Generator().manual_seed(0)
+    raw = torch.randint(0, 256, (2, 3, 2 * type_size), dtype=torch.uint8, generator=g)
+    out = dequantize_rows(raw, GGMLType.Q4_K, torch.float16)
+    assert out.shape == (2, 3, 512) and out.dtype == torch.float16
+    for i in range(2):
+        for j in range(3):  # random scale bytes may be inf/NaN: equal NaN positions too
+            want = dequantize(raw[i, j].clone(), GGMLType.Q4_K, 512).to(torch.float16)
+            torch.testing.assert_close(out[i, j], want, rtol=0, atol=0, equal_nan=True)
 
 
 def test_result_does_not_alias_input():

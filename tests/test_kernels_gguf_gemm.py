@@ -15,7 +15,7 @@ from test_kernels_common import DEVICE, gpu
 
 from engine.errors import InvalidArgumentError, UnsupportedError
 from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
-from engine.gguf.dequant import dequantize
+from engine.gguf.dequant import dequantize_rows as gguf_dequantize_ref  # the oracle, per row
 from kernels.gguf_gemm import gguf_dequantize, gguf_gemm, gguf_gemv, gguf_mmq
 
 TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
@@ -35,16 +35,6 @@ def random_weight(qtype: GGMLType, n: int, k: int, seed: int = 0) -> torch.Tenso
         scale = (torch.randn(blocks.shape[0], generator=g) * 0.05).half()
         blocks[:, at : at + 2] = scale.view(torch.uint8).view(-1, 2)
     return blocks.view(n, -1).to(DEVICE)
-
-
-def gguf_dequantize_ref(qweight: torch.Tensor, qtype: int,
-                        dtype: torch.dtype = torch.float16) -> torch.Tensor:
-    """The engine's torch dequantize of raw rows: [..., row_bytes] uint8 -> [..., K] dtype."""
-    block, type_size = GGML_TYPE_TRAITS[GGMLType(qtype)]
-    k = qweight.shape[-1] // type_size * block
-    rows = qweight.numel() // qweight.shape[-1]
-    out = dequantize(qweight.contiguous().view(-1), qtype, rows * k)
-    return out.view(*qweight.shape[:-1], k).to(dtype)
 
 
 def gguf_gemm_ref(x: torch.Tensor, qweight: torch.Tensor, qtype: int) -> torch.Tensor:

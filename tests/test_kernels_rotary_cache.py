@@ -131,12 +131,16 @@ def test_attention_layer_fuses_qk_norm(norm_cls, hs, rot) -> None:
     assert_close(caches[1], caches[0])
 
 
+def _small_args() -> tuple[torch.Tensor, ...]:
+    """(positions, q, k, cos_sin table, kv_cache, slots): 2 tokens, 4 q / 2 kv heads of 16."""
+    return (torch.zeros(2, dtype=torch.int64, device=DEVICE), torch.zeros(2, 64, device=DEVICE),
+            torch.zeros(2, 32, device=DEVICE), torch.zeros(8, 16, device=DEVICE),
+            torch.zeros(2, 4, 4, 2, 16, device=DEVICE),
+            torch.zeros(2, dtype=torch.int64, device=DEVICE))
+
+
 def test_qk_norm_rejects_bad_weights() -> None:
-    table = torch.zeros(8, 16, device=DEVICE)
-    pos = torch.zeros(2, dtype=torch.int64, device=DEVICE)
-    q, k = torch.zeros(2, 64, device=DEVICE), torch.zeros(2, 32, device=DEVICE)
-    cache = torch.zeros(2, 4, 4, 2, 16, device=DEVICE)
-    slots = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    pos, q, k, table, cache, slots = _small_args()
     w = torch.ones(16, device=DEVICE)
     with pytest.raises(InvalidArgumentError, match="go together"):
         rotary_embedding_and_cache(pos, q, k, k, table, 16, cache, slots, w)
@@ -148,11 +152,7 @@ def test_qk_norm_rejects_bad_weights() -> None:
 
 
 def test_rotary_and_cache_rejects_bad_input() -> None:
-    table = torch.zeros(8, 16, device=DEVICE)
-    pos = torch.zeros(2, dtype=torch.int64, device=DEVICE)
-    q, k = torch.zeros(2, 64, device=DEVICE), torch.zeros(2, 32, device=DEVICE)
-    cache = torch.zeros(2, 4, 4, 2, 16, device=DEVICE)
-    slots = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    pos, q, k, table, cache, slots = _small_args()
     with pytest.raises(InvalidArgumentError, match="kv_cache must be"):
         rotary_embedding_and_cache(pos, q, k, k, table, 16, cache[:, :, :, :1], slots)
     with pytest.raises(InvalidArgumentError, match="slot_mapping must be"):

@@ -227,3 +227,13 @@ def dequantize(
     for start in range(0, n_blocks, chunk):
         out[start : start + chunk] = kernel(blocks[start : start + chunk])
     return out.view(n_elements)
+
+
+def dequantize_rows(raw: torch.Tensor, ggml_type: int,
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[..., row_bytes] uint8 rows of GGML blocks -> [..., K] `dtype` (dequantize per row)."""
+    block_size, type_size = GGML_TYPE_TRAITS[GGMLType(ggml_type)]
+    k = raw.shape[-1] // type_size * block_size
+    out = dequantize(raw.contiguous().view(-1), ggml_type, raw.numel() // type_size * block_size,
+                     dtype)
+    return out.view(*raw.shape[:-1], k)

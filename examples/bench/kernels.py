@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType  # noqa: E402
-from engine.gguf.dequant import dequantize  # noqa: E402
+from engine.gguf.dequant import dequantize_rows as gguf_dequantize_ref  # noqa: E402
 from kernels import gguf_gemm as gg  # noqa: E402
 from kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
 from kernels.gemv import dense_gemv, dense_gemv_ref, gemv_config  # noqa: E402
@@ -304,13 +304,6 @@ def random_weight(qtype: int, n: int, k: int) -> torch.Tensor:
         s = (torch.randn(w.shape[0], device=DEV) * 0.01).half()
         w[:, at : at + 2] = s.view(torch.uint8).view(-1, 2)
     return w.view(n, -1)
-
-
-def gguf_dequantize_ref(w: torch.Tensor, qtype: int, dtype: torch.dtype) -> torch.Tensor:
-    """The engine's torch dequantize (engine/gguf/dequant.py) of raw rows [N, row_bytes]."""
-    block, size = GGML_TYPE_TRAITS[GGMLType(qtype)]
-    n, k = w.shape[0], w.shape[1] // size * block
-    return dequantize(w.contiguous().view(-1), qtype, n * k).view(n, k).to(dtype)
 
 
 def gguf_gemm_ref(x: torch.Tensor, w: torch.Tensor, qtype: int) -> torch.Tensor:
