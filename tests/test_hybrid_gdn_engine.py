@@ -245,3 +245,27 @@ def test_prefill_split_of_a_mixed_step():
     assert split.decode_state_indices_t.tolist() == [4, -1, 7, -1, -1]
     assert split.chunk_indices_t.tolist() == [[1, 0], [1, 1], [3, 0]]
     assert md.prefill_split is split  # built once per step
+
+
+@pytest.mark.parametrize("backend,lens,chunked", [
+    ("auto", [1, 70, 1, 60], True),  # prefill rows average 65 tokens
+    ("auto", [1, 30, 1, 3], False),
+    ("auto", [64, 1], True),
+    ("auto", [1, 1], False),  # decode only: never chunked
+    ("recurrent", [1024], False),
+    ("triton", [1, 2], True),
+])
+def test_prefill_backend_choice(backend, lens, chunked, monkeypatch):
+    """GDN_PREFILL_BACKEND "auto" takes the chunked kernels when the step's prefill rows
+    (more than one token) average at least CHUNK_SIZE (64) tokens; "triton" always, for
+    prefill steps; "recurrent" never."""
+    import engine.layers.gdn as gdn
+
+    monkeypatch.setattr(gdn, "GDN_PREFILL_BACKEND", backend)
+    qsl = [0]
+    for n in lens:
+        qsl.append(qsl[-1] + n)
+    md = gdn.GDNMetadata(qsl, list(range(1, len(lens) + 1)), [False] * len(lens), max(lens),
+                         torch.tensor(qsl, dtype=torch.int32), torch.arange(1, len(lens) + 1),
+                         torch.zeros(len(lens), dtype=torch.bool))
+    assert md.chunked_prefill is chunked
