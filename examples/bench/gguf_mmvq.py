@@ -1,0 +1,89 @@
+"""Time the int8-dot GGUF decode GEMV (kernels/gguf_mmvq.py) on Llama-3.1-8B's linear shapes.
+
+    python examples/bench/gguf_mmvq.py [--sweep] [--m 1 2 4 8] [--out DIR]
+
+Per type (Q4_0 Q8_0 Q4_K Q5_K Q6_K), shape (qkv, o, gate_up, down) and token count M: the
+whole op (quantize_q8_1 + GEMV), the GEMV alone with the default config and, with --sweep,
+the other configs of CONFIGS (M = 1 only). Times, bytes and %BW as examples/bench/kernels.py
+(CUDA-graph replays over enough weight copies to miss the L2; %BW counts the quantized bytes).
+The error is against the fp32 dequantized reference (int8 activations: ~1e-2). Writes
+gguf_mmvq.json to --out (default $OUT or .).
+"""
+# ruff: noqa: B023  (every lambda is timed inside the loop iteration that defines it)
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from engine.gguf.constants import GGMLType  # noqa: E402
+from examples.bench.kernels import (  # noqa: E402
+    BF16,
+    DEV,
+    LLAMA_LINEARS,
+    ROWS,
+    copies,
+    gguf_gemm_ref,
+    gpu_time,
+    random_weight,
+    rel_err,
+    row,
+)
+from kernels.gguf_mmvq import gguf_mmvq, gguf_mmvq_q8_1, mmvq_config, quantize_q8_1  # noqa: E402
+
+TYPES = (GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+CONFIGS = {  # (rows per program, blocks per step, warps) tried by --sweep
+    256: [(1, 1, 1), (2, 1, 1), (4, 1, 1), (2, 2, 1), (8, 2, 1), (4, 2, 2), (8, 2, 4),
+          (16, 2, 4), (4, 4, 1), (8, 1, 1)],
+    32: [(1, 16, 1), (2, 16, 1), (8, 16, 1), (4, 8, 1), (4, 32, 1), (8, 8, 1), (8, 16, 2),
+         (16, 16, 4), (2, 32, 1), (16, 8, 2)],
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--m", type=int, nargs="*", default=[1, 2, 4, 8])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    per_token: dict[str, float] = {}
+    for qtype in TYPES:
+        per_token[qtype.name] = 0.0
+        for lin, (n, k) in LLAMA_LINEARS.items():
+            ws = [random_weight(qtype, n, k) for _ in range(copies(n * k // 2))]
+            nbytes = ws[0].numel()
+            for m in args.m:
+                x = torch.randn(m, k, dtype=BF16, device=DEV)
+                err = rel_err(gguf_mmvq(x, ws[0], qtype), gguf_gemm_ref(x, ws[0], qtype))
+                t = gpu_time(lambda: [gguf_mmvq(x, w, qtype) for w in ws]) / len(ws)
+                row(f"mmvq {qtype.name}", f"{lin} {n}x{k} M={m}", t, nbytes, err=err,
+                    note="quantize + GEMV")
+                if m == 1:
+                    per_token[qtype.name] += 32 * t
+                xq8 = quantize_q8_1(x)
+                out = torch.empty(m, n, dtype=BF16, device=DEV)
+                configs = [None] + (CONFIGS[256 if qtype >= 12 else 32]
+                                    if args.sweep and m == 1 else [])
+                for cfg in configs:
+                    t = gpu_time(lambda: [gguf_mmvq_q8_1(xq8, w, qtype, out, cfg)
+                                          for w in ws]) / len(ws)
+                    row(f"mmvq {qtype.name} GEMV", f"{lin} {n}x{k} M={m}", t, nbytes,
+                        note=str(cfg) if cfg else f"default {mmvq_config(qtype)}")
+    for name, t in per_token.items():
+        print(f"  Llama-3.1-8B {name} linear layers (32 x qkv+o+gate_up+down, quantize + "
+              f"GEMV, M = 1): {t * 1e3:.3f} ms per token")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "gguf_mmvq.json").write_text(json.dumps(
+        {"rows": ROWS, "per_token_ms": {k: v * 1e3 for k, v in per_token.items()}}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

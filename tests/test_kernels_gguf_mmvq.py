@@ -1,0 +1,117 @@
+"""kernels/gguf_mmvq.py: q8_1 activation quantization and the int8-dot GGUF decode GEMV.
+
+Mirrors vLLM 0.33 tests/kernels/quantization/test_ggml.py (test_mmvq: ggml_mul_mat_vec_a8
+per type against a dequantized fp32 reference, loose tolerance for the int8 activations).
+Oracles: engine/gguf/dequant.py (the per-row dequantize, bit-exact vs the gguf package) with
+an fp32 matmul, and quantize_q8_1_ref (torch) for the activations. With activations that are
+small integers with 127 in every group of 32 the q8_1 form is exact, so the GEMV must equal
+the fp32 reference to rounding; with random activations it must stay within the int8
+rounding error.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_kernels_common import DEVICE
+from test_kernels_gguf_gemm import gguf_gemm_ref, random_weight
+
+from engine.errors import InvalidArgumentError
+from engine.gguf.constants import GGMLType
+from kernels.activation import silu_and_mul
+from kernels.gguf_mmvq import (
+    MMVQ_MAX_M,
+    gguf_mmvq,
+    gguf_mmvq_q8_1,
+    quantize_q8_1,
+    quantize_q8_1_ref,
+)
+
+TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K,
+         GGMLType.Q6_K]
+
+
+def _unpack(xq: torch.Tensor) -> torch.Tensor:
+    """int32 words [M, K / 4] -> int8 values [M, K] (little-endian bytes)."""
+    return xq.cpu().view(torch.int8).reshape(xq.shape[0], -1)
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def _integer_x(m: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Integers in [-127, 127], one +-127 per group of 32: q8_1 holds them exactly (d = 1)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-127, 128, (m, k), generator=g).float()
+    x.view(m, -1, 32)[:, :, 5] = torch.where(torch.rand(m, k // 32, generator=g) < 0.5, -127.0,
+                                             127.0)
+    return x.to(DEVICE)
+
+
+@pytest.mark.parametrize("silu", [False, True])
+def test_quantize_q8_1_matches_reference(silu: bool) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(3, 2 * 640 if silu else 640, device=DEVICE) * 3
+    x[1, :32] = 0.0  # an all-zero group: d = 0, q = 0
+    xq, xd, xs = quantize_q8_1(x, silu_and_mul=silu)
+    # the activation as kernels/activation.py computes it (one formula; torch's F.silu may
+    # differ in the last bit, which can move a value across a rounding boundary)
+    q_ref, d_ref, s_ref = quantize_q8_1_ref(silu_and_mul(x) if silu else x)
+    assert torch.equal(_unpack(xq), q_ref.cpu())
+    assert torch.equal(xd.cpu(), d_ref.cpu())
+    torch.testing.assert_close(xs.cpu(), s_ref.cpu(), rtol=1e-5, atol=1e-5)
+    assert float(xd[1, 0]) == 0.0 and not _unpack(xq)[1, :32].any()
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("m", [1, 3, MMVQ_MAX_M])
+def test_mmvq_exact_on_integer_activations(qtype: GGMLType, m: int) -> None:
+    """3 super-blocks / 24 blocks a row (not a whole number of steps), 37 rows (a partial
+    row block), M tokens padded to a power of two."""
+    k = 768
+    w = random_weight(qtype, 37, k, seed=int(qtype))
+    x = _integer_x(m, k, seed=m)
+    ref = gguf_gemm_ref(x.double().float(), w, qtype)
+    assert _rel_err(gguf_mmvq(x, w, qtype), ref) < 1e-5
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_mmvq_within_int8_error_on_random_activations(qtype: GGMLType) -> None:
+    w = random_weight(qtype, 16, 512, seed=7)
+    x = torch.randn(2, 512, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    err = _rel_err(gguf_mmvq(x, w, qtype), gguf_gemm_ref(x, w, qtype))
+    assert err < 2e-2  # int8 activations: ~1/254 of each group's max per value
+    x8 = quantize_q8_1_ref(x)
+    xdq = (x8[0].float().view(2, -1, 32) * x8[1][..., None].float()).view(2, -1)
+    assert err < 3 * _rel_err(gguf_gemm_ref(xdq, w, qtype), gguf_gemm_ref(x, w, qtype))
+
+
+def test_mmvq_silu_and_mul_and_output_slice() -> None:
+    """The down projection's fused activation; shards written into one wider output."""
+    qtype = GGMLType.Q4_K
+    gate_up = torch.randn(2, 2 * 512, generator=torch.Generator().manual_seed(2)).to(
+        DEVICE, torch.bfloat16)
+    w = random_weight(qtype, 24, 512, seed=3)
+    y = gguf_mmvq(gate_up, w, qtype, silu_and_mul=True)
+    assert y.dtype == torch.bfloat16
+    act = silu_and_mul(gate_up)  # rounded as the fused kernel rounds
+    assert torch.equal(y, gguf_mmvq(act, w, qtype))
+    out = torch.zeros(2, 40, device=DEVICE, dtype=torch.bfloat16)
+    gguf_mmvq_q8_1(quantize_q8_1(act), w, qtype, out[:, 8:32])
+    assert torch.equal(out[:, 8:32], y) and not out[:, :8].any() and not out[:, 32:].any()
+
+
+def test_mmvq_rejects_bad_input() -> None:
+    w = random_weight(GGMLType.Q4_K, 4, 512)
+    x = torch.randn(1, 512, device=DEVICE)
+    with pytest.raises(InvalidArgumentError, match="no int8 GEMV"):
+        gguf_mmvq(x, w, GGMLType.Q5_0)
+    with pytest.raises(InvalidArgumentError, match="does not match K"):
+        gguf_mmvq(torch.randn(1, 256, device=DEVICE), w, GGMLType.Q4_K)
+    with pytest.raises(InvalidArgumentError, match="more than"):
+        gguf_mmvq(torch.randn(MMVQ_MAX_M + 1, 512, device=DEVICE), w, GGMLType.Q4_K)
+    with pytest.raises(InvalidArgumentError, match="whole 144-byte blocks"):
+        gguf_mmvq(x, w[:, :100], GGMLType.Q4_K)
+    with pytest.raises(InvalidArgumentError, match="multiple of 32"):
+        quantize_q8_1(torch.randn(1, 40, device=DEVICE))
