@@ -44,8 +44,11 @@ MMVQ_MAX_M = 8  # decode rows (the issue's M <= 8); more go through kernels/gguf
 
 
 def mmvq_config(qtype: int) -> tuple[int, int, int]:
-    """(rows per program, blocks per step, warps)."""
-    return (4, 2, 1) if MMVQ_TYPES[qtype][1] == 256 else (4, 16, 1)
+    """(rows per program, blocks per step, warps): the fastest of examples/bench/gguf_mmvq.py
+    --sweep over Llama-3.1-8B's shapes on the H200 (docs/kernels.md). Few rows and one warp
+    a program win: many programs in flight hide the memory latency of each step."""
+    return {Q4_K: (2, 4, 1), Q5_K: (2, 4, 1), Q6_K: (1, 2, 1), Q8_0: (1, 64, 1)}.get(
+        qtype, (1, 32, 1))
 
 
 @triton.jit

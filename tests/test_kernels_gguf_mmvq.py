@@ -64,11 +64,11 @@ def test_quantize_q8_1_matches_reference(silu: bool) -> None:
     assert float(xd[1, 0]) == 0.0 and not _unpack(xq)[1, :32].any()
 
 
-@pytest.mark.parametrize("qtype", TYPES)
-@pytest.mark.parametrize("m", [1, 3, MMVQ_MAX_M])
+@pytest.mark.parametrize("qtype,m", [(t, m) for t in TYPES for m in (1, 3)]
+                         + [(GGMLType.Q4_K, MMVQ_MAX_M)])
 def test_mmvq_exact_on_integer_activations(qtype: GGMLType, m: int) -> None:
     """3 super-blocks / 24 blocks a row (not a whole number of steps), 37 rows (a partial
-    row block), M tokens padded to a power of two."""
+    row block), M tokens padded to a power of two (the same code for every M per type)."""
     k = 768
     w = random_weight(qtype, 37, k, seed=int(qtype))
     x = _integer_x(m, k, seed=m)
@@ -115,3 +115,28 @@ def test_mmvq_rejects_bad_input() -> None:
         gguf_mmvq(x, w[:, :100], GGMLType.Q4_K)
     with pytest.raises(InvalidArgumentError, match="multiple of 32"):
         quantize_q8_1(torch.randn(1, 40, device=DEVICE))
+
+
+def test_gguf_weight_shards_share_one_quantization() -> None:
+    """engine/layers/linear.py GGUFWeight: up to MMVQ_MAX_M tokens, int8-dot shards (Q4_K,
+    Q6_K) and a shard of another type (Q5_0, kernels/gguf_gemm.py) fill one output; the
+    down projection's SiLU-and-mul goes into the quantization (forward_act_and_mul)."""
+    from engine.layers.activation import SiluAndMul
+    from engine.layers.linear import GGUFWeight, ReplicatedLinear
+
+    types = [GGMLType.Q4_K, GGMLType.Q5_0, GGMLType.Q6_K]
+    shards = [(random_weight(t, n, 256, seed=i), t) for i, (t, n) in enumerate(zip(types,
+                                                                                   [8, 4, 6]))]
+    gw = GGUFWeight(shards)
+    gen = torch.Generator().manual_seed(3)
+    for m in (2, MMVQ_MAX_M + 1):  # the int8 GEMV, then kernels/gguf_gemm.py for all
+        x = torch.randn(m, 256, generator=gen).to(DEVICE)
+        ref = torch.cat([gguf_gemm_ref(x, w, t) for w, t in shards], dim=1)
+        assert _rel_err(gw(x), ref) < 2e-2
+    down = ReplicatedLinear(256, 8)
+    down.weight = None
+    down.gguf_weight = GGUFWeight([(random_weight(GGMLType.Q4_K, 8, 256, seed=5),
+                                    GGMLType.Q4_K)])
+    gate_up = torch.randn(1, 512, generator=gen).to(DEVICE)
+    got = down.forward_act_and_mul(gate_up, SiluAndMul())
+    assert torch.equal(got, down.gguf_weight(silu_and_mul(gate_up)))

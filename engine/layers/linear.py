@@ -10,7 +10,8 @@ its shape and copies this rank's slice; forward returns the output tensor only (
 returns the bias).
 GGUFWeight is the quantized form of a weight on CUDA (vLLM's GGUFLinearMethod,
 vllm/model_executor/layers/quantization/gguf.py): the raw GGUF blocks of each output shard
-stay on the device and every matmul runs kernels/gguf_gemm.py; a layer that has one
+stay on the device and every matmul runs kernels/gguf_mmvq.py (a few tokens) or
+kernels/gguf_gemm.py; a layer that has one
 (`gguf_weight`) has no dense weight. A dense bf16/fp16 matmul of one row on CUDA (batch-1
 decode) runs the Triton GEMV kernels/gemv.py (dense_linear), which beats cuBLAS there; a
 gated MLP's down projection takes its SiLU-and-mul into that GEMV (forward_act_and_mul).
@@ -63,21 +64,40 @@ def _new_param(*shape: int) -> nn.Parameter:
 
 class GGUFWeight(nn.Module):
     """Raw GGUF blocks of consecutive output shards: qweight{i} [N_i, row_bytes_i] uint8
-    buffers (moved by .to(device), never cast), each of GGML type qtypes[i]."""
+    buffers (moved by .to(device), never cast), each of GGML type qtypes[i]. Up to
+    MMVQ_MAX_M tokens the activations are quantized to q8_1 once and every shard of an
+    int8-dot type runs kernels/gguf_mmvq.py into its columns of one output (vLLM's
+    ggml_mul_mat_vec_a8); other shapes and types run kernels/gguf_gemm.py."""
 
     def __init__(self, shards: list[tuple[torch.Tensor, int]]) -> None:
         super().__init__()
         self.qtypes = [qtype for _, qtype in shards]
+        self.sizes = [raw.shape[0] for raw, _ in shards]
         for i, (raw, _) in enumerate(shards):
             self.register_buffer(f"qweight{i}", raw)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [num_tokens, in] -> [num_tokens, sum N_i]
+    def forward(self, x: torch.Tensor, silu_and_mul: bool = False) -> torch.Tensor:
+        # x: [num_tokens, in] ([num_tokens, 2 * in] gate | up with silu_and_mul)
+        # -> [num_tokens, sum N_i]
         from kernels.gguf_gemm import gguf_gemm  # lazy: CUDA path only
+        from kernels.gguf_mmvq import MMVQ_MAX_M, MMVQ_TYPES, gguf_mmvq_q8_1, quantize_q8_1
 
-        outs = [gguf_gemm(x, getattr(self, f"qweight{i}"), qtype)
-                for i, qtype in enumerate(self.qtypes)]
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        mmvq = [x.shape[0] <= MMVQ_MAX_M and qtype in MMVQ_TYPES for qtype in self.qtypes]
+        xq8 = quantize_q8_1(x, silu_and_mul) if any(mmvq) else None
+        if silu_and_mul and not all(mmvq):
+            x = SiluAndMul()(x)
+        if len(self.qtypes) == 1 and not mmvq[0]:
+            return gguf_gemm(x, self.qweight0, self.qtypes[0])
+        out = torch.empty(x.shape[0], sum(self.sizes), dtype=x.dtype, device=x.device)
+        start = 0
+        for i, (qtype, n) in enumerate(zip(self.qtypes, self.sizes)):
+            qweight = getattr(self, f"qweight{i}")
+            if mmvq[i]:
+                gguf_mmvq_q8_1(xq8, qweight, qtype, out[:, start:start + n])
+            else:
+                out[:, start:start + n] = gguf_gemm(x, qweight, qtype)
+            start += n
+        return out
 
 
 class ReplicatedLinear(nn.Module):
@@ -107,8 +127,10 @@ class ReplicatedLinear(nn.Module):
         """self(act_fn(gate_up)) for a gated MLP's down projection; SiLU-and-mul of one row
         on CUDA runs inside the GEMV (kernels/gemv.py silu_and_mul), one kernel for two."""
         # gate_up: [num_tokens, 2 * in] -> [num_tokens, out]
-        if isinstance(act_fn, SiluAndMul) and self.gguf_weight is None and \
-                _one_row_gemv(gate_up, self.weight, self.bias):
+        if isinstance(act_fn, SiluAndMul) and self.gguf_weight is not None:
+            y = self.gguf_weight(gate_up, silu_and_mul=True)  # quantized with the activation
+            return y if self.bias is None else y + self.bias
+        if isinstance(act_fn, SiluAndMul) and _one_row_gemv(gate_up, self.weight, self.bias):
             from kernels.gemv import dense_gemv  # lazy: CUDA path only
 
             return dense_gemv(gate_up, self.weight, self.bias, silu_and_mul=True)

@@ -1,6 +1,6 @@
 """Time the int8-dot GGUF decode GEMV (kernels/gguf_mmvq.py) on Llama-3.1-8B's linear shapes.
 
-    python examples/bench/gguf_mmvq.py [--sweep] [--m 1 2 4 8] [--out DIR]
+    python examples/bench/gguf_mmvq.py [--sweep] [--m 1 2 4 8] [--types Q4_K ...] [--out DIR]
 
 Per type (Q4_0 Q8_0 Q4_K Q5_K Q6_K), shape (qkv, o, gate_up, down) and token count M: the
 whole op (quantize_q8_1 + GEMV), the GEMV alone with the default config and, with --sweep,
@@ -40,10 +40,10 @@ from kernels.gguf_mmvq import gguf_mmvq, gguf_mmvq_q8_1, mmvq_config, quantize_q
 
 TYPES = (GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 CONFIGS = {  # (rows per program, blocks per step, warps) tried by --sweep
-    256: [(1, 1, 1), (2, 1, 1), (4, 1, 1), (2, 2, 1), (8, 2, 1), (4, 2, 2), (8, 2, 4),
-          (16, 2, 4), (4, 4, 1), (8, 1, 1)],
-    32: [(1, 16, 1), (2, 16, 1), (8, 16, 1), (4, 8, 1), (4, 32, 1), (8, 8, 1), (8, 16, 2),
-         (16, 16, 4), (2, 32, 1), (16, 8, 2)],
+    256: [(1, 2, 1), (1, 4, 1), (1, 8, 1), (2, 4, 1), (1, 4, 2), (1, 8, 2), (2, 8, 2),
+          (2, 2, 1), (4, 4, 1), (1, 16, 4)],
+    32: [(1, 8, 1), (1, 16, 1), (1, 32, 1), (1, 64, 1), (2, 32, 1), (1, 32, 2), (1, 64, 2),
+         (2, 32, 2), (2, 16, 1), (1, 128, 4)],
 }
 
 
@@ -51,11 +51,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--m", type=int, nargs="*", default=[1, 2, 4, 8])
+    ap.add_argument("--types", nargs="*", default=[t.name for t in TYPES])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     torch.manual_seed(0)
     per_token: dict[str, float] = {}
-    for qtype in TYPES:
+    for qtype in (GGMLType[t] for t in args.types):
         per_token[qtype.name] = 0.0
         for lin, (n, k) in LLAMA_LINEARS.items():
             ws = [random_weight(qtype, n, k) for _ in range(copies(n * k // 2))]
