@@ -57,17 +57,19 @@ def _dp4a(a, b, SIGNED: tl.constexpr, ASM: tl.constexpr):
     SIGNED) and b (signed bytes)."""
     if ASM:
         if SIGNED:
-            return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, 0;", "=r,r,r", [a, b],
-                                             dtype=tl.int32, is_pure=True, pack=1)
-        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, 0;", "=r,r,r", [a, b],
-                                         dtype=tl.int32, is_pure=True, pack=1)
-    s = a * 0
-    for i in tl.static_range(4):
-        if SIGNED:
-            ai = (a << (24 - 8 * i)) >> 24
+            s = tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, 0;", "=r,r,r", [a, b],
+                                          dtype=tl.int32, is_pure=True, pack=1)
         else:
-            ai = (a >> (8 * i)) & 0xFF
-        s += ai * ((b << (24 - 8 * i)) >> 24)
+            s = tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, 0;", "=r,r,r", [a, b],
+                                          dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        s = a * 0
+        for i in tl.static_range(4):
+            if SIGNED:
+                ai = (a << (24 - 8 * i)) >> 24
+            else:
+                ai = (a >> (8 * i)) & 0xFF
+            s += ai * ((b << (24 - 8 * i)) >> 24)
     return s
 
 
@@ -105,15 +107,19 @@ def _kquant_scales(base, mask, h: tl.constexpr):
 
 
 @triton.jit
-def _put(acc, r, mi: tl.constexpr, BLOCK_M: tl.constexpr):
-    """acc [BN, BLOCK_M] with r [BN] added to column mi."""
+def _accumulate(acc, r, mi: tl.constexpr, BLOCK_M: tl.constexpr):
+    """One token: acc is r's shape [BN, ...] (summed once after the loop: no cross-lane
+    reduction per step). More tokens: acc [BN, BLOCK_M] gets r summed to [BN] in column mi."""
     if BLOCK_M == 1:
-        return acc + r[:, None]
-    return acc + tl.where(tl.arange(0, BLOCK_M)[None, :] == mi, r[:, None], 0.0)
+        acc += r
+    else:
+        r = tl.sum(tl.reshape(r, (r.shape[0], r.numel // r.shape[0])), 1)
+        acc += tl.where(tl.arange(0, BLOCK_M)[None, :] == mi, r[:, None], 0.0)
+    return acc
 
 
 @triton.jit
-def _kquant_step(rows, x, blk0, nblk, n_mask, M, BLOCK_M: tl.constexpr, NB: tl.constexpr,
+def _kquant_step(acc, rows, x, blk0, nblk, n_mask, M, BLOCK_M: tl.constexpr, NB: tl.constexpr,
                  HAS_QH: tl.constexpr, ASM: tl.constexpr):
     # block_q4_K (144 B): d | dmin | scales[12] | qs[128]; q5_K (176 B) has qh[32] before qs.
     # qs word 8c + i: bytes 32c + 4i..: low nibbles = values 64c + 4i.., high = 64c + 32 + 4i..
@@ -142,7 +148,6 @@ def _kquant_step(rows, x, blk0, nblk, n_mask, M, BLOCK_M: tl.constexpr, NB: tl.c
     xw = s[:, :, :, None] * 64 + 16 * c + i  # [1, NB, 4, 8] word of the low half
     g = s * 8 + 2 * tl.arange(0, 4)[None, None, :]  # [1, NB, 4] q8_1 group of the low half
     xq, xd, xs, sq, sd, ss = x
-    acc = tl.zeros([w.shape[0], BLOCK_M], dtype=tl.float32)
     for mi in tl.static_range(BLOCK_M):
         t = tl.minimum(mi, M - 1).to(tl.int64)  # rows past M recompute the last one
         q_lo = tl.load(xq + t * sq + xw, mask=xm[:, :, :, None], other=0)
@@ -155,12 +160,12 @@ def _kquant_step(rows, x, blk0, nblk, n_mask, M, BLOCK_M: tl.constexpr, NB: tl.c
         r = sc_lo * tl.load(xd + t * sd + g, mask=xm, other=0.0) * dot_lo \
             + sc_hi * tl.load(xd + t * sd + g + 1, mask=xm, other=0.0) * dot_hi \
             - (mn_lo * s_lo + mn_hi * s_hi)
-        acc = _put(acc, tl.sum(tl.sum(r, 2), 1), mi, BLOCK_M)
+        acc = _accumulate(acc, r, mi, BLOCK_M)
     return acc
 
 
 @triton.jit
-def _q6_k_step(rows, x, blk0, nblk, n_mask, M, BLOCK_M: tl.constexpr, NB: tl.constexpr,
+def _q6_k_step(acc, rows, x, blk0, nblk, n_mask, M, BLOCK_M: tl.constexpr, NB: tl.constexpr,
                ASM: tl.constexpr):
     # block_q6_K (210 B): ql[128] | qh[64] | scales[16] int8 | d. Value 32u + 16j + 4i + e
     # (u = 4 h2 + g, g = 2 bq + a): low 4 bits = nibble bq of ql[64 h2 + 32 a + 16j + 4i + e],
@@ -181,21 +186,18 @@ def _q6_k_step(rows, x, blk0, nblk, n_mask, M, BLOCK_M: tl.constexpr, NB: tl.con
     xm = s < nblk
     v = s * 256 + 32 * u + 16 * j  # [1, NB, 8, 2, 1] first value of each 16
     xq, xd, xs, sq, sd, ss = x
-    acc = tl.zeros([q.shape[0], BLOCK_M], dtype=tl.float32)
     for mi in tl.static_range(BLOCK_M):
         t = tl.minimum(mi, M - 1).to(tl.int64)
         qx = tl.load(xq + t * sq + v // 4 + i, mask=xm, other=0)  # [1, NB, 8, 2, 4]
         dot = tl.sum(_dp4a(q, qx, False, ASM), 4, keep_dims=True).to(tl.float32)
         dx = tl.load(xd + t * sd + v // 32, mask=xm, other=0.0)
         sx = tl.load(xs + t * ss + v // 16, mask=xm, other=0.0)
-        r = sc * (dx * dot - 32.0 * sx)  # [BN, NB, 8, 2, 1]
-        r = tl.sum(tl.sum(tl.sum(tl.sum(r, 4), 3), 2), 1)
-        acc = _put(acc, r, mi, BLOCK_M)
+        acc = _accumulate(acc, sc * (dx * dot - 32.0 * sx), mi, BLOCK_M)  # [BN, NB, 8, 2, 1]
     return acc
 
 
 @triton.jit
-def _legacy_step(rows, x, blk0, nblk, n_mask, M, BLOCK_M: tl.constexpr, NB: tl.constexpr,
+def _legacy_step(acc, rows, x, blk0, nblk, n_mask, M, BLOCK_M: tl.constexpr, NB: tl.constexpr,
                  TYPE: tl.constexpr, ASM: tl.constexpr):
     # block_q8_0 (34 B): d | qs[32] int8 (w = d q); block_q4_0 (18 B): d | qs[16] (low
     # nibbles = values 0..15, high = 16..31, w = d (q - 8)); block_q4_1 (20 B): d | m | qs[16]
@@ -217,7 +219,6 @@ def _legacy_step(rows, x, blk0, nblk, n_mask, M, BLOCK_M: tl.constexpr, NB: tl.c
         off = _f16(base + 2, m)
     xm = s < nblk
     xq, xd, xs, sq, sd, ss = x
-    acc = tl.zeros([w.shape[0], BLOCK_M], dtype=tl.float32)
     for mi in tl.static_range(BLOCK_M):
         t = tl.minimum(mi, M - 1).to(tl.int64)
         qx = xq + t * sq + s * 8 + i
@@ -233,7 +234,7 @@ def _legacy_step(rows, x, blk0, nblk, n_mask, M, BLOCK_M: tl.constexpr, NB: tl.c
             xs_t = xs + t * ss + 2 * s
             r += off * (tl.load(xs_t, mask=xm, other=0.0) + tl.load(xs_t + 1, mask=xm,
                                                                      other=0.0))
-        acc = _put(acc, tl.sum(tl.sum(r, 2), 1), mi, BLOCK_M)
+        acc = _accumulate(acc, r, mi, BLOCK_M)  # [BN, NB, 1]
     return acc
 
 
@@ -251,20 +252,29 @@ def _mmvq_kernel(
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k32 = nblk * GPB
     x = (xq_ptr, xd_ptr, xs_ptr, k32 * 8, k32, k32 * 2)  # pointers and row strides
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    if BLOCK_M > 1:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    elif TYPE == 14:
+        acc = tl.zeros([BLOCK_N, NB, 8, 2, 1], dtype=tl.float32)
+    elif TYPE == 12 or TYPE == 13:
+        acc = tl.zeros([BLOCK_N, NB, 4], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_N, NB, 1], dtype=tl.float32)
     for blk0 in range(0, nblk, NB):
         if TYPE == 14:
             rows = w_ptr + n.to(tl.int64)[:, None, None, None, None] * stride_w
-            acc += _q6_k_step(rows, x, blk0, nblk, (n < N)[:, None, None, None, None], M,
-                              BLOCK_M, NB, ASM)
+            acc = _q6_k_step(acc, rows, x, blk0, nblk, (n < N)[:, None, None, None, None], M,
+                             BLOCK_M, NB, ASM)
         elif TYPE == 12 or TYPE == 13:
             rows = w_ptr + n.to(tl.int64)[:, None, None] * stride_w
-            acc += _kquant_step(rows, x, blk0, nblk, (n < N)[:, None, None], M, BLOCK_M, NB,
-                                TYPE == 13, ASM)
+            acc = _kquant_step(acc, rows, x, blk0, nblk, (n < N)[:, None, None], M, BLOCK_M,
+                               NB, TYPE == 13, ASM)
         else:
             rows = w_ptr + n.to(tl.int64)[:, None, None] * stride_w
-            acc += _legacy_step(rows, x, blk0, nblk, (n < N)[:, None, None], M, BLOCK_M, NB,
-                                TYPE, ASM)
+            acc = _legacy_step(acc, rows, x, blk0, nblk, (n < N)[:, None, None], M, BLOCK_M,
+                               NB, TYPE, ASM)
+    if BLOCK_M == 1:  # the one reduction of the tile
+        acc = tl.sum(tl.reshape(acc, (BLOCK_N, acc.numel // BLOCK_N)), 1)[:, None]
     om = tl.arange(0, BLOCK_M)
     y = y_ptr + om.to(tl.int64)[None, :] * stride_ym + n[:, None]
     tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=(n < N)[:, None] & (om < M)[None, :])
