@@ -2,7 +2,8 @@
 
 Mirrors vLLM's GGUF vector path (csrc/quantization/gguf/gguf_kernel.cu ggml_mul_mat_vec_a8:
 quantize_row_q8_1 then mul_mat_vec_q with the vec_dot_*_q8_1 functions of
-csrc/quantization/gguf/vecdotq.cuh, which are llama.cpp's mmvq), in Triton with own code:
+csrc/quantization/gguf/vecdotq.cuh, which are llama.cpp's mmvq; vLLM 0.33 moved GGUF to
+vllm-gguf-plugin, and sgl-kernel ships the same op), in Triton with own code:
 
 1. quantize_q8_1: each group of 32 activations becomes 32 int8 values q = rint(x / d) with
    d = max|x| / 127, packed four to an int32 word, plus d and the true sums of x over each
@@ -165,34 +166,48 @@ def _kquant_step(acc, rows, x, blk0, nblk, n_mask, M, BLOCK_M: tl.constexpr, NB:
 
 
 @triton.jit
+def _q6_k_half(acc, ql, qh, base, d, m, v0, x, mi: tl.constexpr, M, BQ: tl.constexpr,
+               BLOCK_M: tl.constexpr, ASM: tl.constexpr):
+    # values of nibble BQ of the ql words [BN, NB, 2, 2, 2, 4] (g = 2 BQ + a): 6-bit q, its
+    # scale and q8_1 dot; v0 [1, NB, 2, 2, 2, 1] = first value of each 16 for BQ = 0; d is 0
+    # on masked blocks
+    a = tl.arange(0, 2)[None, None, None, :, None, None]
+    q = ((ql >> (4 * BQ)) & 0x0F0F0F0F) | (((qh >> (2 * (2 * BQ + a))) & 0x03030303) << 4)
+    v = v0 + 64 * BQ
+    sc = tl.load((base + 192 + (v % 256) // 16).to(tl.pointer_type(tl.int8)), mask=m,
+                 other=0).to(tl.float32) * d  # d * scales[(value % 256) / 16]
+    xq, xd, xs, sq, sd, ss = x
+    t = tl.minimum(mi, M - 1).to(tl.int64)  # rows past M recompute the last one
+    qx = tl.load(xq + t * sq + v // 4 + tl.arange(0, 4)[None, None, None, None, None, :])
+    dot = tl.sum(_dp4a(q, qx, False, ASM), 5, keep_dims=True).to(tl.float32)
+    dx = tl.load(xd + t * sd + v // 32)
+    sx = tl.load(xs + t * ss + v // 16)
+    return _accumulate(acc, sc * (dx * dot - 32.0 * sx), mi, BLOCK_M)  # [BN, NB, 2, 2, 2, 1]
+
+
+@triton.jit
 def _q6_k_step(acc, rows, x, blk0, nblk, n_mask, M, BLOCK_M: tl.constexpr, NB: tl.constexpr,
                ASM: tl.constexpr):
-    # block_q6_K (210 B): ql[128] | qh[64] | scales[16] int8 | d. Value 32u + 16j + 4i + e
-    # (u = 4 h2 + g, g = 2 bq + a): low 4 bits = nibble bq of ql[64 h2 + 32 a + 16j + 4i + e],
-    # high 2 bits = bits 2g of qh[32 h2 + 16j + 4i + e]; scale scales[2u + j]; w = d sc (q - 32)
-    # rows [BN, 1, 1, 1, 1] -> [BN, BLOCK_M]; axes (row, block, u, j, i)
-    s = blk0 + tl.arange(0, NB)[None, :, None, None, None]
-    m = n_mask & (s < nblk)  # [BN, NB, 1, 1, 1]
+    # block_q6_K (210 B): ql[128] | qh[64] | scales[16] int8 | d. Value 128 h2 + 32 g + 16 j
+    # + 4 i + e (g = 2 bq + a): low 4 bits = nibble bq of ql[64 h2 + 32 a + 16 j + 4 i + e],
+    # high 2 bits = bits 2g of qh[32 h2 + 16 j + 4 i + e]; scale scales[8 h2 + 2 g + j];
+    # w = d sc (q - 32). Axes (row, block, h2, a, j, i): each ql word feeds two nibbles (bq),
+    # each qh word four; rows [BN, 1, 1, 1, 1, 1] -> acc
+    s = blk0 + tl.arange(0, NB)[None, :, None, None, None, None]
+    m = n_mask & (s < nblk)  # [BN, NB, 1, 1, 1, 1]
+    s = tl.minimum(s, nblk - 1)  # past the row: re-read its last block, weights masked to 0
     base = rows + s.to(tl.int64) * 210
-    u = tl.arange(0, 8)[None, None, :, None, None]
-    j = tl.arange(0, 2)[None, None, None, :, None]
-    i = tl.arange(0, 4)[None, None, None, None, :]
-    h2, g = u // 4, u % 4
-    qlw = _word16(base + 64 * h2 + 32 * (g % 2) + 16 * j + 4 * i, m)  # [BN, NB, 8, 2, 4]
-    qhw = _word16(base + 128 + 32 * h2 + 16 * j + 4 * i, m)
-    q = ((qlw >> (4 * (g // 2))) & 0x0F0F0F0F) | (((qhw >> (2 * g)) & 0x03030303) << 4)
-    sc = tl.load((base + 192 + 2 * u + j).to(tl.pointer_type(tl.int8)), mask=m, other=0)
-    sc = sc.to(tl.float32) * _f16(base + 208, m)  # [BN, NB, 8, 2, 1]
-    xm = s < nblk
-    v = s * 256 + 32 * u + 16 * j  # [1, NB, 8, 2, 1] first value of each 16
-    xq, xd, xs, sq, sd, ss = x
+    h2 = tl.arange(0, 2)[None, None, :, None, None, None]
+    a = tl.arange(0, 2)[None, None, None, :, None, None]
+    j = tl.arange(0, 2)[None, None, None, None, :, None]
+    i = tl.arange(0, 4)[None, None, None, None, None, :]
+    ql = _word16(base + 64 * h2 + 32 * a + 16 * j + 4 * i, m)  # [BN, NB, 2, 2, 2, 4]
+    qh = _word16(base + 128 + 32 * h2 + 16 * j + 4 * i, m)  # [BN, NB, 2, 1, 2, 4]
+    d = _f16(base + 208, m)  # [BN, NB, 1, 1, 1, 1], 0 where masked
+    v0 = s * 256 + 128 * h2 + 32 * a + 16 * j  # [1, NB, 2, 2, 2, 1]
     for mi in tl.static_range(BLOCK_M):
-        t = tl.minimum(mi, M - 1).to(tl.int64)
-        qx = tl.load(xq + t * sq + v // 4 + i, mask=xm, other=0)  # [1, NB, 8, 2, 4]
-        dot = tl.sum(_dp4a(q, qx, False, ASM), 4, keep_dims=True).to(tl.float32)
-        dx = tl.load(xd + t * sd + v // 32, mask=xm, other=0.0)
-        sx = tl.load(xs + t * ss + v // 16, mask=xm, other=0.0)
-        acc = _accumulate(acc, sc * (dx * dot - 32.0 * sx), mi, BLOCK_M)  # [BN, NB, 8, 2, 1]
+        acc = _q6_k_half(acc, ql, qh, base, d, m, v0, x, mi, M, 0, BLOCK_M, ASM)
+        acc = _q6_k_half(acc, ql, qh, base, d, m, v0, x, mi, M, 1, BLOCK_M, ASM)
     return acc
 
 
@@ -255,16 +270,16 @@ def _mmvq_kernel(
     if BLOCK_M > 1:
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     elif TYPE == 14:
-        acc = tl.zeros([BLOCK_N, NB, 8, 2, 1], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_N, NB, 2, 2, 2, 1], dtype=tl.float32)
     elif TYPE == 12 or TYPE == 13:
         acc = tl.zeros([BLOCK_N, NB, 4], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_N, NB, 1], dtype=tl.float32)
     for blk0 in range(0, nblk, NB):
         if TYPE == 14:
-            rows = w_ptr + n.to(tl.int64)[:, None, None, None, None] * stride_w
-            acc = _q6_k_step(acc, rows, x, blk0, nblk, (n < N)[:, None, None, None, None], M,
-                             BLOCK_M, NB, ASM)
+            rows = w_ptr + n.to(tl.int64)[:, None, None, None, None, None] * stride_w
+            acc = _q6_k_step(acc, rows, x, blk0, nblk, (n < N)[:, None, None, None, None, None],
+                             M, BLOCK_M, NB, ASM)
         elif TYPE == 12 or TYPE == 13:
             rows = w_ptr + n.to(tl.int64)[:, None, None] * stride_w
             acc = _kquant_step(acc, rows, x, blk0, nblk, (n < N)[:, None, None], M, BLOCK_M,

@@ -137,6 +137,6 @@ def test_gguf_weight_shards_share_one_quantization() -> None:
     down.weight = None
     down.gguf_weight = GGUFWeight([(random_weight(GGMLType.Q4_K, 8, 256, seed=5),
                                     GGMLType.Q4_K)])
-    gate_up = torch.randn(1, 512, generator=gen).to(DEVICE)
-    got = down.forward_act_and_mul(gate_up, SiluAndMul())
+    gate_up = torch.randn(1, 512, generator=gen).to(DEVICE, torch.bfloat16)  # as a model's
+    got = down.forward_act_and_mul(gate_up, SiluAndMul())  # bf16 rounding: one activation
     assert torch.equal(got, down.gguf_weight(silu_and_mul(gate_up)))
