@@ -17,7 +17,8 @@ prompts) and runs benchmarks on it through examples/bench/{startup,latency,throu
 - llama8b-seqs64: `throughput` random 300 x (1024 in, 128 out) at --max-num-seqs 64
   (most steps mix prefill chunks with decodes: issue 13's graphed-mixed-steps figure).
 - llama8b-eager: `latency` batch 1 with --enforce-eager.
-- qwen3-8b, qwen3-30b-a3b: `latency` batch 1 with CUDA graphs.
+- qwen3-8b: `latency` batch 1 with CUDA graphs; qwen3-30b-a3b: `latency` batch 1/8/32 and
+  `throughput` random N x (1024 in, 128 out) (issue 17: >= 1.3x Llama-8B's).
 - qwen3.5-35b-a3b, qwen3.5-27b (hybrid Gated DeltaNet, issue 18; not in the default
   --steps: with 70 / 54 GB of weights they need a device call of their own): `latency`
   batch 1 and `throughput` random N x (1024 in, 128 out), CUDA graphs.
@@ -51,7 +52,7 @@ STEPS = {  # name: (model directory, extra engine flags, latency batch sizes)
     "llama8b-seqs64": ("llama-3.1-8b", ["--max-num-seqs", "64"], []),
     "llama8b-eager": ("llama-3.1-8b", ["--enforce-eager"], [1]),
     "qwen3-8b": ("qwen3-8b", [], [1]),
-    "qwen3-30b-a3b": ("qwen3-30b-a3b", [], [1]),
+    "qwen3-30b-a3b": ("qwen3-30b-a3b", [], [1, 8, 32]),
     # hybrid GDN (issue 18). Memory on the H200 (139 GiB; --gpu-memory-utilization 0.9 of it
     # is 125 GiB): 27B has 50.1 GiB of weights plus 36.8 GiB of state for the default 256
     # slots and the null slot (48 GDN layers x 3.2 MB = 153.9 MB a request, fp32 SSM state),
@@ -65,7 +66,7 @@ STEPS = {  # name: (model directory, extra engine flags, latency batch sizes)
 }
 DEFAULT_STEPS = ["llama8b-graphs", "llama8b-seqs64", "llama8b-eager", "qwen3-8b",
                  "qwen3-30b-a3b"]
-RANDOM_THROUGHPUT_STEPS = {"llama8b-graphs", "qwen3.5-35b-a3b", "qwen3.5-27b"}
+RANDOM_THROUGHPUT_STEPS = {"llama8b-graphs", "qwen3-30b-a3b", "qwen3.5-35b-a3b", "qwen3.5-27b"}
 # batch-1 decode rooflines, tok/s: bytes read per step (weights less the embedding table)
 # over 4.28 TB/s; Llama-3.1-8B as the brief's 286 (15.01 GB at 4.3 TB/s)
 BW = 4.28e12
@@ -89,7 +90,10 @@ SHAREGPT_PROMPTS = 200  # as vLLM CI's throughput_llama8B_tp1
 SEQS64_PROMPTS = 300  # llama8b-seqs64: 300 x THROUGHPUT_LENS at --max-num-seqs 64
 # issue 13's acceptance figures; issue 18's as fractions of ROOFLINE_B1
 TARGETS = {"b1": 250.0, "eager_b1": 60.0, "throughput": 34.0, "seqs64": 26.0, "startup": 20.0,
-           "qwen3.5-35b-a3b": 0.5, "qwen3.5-27b": 0.8}
+           "qwen3.5-35b-a3b": 0.5, "qwen3.5-27b": 0.8,
+           "moe_vs_llama": 1.3}  # issue 17: 30B-A3B offline >= 1.3x Llama-8B's, same run
+# vLLM's published Qwen3-30B-A3B figure (performance anchors A9): not like-for-like
+VLLM_QWEN3_30B = "vLLM bf16, 1xH100, concurrency 10, 2048 in / 1024 out: TPOT 13.18 ms (A9)"
 # vLLM's published figures for the hybrid GDN models (shared/reference/hybrid-gdn.md section
 # 6, P1/P5/P6/P9): (conditions and figure, batch-1 decode tok/s to compare with or None).
 # None is on one H200 in bf16. P1 runs TP=8 on 8 H200 (batch-1 decode there splits the
@@ -226,9 +230,32 @@ def table(results: dict[str, dict], status: dict[str, str]) -> str:
         rows.append(("Llama-8B CUDA-graph memory", f"{mp.get('cudagraph_pool', 0) / 2**30:.2f} "
                      "GiB pool", f"profile counted {mp.get('cudagraph_estimate', 0) / 2**30:.2f}"
                      " GiB", ""))
+    rows += _moe_rows(get, status)
     rows += _gdn_rows(get, results, status)
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return "\n".join(" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def _moe_rows(get, status: dict) -> list[tuple[str, str, str, str]]:
+    """Issue 17's rows beyond batch 1: Qwen3-30B-A3B latency at batch 8 / 32 and offline
+    throughput against Llama-8B's of the same run."""
+    rows = []
+    for b in (8, 32):
+        lat = get("qwen3-30b-a3b", f"latency_b{b}", "avg_latency")
+        dec = get("qwen3-30b-a3b", f"latency_b{b}", "decode_tokens_per_second")
+        rows.append((f"Qwen3-30B-A3B latency bs {b} (32 in, 128 out)", f"{_fmt(lat, '.3f')} s",
+                     f"decode {_fmt(dec)} tok/s", ""))
+    tp = get("qwen3-30b-a3b", "throughput") or {}
+    rps = tp.get("requests_per_second")
+    llama = get("llama8b-graphs", "throughput", "requests_per_second")
+    ratio = f"{rps / llama:.2f}x Llama-8B's" if rps is not None and llama else \
+        status.get("qwen3-30b-a3b", "")
+    rows.append((f"Qwen3-30B-A3B throughput {tp.get('num_requests', '-')} x {THROUGHPUT_LENS}",
+                 f"{_fmt(rps, '.2f')} req/s, {_fmt(tp.get('output_tokens_per_second'))} "
+                 "out tok/s", ratio, f">= {TARGETS['moe_vs_llama']}x Llama-8B"))
+    rows.append(("  vLLM published (Qwen3-30B-A3B)", "", "no ratio: not like-for-like",
+                 VLLM_QWEN3_30B))
+    return rows
 
 
 def _gdn_rows(get, results: dict, status: dict) -> list[tuple[str, str, str, str]]:
