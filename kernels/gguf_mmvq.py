@@ -34,13 +34,10 @@ import triton
 import triton.language as tl
 
 from kernels._common import cdiv, check, check_float, check_same_device, pdl_launch, pdl_wait
+from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
 from kernels.gguf_tiles import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
 
-# type -> (bytes per block, values per block)
-MMVQ_TYPES: dict[int, tuple[int, int]] = {
-    Q4_0: (18, 32), Q4_1: (20, 32), Q8_0: (34, 32), Q4_K: (144, 256), Q5_K: (176, 256),
-    Q6_K: (210, 256),
-}
+MMVQ_TYPES = frozenset({Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K})  # block sizes: GGML_TYPE_TRAITS
 MMVQ_MAX_M = 8  # decode rows (the issue's M <= 8); more go through kernels/gguf_gemm.py
 
 
@@ -49,7 +46,7 @@ def mmvq_config(qtype: int) -> tuple[int, int, int]:
     --sweep over Llama-3.1-8B's shapes on the H200 (docs/kernels.md). Few rows and one warp
     a program win: many programs in flight hide the memory latency of each step."""
     return {Q4_K: (2, 4, 1), Q5_K: (2, 4, 1), Q6_K: (2, 2, 1), Q8_0: (1, 64, 1)}.get(
-        qtype, (1, 32, 1))
+        qtype, (1, 32, 1))  # Q4_0, Q4_1
 
 
 @triton.jit
@@ -359,7 +356,7 @@ def gguf_mmvq_q8_1(xq8: tuple[torch.Tensor, torch.Tensor, torch.Tensor], qweight
     (quantize_q8_1) and raw blocks qweight [N, row_bytes] uint8 of type qtype."""
     xq, xd, xs = xq8
     check(qtype in MMVQ_TYPES, lambda: f"no int8 GEMV for GGML type {qtype}")
-    size, block = MMVQ_TYPES[qtype]
+    block, size = GGML_TYPE_TRAITS[GGMLType(qtype)]
     check(qweight.dtype == torch.uint8 and qweight.dim() == 2 and qweight.stride(1) == 1
           and qweight.shape[1] % size == 0,
           lambda: f"qweight must be [N, whole {size}-byte blocks] uint8, got "
