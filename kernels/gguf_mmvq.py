@@ -5,17 +5,20 @@ quantize_row_q8_1 then mul_mat_vec_q with the vec_dot_*_q8_1 functions of
 csrc/quantization/gguf/vecdotq.cuh, which are llama.cpp's mmvq; vLLM 0.33 moved GGUF to
 vllm-gguf-plugin, and sgl-kernel ships the same op), in Triton with own code:
 
-1. quantize_q8_1: each group of 32 activations becomes 32 int8 values q = rint(x / d) with
-   d = max|x| / 127, packed four to an int32 word, plus d and the true sums of x over each
-   16 values (q8_1's `ds`, split in halves so Q6_K's 16-value sub-blocks have theirs). With
-   silu_and_mul the input is a gated MLP's gate_up row and the activation is made first,
-   rounded as kernels/activation.py rounds: the down projection needs no extra kernel.
-2. gguf_mmvq_q8_1: per weight row, the quantized values are read as 32-bit words (4 of
-   them, nibbles unpacked with two masks a word) and multiplied into the q8_1 words with
-   dp4a (4 products and a sum in one instruction), then each sub-block's integer sum gets
-   its scales once: sum_u a_u * d_x * dot_u + b_u * sum_x_u, where w = a_u * q + b_u on the
-   sub-block u. About one instruction a weight, against ~11 for the fp32 unpacking of
-   kernels/gguf_gemm.py (docs/kernels.md), which keeps the other types.
+1. quantize_q8_1: each group of 32 activations becomes 32 int8 values
+   q = rint(x * 127 / max|x|) (scale d = max|x| / 127), packed four to an int32 word, plus
+   d and the true sums of x over each 16 values (q8_1's `ds`, split in halves so Q6_K's
+   16-value sub-blocks have theirs). With silu_and_mul the input is a gated MLP's gate_up
+   row and the activation is made first, rounded as kernels/activation.py rounds: the down
+   projection needs no extra kernel.
+2. gguf_mmvq_q8_1: per weight row, the quantized values are read as 32-bit words (four
+   8-bit values, or eight nibbles unpacked with two masks) and multiplied into the q8_1
+   words with dp4a (4 products and a sum in one instruction), then each sub-block's
+   integer sum gets its scales once: sum_u a_u * d_x * dot_u + b_u * sum_x_u, where
+   w = a_u * q + b_u on the sub-block u. About one instruction a weight, against ~11 for
+   the fp32 unpacking of kernels/gguf_gemm.py (docs/kernels.md), which keeps the other
+   types. M tokens are padded to a power of two (BLOCK_M); the pad rows recompute the last
+   token, which costs ALU work only (the weights are read once).
 
 Types: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K (MMVQ_TYPES). Blocks of 2-byte alignment (Q4_0,
 Q8_0, Q6_K) are read as 16-bit halves. The error is the int8 rounding of the activations
@@ -336,8 +339,9 @@ def quantize_q8_1(x: torch.Tensor, silu_and_mul: bool = False
     check_float("x", x)
     check(x.dim() == 2 and x.stride(1) == 1, "x must be [num_tokens, K], last dim contiguous")
     m, k = x.shape[0], x.shape[1] // (2 if silu_and_mul else 1)
-    check(k % 32 == 0 and (not silu_and_mul or x.shape[1] % 2 == 0),
-          lambda: f"x's K = {k} must be a multiple of 32 (q8_1 groups)")
+    check(not silu_and_mul or x.shape[1] % 2 == 0,
+          lambda: f"gate_up must be [num_tokens, 2K], got width {x.shape[1]}")
+    check(k % 32 == 0, lambda: f"x's K = {k} must be a multiple of 32 (q8_1 groups)")
     xq = torch.empty(m, k // 4, dtype=torch.int32, device=x.device)
     xd = torch.empty(m, k // 32, dtype=torch.float32, device=x.device)
     xs = torch.empty(m, k // 16, dtype=torch.float32, device=x.device)
@@ -366,11 +370,17 @@ def gguf_mmvq_q8_1(xq8: tuple[torch.Tensor, torch.Tensor, torch.Tensor], qweight
     check(qweight.stride(0) % align == 0 and qweight.data_ptr() % align == 0,
           lambda: f"qweight rows must be {align}-byte aligned")
     m = xq.shape[0]
-    check(xq.shape == (m, nblk * block // 4) and m <= MMVQ_MAX_M,
-          lambda: f"x (q8_1 {tuple(xq.shape)}) does not match K = {nblk * block}, or has more "
+    k = nblk * block
+    check(xq.shape == (m, k // 4) and m <= MMVQ_MAX_M,
+          lambda: f"x (q8_1 {tuple(xq.shape)}) does not match K = {k}, or has more "
           f"than {MMVQ_MAX_M} rows")
+    check(xq.dtype == torch.int32 and xq.is_contiguous() and xd.shape == (m, k // 32)
+          and xs.shape == (m, k // 16) and xd.dtype == xs.dtype == torch.float32
+          and xd.is_contiguous() and xs.is_contiguous(),
+          "x's q8_1 form must be quantize_q8_1's (xq int32, xd and xs fp32, contiguous)")
+    check_float("out", out)
     check(out.shape == (m, n) and out.stride(1) == 1, lambda: f"out must be [{m}, {n}]")
-    check_same_device(xq=xq, qweight=qweight, out=out)
+    check_same_device(xq=xq, xd=xd, xs=xs, qweight=qweight, out=out)
     if m == 0 or n == 0:
         return out
     block_n, nb, warps = config or mmvq_config(qtype)

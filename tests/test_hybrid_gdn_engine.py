@@ -248,17 +248,17 @@ def test_prefill_split_of_a_mixed_step():
 
 
 @pytest.mark.parametrize("backend,lens,chunked", [
-    ("auto", [1, 70, 1, 60], True),  # prefill rows average 65 tokens
-    ("auto", [1, 30, 1, 3], False),
+    ("auto", [1, 70, 1, 3], True),
+    ("auto", [1024] + [2] * 20, True),  # one long prompt among many short rows
+    ("auto", [1, 63, 1, 3], False),
     ("auto", [64, 1], True),
     ("auto", [1, 1], False),  # decode only: never chunked
     ("recurrent", [1024], False),
     ("triton", [1, 2], True),
 ])
 def test_prefill_backend_choice(backend, lens, chunked, monkeypatch):
-    """GDN_PREFILL_BACKEND "auto" takes the chunked kernels when the step's prefill rows
-    (more than one token) average at least CHUNK_SIZE (64) tokens; "triton" always, for
-    prefill steps; "recurrent" never."""
+    """GDN_PREFILL_BACKEND "auto" takes the chunked kernels when the step's longest row has
+    at least CHUNK_SIZE (64) tokens; "triton" always, for prefill steps; "recurrent" never."""
     import engine.layers.gdn as gdn
 
     monkeypatch.setattr(gdn, "GDN_PREFILL_BACKEND", backend)

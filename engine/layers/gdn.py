@@ -20,10 +20,11 @@ references. Without metadata (the profile run) the core is skipped (zeros), as a
 Prefill rows (more than one token) on CUDA run the chunked kernels of
 kernels/chunk_gated_delta_rule.py when GDN_PREFILL_BACKEND is "triton" (vLLM's
 --gdn-prefill-backend triton: FLA's chunk_gated_delta_rule), decode rows the recurrent
-kernel; "recurrent" runs every row recurrently. "auto" (the default, as vLLM's) takes the
-chunked kernels when a step's prefill rows average at least one chunk (CHUNK_SIZE tokens),
-else the recurrent one: on the H200 the chunked kernels are 6.4x faster on one 1024-token
-prompt, 2.3x on 64 x 128, 0.6x on 256 x 16 (examples/bench/gdn_prefill.py, docs/kernels.md).
+kernel; "recurrent" runs every row recurrently. "auto" (the default; vLLM's auto always
+takes a chunked kernel on CUDA) takes the chunked kernels when the step's longest row has
+at least one chunk (CHUNK_SIZE tokens), else the recurrent one, whose time follows the
+longest row: on the H200 the chunked kernels are 6.4x faster on one 1024-token prompt,
+2.3x on 64 x 128, 0.6x on 256 x 16 (examples/bench/gdn_prefill.py, docs/hybrid-gdn.md).
 Set it with the environment variable LIBVLLM_GDN_PREFILL_BACKEND.
 """
 
@@ -75,10 +76,7 @@ class GDNMetadata:
         """Whether this step's prefill rows run the chunked kernels (GDN_PREFILL_BACKEND)."""
         if self.max_query_len <= 1 or GDN_PREFILL_BACKEND == "recurrent":
             return False
-        qsl = self.query_start_loc
-        lens = [qsl[i + 1] - qsl[i] for i in range(len(self.state_indices))]
-        prefill = [n for n in lens if n > 1]
-        return GDN_PREFILL_BACKEND == "triton" or sum(prefill) >= CHUNK_SIZE * len(prefill)
+        return GDN_PREFILL_BACKEND == "triton" or self.max_query_len >= CHUNK_SIZE
 
     @functools.cached_property
     def prefill_split(self) -> GDNPrefillSplit:

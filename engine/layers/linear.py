@@ -79,13 +79,14 @@ class GGUFWeight(nn.Module):
     def forward(self, x: torch.Tensor, silu_and_mul: bool = False) -> torch.Tensor:
         # x: [num_tokens, in] ([num_tokens, 2 * in] gate | up with silu_and_mul)
         # -> [num_tokens, sum N_i]
-        from kernels.gguf_gemm import gguf_gemm  # lazy: CUDA path only
+        from kernels.activation import silu_and_mul as act  # lazy: CUDA path only
+        from kernels.gguf_gemm import gguf_gemm
         from kernels.gguf_mmvq import MMVQ_MAX_M, MMVQ_TYPES, gguf_mmvq_q8_1, quantize_q8_1
 
         mmvq = [x.shape[0] <= MMVQ_MAX_M and qtype in MMVQ_TYPES for qtype in self.qtypes]
         xq8 = quantize_q8_1(x, silu_and_mul) if any(mmvq) else None
         if silu_and_mul and not all(mmvq):
-            x = SiluAndMul()(x)
+            x = act(x)  # rounded as the quantizer rounds it
         if len(self.qtypes) == 1 and not mmvq[0]:
             return gguf_gemm(x, self.qweight0, self.qtypes[0])
         out = torch.empty(x.shape[0], sum(self.sizes), dtype=x.dtype, device=x.device)
@@ -124,8 +125,9 @@ class ReplicatedLinear(nn.Module):
         return dense_linear(x, self.weight, self.bias)
 
     def forward_act_and_mul(self, gate_up: torch.Tensor, act_fn: nn.Module) -> torch.Tensor:
-        """self(act_fn(gate_up)) for a gated MLP's down projection; SiLU-and-mul of one row
-        on CUDA runs inside the GEMV (kernels/gemv.py silu_and_mul), one kernel for two."""
+        """self(act_fn(gate_up)) for a gated MLP's down projection. SiLU-and-mul goes into
+        the next kernel where one takes it: the q8_1 quantization of GGUF weights
+        (GGUFWeight, up to 8 tokens) or the one-row dense GEMV (kernels/gemv.py)."""
         # gate_up: [num_tokens, 2 * in] -> [num_tokens, out]
         if isinstance(act_fn, SiluAndMul) and self.gguf_weight is not None:
             y = self.gguf_weight(gate_up, silu_and_mul=True)  # quantized with the activation
