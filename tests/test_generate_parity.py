@@ -59,6 +59,12 @@ def chat_prompts(engine):
 
 
 @pytest.fixture(scope="module")
+def greedy_24(engine, chat_prompts):
+    """The default engine's greedy 24-token answers: the oracle of the settings below."""
+    return _run(engine, chat_prompts, [_greedy(24) for _ in chat_prompts])
+
+
+@pytest.fixture(scope="module")
 def hf_model(model_path):
     transformers = pytest.importorskip("transformers")
     return transformers.AutoModelForCausalLM.from_pretrained(
@@ -110,11 +116,11 @@ BLOCK_BYTES = 2 * 30 * 16 * 3 * 64 * 4  # K+V, 30 layers, 16 tokens, 3 kv heads 
     {"kv_cache_memory_bytes": 6 * BLOCK_BYTES, "max_model_len": 80,
      "scheduling_policy": "priority"},
 ], ids=["no-prefix-caching", "chunked-prefill", "preemption", "priority-preemption"])
-def test_greedy_invariant_under_engine_settings(model_path, engine, chat_prompts, overrides):
-    ref = _run(engine, chat_prompts, [_greedy(24) for _ in chat_prompts])
+def test_greedy_invariant_under_engine_settings(model_path, greedy_24, chat_prompts,
+                                                overrides):
     cfg = {"max_model_len": 256, **overrides}
     other = LLMEngine.from_config(EngineConfig(model=model_path, **cfg))
-    assert _run(other, chat_prompts, [_greedy(24) for _ in chat_prompts]) == ref
+    assert _run(other, chat_prompts, [_greedy(24) for _ in chat_prompts]) == greedy_24
     if "kv_cache_memory_bytes" in overrides:
         assert other.scheduler.num_preemptions > 0
     # nothing leaks: every block is back in the pool
