@@ -12,8 +12,6 @@ for max_model_len fails at start-up.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -65,11 +63,8 @@ def greedy_24(engine, chat_prompts):
 
 
 @pytest.fixture(scope="module")
-def hf_model(model_path):
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(model_path), gguf_file=os.path.basename(model_path),
-        dtype=torch.float32).eval()
+def hf_model(hf_gguf_model):
+    return hf_gguf_model
 
 
 def test_greedy_matches_transformers(engine, chat_prompts, hf_model):
