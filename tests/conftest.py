@@ -1,7 +1,7 @@
 """Shared pytest fixtures: the test model, the built library and CLI, C compilation.
 
 model_path: env VLLM_TEST_MODEL, else the model `make run` fetches; skips if absent.
-hf_gguf_tokenizer / hf_gguf_model: transformers' tokenizer and fp32 model of that GGUF
+hf_test_tokenizer / hf_test_model: transformers' tokenizer and fp32 model of that GGUF
 (the oracles of several modules), loaded once a session; tests only read them.
 built: runs `make -s build/libvllm.so build/vllm-cli` once per session.
 child_env / compile_c: run C programs as a user would (PYTHONUNBUFFERED unset: it
@@ -60,14 +60,14 @@ def model_path() -> str:
 
 
 @pytest.fixture(scope="session")
-def hf_gguf_tokenizer(model_path):
+def hf_test_tokenizer(model_path):
     transformers = pytest.importorskip("transformers")
     return transformers.AutoTokenizer.from_pretrained(
         os.path.dirname(model_path), gguf_file=os.path.basename(model_path))
 
 
 @pytest.fixture(scope="session")
-def hf_gguf_model(model_path):
+def hf_test_model(model_path):
     import torch
 
     transformers = pytest.importorskip("transformers")

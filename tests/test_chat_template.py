@@ -60,8 +60,8 @@ FEATURE_TEMPLATE = """\
 
 
 @pytest.fixture(scope="module")
-def hf(hf_gguf_tokenizer):
-    return hf_gguf_tokenizer
+def hf(hf_test_tokenizer):
+    return hf_test_tokenizer
 
 
 @pytest.fixture(scope="module")

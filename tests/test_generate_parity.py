@@ -63,8 +63,8 @@ def greedy_24(engine, chat_prompts):
 
 
 @pytest.fixture(scope="module")
-def hf_model(hf_gguf_model):
-    return hf_gguf_model
+def hf_model(hf_test_model):
+    return hf_test_model
 
 
 def test_greedy_matches_transformers(engine, chat_prompts, hf_model):

@@ -34,8 +34,8 @@ def engine(model_path):
 
 
 @pytest.fixture(scope="module")
-def hf_model(hf_gguf_model):
-    return hf_gguf_model
+def hf_model(hf_test_model):
+    return hf_test_model
 
 
 @pytest.fixture(scope="module")

@@ -61,8 +61,8 @@ def tok(metadata):
 
 
 @pytest.fixture(scope="module")
-def hf(hf_gguf_tokenizer):
-    return hf_gguf_tokenizer
+def hf(hf_test_tokenizer):
+    return hf_test_tokenizer
 
 
 def is_numeric(char: str) -> bool:

@@ -46,9 +46,9 @@ def base_dirs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def smollm_dir(tmp_path_factory, hf_gguf_tokenizer):
+def smollm_dir(tmp_path_factory, hf_test_tokenizer):
     out = tmp_path_factory.mktemp("smollm")
-    hf_gguf_tokenizer.save_pretrained(out)
+    hf_test_tokenizer.save_pretrained(out)
     return out
 
 
