@@ -1,9 +1,12 @@
 """Shared pytest fixtures: the test model, the built library and CLI, C compilation.
 
 model_path: env VLLM_TEST_MODEL, else the model `make run` fetches; skips if absent.
+hf_test_tokenizer / hf_test_model: transformers' tokenizer and fp32 model of that GGUF
+(the oracles of several modules), loaded once a session; tests only read them.
 built: runs `make -s build/libvllm.so build/vllm-cli` once per session.
 child_env / compile_c: run C programs as a user would (PYTHONUNBUFFERED unset: it
 would hide lost output of the embedded interpreter).
+The test process itself runs torch on one intra-op thread (_one_torch_thread).
 """
 
 from __future__ import annotations
@@ -28,6 +31,22 @@ def _interpret_kernels_without_cuda() -> None:
 
 
 _interpret_kernels_without_cuda()
+
+
+def _one_torch_thread() -> None:
+    """One intra-op thread for the in-process tests unless OMP_NUM_THREADS says otherwise:
+    their ops are small (tiny models, batches of a few rows), and on a 2-core box shared
+    with a child process (engine core, server, C program) or another job, a second
+    thread turns every parallel region into a wait for a descheduled thread (measured
+    here: tests/test_capi_abi1.py 22.6 s -> 12.7 s beside one busy process). Child
+    processes keep torch's default (tests/test_capi_host_runtime.py checks n_threads)."""
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+
+
+_one_torch_thread()
 DEFAULT_MODEL = Path.home() / ".cache/libvllm/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 C_FLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"]
 
@@ -38,6 +57,23 @@ def model_path() -> str:
     if not path.is_file():
         pytest.skip(f"test model {path} is absent (make run fetches it; or set VLLM_TEST_MODEL)")
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def hf_test_tokenizer(model_path):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(
+        os.path.dirname(model_path), gguf_file=os.path.basename(model_path))
+
+
+@pytest.fixture(scope="session")
+def hf_test_model(model_path):
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(model_path), gguf_file=os.path.basename(model_path),
+        dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ bombs, syntax errors, raise_exception), each of which must raise ChatTemplateErr
 (c) message validation and vLLM's text-part joining.
 """
 
-import os
 import time
 
 import pytest
@@ -61,11 +60,8 @@ FEATURE_TEMPLATE = """\
 
 
 @pytest.fixture(scope="module")
-def hf(model_path):
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(
-        os.path.dirname(model_path), gguf_file=os.path.basename(model_path)
-    )
+def hf(hf_test_tokenizer):
+    return hf_test_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,6 @@ for max_model_len fails at start-up.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -59,11 +57,14 @@ def chat_prompts(engine):
 
 
 @pytest.fixture(scope="module")
-def hf_model(model_path):
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(model_path), gguf_file=os.path.basename(model_path),
-        dtype=torch.float32).eval()
+def greedy_24(engine, chat_prompts):
+    """The default engine's greedy 24-token answers: the oracle of the settings below."""
+    return _run(engine, chat_prompts, [_greedy(24) for _ in chat_prompts])
+
+
+@pytest.fixture(scope="module")
+def hf_model(hf_test_model):
+    return hf_test_model
 
 
 def test_greedy_matches_transformers(engine, chat_prompts, hf_model):
@@ -110,11 +111,11 @@ BLOCK_BYTES = 2 * 30 * 16 * 3 * 64 * 4  # K+V, 30 layers, 16 tokens, 3 kv heads 
     {"kv_cache_memory_bytes": 6 * BLOCK_BYTES, "max_model_len": 80,
      "scheduling_policy": "priority"},
 ], ids=["no-prefix-caching", "chunked-prefill", "preemption", "priority-preemption"])
-def test_greedy_invariant_under_engine_settings(model_path, engine, chat_prompts, overrides):
-    ref = _run(engine, chat_prompts, [_greedy(24) for _ in chat_prompts])
+def test_greedy_invariant_under_engine_settings(model_path, greedy_24, chat_prompts,
+                                                overrides):
     cfg = {"max_model_len": 256, **overrides}
     other = LLMEngine.from_config(EngineConfig(model=model_path, **cfg))
-    assert _run(other, chat_prompts, [_greedy(24) for _ in chat_prompts]) == ref
+    assert _run(other, chat_prompts, [_greedy(24) for _ in chat_prompts]) == greedy_24
     if "kv_cache_memory_bytes" in overrides:
         assert other.scheduler.num_preemptions > 0
     # nothing leaks: every block is back in the pool

@@ -111,7 +111,7 @@ def _close(a, b):
 
 @pytest.mark.parametrize("num_blocks,max_tokens,async_scheduling", [
     (64, None, False), (64, None, True),
-    (10, 30, True),  # 9 usable blocks, 19 needed: preemption
+    (10, 10, True),  # 9 usable blocks, 12 needed: preemption
 ], ids=["prefix-cache-sync", "prefix-cache-async", "preemption-async"])
 def test_graphed_steps_equal_eager(llama_dir, num_blocks, max_tokens, async_scheduling):
     args = (async_scheduling, num_blocks, max_tokens)

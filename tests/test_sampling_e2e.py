@@ -12,7 +12,6 @@ Seeded sampling in any batch composition is in test_generate_parity.py.
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import pytest
@@ -35,11 +34,8 @@ def engine(model_path):
 
 
 @pytest.fixture(scope="module")
-def hf_model(model_path):
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(model_path), gguf_file=os.path.basename(model_path),
-        dtype=torch.float32).eval()
+def hf_model(hf_test_model):
+    return hf_test_model
 
 
 @pytest.fixture(scope="module")

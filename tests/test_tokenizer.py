@@ -10,7 +10,6 @@ added tokens and every malformed-metadata error.
 """
 
 import logging
-import os
 import re
 import unicodedata
 
@@ -62,11 +61,8 @@ def tok(metadata):
 
 
 @pytest.fixture(scope="module")
-def hf(model_path):
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(
-        os.path.dirname(model_path), gguf_file=os.path.basename(model_path)
-    )
+def hf(hf_test_tokenizer):
+    return hf_test_tokenizer
 
 
 def is_numeric(char: str) -> bool:

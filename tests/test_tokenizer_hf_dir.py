@@ -46,8 +46,10 @@ def base_dirs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def smollm_dir(tmp_path_factory, model_path):
-    return save_gguf_tokenizer(Path(model_path), tmp_path_factory.mktemp("smollm"))
+def smollm_dir(tmp_path_factory, hf_test_tokenizer):
+    out = tmp_path_factory.mktemp("smollm")
+    hf_test_tokenizer.save_pretrained(out)
+    return out
 
 
 def variant(base: Path, tmp_path: Path, config: dict | None = None, drop_keys=(), files=None,
