@@ -49,7 +49,7 @@ def mmvq_config(qtype: int) -> tuple[int, int, int]:
     --sweep over Llama-3.1-8B's shapes on the H200 (docs/kernels.md). Few rows and one warp
     a program win: many programs in flight hide the memory latency of each step."""
     return {Q4_K: (2, 4, 1), Q5_K: (2, 4, 1), Q6_K: (2, 2, 1), Q8_0: (1, 64, 1)}.get(
-        qtype, (1, 32, 1))  # Q4_0, Q4_1
+        qtype, (1, 32, 1))  # Q4_0 (swept); Q4_1 takes Q4_0's, not swept yet
 
 
 @triton.jit

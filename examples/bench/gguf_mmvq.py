@@ -2,7 +2,7 @@
 
     python examples/bench/gguf_mmvq.py [--sweep] [--m 1 2 4 8] [--types Q4_K ...] [--out DIR]
 
-Per type (Q4_0 Q8_0 Q4_K Q5_K Q6_K), shape (qkv, o, gate_up, down) and token count M: the
+Per type (Q4_0 Q4_1 Q8_0 Q4_K Q5_K Q6_K), shape (qkv, o, gate_up, down) and token count M: the
 whole op (quantize_q8_1 + GEMV), the GEMV alone with the default config and, with --sweep,
 the other configs of CONFIGS (M = 1 only). Times, bytes and %BW as examples/bench/kernels.py
 (CUDA-graph replays over enough weight copies to miss the L2; %BW counts the quantized bytes).
@@ -38,7 +38,7 @@ from examples.bench.kernels import (  # noqa: E402
 )
 from kernels.gguf_mmvq import gguf_mmvq, gguf_mmvq_q8_1, mmvq_config, quantize_q8_1  # noqa: E402
 
-TYPES = (GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 CONFIGS = {  # (rows per program, blocks per step, warps) tried by --sweep
     256: [(1, 2, 1), (1, 4, 1), (1, 8, 1), (2, 4, 1), (1, 4, 2), (1, 8, 2), (2, 8, 2),
           (2, 2, 1), (4, 4, 1), (1, 16, 4)],
