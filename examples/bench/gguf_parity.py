@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from engine.config import EngineConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
+from examples.bench.engine_args import generate  # noqa: E402
 
 PROMPTS = ["The capital of France is", "The quick brown fox",
            "Write a short poem about the sea.", "def fibonacci(n):"]
@@ -34,12 +35,7 @@ PROMPTS = ["The capital of France is", "The quick brown fox",
 
 def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list:
     """RequestOutput of each prompt, in order."""
-    for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, params)
-    done = {}
-    while engine.has_unfinished_requests():
-        done.update({o.request_id: o for o in engine.step() if o.finished})
-    return [done[str(i)] for i in range(len(prompts))]
+    return generate(engine, prompts, [params] * len(prompts))[0]
 
 
 def scored(engine: LLMEngine, prompts: list[list[int]]) -> list[list[tuple[int, float]]]:

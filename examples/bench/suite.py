@@ -192,11 +192,7 @@ def table(results: dict[str, dict], status: dict[str, str]) -> str:
         ratio = f"{_ratio(v, ROOFLINE_B1[model])} of {ROOFLINE_B1[model]:.0f} roofline" \
             if v is not None else status.get(step, "not run")
         rows.append((label, f"{_fmt(v)} tok/s", ratio, note))
-    for b in (1, 8, 32):
-        lat = get("llama8b-graphs", f"latency_b{b}", "avg_latency")
-        dec = get("llama8b-graphs", f"latency_b{b}", "decode_tokens_per_second")
-        rows.append((f"Llama-8B latency bs {b} (32 in, 128 out)", f"{_fmt(lat, '.3f')} s",
-                     f"decode {_fmt(dec)} tok/s", ""))
+    rows += _latency_rows(get, "llama8b-graphs", "Llama-8B", (1, 8, 32))
     tp = get("llama8b-graphs", "throughput") or {}
     rps = tp.get("requests_per_second")
     ratio = f"{_ratio(rps, THROUGHPUT_BOUND)} of {THROUGHPUT_BOUND} bound; " \
@@ -236,15 +232,21 @@ def table(results: dict[str, dict], status: dict[str, str]) -> str:
     return "\n".join(" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
 
 
+def _latency_rows(get, step: str, label: str, batches) -> list[tuple[str, str, str, str]]:
+    """One row per latency batch size of a step: average latency and decode throughput."""
+    rows = []
+    for b in batches:
+        lat = get(step, f"latency_b{b}", "avg_latency")
+        dec = get(step, f"latency_b{b}", "decode_tokens_per_second")
+        rows.append((f"{label} latency bs {b} (32 in, 128 out)", f"{_fmt(lat, '.3f')} s",
+                     f"decode {_fmt(dec)} tok/s", ""))
+    return rows
+
+
 def _moe_rows(get, status: dict) -> list[tuple[str, str, str, str]]:
     """Issue 17's rows beyond batch 1: Qwen3-30B-A3B latency at batch 8 / 32 and offline
     throughput against Llama-8B's of the same run."""
-    rows = []
-    for b in (8, 32):
-        lat = get("qwen3-30b-a3b", f"latency_b{b}", "avg_latency")
-        dec = get("qwen3-30b-a3b", f"latency_b{b}", "decode_tokens_per_second")
-        rows.append((f"Qwen3-30B-A3B latency bs {b} (32 in, 128 out)", f"{_fmt(lat, '.3f')} s",
-                     f"decode {_fmt(dec)} tok/s", ""))
+    rows = _latency_rows(get, "qwen3-30b-a3b", "Qwen3-30B-A3B", (8, 32))
     tp = get("qwen3-30b-a3b", "throughput") or {}
     rps = tp.get("requests_per_second")
     llama = get("llama8b-graphs", "throughput", "requests_per_second")
