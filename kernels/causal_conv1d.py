@@ -8,8 +8,11 @@ query_start_loc); the conv state is vLLM's "SD" layout [num_slots, K - 1, dim] h
 last K - 1 inputs of a request; weight is [dim, K]. Rows whose state index is negative
 (padding) are skipped. SiLU is applied when `activation` (Qwen3-Next / Qwen3.5 use it).
 
-causal_conv1d_ref is the torch path (CPU) and the Triton kernels' test oracle; one Triton
-kernel computes the outputs reading the old states, a second writes the new states.
+causal_conv1d_ref is the torch path (CPU) and the Triton kernels' test oracle. The Triton
+kernel computes the outputs reading the old states; when one time block covers every
+sequence (decode, vLLM's causal_conv1d_update) the same program then writes the new states,
+else a second kernel does. x may be a strided view (the in-projection's [q | k | v] part):
+no copy.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels._common import check
+from kernels._common import cdiv, check, next_pow2, pdl_launch, pdl_wait
 
 
 def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor,
@@ -44,15 +47,38 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.
 
 
 @triton.jit
+def _new_state_tile(x_ptr, state_ptr, bos, seqlen, slot, has_init, c, mc, stride_x,
+                    stride_s_slot, stride_s_k, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A request's new conv state for channels c: the last K - 1 inputs of the old state
+    followed by the sequence -> (values [BLOCK_K, BLOCK_C] fp32, store pointers, mask)."""
+    j = tl.arange(0, BLOCK_K)  # [BLOCK_K] row of the new state
+    mj = (j < K - 1) & (j < (K - 1) * seqlen)  # nothing to write for an empty row
+    src = seqlen - (K - 1) + j  # the input it keeps (negative: a row of the old state)
+    xm = (mj & (src >= 0))[:, None] & mc[None, :]
+    xv = tl.load(x_ptr + (bos + src).to(tl.int64)[:, None] * stride_x + c[None, :], mask=xm,
+                 other=0.0)
+    sm = (mj & (src < 0) & (src >= 1 - K * has_init))[:, None] & mc[None, :]
+    sv = tl.load(state_ptr + slot * stride_s_slot + (K - 1 + src)[:, None] * stride_s_k
+                 + c[None, :], mask=sm, other=0.0)
+    ptrs = state_ptr + slot * stride_s_slot + j[:, None] * stride_s_k + c[None, :]
+    return xv.to(tl.float32) + sv.to(tl.float32), ptrs, mj[:, None] & mc[None, :]
+
+
+@triton.jit
 def _conv_fwd_kernel(x_ptr, w_ptr, state_ptr, out_ptr, qsl_ptr, idx_ptr, init_ptr,
                      dim, stride_x, stride_o, stride_s_slot, stride_s_k,
                      K: tl.constexpr, ACT: tl.constexpr, BLOCK_T: tl.constexpr,
-                     BLOCK_C: tl.constexpr):
+                     BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, WRITE_STATE: tl.constexpr,
+                     USE_PDL: tl.constexpr):
+    # WRITE_STATE: one time block covers every sequence, so this program also writes the
+    # new state of its channels (decode: one launch, not two)
+    if USE_PDL:  # the kernel before wrote this one's inputs
+        pdl_wait()
     n = tl.program_id(0)
     bos = tl.load(qsl_ptr + n)
     seqlen = tl.load(qsl_ptr + n + 1) - bos
     slot = tl.load(idx_ptr + n).to(tl.int64)
-    has_init = tl.load(init_ptr + n)  # 0 / 1
+    has_init = tl.load(init_ptr + n).to(tl.int32)  # 0 / 1
     seqlen = tl.where(slot >= 0, seqlen, 0)  # padding rows do nothing
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T] position in the sequence
     c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)  # [BLOCK_C] channel
@@ -74,6 +100,11 @@ def _conv_fwd_kernel(x_ptr, w_ptr, state_ptr, out_ptr, qsl_ptr, idx_ptr, init_pt
     om = mt[:, None] & mc[None, :]
     tl.store(out_ptr + (bos + t).to(tl.int64)[:, None] * stride_o + c[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=om)
+    if WRITE_STATE:
+        new, ptrs, m = _new_state_tile(x_ptr, state_ptr, bos, seqlen, slot, has_init, c, mc,
+                                       stride_x, stride_s_slot, stride_s_k, K, BLOCK_K)
+        tl.debug_barrier()  # every thread's state reads before any thread's writes
+        tl.store(ptrs, new.to(state_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -84,53 +115,49 @@ def _conv_state_kernel(x_ptr, state_ptr, qsl_ptr, idx_ptr, init_ptr, dim, stride
     bos = tl.load(qsl_ptr + n)
     seqlen = tl.load(qsl_ptr + n + 1) - bos
     slot = tl.load(idx_ptr + n).to(tl.int64)
-    has_init = tl.load(init_ptr + n)  # 0 / 1
+    has_init = tl.load(init_ptr + n).to(tl.int32)  # 0 / 1
     seqlen = tl.where(slot >= 0, seqlen, 0)
-    j = tl.arange(0, BLOCK_K)  # [BLOCK_K] row of the new state
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mj = (j < K - 1) & (j < (K - 1) * seqlen)  # nothing to write for an empty row
-    mc = c < dim
-    src = seqlen - (K - 1) + j  # the input it keeps (negative: a row of the old state)
-    xm = (mj & (src >= 0))[:, None] & mc[None, :]
-    xv = tl.load(x_ptr + (bos + src).to(tl.int64)[:, None] * stride_x + c[None, :], mask=xm,
-                 other=0.0)
-    sm = (mj & (src < 0) & (src >= 1 - K * has_init))[:, None] & mc[None, :]
-    sv = tl.load(state_ptr + slot * stride_s_slot + (K - 1 + src)[:, None] * stride_s_k
-                 + c[None, :], mask=sm, other=0.0)
-    new = xv.to(tl.float32) + sv.to(tl.float32)
-    tl.store(state_ptr + slot * stride_s_slot + j[:, None] * stride_s_k + c[None, :],
-             new.to(state_ptr.dtype.element_ty), mask=mj[:, None] & mc[None, :])
+    new, ptrs, m = _new_state_tile(x_ptr, state_ptr, bos, seqlen, slot, has_init, c, c < dim,
+                                   stride_x, stride_s_slot, stride_s_k, K, BLOCK_K)
+    tl.debug_barrier()  # every thread's state reads before any thread's writes
+    tl.store(ptrs, new.to(state_ptr.dtype.element_ty), mask=m)
 
 
 def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor,
                      query_start_loc: torch.Tensor, state_indices: torch.Tensor,
                      has_initial_state: torch.Tensor, max_query_len: int,
                      activation: bool = True) -> torch.Tensor:
-    """Triton varlen conv (prefill chunks and decode alike). x: [T, dim] (rows contiguous);
-    weight: [dim, K]; conv_states: [slots, K-1, dim] updated in place; query_start_loc:
-    [N+1] int32; state_indices: [N] int (negative: skip); has_initial_state: [N] bool."""
+    """Triton varlen conv (prefill chunks and decode alike). x: [T, dim] (rows contiguous,
+    any row stride: a view of the in-projection's output); weight: [dim, K]; conv_states:
+    [slots, K-1, dim] updated in place; query_start_loc: [N+1] int32; state_indices: [N]
+    int (negative: skip); has_initial_state: [N] bool. Steps whose rows all fit one time
+    block (max_query_len <= 64: decode) take one launch, longer ones two."""
     T, dim = x.shape
     K = weight.shape[1]
     N = state_indices.shape[0]
     check(x.stride(1) == 1 and conv_states.stride(2) == 1, "x and conv_states need "
           "contiguous rows")
     check(weight.shape[0] == dim and conv_states.shape[1:] == (K - 1, dim),
-          f"shapes do not match: weight {tuple(weight.shape)}, conv_states "
+          lambda: f"shapes do not match: weight {tuple(weight.shape)}, conv_states "
           f"{tuple(conv_states.shape)}, dim {dim}")
-    out = torch.empty_like(x)
+    out = torch.empty(T, dim, dtype=x.dtype, device=x.device)
     if N == 0 or T == 0:
         return out
     weight = weight.contiguous()
-    init = has_initial_state.to(torch.int32)
-    block_c = min(128, triton.next_power_of_2(dim))
-    block_t = min(64, triton.next_power_of_2(max(max_query_len, 1)))
-    grid = (N, triton.cdiv(max(max_query_len, 1), block_t), triton.cdiv(dim, block_c))
-    _conv_fwd_kernel[grid](x, weight, conv_states, out, query_start_loc, state_indices, init,
-                           dim, x.stride(0), out.stride(0), conv_states.stride(0),
-                           conv_states.stride(1), K=K, ACT=activation, BLOCK_T=block_t,
-                           BLOCK_C=block_c)
-    _conv_state_kernel[(N, triton.cdiv(dim, block_c))](
-        x, conv_states, query_start_loc, state_indices, init, dim, x.stride(0),
-        conv_states.stride(0), conv_states.stride(1), K=K,
-        BLOCK_K=triton.next_power_of_2(max(K - 1, 1)), BLOCK_C=block_c)
+    block_c = min(128, next_pow2(dim))
+    block_t = min(64, next_pow2(max(max_query_len, 1)))
+    block_k = next_pow2(max(K - 1, 1))
+    t_blocks = cdiv(max(max_query_len, 1), block_t)
+    one = t_blocks == 1
+    _conv_fwd_kernel[(N, t_blocks, cdiv(dim, block_c))](
+        x, weight, conv_states, out, query_start_loc, state_indices, has_initial_state, dim,
+        x.stride(0), out.stride(0), conv_states.stride(0), conv_states.stride(1), K=K,
+        ACT=activation, BLOCK_T=block_t, BLOCK_C=block_c, BLOCK_K=block_k, WRITE_STATE=one,
+        **pdl_launch(x))
+    if not one:
+        _conv_state_kernel[(N, cdiv(dim, block_c))](
+            x, conv_states, query_start_loc, state_indices, has_initial_state, dim,
+            x.stride(0), conv_states.stride(0), conv_states.stride(1), K=K, BLOCK_K=block_k,
+            BLOCK_C=block_c)
     return out

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels._common import check
+from kernels._common import cdiv, check, next_pow2, pdl_launch, pdl_wait
 
 L2_EPS = 1e-6
 
@@ -137,27 +137,30 @@ def gdn_gates(a, b, alog_ptr, dtb_ptr, hv):
 
 @triton.jit
 def _fused_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, s_ptr, qsl_ptr, idx_ptr,
-                            init_ptr, alog_ptr, dtb_ptr, scale, stride_q, stride_k, stride_v,
-                            stride_o, stride_g, stride_b, GATING: tl.constexpr,
-                            HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                            DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                            L2NORM: tl.constexpr):
+                            init_ptr, alog_ptr, dtb_ptr, scale, num_seqs, num_tokens, stride_q,
+                            stride_k, stride_v, stride_o, stride_g, stride_b,
+                            GATING: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr,
+                            DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
+                            BV: tl.constexpr, L2NORM: tl.constexpr, ZERO_FILL: tl.constexpr,
+                            USE_PDL: tl.constexpr):
+    if USE_PDL:  # the kernel before wrote this one's inputs
+        pdl_wait()
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
     n = i_nh // HV
     hv = i_nh % HV
     hk = hv // (HV // HK)
     bos = tl.load(qsl_ptr + n).to(tl.int64)  # int offsets: the loop variable inherits it
-    eos = tl.load(qsl_ptr + n + 1).to(tl.int64)
+    end = tl.load(qsl_ptr + n + 1).to(tl.int64)
     slot = tl.load(idx_ptr + n).to(tl.int64)
-    eos = tl.where(slot >= 0, eos, bos)  # padding rows do nothing
+    eos = tl.where(slot >= 0, end, bos)  # padding rows do nothing
     ok = tl.arange(0, BK)
     ov = i_v * BV + tl.arange(0, BV)
     mk = ok < DK
     mv = ov < DV
     s_off = s_ptr + (slot * HV + hv) * DV * DK + ov[:, None] * DK + ok[None, :]
     # scalar conditions folded into vector bounds (the interpreter rejects scalar masks)
-    dv_init = tl.where((tl.load(init_ptr + n) != 0) & (slot >= 0), DV, 0)
+    dv_init = tl.where((tl.load(init_ptr + n).to(tl.int32) != 0) & (slot >= 0), DV, 0)
     h = tl.load(s_off, mask=(ov < dv_init)[:, None] & mk[None, :], other=0.0).to(tl.float32)
     for t in range(bos, eos):
         bq = tl.load(q_ptr + t * stride_q + hk * DK + ok, mask=mk, other=0.0).to(tl.float32)
@@ -178,6 +181,11 @@ def _fused_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, s_ptr, qsl
         tl.store(o_ptr + t * stride_o + hv * DV + ov, bo.to(o_ptr.dtype.element_ty), mask=mv)
     dv_out = tl.where(eos > bos, DV, 0)  # [BV, BK] state tile written back
     tl.store(s_off, h.to(s_ptr.dtype.element_ty), mask=(ov < dv_out)[:, None] & mk[None, :])
+    if ZERO_FILL:  # o is uninitialised: a skipped row's tokens, and the last row the tail
+        zero_end = tl.where(n == num_seqs - 1, num_tokens, end)
+        zeros = tl.zeros([BV], dtype=o_ptr.dtype.element_ty)
+        for t in range(eos, zero_end):
+            tl.store(o_ptr + t * stride_o + hv * DV + ov, zeros, mask=mv)
 
 
 def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -185,49 +193,62 @@ def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.
                                      ssm_states: torch.Tensor, query_start_loc: torch.Tensor,
                                      state_indices: torch.Tensor,
                                      has_initial_state: torch.Tensor,
-                                     l2norm: bool = True) -> torch.Tensor:
+                                     l2norm: bool = True,
+                                     out: torch.Tensor | None = None) -> torch.Tensor:
     """q, k: [T, Hk, dk]; v: [T, Hv, dv]; g, beta: [T, Hv]; ssm_states: [slots, Hv, dv, dk]
     read (rows with an initial state) and written in place; query_start_loc: [N+1] int32;
-    state_indices: [N] (negative: skip) -> o [T, Hv, dv] in v's dtype."""
+    state_indices: [N] (negative: skip); has_initial_state: [N] bool -> o [T, Hv, dv] in
+    v's dtype: zeros on skipped rows and past query_start_loc[N], or `out` (contiguous
+    like v) written on the computed rows only."""
     return _launch(q, k, v, g, beta, None, None, ssm_states, query_start_loc, state_indices,
-                   has_initial_state, l2norm)
+                   has_initial_state, l2norm, out)
 
 
 def fused_sigmoid_gating_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                     a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
                                     dt_bias: torch.Tensor, ssm_states: torch.Tensor,
                                     query_start_loc: torch.Tensor, state_indices: torch.Tensor,
-                                    has_initial_state: torch.Tensor) -> torch.Tensor:
+                                    has_initial_state: torch.Tensor,
+                                    out: torch.Tensor | None = None) -> torch.Tensor:
     """fused_recurrent_gated_delta_rule with the gates computed in the kernel from the raw
-    projections a, b ([T, Hv], rows may be strided) and A_log, dt_bias ([Hv]): vLLM's
-    fused_sigmoid_gating_delta_rule_update (third_party/.../fused_sigmoid_gating.py)."""
-    return _launch(q, k, v, a, b, A_log.float().contiguous(), dt_bias.float().contiguous(),
-                   ssm_states, query_start_loc, state_indices, has_initial_state, True)
+    projections a, b ([T, Hv], rows may be strided) and A_log, dt_bias ([Hv], any float
+    dtype, read as fp32): vLLM's fused_sigmoid_gating_delta_rule_update
+    (third_party/.../fused_sigmoid_gating.py)."""
+    HV = v.shape[1]
+    check(A_log.shape == (HV,) and dt_bias.shape == (HV,) and A_log.is_contiguous()
+          and dt_bias.is_contiguous(), lambda: f"A_log and dt_bias must be contiguous [{HV}]")
+    return _launch(q, k, v, a, b, A_log, dt_bias, ssm_states, query_start_loc, state_indices,
+                   has_initial_state, True, out)
 
 
 def _launch(q, k, v, g, beta, A_log, dt_bias, ssm_states, query_start_loc, state_indices,
-            has_initial_state, l2norm: bool) -> torch.Tensor:
+            has_initial_state, l2norm: bool, out) -> torch.Tensor:
     T, HK, DK = k.shape
     HV, DV = v.shape[1:]
     N = state_indices.shape[0]
-    check(HV % HK == 0, f"value heads {HV} must be a multiple of key heads {HK}")
+    check(HV % HK == 0, lambda: f"value heads {HV} must be a multiple of key heads {HK}")
     check(q.shape == k.shape and all(x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]
                                      for x in (q, k, v)), "q/k/v need [T, H, d] with "
           "contiguous heads")
     check(ssm_states.shape[1:] == (HV, DV, DK) and ssm_states.is_contiguous(),
-          f"ssm_states must be contiguous [slots, {HV}, {DV}, {DK}]")
-    o = torch.zeros(T, HV, DV, dtype=v.dtype, device=v.device)
-    if N == 0 or T == 0:
-        return o
-    BK = triton.next_power_of_2(DK)
-    BV = min(32, triton.next_power_of_2(DV))
+          lambda: f"ssm_states must be contiguous [slots, {HV}, {DV}, {DK}]")
     check(g.stride(-1) == 1 and beta.stride(-1) == 1, "gates need contiguous rows")
-    grid = (triton.cdiv(DV, BV), N * HV)
+    check(has_initial_state.shape == (N,), lambda: f"has_initial_state must be [{N}]")
+    if out is not None:
+        check(out.shape == v.shape and out.dtype == v.dtype and out.is_contiguous(),
+              "out must be contiguous like v")
+    o = torch.empty(T, HV, DV, dtype=v.dtype, device=v.device) if out is None else out
+    if T == 0:
+        return o
+    if N == 0:
+        return o.zero_() if out is None else o
+    BK = next_pow2(DK)
+    BV = min(32, next_pow2(DV))
     gating = A_log is not None
-    _fused_recurrent_kernel[grid](
-        q, k, v, g, beta, o, ssm_states, query_start_loc, state_indices,
-        has_initial_state.to(torch.int32), A_log if gating else g, dt_bias if gating else g,
-        DK ** -0.5, q.stride(0), k.stride(0), v.stride(0), o.stride(0), g.stride(0),
-        beta.stride(0), GATING=gating, HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV,
-        L2NORM=l2norm)
+    _fused_recurrent_kernel[(cdiv(DV, BV), N * HV)](
+        q, k, v, g, beta, o, ssm_states, query_start_loc, state_indices, has_initial_state,
+        A_log if gating else g, dt_bias if gating else g, DK ** -0.5, N, T, q.stride(0),
+        k.stride(0), v.stride(0), o.stride(0), g.stride(0), beta.stride(0), GATING=gating,
+        HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV, L2NORM=l2norm, ZERO_FILL=out is None,
+        **pdl_launch(v))
     return o

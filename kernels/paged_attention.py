@@ -75,15 +75,27 @@ def _attend_tiles(
     return acc, m_i, l_i
 
 
+@triton.jit
+def _store_out(out_ptr, out_off, gate_ptr, gate_off, out, mask, GATED: tl.constexpr):
+    """Store out (fp32) rounded to out's dtype; GATED: times sigmoid(gate), rounded as
+    torch's `out * torch.sigmoid(gate)` in that dtype (Qwen3-Next's attention output gate)."""
+    o = out.to(out_ptr.dtype.element_ty)
+    if GATED:
+        g = tl.load(gate_ptr + gate_off, mask=mask, other=0.0).to(tl.float32)
+        sig = tl.sigmoid(g).to(out_ptr.dtype.element_ty).to(tl.float32)
+        o = (o.to(tl.float32) * sig).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + out_off, o, mask=mask)
+
+
 @triton.jit(do_not_specialize=["num_splits"])  # one compile for every split count
 def _paged_attention_decode_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr, gate_ptr,
     stride_qt: tl.int64, stride_qh, stride_bt: tl.int64, stride_block: tl.int64,
-    stride_slot: tl.int64, stride_head, stride_ot: tl.int64, stride_oh,
-    num_q_heads, head_size, group, qk_scale, num_splits, window,
+    stride_slot: tl.int64, stride_head, stride_ot: tl.int64, stride_oh, stride_gt: tl.int64,
+    stride_gh, num_q_heads, head_size, group, qk_scale, num_splits, window,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr,
     BLOCK_H: tl.constexpr, SPLIT: tl.constexpr, USE_WINDOW: tl.constexpr,
-    DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr,
+    DOT_PREC: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # the kernel before wrote this one's inputs
         pdl_wait()
@@ -122,15 +134,15 @@ def _paged_attention_decode_kernel(
         tl.store(part_ml_ptr + ph * 2 + 1, l_i, mask=h < group)
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(out_ptr + req * stride_ot + heads[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=qmask)
+        _store_out(out_ptr, req * stride_ot + heads[:, None] * stride_oh + d[None, :], gate_ptr,
+                   req * stride_gt + heads[:, None] * stride_gh + d[None, :], out, qmask, GATED)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _paged_attention_decode_reduce_kernel(
-    part_acc_ptr, part_ml_ptr, out_ptr, rows_end_ptr, stride_ot: tl.int64, stride_oh,
-    num_q_heads, head_size, num_splits, HEAD_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    part_acc_ptr, part_ml_ptr, out_ptr, rows_end_ptr, gate_ptr, stride_ot: tl.int64, stride_oh,
+    stride_gt: tl.int64, stride_gh, num_q_heads, head_size, num_splits, HEAD_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # the decode or prefill kernel wrote the partials
         pdl_wait()
@@ -153,8 +165,8 @@ def _paged_attention_decode_reduce_kernel(
     w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # [SPLITS_PAD]
     denom = tl.sum(ll * w, 0)
     out = tl.sum(acc * w[:, None], 0) / tl.where(denom == 0.0, 1.0, denom)
-    tl.store(out_ptr + req * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty),
-             mask=d < head_size)
+    _store_out(out_ptr, req * stride_ot + head * stride_oh + d, gate_ptr,
+               req * stride_gt + head * stride_gh + d, out, d < head_size, GATED)
 
 
 @triton.jit
@@ -174,12 +186,13 @@ def _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
 @triton.jit(do_not_specialize=["num_segments"])
 def _paged_attention_prefill_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-    num_reqs, stride_qt: tl.int64, stride_qh, stride_bt: tl.int64, stride_block: tl.int64,
-    stride_slot: tl.int64, stride_head, stride_ot: tl.int64, stride_oh,
-    num_q_heads, head_size, group, qk_scale, window, num_segments,
-    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr,
+    gate_ptr, num_reqs, stride_qt: tl.int64, stride_qh, stride_bt: tl.int64,
+    stride_block: tl.int64, stride_slot: tl.int64, stride_head, stride_ot: tl.int64, stride_oh,
+    stride_gt: tl.int64, stride_gh, num_q_heads, head_size, group, qk_scale, window,
+    num_segments, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SPLIT: tl.constexpr,
-    USE_WINDOW: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr,
+    USE_WINDOW: tl.constexpr, DOT_PREC: tl.constexpr, GATED: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # the kernel before wrote this one's inputs
         pdl_wait()
@@ -229,8 +242,9 @@ def _paged_attention_prefill_kernel(
         tl.store(part_ml_ptr + ph * 2 + 1, l_i, mask=rmask)
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(out_ptr + row[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=qmask)
+        _store_out(out_ptr, row[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                   gate_ptr, row[:, None] * stride_gt + heads[:, None] * stride_gh + d[None, :],
+                   out, qmask, GATED)
 
 
 def _check_cache(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -266,6 +280,19 @@ def _out(q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     check(out.shape == q.shape and out.dtype == q.dtype and out.stride(2) == 1,
           lambda: f"out must match q: {tuple(q.shape)} {q.dtype}")
     return out
+
+
+def _gate(q: torch.Tensor, output_gate: torch.Tensor | None, out: torch.Tensor
+          ) -> tuple[torch.Tensor, int, int]:
+    """(gate tensor or a stand-in, token stride, head stride) of output_gate [T, nq, hd]."""
+    if output_gate is None:
+        return out, 0, 0
+    check(output_gate.shape == q.shape and output_gate.dtype == q.dtype
+          and output_gate.stride(2) == 1, lambda: f"output_gate must be {tuple(q.shape)} "
+          f"{q.dtype} with a contiguous last dimension, got {tuple(output_gate.shape)} "
+          f"{output_gate.dtype}")
+    check_same_device(q=q, output_gate=output_gate)
+    return output_gate, output_gate.stride(0), output_gate.stride(1)
 
 
 def _check_window(sliding_window: int | None) -> None:
@@ -305,17 +332,19 @@ def paged_attention_decode(
     q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
     seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
     sliding_window: int | None = None, num_splits: int | None = None, tile_n: int = 64,
-    num_warps: int = 4, num_stages: int = 2,
+    num_warps: int = 4, num_stages: int = 2, output_gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per request. q: [num_reqs, nq, hd] -> out [num_reqs, nq, hd].
 
     sliding_window: each query sees its last `sliding_window` positions (None: all).
     num_splits: KV splits per (request, kv head) (flash-decoding); default fills the SMs.
+    output_gate: [num_reqs, nq, hd] like q (any strides): out * sigmoid(output_gate).
     """
     _check_window(sliding_window)
     n, nq, hd = q.shape
     block_size, nkv, group = _check_cache(q, kv_cache, block_table, seq_lens, n)
     out = _out(q, out)
+    gate, sgt, sgh = _gate(q, output_gate, out)
     if n == 0:
         return out
     if num_splits is None:  # flash-decoding only while (request, kv head) pairs leave SMs idle
@@ -328,19 +357,19 @@ def paged_attention_decode(
     part_ml = torch.empty(n, nq, num_splits, 2, dtype=torch.float32, device=q.device)
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     _paged_attention_decode_kernel[(n, nkv, num_splits)](
-        q, kv_cache[0], kv_cache[1], block_table, seq_lens, out, part_acc, part_ml,
+        q, kv_cache[0], kv_cache[1], block_table, seq_lens, out, part_acc, part_ml, gate,
         q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(1), kv_cache.stride(2),
-        kv_cache.stride(3), out.stride(0), out.stride(1), nq, hd, group, scale * LOG2E,
-        num_splits, sliding_window or 0, BLOCK_SIZE=block_size, TILE_N=tile_n,
+        kv_cache.stride(3), out.stride(0), out.stride(1), sgt, sgh, nq, hd, group,
+        scale * LOG2E, num_splits, sliding_window or 0, BLOCK_SIZE=block_size, TILE_N=tile_n,
         HEAD_PAD=head_pad, BLOCK_H=max(16, next_pow2(group)), SPLIT=split,
-        USE_WINDOW=sliding_window is not None, DOT_PREC=prec,
+        USE_WINDOW=sliding_window is not None, DOT_PREC=prec, GATED=output_gate is not None,
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(q),
     )
     if split:
         _paged_attention_decode_reduce_kernel[(n, nq)](
-            part_acc, part_ml, out, None, out.stride(0), out.stride(1), nq, hd, num_splits,
-            HEAD_PAD=head_pad, SPLITS_PAD=_splits_pad(num_splits), num_warps=4,
-            **pdl_launch(q),
+            part_acc, part_ml, out, None, gate, out.stride(0), out.stride(1), sgt, sgh, nq, hd,
+            num_splits, HEAD_PAD=head_pad, SPLITS_PAD=_splits_pad(num_splits),
+            GATED=output_gate is not None, num_warps=4, **pdl_launch(q),
         )
     return out
 
@@ -350,13 +379,14 @@ def paged_attention_prefill(
     seq_lens: torch.Tensor, block_table: torch.Tensor, scale: float,
     out: torch.Tensor | None = None, sliding_window: int | None = None, block_m: int = 64,
     tile_n: int = 64, num_warps: int | None = None, num_stages: int = 2,
-    num_segments: int | None = None,
+    num_segments: int | None = None, output_gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Varlen causal attention over cached prefixes. q: [num_tokens, nq, hd] -> same shape.
 
     Any query lengths (1 included), so a mixed prefill + decode batch can use it whole.
     num_segments: KV segments per (q block, kv head) program, merged by a reduce (vLLM's 3D
     kernel); default: up to 16 while the 2D grid leaves SMs idle (batch-1 decode), else 1.
+    output_gate: [num_tokens, nq, hd] like q (any strides): out * sigmoid(output_gate).
     """
     _check_window(sliding_window)
     check(num_segments is None or (isinstance(num_segments, int) and 1 <= num_segments <= 256),
@@ -371,6 +401,7 @@ def paged_attention_prefill(
     block_size, nkv, group = _check_cache(q, kv_cache, block_table, seq_lens, num_reqs)
     check_same_device(q=q, query_start_loc=query_start_loc)
     out = _out(q, out)
+    gate, sgt, sgh = _gate(q, output_gate, out)
     if n == 0 or num_reqs == 0:
         return out
     block_m = max(block_m, 16, next_pow2(group))
@@ -386,20 +417,21 @@ def paged_attention_prefill(
         part_ml = torch.empty(n, nq, segs, 2, dtype=torch.float32, device=q.device)
     _paged_attention_prefill_kernel[(q_blocks, nkv, segs)](
         q, kv_cache[0], kv_cache[1], block_table, seq_lens, query_start_loc, out, part_acc,
-        part_ml, num_reqs, q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(1),
-        kv_cache.stride(2), kv_cache.stride(3), out.stride(0), out.stride(1), nq, hd, group,
-        scale * LOG2E, sliding_window or 0, segs, BLOCK_SIZE=block_size, TILE_N=tile_n,
-        HEAD_PAD=head_pad, BLOCK_M=block_m, BLOCK_Q=block_q, SPLIT=split,
-        USE_WINDOW=sliding_window is not None,
-        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        part_ml, gate, num_reqs, q.stride(0), q.stride(1), block_table.stride(0),
+        kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), out.stride(0),
+        out.stride(1), sgt, sgh, nq, hd, group, scale * LOG2E, sliding_window or 0, segs,
+        BLOCK_SIZE=block_size, TILE_N=tile_n, HEAD_PAD=head_pad, BLOCK_M=block_m,
+        BLOCK_Q=block_q, SPLIT=split, USE_WINDOW=sliding_window is not None,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", GATED=output_gate is not None,
         num_warps=num_warps or (4 if head_pad <= 128 else 8), num_stages=num_stages,
         **pdl_launch(q),
     )
     if split:
         _paged_attention_decode_reduce_kernel[(n, nq)](
-            part_acc, part_ml, out, query_start_loc[num_reqs:], out.stride(0), out.stride(1),
-            nq, hd, segs,
-            HEAD_PAD=head_pad, SPLITS_PAD=_splits_pad(segs), num_warps=4, **pdl_launch(q),
+            part_acc, part_ml, out, query_start_loc[num_reqs:], gate, out.stride(0),
+            out.stride(1), sgt, sgh, nq, hd, segs, HEAD_PAD=head_pad,
+            SPLITS_PAD=_splits_pad(segs), GATED=output_gate is not None, num_warps=4,
+            **pdl_launch(q),
         )
     return out
 

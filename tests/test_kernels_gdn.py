@@ -61,6 +61,27 @@ def test_causal_conv1d_varlen_matches_ref(lens: list[int], dtype: torch.dtype) -
     torch.testing.assert_close(s_tri, s_ref, **_tol(dtype))  # padding slot 1 untouched
 
 
+@pytest.mark.parametrize("lens", [[1, 1, 1], [70, 1]])  # one launch (decode); two
+def test_causal_conv1d_strided_x(lens: list[int]) -> None:
+    """x a column slice of a wider row (the in-projection's [q | k | v] part): no copy,
+    the same outputs and states as the contiguous input."""
+    torch.manual_seed(2)
+    dim, K = 24, 4
+    qsl = _qsl(lens)
+    wide = torch.randn(qsl[-1], dim + 10, device=DEVICE)
+    x = wide[:, 3:3 + dim]
+    w = torch.randn(dim, K, device=DEVICE)
+    states = torch.randn(4, K - 1, dim, device=DEVICE)
+    idx, init = [1, 3, 2][:len(lens)], [True, False, True][:len(lens)]
+    s_ref, s_tri = states.clone(), states.clone()
+    ref = causal_conv1d_ref(x.contiguous(), w, s_ref, qsl, idx, init)
+    out = causal_conv1d_fn(x, w, s_tri, torch.tensor(qsl, dtype=torch.int32, device=DEVICE),
+                           torch.tensor(idx, device=DEVICE), torch.tensor(init, device=DEVICE),
+                           max(lens))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(s_tri, s_ref, atol=1e-5, rtol=1e-5)
+
+
 def test_causal_conv1d_ref_is_conv1d_and_decode_continues() -> None:
     torch.manual_seed(1)
     dim, K, T = 12, 4, 9
@@ -148,6 +169,53 @@ def test_fused_sigmoid_gating_matches_torch_gates() -> None:
     out = fused_sigmoid_gating_delta_rule(q, k, v, a, b, A_log, dt_bias, s_tri, *args)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(s_tri, s_ref, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_sigmoid_gating_reads_16bit_params() -> None:
+    """A_log and dt_bias in the model's dtype are read as fp32 in the kernel (no casts)."""
+    torch.manual_seed(8)
+    Hk, Hv, dk, dv = 2, 4, 16, 8
+    qsl = _qsl([3, 1])
+    q, k, v, _, _ = (x[0].to(DEVICE) for x in _gdn_inputs(qsl[-1], Hk, Hv, dk, dv))
+    b, a = torch.randn(qsl[-1], 2 * Hv, device=DEVICE).split([Hv, Hv], dim=-1)
+    A_log, dt_bias = torch.randn(Hv, device=DEVICE).half(), torch.randn(Hv, device=DEVICE).half()
+    states = torch.randn(3, Hv, dv, dk, device=DEVICE)
+    args = (torch.tensor(qsl, dtype=torch.int32, device=DEVICE),
+            torch.tensor([1, 2], device=DEVICE), torch.tensor([True, True], device=DEVICE))
+    s_ref, s_tri = states.clone(), states.clone()
+    ref = fused_sigmoid_gating_delta_rule(q, k, v, a, b, A_log.float(), dt_bias.float(),
+                                          s_ref, *args)
+    out = fused_sigmoid_gating_delta_rule(q, k, v, a, b, A_log, dt_bias, s_tri, *args)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(s_tri, s_ref, atol=1e-6, rtol=1e-6)
+
+
+def test_fused_recurrent_zero_fill_and_out(monkeypatch) -> None:
+    """Its own output (uninitialised memory here) gets zeros on skipped rows and past
+    query_start_loc[N]; a given `out` keeps its values there (the chunked kernel's rows)."""
+    torch.manual_seed(9)
+    Hk, Hv, dk, dv = 2, 4, 16, 8
+    lens = [2, 3, 1]
+    T = sum(lens) + 2  # two tokens past the rows (graph padding)
+    q, k, v, g, beta = (x[0].to(DEVICE) for x in _gdn_inputs(T, Hk, Hv, dk, dv))
+    qsl = torch.tensor(_qsl(lens), dtype=torch.int32, device=DEVICE)
+    idx, init = torch.tensor([1, -1, 2], device=DEVICE), torch.tensor([1, 1, 0]).bool()
+    states = torch.randn(3, Hv, dv, dk, device=DEVICE)
+    want = fused_recurrent_gated_delta_rule(q, k, v, g, beta, states.clone(), qsl, idx,
+                                            init.to(DEVICE))
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(123))
+    got = fused_recurrent_gated_delta_rule(q, k, v, g, beta, states.clone(), qsl, idx,
+                                           init.to(DEVICE))
+    monkeypatch.undo()
+    assert (got[2:5] == 0).all() and (got[6:] == 0).all()
+    torch.testing.assert_close(got, want)
+    out = torch.full_like(v, 123.0)
+    fused_recurrent_gated_delta_rule(q, k, v, g, beta, states.clone(), qsl, idx,
+                                     init.to(DEVICE), out=out)
+    assert (out[2:5] == 123).all() and (out[6:] == 123).all()
+    torch.testing.assert_close(out[:2], want[:2])
+    torch.testing.assert_close(out[5], want[5])
 
 
 def test_fused_recurrent_rejects_bad_heads() -> None:

@@ -82,6 +82,41 @@ def test_decode_equals_prefill_with_one_token_per_request() -> None:
     _close(a, b, torch.float32)
 
 
+def _gated_case(seq_lens, dtype):
+    """q and the output gate as Qwen3-Next's strided views of one [T, nq, 2 * hd] tensor
+    (each head's [q_h | gate_h]) and the engine's torch result out * sigmoid(gate)."""
+    q, kv, qsl, lens, bt = _case(seq_lens, 8, 2, 32, 4, dtype)
+    qg = torch.cat([q, torch.randn_like(q) * 3], dim=-1)
+    q, gate = qg.chunk(2, dim=-1)
+    return q, gate, kv, qsl, lens, bt
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_output_gate(num_splits) -> None:
+    """output_gate: out * sigmoid(gate) in the kernel's store (the reduce's when split)."""
+    dtype = torch.float32 if not ON_CUDA else torch.bfloat16
+    q, gate, kv, _, lens, bt = _gated_case([(1, 13), (1, 40)], dtype)
+    out = paged_attention_decode(q, kv, bt, lens, 0.2, num_splits=num_splits, tile_n=16,
+                                 output_gate=gate)
+    ref = paged_attention_decode_ref(q.contiguous(), kv, bt, lens, 0.2)
+    _close(out, ref * torch.sigmoid(gate), dtype)
+
+
+@pytest.mark.parametrize("num_segments", [1, 3])
+def test_prefill_output_gate(num_segments) -> None:
+    q, gate, kv, qsl, lens, bt = _gated_case([(1, 13), (5, 18), (9, 9)], torch.float32)
+    out = paged_attention_prefill(q, kv, qsl, lens, bt, 0.2, block_m=16, tile_n=16,
+                                  num_segments=num_segments, output_gate=gate)
+    ref = paged_attention_prefill_ref(q.contiguous(), kv, qsl, lens, bt, 0.2)
+    _close(out, ref * torch.sigmoid(gate), torch.float32)
+
+
+def test_output_gate_must_match_q() -> None:
+    q, gate, kv, _, lens, bt = _gated_case([(1, 5)], torch.float32)
+    with pytest.raises(InvalidArgumentError, match="output_gate must be"):
+        paged_attention_decode(q, kv, bt, lens, 0.2, output_gate=gate[:, :4])
+
+
 # a decode row, a chunked prefill over a cached prefix, a long prefill (3 tiles of 16 keys)
 SEGMENT_SEQS = [[(1, 100), (6, 37), (33, 33)], [(1, 17), (1, 0), (2, 48)]]
 
@@ -139,8 +174,8 @@ def test_segment_reduce_ignores_empty_segments(empty) -> None:
         acc[:, :, 5], ml[:, :, 5] = 6.0, torch.tensor([-1000.0, 2.0])
     end = torch.tensor([1], dtype=torch.int32, device=DEVICE)
     pa._paged_attention_decode_reduce_kernel[(1, 1)](
-        acc, ml, out, end, out.stride(0), out.stride(1), 1, 32, 16, HEAD_PAD=32,
-        SPLITS_PAD=16, USE_PDL=False)
+        acc, ml, out, end, out, out.stride(0), out.stride(1), 0, 0, 1, 32, 16, HEAD_PAD=32,
+        SPLITS_PAD=16, GATED=False, USE_PDL=False)
     torch.testing.assert_close(out, torch.full_like(out, 3.0 if empty == "one" else 0.0))
 
 

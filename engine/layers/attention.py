@@ -67,16 +67,24 @@ class Attention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata,
         positions: torch.Tensor | None = None, rotary_emb: nn.Module | None = None,
         qk_norm: tuple[nn.Module, nn.Module] | None = None,
+        output_gate: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """With rotary_emb (engine/layers/rotary_embedding.py), q and k are rotated by
         positions first; on CUDA that rotation is fused with the KV-cache write
         (kernels/rotary_cache.py), one launch instead of two. qk_norm, the (q_norm, k_norm)
         RMSNorm pair of Qwen3 / Gemma 3 / Qwen3-Next (engine/layers/layernorm.py), normalizes
         each q and k head before the rotation; on CUDA with rotary_emb that kernel does it
-        too (vLLM's fused_qknorm_rope_cache), four launches in one."""
-        # q: [num_tokens, nq * hd]; k, v: [num_tokens, nkv * hd] -> [num_tokens, nq * hd]
+        too (vLLM's fused_qknorm_rope_cache), four launches in one. output_gate (Qwen3-Next's
+        gated attention, [num_tokens, nq, hd]) scales the output by sigmoid(output_gate);
+        on CUDA the attention kernel's store does it. q and output_gate may be strided
+        [num_tokens, nq, hd] views (the rows of q_proj's interleaved [q_h | gate_h]): on
+        CUDA with rotary_emb no copy is made."""
+        # q: [num_tokens, nq * hd] or [num_tokens, nq, hd]; k, v: [num_tokens, nkv * hd]
+        # -> [num_tokens, nq * hd]
         n = q.shape[0]
         fused = rotary_emb is not None and md is not None and q.is_cuda
+        if q.dim() == 3 and not fused:
+            q = q.reshape(n, -1)
         if qk_norm is not None and not fused:
             q = qk_norm[0](q.unflatten(-1, (self.num_heads, self.head_size))).flatten(-2)
             k = qk_norm[1](k.unflatten(-1, (self.num_kv_heads, self.head_size))).flatten(-2)
@@ -85,22 +93,25 @@ class Attention(nn.Module):
             q, k = rotary_emb(positions, q, k)
             rotary_emb = None
         if md is None:  # profile run: activations only
-            return torch.zeros_like(q)
+            return q.new_zeros(n, self.num_heads * self.head_size)
         k = k.view(n, self.num_kv_heads, self.head_size)
         v = v.view(n, self.num_kv_heads, self.head_size)
         if q.is_cuda:
             return self._forward_cuda(q.view(n, self.num_heads, self.head_size), k, v, md,
-                                      positions, rotary_emb, qk_norm)
+                                      positions, rotary_emb, qk_norm, output_gate)
         reshape_and_cache(k, v, self.kv_cache, md.slot_mapping)
         out = paged_attention_ref(q.view(n, self.num_heads, self.head_size), self.kv_cache, md,
                                   self.scale, self.sliding_window)
+        if output_gate is not None:
+            out = out * torch.sigmoid(output_gate)
         return out.reshape(n, self.num_heads * self.head_size)
 
     def _forward_cuda(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       md: AttentionMetadata, positions: torch.Tensor | None,
                       rotary_emb: nn.Module | None,
-                      qk_norm: tuple[nn.Module, nn.Module] | None) -> torch.Tensor:
-        # q: [n, nq, hd]; k, v: [n, nkv, hd] -> [n, nq * hd]
+                      qk_norm: tuple[nn.Module, nn.Module] | None,
+                      output_gate: torch.Tensor | None) -> torch.Tensor:
+        # q, output_gate: [n, nq, hd]; k, v: [n, nkv, hd] -> [n, nq * hd]
         from kernels.paged_attention import paged_attention_decode, paged_attention_prefill
         from kernels.reshape_and_cache import reshape_and_cache as cache_kernel
         from kernels.rotary_cache import rotary_embedding_and_cache
@@ -120,11 +131,13 @@ class Attention(nn.Module):
             short = 0 < md.max_seq_len <= NO_SPLIT_SEQ_LEN
             out = paged_attention_decode(q, self.kv_cache, md.block_table, md.seq_lens_t,
                                          self.scale, sliding_window=self.sliding_window,
-                                         num_splits=1 if short else None)
+                                         num_splits=1 if short else None,
+                                         output_gate=output_gate)
         else:
             out = paged_attention_prefill(q, self.kv_cache, md.query_start_loc_t, md.seq_lens_t,
                                           md.block_table, self.scale,
-                                          sliding_window=self.sliding_window)
+                                          sliding_window=self.sliding_window,
+                                          output_gate=output_gate)
         return out.view(q.shape[0], self.num_heads * self.head_size)
 
 

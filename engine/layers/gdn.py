@@ -48,6 +48,7 @@ from kernels.chunk_gated_delta_rule import (
     prepare_chunk_indices,
 )
 from kernels.gated_delta_rule import fused_sigmoid_gating_delta_rule, gated_delta_rule_varlen_torch
+from kernels.rms_norm_gated import rms_norm_gated, rms_norm_gated_ref
 
 GDN_PREFILL_BACKENDS = ("auto", "recurrent", "triton")
 GDN_PREFILL_BACKEND = os.environ.get("LIBVLLM_GDN_PREFILL_BACKEND", "auto")
@@ -114,11 +115,10 @@ class RMSNormGated(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        # x, z: [..., hidden] -> [..., hidden] in x's dtype (statistics in fp32)
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        out = self.weight * xf.to(x.dtype)
-        return (out * F.silu(z.float())).to(x.dtype)
+        # x, z: [n, Hv, dv] (z a strided view) -> [n, Hv * dv] in x's dtype (fp32 statistics)
+        if use_triton(x):  # one Triton launch (vLLM's RMSNormGated.forward_cuda)
+            return rms_norm_gated(x, z, self.weight, self.variance_epsilon)
+        return rms_norm_gated_ref(x, z, self.weight, self.variance_epsilon).flatten(-2)
 
 
 class _ShardedLinear(ReplicatedLinear):
@@ -213,8 +213,8 @@ class GatedDeltaNetAttention(nn.Module):
             core = hidden_states.new_zeros(n, self.num_v_heads, self.head_v_dim)
         else:
             core = self._forward_core(mixed_qkv, b, a, gdn)
-        core = self.norm(core, z.reshape(n, self.num_v_heads, self.head_v_dim))
-        return self.out_proj(core.reshape(n, self.value_dim))
+        core = self.norm(core, z.view(n, self.num_v_heads, self.head_v_dim))  # [n, value_dim]
+        return self.out_proj(core)
 
     def _forward_core(self, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
                       gdn: GDNMetadata) -> torch.Tensor:
@@ -233,16 +233,15 @@ class GatedDeltaNetAttention(nn.Module):
         k = k.unflatten(-1, (self.num_k_heads, self.head_k_dim))
         v = v.unflatten(-1, (self.num_v_heads, self.head_v_dim))
         if use_triton(mixed_qkv) and gdn.chunked_prefill:
-            split = gdn.prefill_split
-            out = None if split.decode_state_indices_t is None else \
-                fused_sigmoid_gating_delta_rule(
-                    q, k, v, a, b, self.A_log, self.dt_bias, self.ssm_state,
-                    gdn.query_start_loc_t, split.decode_state_indices_t,
-                    gdn.has_initial_state_t)
-            return chunk_sigmoid_gating_delta_rule(
+            split = gdn.prefill_split  # chunked rows first: they zero the rest of `out`
+            out = chunk_sigmoid_gating_delta_rule(
                 q, k, v, a, b, self.A_log, self.dt_bias, self.ssm_state, gdn.query_start_loc_t,
-                split.prefill_state_indices_t, gdn.has_initial_state_t, split.chunk_indices_t,
-                out)
+                split.prefill_state_indices_t, gdn.has_initial_state_t, split.chunk_indices_t)
+            if split.decode_state_indices_t is None:
+                return out
+            return fused_sigmoid_gating_delta_rule(
+                q, k, v, a, b, self.A_log, self.dt_bias, self.ssm_state, gdn.query_start_loc_t,
+                split.decode_state_indices_t, gdn.has_initial_state_t, out)
         if use_triton(mixed_qkv):  # gates computed in the kernel
             return fused_sigmoid_gating_delta_rule(
                 q, k, v, a, b, self.A_log, self.dt_bias, self.ssm_state, gdn.query_start_loc_t,

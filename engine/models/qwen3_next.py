@@ -56,17 +56,15 @@ class Qwen3NextAttention(nn.Module):
         q_gate, k, v = self.qkv_proj(hidden_states).split(
             [self.q_size, self.kv_size, self.kv_size], dim=-1)
         gate = None
-        if self.gated:  # [n, nq, 2 * hd]: each head's [q_h | gate_h]
+        if self.gated:  # [n, nq, 2 * hd]: each head's [q_h | gate_h], strided views
             q, gate = q_gate.view(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-            gate = gate.reshape(n, -1)
         else:
             q = q_gate.view(n, self.num_heads, self.head_dim)
         # the attention layer applies the q/k norms and the partial RoPE (on CUDA in its
-        # KV-cache write kernel); q: [n, nq * hd], a copy when gated
-        out = self.attn(q.reshape(n, -1), k, v.contiguous(), md, positions, self.rotary_emb,
-                        (self.q_norm, self.k_norm))  # [n, nq * hd]
-        if gate is not None:
-            out = out * torch.sigmoid(gate)
+        # KV-cache write kernel, in place in q_gate's q part) and sigmoid(gate) (on CUDA in
+        # the attention kernel's store): no copies of q, k, v or the gate
+        out = self.attn(q, k, v, md, positions, self.rotary_emb, (self.q_norm, self.k_norm),
+                        gate)  # [n, nq * hd]
         return self.o_proj(out)
 
 
