@@ -49,6 +49,12 @@ class AttentionMetadata:
     gdn: object | None = None
 
 
+def use_kernels(q: torch.Tensor) -> bool:
+    """Whether the layer runs the Triton kernels (CUDA) or the torch path (tests run the
+    kernels on CPU under the Triton interpreter by patching this)."""
+    return q.is_cuda
+
+
 class Attention(nn.Module):
     """Writes this step's K/V into the paged cache, then attends causally over it."""
 
@@ -82,7 +88,7 @@ class Attention(nn.Module):
         # q: [num_tokens, nq * hd] or [num_tokens, nq, hd]; k, v: [num_tokens, nkv * hd]
         # -> [num_tokens, nq * hd]
         n = q.shape[0]
-        fused = rotary_emb is not None and md is not None and q.is_cuda
+        fused = rotary_emb is not None and md is not None and use_kernels(q)
         if q.dim() == 3 and not fused:
             q = q.reshape(n, -1)
         if qk_norm is not None and not fused:
@@ -96,7 +102,7 @@ class Attention(nn.Module):
             return q.new_zeros(n, self.num_heads * self.head_size)
         k = k.view(n, self.num_kv_heads, self.head_size)
         v = v.view(n, self.num_kv_heads, self.head_size)
-        if q.is_cuda:
+        if use_kernels(q):
             return self._forward_cuda(q.view(n, self.num_heads, self.head_size), k, v, md,
                                       positions, rotary_emb, qk_norm, output_gate)
         reshape_and_cache(k, v, self.kv_cache, md.slot_mapping)
