@@ -116,3 +116,32 @@ def _md(g: gdn.GDNMetadata) -> AttentionMetadata:
     md = _attn_md([1] * len(g.state_indices), [0] * len(g.state_indices))
     md.gdn = g
     return md
+
+
+def test_in_proj_loads_shards_and_grouped_parts() -> None:
+    """One in_proj [q | k | v | z | b | a]: Qwen3.5's four shards and Qwen3-Next's grouped
+    in_proj_qkvz / in_proj_ba (rows interleaved per key head) give the same weight."""
+    from engine.errors import ModelLoadError
+
+    hk, hv, dk, dv, hidden = 2, 4, 2, 3, 8
+    r = hv // hk
+    layer = gdn.GatedDeltaNetAttention(hidden, hk, hv, dk, dv, 4, 1e-6)
+    param = layer.in_proj.weight
+    sizes = {"qkv": 2 * hk * dk + hv * dv, "z": hv * dv, "b": hv, "a": hv}
+    parts = {name: torch.randn(n, hidden) for name, n in sizes.items()}
+    for name, w in parts.items():
+        param.weight_loader(param, w, "", name)
+    want = torch.cat(list(parts.values()))
+    torch.testing.assert_close(param.data, want)
+    qkv, z, b, a = parts.values()
+    q, k, v = qkv.split([hk * dk, hk * dk, hv * dv])
+    qkvz = torch.cat([torch.cat([q[g * dk:(g + 1) * dk], k[g * dk:(g + 1) * dk],
+                                 v[g * r * dv:(g + 1) * r * dv], z[g * r * dv:(g + 1) * r * dv]])
+                      for g in range(hk)])
+    ba = torch.cat([torch.cat([b[g * r:(g + 1) * r], a[g * r:(g + 1) * r]]) for g in range(hk)])
+    param.data.zero_()
+    param.weight_loader(param, qkvz, "", "qkvz")
+    param.weight_loader(param, ba, "", "ba")
+    torch.testing.assert_close(param.data, want)
+    with pytest.raises(ModelLoadError, match="has shape"):
+        param.weight_loader(param, torch.zeros(hv, hidden), "", "ba")

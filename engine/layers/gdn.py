@@ -7,11 +7,13 @@ rule with L2-normed q/k and grouped value heads, RMSNormGated(norm before a SiLU
 out_proj) and vllm/v1/attention/backends/gdn_attn.py (GDNAttentionMetadata: per-request
 state slots, whether a request continues from a state, query start locations).
 
-In-projection layouts: both load into one flat layout, in_proj_qkvz rows [q | k | v | z]
-(all heads) and in_proj_ba rows [b | a]. Qwen3.5 checkpoints give those parts as separate
-tensors (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a: shards, as vLLM's stacked mapping);
-Qwen3-Next checkpoints interleave them per key-head group ([q_g, k_g, v_g, z_g] and
-[b_g, a_g]), undone at load time (vLLM's fix_query_key_value_ordering, done once).
+In-projection layouts: all load into one flat projection `in_proj`, rows
+[q | k | v | z | b | a] (all heads; vLLM's in_proj_qkvz and in_proj_ba stacked, so a decode
+step runs one GEMV for both). Qwen3.5 checkpoints give those parts as separate tensors
+(in_proj_qkv, in_proj_z, in_proj_b, in_proj_a: shards, as vLLM's stacked mapping);
+Qwen3-Next checkpoints give in_proj_qkvz and in_proj_ba interleaved per key-head group
+([q_g, k_g, v_g, z_g] and [b_g, a_g]), undone at load time (vLLM's
+fix_query_key_value_ordering, done once).
 
 State (bound by engine/worker/mamba_utils.py): conv_state [slots, K-1, conv_dim] (vLLM's
 "SD" layout) and ssm_state [slots, Hv, dv, dk]; slot 0 is the null slot. CUDA runs the
@@ -122,39 +124,43 @@ class RMSNormGated(nn.Module):
 
 
 class _ShardedLinear(ReplicatedLinear):
-    """A projection whose rows load from several checkpoint tensors (shard offsets), or
-    whole from one tensor through `whole_loader` (a row permutation)."""
+    """A projection whose rows load from several checkpoint tensors: a shard fills its row
+    range; a group fills the rows of consecutive shards from one tensor through its loader
+    (a row permutation)."""
 
-    def __init__(self, in_features: int, shard_sizes: dict[str, int], whole_loader) -> None:
+    def __init__(self, in_features: int, shard_sizes: dict[str, int],
+                 groups: dict[str, tuple[tuple[str, ...], object]]) -> None:
         super().__init__(in_features, sum(shard_sizes.values()))
         self.offsets, off = {}, 0
         for name, n in shard_sizes.items():
             self.offsets[name] = (off, n)
             off += n
-        self.whole_loader = whole_loader
+        self.groups = groups
         self.weight.weight_loader = self._load
 
     def _load(self, param: nn.Parameter, w: torch.Tensor, weight_name: str = "",
               shard_id: str | None = None, expert_id: int | None = None) -> None:
-        if shard_id is None or shard_id == "whole":
-            if tuple(w.shape) != tuple(param.shape):
-                raise ModelLoadError(f"has shape {tuple(w.shape)}, want {tuple(param.shape)}")
-            param.data.copy_(self.whole_loader(w))
-            return
-        off, n = self.offsets[shard_id]
+        loader = None
+        if shard_id in self.groups:
+            shards, loader = self.groups[shard_id]
+            off, n = self.offsets[shards[0]][0], sum(self.offsets[s][1] for s in shards)
+        elif shard_id in self.offsets:
+            off, n = self.offsets[shard_id]
+        else:
+            raise ModelLoadError(f"unknown shard {shard_id!r}")
         if tuple(w.shape) != (n, param.shape[1]):
             raise ModelLoadError(f"has shape {tuple(w.shape)}, want {(n, param.shape[1])}")
-        param.data[off:off + n].copy_(w)
+        param.data[off:off + n].copy_(w if loader is None else loader(w))
 
 
 # (param fragment, checkpoint fragment, expert id, shard id): models/utils.load_weights
 GDN_PARAMS_MAPPING = [
-    ("in_proj_qkvz.", "in_proj_qkv.", None, "qkv"),
-    ("in_proj_qkvz.", "in_proj_z.", None, "z"),
-    ("in_proj_ba.", "in_proj_b.", None, "b"),
-    ("in_proj_ba.", "in_proj_a.", None, "a"),
-    ("in_proj_qkvz.", "in_proj_qkvz.", None, "whole"),
-    ("in_proj_ba.", "in_proj_ba.", None, "whole"),
+    ("in_proj.", "in_proj_qkv.", None, "qkv"),
+    ("in_proj.", "in_proj_z.", None, "z"),
+    ("in_proj.", "in_proj_b.", None, "b"),
+    ("in_proj.", "in_proj_a.", None, "a"),
+    ("in_proj.", "in_proj_qkvz.", None, "qkvz"),
+    ("in_proj.", "in_proj_ba.", None, "ba"),
 ]
 
 
@@ -173,10 +179,12 @@ class GatedDeltaNetAttention(nn.Module):
         self.key_dim, self.value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.conv_kernel_size = conv_kernel_size
-        self.in_proj_qkvz = _ShardedLinear(
-            hidden_size, {"qkv": self.conv_dim, "z": self.value_dim}, self._qkvz_from_grouped)
-        self.in_proj_ba = _ShardedLinear(hidden_size, {"b": num_v_heads, "a": num_v_heads},
-                                         self._ba_from_grouped)
+        # vLLM's in_proj_qkvz and in_proj_ba as one projection: one GEMV a layer, not two
+        self.in_proj = _ShardedLinear(
+            hidden_size, {"qkv": self.conv_dim, "z": self.value_dim, "b": num_v_heads,
+                          "a": num_v_heads},
+            {"qkvz": (("qkv", "z"), self._qkvz_from_grouped),
+             "ba": (("b", "a"), self._ba_from_grouped)})
         self.conv1d = nn.Module()
         self.conv1d.weight = nn.Parameter(torch.empty(self.conv_dim, 1, conv_kernel_size),
                                           requires_grad=False)
@@ -205,9 +213,9 @@ class GatedDeltaNetAttention(nn.Module):
     def forward(self, hidden_states: torch.Tensor, md) -> torch.Tensor:
         # hidden_states: [n, hidden] -> [n, hidden]
         n = hidden_states.shape[0]
-        mixed_qkv, z = self.in_proj_qkvz(hidden_states).split([self.conv_dim, self.value_dim],
-                                                              dim=-1)
-        b, a = self.in_proj_ba(hidden_states).split([self.num_v_heads] * 2, dim=-1)
+        # strided views of one [n, conv_dim + value_dim + 2 Hv] output: the kernels take strides
+        mixed_qkv, z, b, a = self.in_proj(hidden_states).split(
+            [self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
         gdn: GDNMetadata | None = None if md is None else md.gdn
         if gdn is None:  # profile run: activations only
             core = hidden_states.new_zeros(n, self.num_v_heads, self.head_v_dim)

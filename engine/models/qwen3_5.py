@@ -3,7 +3,7 @@ vllm/model_executor/models/qwen3_5.py.
 
 The Qwen3-Next decoder (engine/models/qwen3_next.py) with a dense SwiGLU FFN on every
 layer and the flat GDN in-projections (in_proj_qkv / in_proj_z / in_proj_b / in_proj_a,
-loaded as shards of in_proj_qkvz / in_proj_ba, as vLLM's stacked mapping). The
+loaded as shards of the one in_proj, as vLLM's stacked mapping). The
 multimodal checkpoints (Qwen3_5ForConditionalGeneration) load text-only: the
 `model.language_model.` prefix becomes `model.`, `model.visual.*` and `mtp.*` are skipped
 (vLLM's hf_to_vllm_mapper for the text-only class). Text-only positions make the
