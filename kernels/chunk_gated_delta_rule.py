@@ -175,7 +175,7 @@ def _chunk_fwd_h_o_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, o_ptr, s_ptr, qsl_
     DT = k_ptr.dtype.element_ty
     # state tile h [BK, BV] = S^T of the slot's [dv, dk] rows (fp32 while in registers)
     s_off = s_ptr + (slot * HV + hv) * DV * DK + ov[None, :] * DK + ok[:, None]
-    dv_init = tl.where((tl.load(init_ptr + n) != 0) & (slot >= 0), DV, 0)
+    dv_init = tl.where((tl.load(init_ptr + n).to(tl.int32) != 0) & (slot >= 0), DV, 0)
     h = tl.load(s_off, mask=mk[:, None] & (ov < dv_init)[None, :], other=0.0).to(tl.float32)
     causal = ot[:, None] >= ot[None, :]
     for t0 in range(bos, eos, BT):
@@ -240,9 +240,11 @@ def chunk_sigmoid_gating_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.T
     """chunk_gated_delta_rule with the gates computed in the kernel from the raw projections
     a, b ([T, Hv], rows may be strided) and A_log, dt_bias ([Hv]), as
     kernels/gated_delta_rule.py fused_sigmoid_gating_delta_rule."""
-    return _launch(q, k, v, a, b, A_log.float().contiguous(), dt_bias.float().contiguous(),
-                   ssm_states, query_start_loc, state_indices, has_initial_state, True,
-                   chunk_indices, out)
+    HV = v.shape[1]
+    check(A_log.shape == (HV,) and dt_bias.shape == (HV,) and A_log.is_contiguous()
+          and dt_bias.is_contiguous(), lambda: f"A_log and dt_bias must be contiguous [{HV}]")
+    return _launch(q, k, v, a, b, A_log, dt_bias, ssm_states, query_start_loc, state_indices,
+                   has_initial_state, True, chunk_indices, out)
 
 
 def _launch(q, k, v, g, beta, A_log, dt_bias, ssm_states, query_start_loc, state_indices,
@@ -282,7 +284,7 @@ def _launch(q, k, v, g, beta, A_log, dt_bias, ssm_states, query_start_loc, state
     BV = min(32, BV)  # the recurrence's value block; fp32 (FMA) dots get one stage (smem)
     _chunk_fwd_h_o_kernel[(triton.cdiv(DV, BV), N * HV)](
         q, k, w, u, gc, o, ssm_states, query_start_loc, state_indices,
-        has_initial_state.to(torch.int32), DK ** -0.5, q.stride(0), k.stride(0), o.stride(0),
+        has_initial_state, DK ** -0.5, q.stride(0), k.stride(0), o.stride(0),
         L2NORM=l2norm, HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV, BT=BT, DOT_PREC=prec,
         num_warps=8, num_stages=1 if k.dtype == torch.float32 else 2)
     return o
