@@ -1,5 +1,6 @@
 """The hybrid layers' kernel paths (engine/layers/gdn.py, engine/models/qwen3_next.py
-Qwen3NextAttention) equal their torch paths, run on CPU under the Triton interpreter: the
+Qwen3NextAttention) equal their torch paths, in fp32 on CUDA, or on CPU under the Triton
+interpreter: the
 gated attention with q and the output gate as strided views of q_proj's output (the gate
 applied in the attention kernel's store), and the GDN layer's decode (one-launch conv
 update, gates and zero fill in the recurrent kernel, the Triton gated RMSNorm).
@@ -24,8 +25,9 @@ from engine.models.config import ModelArchConfig  # noqa: E402
 from engine.models.qwen3_next import Qwen3NextAttention  # noqa: E402
 from kernels.rms_norm_gated import _rms_norm_gated_kernel  # noqa: E402
 
-if torch.cuda.is_available() or type(_rms_norm_gated_kernel).__name__ != "InterpretedFunction":
-    pytest.skip("kernels/ compiled for a device (the GPU engine tests cover these paths)",
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and type(_rms_norm_gated_kernel).__name__ != "InterpretedFunction":
+    pytest.skip("no CUDA device and kernels/ were compiled without TRITON_INTERPRET=1",
                 allow_module_level=True)
 
 BS = 4  # KV cache block size
@@ -45,17 +47,18 @@ def _attn_md(q_lens: list[int], ctx: list[int]) -> AttentionMetadata:
     for n in q_lens:
         qsl.append(qsl[-1] + n)
     seq_lens = [c + n for c, n in zip(ctx, q_lens)]
-    bt = torch.arange(len(q_lens) * 8, dtype=torch.int32).view(len(q_lens), 8)
+    bt = torch.arange(len(q_lens) * 8, dtype=torch.int32, device=DEVICE).view(len(q_lens), 8)
     slots = [int(bt[i, p // BS]) * BS + p % BS for i, (c, s) in enumerate(zip(ctx, seq_lens))
              for p in range(c, s)]
     return AttentionMetadata(
-        qsl[-1], torch.tensor(slots), qsl, seq_lens, bt, torch.tensor(qsl, dtype=torch.int32),
-        torch.tensor(seq_lens, dtype=torch.int32), max(q_lens), max(seq_lens))
+        qsl[-1], torch.tensor(slots, device=DEVICE), qsl, seq_lens, bt,
+        torch.tensor(qsl, dtype=torch.int32, device=DEVICE),
+        torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE), max(q_lens), max(seq_lens))
 
 
 def test_gated_attention_kernel_path_equals_torch(monkeypatch) -> None:
     torch.manual_seed(0)
-    layer = Qwen3NextAttention(_cfg(), 0)
+    layer = Qwen3NextAttention(_cfg(), 0).to(DEVICE)
     with torch.no_grad():
         for p in layer.parameters():
             p.normal_(0, 0.3)
@@ -63,13 +66,14 @@ def test_gated_attention_kernel_path_equals_torch(monkeypatch) -> None:
     outs = {}
     for kernels in (False, True):
         monkeypatch.setattr(attention, "use_kernels", lambda q, on=kernels: on)
-        kv[kernels] = layer.attn.kv_cache = torch.zeros(2, 16, BS, 2, 16)
+        kv[kernels] = layer.attn.kv_cache = torch.zeros(2, 16, BS, 2, 16, device=DEVICE)
         steps = []
         torch.manual_seed(1)
         for q_lens, ctx in (([3, 5], [0, 0]), ([1, 1], [3, 5]), ([1, 1], [4, 6])):
             md = _attn_md(q_lens, ctx)
-            x = torch.randn(md.num_actual_tokens, 32)
-            pos = torch.tensor([c + j for c, n in zip(ctx, q_lens) for j in range(n)])
+            x = torch.randn(md.num_actual_tokens, 32).to(DEVICE)
+            pos = torch.tensor([c + j for c, n in zip(ctx, q_lens) for j in range(n)],
+                               device=DEVICE)
             steps.append(layer(pos, x, md))  # prefill kernel, then the decode kernel
         outs[kernels] = torch.cat(steps)
     torch.testing.assert_close(outs[True], outs[False], atol=1e-5, rtol=1e-5)
@@ -82,19 +86,20 @@ def _gdn_md(rows: int, n: int, init: list[bool]) -> gdn.GDNMetadata:
     slots = list(range(1, n + 1)) + [0] * (rows - n)
     init = init + [False] * (rows - n)
     return gdn.GDNMetadata(qsl[:n + 1], slots[:n], init[:n], 1,
-                           torch.tensor(qsl, dtype=torch.int32), torch.tensor(slots),
-                           torch.tensor(init))
+                           torch.tensor(qsl, dtype=torch.int32, device=DEVICE),
+                           torch.tensor(slots, device=DEVICE), torch.tensor(init, device=DEVICE))
 
 
 def test_gdn_decode_kernel_path_equals_torch(monkeypatch) -> None:
     """Decode steps (padding rows on the null slot, as a decode CUDA graph) through the
     kernels equal the torch path: outputs of the requests' rows and their states."""
     torch.manual_seed(2)
-    layer = gdn.GatedDeltaNetAttention(32, 2, 4, 16, 8, 4, 1e-6)
+    layer = gdn.GatedDeltaNetAttention(32, 2, 4, 16, 8, 4, 1e-6).to(DEVICE)
     with torch.no_grad():
         for name, p in layer.named_parameters():
             p.uniform_(-1.0, 0.5) if name in ("A_log", "dt_bias") else p.normal_(0, 0.3)
-    conv0, ssm0 = torch.randn(4, 3, layer.conv_dim), torch.randn(4, 4, 8, 16)
+    conv0 = torch.randn(4, 3, layer.conv_dim).to(DEVICE)
+    ssm0 = torch.randn(4, 4, 8, 16).to(DEVICE)
     outs, states = {}, {}
     for kernels in (False, True):
         monkeypatch.setattr(gdn, "use_triton", lambda x, on=kernels: on)
@@ -102,7 +107,7 @@ def test_gdn_decode_kernel_path_equals_torch(monkeypatch) -> None:
         torch.manual_seed(3)
         steps = []
         for init in ([True, False], [True, True]):
-            x = torch.randn(3, 32)  # two requests (+ one padding row on the kernels)
+            x = torch.randn(3, 32).to(DEVICE)  # two requests (+ a padding row on the kernels)
             rows = 3 if kernels else 2  # the torch path takes no padding rows
             steps.append(layer(x[:rows], _md(_gdn_md(rows, 2, init)))[:2])
         outs[kernels] = torch.cat(steps)
