@@ -14,10 +14,15 @@ stay on the device and every matmul runs kernels/gguf_mmvq.py (a few tokens) or
 kernels/gguf_gemm.py; a layer that has one
 (`gguf_weight`) has no dense weight. A dense bf16/fp16 matmul of one row on CUDA (batch-1
 decode) runs the Triton GEMV kernels/gemv.py (dense_linear), which beats cuBLAS there; a
-gated MLP's down projection takes its SiLU-and-mul into that GEMV (forward_act_and_mul).
+gated MLP's down projection takes its SiLU-and-mul into that GEMV (forward_act_and_mul),
+and a projection fed by an RMSNorm (qkv, gate_up) takes the norm into it
+(forward_rms_norm; LIBVLLM_DISABLE_NORM_FOLD=1 runs the norm kernel instead, for A/B).
 """
 
 from __future__ import annotations
+
+import functools
+import os
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +35,7 @@ from engine.distributed.parallel_state import (
 )
 from engine.errors import InvalidArgumentError, ModelLoadError
 from engine.layers.activation import SiluAndMul
+from engine.layers.layernorm import RMSNorm
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -56,6 +62,11 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor,
 
         return dense_gemv(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+@functools.cache
+def _norm_fold_enabled() -> bool:
+    return os.environ.get("LIBVLLM_DISABLE_NORM_FOLD") != "1"
 
 
 def _new_param(*shape: int) -> nn.Parameter:
@@ -123,6 +134,24 @@ class ReplicatedLinear(nn.Module):
             y = self.gguf_weight(x)
             return y if self.bias is None else y + self.bias
         return dense_linear(x, self.weight, self.bias)
+
+    def forward_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(norm(x + residual)), x + residual) as a decoder layer chains them; without
+        a residual (the first layer) (self(norm(x)), x). A dense one-row GEMV (batch-1
+        decode on CUDA) takes the norm into its prologue (kernels/gemv.py rms_norm_gemv;
+        the new residual is a new tensor there, the norm kernel updates both in place)."""
+        # x, residual: [num_tokens, in] -> ([num_tokens, out], [num_tokens, in])
+        if self.gguf_weight is None and _norm_fold_enabled() and \
+                _one_row_gemv(x, self.weight, self.bias):
+            from kernels.gemv import rms_norm_gemv  # lazy: CUDA path only
+
+            return rms_norm_gemv(x, self.weight, self.bias, norm.weight, norm.variance_epsilon,
+                                 norm.weight_offset, residual)
+        if residual is None:
+            return self(norm(x)), x
+        x, residual = norm(x, residual)
+        return self(x), residual
 
     def forward_act_and_mul(self, gate_up: torch.Tensor, act_fn: nn.Module) -> torch.Tensor:
         """self(act_fn(gate_up)) for a gated MLP's down projection. SiLU-and-mul goes into
