@@ -41,6 +41,7 @@ from kernels._common import (
     pdl_wait,
 )
 from kernels.activation import silu_and_mul_ref
+from kernels.rms_norm import rms_norm_apply, rms_norm_rstd
 
 
 @triton.jit
@@ -57,7 +58,8 @@ def _dense_gemv_kernel(
     rn = tl.program_id(0) * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
     if NORM:  # pre-pass over the row: 1 / rms of x (+ res); program 0 writes x + res
-        rstd = _rms_norm_rstd(x_ptr, res_ptr, res_out_ptr, K, eps, HAS_RESIDUAL, BK)
+        rstd = rms_norm_rstd(x_ptr, res_ptr, res_out_ptr, K, eps,
+                             tl.where(tl.program_id(0) == 0, K, 0), HAS_RESIDUAL, BK)
     row_mask = rn[:, None] < N
     acc = tl.zeros((BN, BK), dtype=tl.float32)
     wp = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]  # [BN, BK] pointers
@@ -90,9 +92,8 @@ def _dense_gemv_kernel(
             silu = (g / (1.0 + tl.exp(-g))).to(x.dtype)
             x = (silu.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
         if NORM:  # x = rms_norm(x + res) * (norm_w + offset), rounded as kernels/rms_norm.py
-            if HAS_RESIDUAL:
-                x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-            x = (x.to(tl.float32) * rstd * (nw.to(tl.float32) + weight_offset)).to(x.dtype)
+            x = rms_norm_apply(x, r if HAS_RESIDUAL else x, nw, rstd, weight_offset,
+                               HAS_RESIDUAL)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
         wp += BK
         xp += BK
@@ -104,27 +105,6 @@ def _dense_gemv_kernel(
     if HAS_BIAS:
         y += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
     tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
-
-
-@triton.jit
-def _rms_norm_rstd(x_ptr, res_ptr, res_out_ptr, K, eps, HAS_RESIDUAL: tl.constexpr,
-                   BK: tl.constexpr):
-    """1 / sqrt(mean((x + res)^2) + eps) in fp32 over x, res: [K], the sum rounded to x's
-    dtype first as fused_add_rms_norm rounds it; program 0 stores that sum to res_out
-    (out of place: the other programs still read res)."""
-    rk = tl.arange(0, BK)
-    store_k = tl.where(tl.program_id(0) == 0, K, 0)  # how much of res_out this program writes
-    ss = tl.zeros((BK,), dtype=tl.float32)
-    for k in range(0, K, BK):
-        k_mask = rk < K - k
-        x = tl.load(x_ptr + k + rk, mask=k_mask, other=0.0)
-        if HAS_RESIDUAL:
-            r = tl.load(res_ptr + k + rk, mask=k_mask, other=0.0)
-            x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-            tl.store(res_out_ptr + k + rk, x, mask=rk < store_k - k)
-        xf = x.to(tl.float32)
-        ss += xf * xf
-    return tl.math.rsqrt(tl.sum(ss, axis=0) / K + eps)
 
 
 def gemv_config(n: int, k: int, silu_and_mul: bool = False) -> tuple[int, int, int, int]:
