@@ -41,7 +41,7 @@ from kernels._common import (
     pdl_wait,
 )
 from kernels.activation import silu_and_mul_ref
-from kernels.rms_norm import rms_norm_apply, rms_norm_rstd
+from kernels.rms_norm import norm_block, rms_norm_apply, rms_norm_rstd
 
 
 @triton.jit
@@ -49,7 +49,7 @@ def _dense_gemv_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, N, K, res_ptr, res_out_ptr, norm_w_ptr, eps, weight_offset,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SILU_AND_MUL: tl.constexpr,
     NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, USE_PDL: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, NORM_BK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # the kernel before wrote this one's inputs
         pdl_wait()
@@ -59,7 +59,7 @@ def _dense_gemv_kernel(
     rk = tl.arange(0, BK)
     if NORM:  # pre-pass over the row: 1 / rms of x (+ res); program 0 writes x + res
         rstd = rms_norm_rstd(x_ptr, res_ptr, res_out_ptr, K, eps,
-                             tl.where(tl.program_id(0) == 0, K, 0), HAS_RESIDUAL, BK)
+                             tl.where(tl.program_id(0) == 0, K, 0), HAS_RESIDUAL, NORM_BK)
     row_mask = rn[:, None] < N
     acc = tl.zeros((BN, BK), dtype=tl.float32)
     wp = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]  # [BN, BK] pointers
@@ -207,6 +207,9 @@ def _launch(x, w, bias, y, k, config, silu_and_mul=False, norm_weight=None, resi
         norm_weight if norm_weight is not None else x, float(eps), float(weight_offset),
         HAS_BIAS=bias is not None, EVEN_K=k % bk == 0, SILU_AND_MUL=silu_and_mul,
         NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, BN=bn, BK=bk,
+        # 16 values of x and of the residual per thread and step: no more registers than
+        # the main loop of any gemv_config (ptxas, sm_90a)
+        NORM_BK=norm_block(k, 512 * warps) if norm_weight is not None else 1,
         num_warps=warps, num_stages=stages,
         **pdl_launch(x),
     )

@@ -41,7 +41,7 @@ import triton.language as tl
 from kernels._common import cdiv, check, check_float, check_same_device, pdl_launch, pdl_wait
 from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
 from kernels.gguf_tiles import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
-from kernels.rms_norm import rms_norm_apply, rms_norm_rstd
+from kernels.rms_norm import norm_block, rms_norm_apply, rms_norm_rstd
 
 MMVQ_TYPES = frozenset({Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K})  # block sizes: GGML_TYPE_TRAITS
 MMVQ_MAX_M = 8  # decode rows (the M <= 8); more go through kernels/gguf_gemm.py
@@ -303,7 +303,7 @@ def _quantize_q8_1_kernel(
     x_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_x: tl.int64, res_ptr, stride_res: tl.int64,
     res_out_ptr, norm_w_ptr, eps, weight_offset, G: tl.constexpr,
     SILU_AND_MUL: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    NORM_BK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     # program: G groups of 32 values of one token; x row [K] (or gate_up [2K]) ->
     # xq [K / 4] int32, xd [K / 32], xs [K / 16] fp32; with NORM also res, res_out,
@@ -314,7 +314,7 @@ def _quantize_q8_1_kernel(
     if NORM:  # pre-pass over the token's row: 1 / rms of x (+ res); program 0 writes x + res
         rstd = rms_norm_rstd(x_ptr + tok * stride_x, res_ptr + tok * stride_res,
                              res_out_ptr + tok * K, K, eps,
-                             tl.where(tl.program_id(0) == 0, K, 0), HAS_RESIDUAL, G * 32)
+                             tl.where(tl.program_id(0) == 0, K, 0), HAS_RESIDUAL, NORM_BK)
     g = tl.program_id(0) * G + tl.arange(0, G)[:, None]  # [G, 1]
     k = g * 32 + tl.arange(0, 32)[None, :]  # [G, 32]
     mask = k < K
@@ -401,6 +401,7 @@ def _quantize(x, k, silu_and_mul=False, norm_weight=None, eps=0.0, weight_offset
             res_out if res_out is not None else x, norm_weight if norm_weight is not None else x,
             float(eps), float(weight_offset), G=groups, SILU_AND_MUL=silu_and_mul,
             NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
+            NORM_BK=norm_block(k) if norm_weight is not None else 1,
             num_warps=4, **pdl_launch(x))
     return xq, xd, xs
 

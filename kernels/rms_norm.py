@@ -43,6 +43,14 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def norm_block(k: int, cap: int = 8192) -> int:
+    """The step of rms_norm_rstd's pre-pass over a row of k: the whole row up to `cap`, so
+    that its loads are in flight together (each step of the loop waits for memory once,
+    before the kernel's own work starts). A kernel whose occupancy matters caps it where
+    the pre-pass needs no more registers than its main loop (kernels/gemv.py)."""
+    return min(next_pow2(k), cap)
+
+
 @triton.jit
 def rms_norm_rstd(x_ptr, res_ptr, res_out_ptr, K, eps, store_k, HAS_RESIDUAL: tl.constexpr,
                   BK: tl.constexpr):

@@ -66,7 +66,8 @@ def test_rms_norm_gemv_matches_norm_then_gemv(n, k, dtype, residual, offset, bia
 
 
 def test_rms_norm_gemv_fp32_norm_weight_and_config_override() -> None:
-    """A norm weight in fp32 (as RMSNorm keeps it off the model dtype) and a sweep config."""
+    """A norm weight in fp32 (as RMSNorm keeps it off the model dtype) and sweep configs;
+    (4, 64, 2, 1) makes the pre-pass two steps of 1024 over K = 1100, the second partial."""
     x, res, w, b, norm_w = _inputs(37, 1100, torch.float16, True, seed=1)
     want_y, _ = _unfused(x, res, w, b, norm_w.float(), 0.0)
     for config in (None, (4, 64, 2, 1), (16, 256, 4, 2)):

@@ -6,7 +6,7 @@ No upstream test: vLLM has no such fusion. Oracle: kernels/rms_norm.py rms_norm_
 engine's RMSNorm / GemmaRMSNorm forward_native, with or without the residual add) then
 quantize_q8_1, equal up to the fp32 summation order of the mean square (a q8_1 value may
 move by one); the new residual bit for bit. Cases: 1 and 3 tokens, residual or not,
-weight offset 0 and 1, K with a partial last step of the pre-pass, a strided residual;
+weight offset 0 and 1, K in one partial pre-pass step or two, a strided residual;
 the layer folds only where every shard runs the int8 GEMV and up to MMVQ_MAX_M tokens.
 Runs on CUDA or under the Triton interpreter (tests/test_kernels_common.py).
 """
@@ -62,6 +62,17 @@ def test_rms_norm_quantize_q8_1_matches_norm_then_quantize(m, k, dtype, residual
     _close_q8_1(got, quantize_q8_1(normed))
     torch.testing.assert_close(new_res, want_res, rtol=0, atol=0)
     torch.testing.assert_close(x, x0, rtol=0, atol=0)
+
+
+def test_rms_norm_quantize_q8_1_pre_pass_in_two_steps() -> None:
+    """A row wider than the pre-pass step (8192): two steps, the second partial."""
+    torch.manual_seed(1)
+    x, res = torch.randn(2, 8256, device=DEVICE), torch.randn(2, 8256, device=DEVICE)
+    nw = torch.rand(8256, device=DEVICE) + 0.5
+    got, new_res = rms_norm_quantize_q8_1(x, nw, EPS, 0.0, res)
+    normed, want_res = rms_norm_ref(x, nw, EPS, res)
+    _close_q8_1(got, quantize_q8_1(normed))
+    torch.testing.assert_close(new_res, want_res, rtol=0, atol=0)
 
 
 def test_rms_norm_quantize_q8_1_rejects_bad_input() -> None:
