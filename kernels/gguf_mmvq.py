@@ -40,6 +40,7 @@ import triton.language as tl
 
 from kernels._common import cdiv, check, check_float, check_same_device, pdl_launch, pdl_wait
 from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
+from kernels.gguf_mmvq_lanes import kquant_lane_step
 from kernels.gguf_tiles import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
 from kernels.rms_norm import norm_block, rms_norm_apply, rms_norm_rstd
 
@@ -47,11 +48,13 @@ MMVQ_TYPES = frozenset({Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K})  # block sizes: GGM
 MMVQ_MAX_M = 8  # decode rows (the issue's M <= 8); more go through kernels/gguf_gemm.py
 
 
-def mmvq_config(qtype: int) -> tuple[int, int, int]:
-    """(rows per program, blocks per step, warps): the fastest of examples/bench/gguf_mmvq.py
-    --sweep over Llama-3.1-8B's shapes on the H200 (docs/kernels.md). Few rows and one warp
-    a program win: many programs in flight hide the memory latency of each step."""
-    return {Q4_K: (2, 4, 1), Q5_K: (2, 4, 1), Q6_K: (2, 2, 1), Q8_0: (1, 64, 1)}.get(
+def mmvq_config(qtype: int) -> tuple[int, ...]:
+    """(rows per program, blocks per step, warps[, layout]): the fastest of
+    examples/bench/gguf_mmvq.py --sweep over Llama-3.1-8B's shapes on the H200
+    (docs/kernels.md). Few rows and one warp a program win: many programs in flight hide the
+    memory latency of each step. Layout 1 (kernels/gguf_mmvq_lanes.py, K-quants) is chosen
+    from its SASS (2.5x fewer instructions a weight byte than layout 0), not measured yet."""
+    return {Q4_K: (2, 4, 1, 1), Q5_K: (2, 4, 1, 1), Q6_K: (2, 2, 1), Q8_0: (1, 64, 1)}.get(
         qtype, (1, 32, 1))  # Q4_0 (swept); Q4_1 takes Q4_0's, not swept yet
 
 
@@ -257,10 +260,30 @@ def _legacy_step(acc, rows, x, blk0, nblk, n_mask, M, BLOCK_M: tl.constexpr, NB:
 
 
 @triton.jit
+def _lane_loop(acc, w_ptr, xq_ptr, xd_ptr, xs_ptr, x, n, N, nblk, stride_w, M, TYPE: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NB: tl.constexpr,
+               ASM: tl.constexpr):
+    # LAYOUT = 1 (kernels/gguf_mmvq_lanes.py): whole steps unmasked, then the partial one;
+    # rows past N re-read row N - 1 (their outputs are not stored)
+    SIZE: tl.constexpr = 44 if TYPE == 13 else 36  # 32-bit words
+    rows = tl.minimum(n, N - 1).to(tl.int64)[:, None, None, None] * (stride_w // 4)
+    wb = w_ptr.to(tl.pointer_type(tl.int32)) + rows + tl.arange(0, NB)[None, :, None, None] * SIZE
+    sq, sd, ss = x[3], x[4], x[5]
+    nfull = nblk // NB
+    for k in range(0, nfull):
+        acc = kquant_lane_step(acc, wb, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk, M, BLOCK_N,
+                               NB, BLOCK_M, TYPE == 13, False, ASM)
+    if nfull * NB < nblk:
+        acc = kquant_lane_step(acc, wb, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, nfull, nblk, M,
+                               BLOCK_N, NB, BLOCK_M, TYPE == 13, True, ASM)
+    return acc
+
+
+@triton.jit
 def _mmvq_kernel(
     xq_ptr, xd_ptr, xs_ptr, w_ptr, y_ptr, M, N, nblk, stride_w: tl.int64, stride_ym: tl.int64,
     TYPE: tl.constexpr, GPB: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-    NB: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr,
+    NB: tl.constexpr, LAYOUT: tl.constexpr, ASM: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     # program: BLOCK_N weight rows x all M (<= BLOCK_M) tokens; xq [M, K / 4] int32,
     # xd [M, K / 32], xs [M, K / 16] fp32 -> y [M, N] (row stride stride_ym: a slice of a
@@ -272,25 +295,31 @@ def _mmvq_kernel(
     x = (xq_ptr, xd_ptr, xs_ptr, k32 * 8, k32, k32 * 2)  # pointers and row strides
     if BLOCK_M > 1:
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    elif LAYOUT == 1:
+        acc = tl.zeros([BLOCK_N, NB, 4], dtype=tl.float32)
     elif TYPE == 14:
         acc = tl.zeros([BLOCK_N, NB, 2, 2, 2, 1], dtype=tl.float32)
     elif TYPE == 12 or TYPE == 13:
         acc = tl.zeros([BLOCK_N, NB, 4], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_N, NB, 1], dtype=tl.float32)
-    for blk0 in range(0, nblk, NB):
-        if TYPE == 14:
-            rows = w_ptr + n.to(tl.int64)[:, None, None, None, None, None] * stride_w
-            acc = _q6_k_step(acc, rows, x, blk0, nblk, (n < N)[:, None, None, None, None, None],
-                             M, BLOCK_M, NB, ASM)
-        elif TYPE == 12 or TYPE == 13:
-            rows = w_ptr + n.to(tl.int64)[:, None, None] * stride_w
-            acc = _kquant_step(acc, rows, x, blk0, nblk, (n < N)[:, None, None], M, BLOCK_M,
-                               NB, TYPE == 13, ASM)
-        else:
-            rows = w_ptr + n.to(tl.int64)[:, None, None] * stride_w
-            acc = _legacy_step(acc, rows, x, blk0, nblk, (n < N)[:, None, None], M, BLOCK_M,
-                               NB, TYPE, ASM)
+    if LAYOUT == 1:
+        acc = _lane_loop(acc, w_ptr, xq_ptr, xd_ptr, xs_ptr, x, n, N, nblk, stride_w, M, TYPE,
+                         BLOCK_N, BLOCK_M, NB, ASM)
+    else:
+        for blk0 in range(0, nblk, NB):
+            if TYPE == 14:
+                rows = w_ptr + n.to(tl.int64)[:, None, None, None, None, None] * stride_w
+                acc = _q6_k_step(acc, rows, x, blk0, nblk, (n < N)[:, None, None, None, None, None],
+                                 M, BLOCK_M, NB, ASM)
+            elif TYPE == 12 or TYPE == 13:
+                rows = w_ptr + n.to(tl.int64)[:, None, None] * stride_w
+                acc = _kquant_step(acc, rows, x, blk0, nblk, (n < N)[:, None, None], M, BLOCK_M,
+                                   NB, TYPE == 13, ASM)
+            else:
+                rows = w_ptr + n.to(tl.int64)[:, None, None] * stride_w
+                acc = _legacy_step(acc, rows, x, blk0, nblk, (n < N)[:, None, None], M, BLOCK_M,
+                                   NB, TYPE, ASM)
     if BLOCK_M == 1:  # the one reduction of the tile
         acc = tl.sum(tl.reshape(acc, (BLOCK_N, acc.numel // BLOCK_N)), 1)[:, None]
     om = tl.arange(0, BLOCK_M)
@@ -408,7 +437,7 @@ def _quantize(x, k, silu_and_mul=False, norm_weight=None, eps=0.0, weight_offset
 
 def gguf_mmvq_q8_1(xq8: tuple[torch.Tensor, torch.Tensor, torch.Tensor], qweight: torch.Tensor,
                    qtype: int, out: torch.Tensor,
-                   config: tuple[int, int, int] | None = None) -> torch.Tensor:
+                   config: tuple[int, ...] | None = None) -> torch.Tensor:
     """out [M, N] (may be a column slice of a wider tensor) = x @ W.T from x's q8_1 form
     (quantize_q8_1) and raw blocks qweight [N, row_bytes] uint8 of type qtype."""
     xq, xd, xs = xq8
@@ -436,16 +465,17 @@ def gguf_mmvq_q8_1(xq8: tuple[torch.Tensor, torch.Tensor, torch.Tensor], qweight
     check_same_device(xq=xq, xd=xd, xs=xs, qweight=qweight, out=out)
     if m == 0 or n == 0:
         return out
-    block_n, nb, warps = config or mmvq_config(qtype)
+    block_n, nb, warps, *layout = config or mmvq_config(qtype)
     _mmvq_kernel[(cdiv(n, block_n),)](
         xq, xd, xs, qweight, out, m, n, nblk, qweight.stride(0), out.stride(0), TYPE=qtype,
-        GPB=block // 32, BLOCK_N=block_n, BLOCK_M=1 << (m - 1).bit_length(), NB=nb, ASM=_asm(),
+        GPB=block // 32, BLOCK_N=block_n, BLOCK_M=1 << (m - 1).bit_length(), NB=nb,
+        LAYOUT=layout[0] if layout else 0, ASM=_asm(),
         num_warps=warps, **pdl_launch(out))
     return out
 
 
 def gguf_mmvq(x: torch.Tensor, qweight: torch.Tensor, qtype: int, silu_and_mul: bool = False,
-              config: tuple[int, int, int] | None = None) -> torch.Tensor:
+              config: tuple[int, ...] | None = None) -> torch.Tensor:
     """y [M, N] = act(x) @ W.T for M <= MMVQ_MAX_M: quantize_q8_1, then gguf_mmvq_q8_1."""
     n = qweight.shape[0]
     out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)

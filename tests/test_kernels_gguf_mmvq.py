@@ -151,3 +151,19 @@ def test_gguf_weight_shards_share_one_quantization() -> None:
     gate_up = torch.randn(1, 512, generator=gen).to(DEVICE, torch.bfloat16)  # as a model's
     got = down.forward_act_and_mul(gate_up, SiluAndMul())  # bf16 rounding: one activation
     assert torch.equal(got, down.gguf_weight(silu_and_mul(gate_up)))
+
+
+@pytest.mark.parametrize("qtype,config", [
+    (GGMLType.Q4_K, (2, 4, 1, 0)), (GGMLType.Q4_K, (4, 2, 1, 1)), (GGMLType.Q4_K, (8, 2, 2, 1)),
+    (GGMLType.Q5_K, (2, 4, 1, 0)), (GGMLType.Q5_K, (2, 2, 1, 1))])
+@pytest.mark.parametrize("m", [1, 3])
+def test_mmvq_layouts_exact_on_integer_activations(qtype: GGMLType, config: tuple, m: int
+                                                   ) -> None:
+    """Every layout (config[3]: 0 two lanes a sub-block, 1 a lane per sub-block pair) and
+    step shape the bench sweeps: 3 super-blocks a row (whole steps, then a masked one, or a
+    masked one only), 37 rows (the last program's rows past N re-read row N - 1)."""
+    k = 768
+    w = random_weight(qtype, 37, k, seed=int(qtype))
+    x = _integer_x(m, k, seed=m)
+    ref = gguf_gemm_ref(x.double().float(), w, qtype)
+    assert _rel_err(gguf_mmvq(x, w, qtype, config=config), ref) < 1e-5

@@ -2,7 +2,7 @@
 
     python examples/bench/gguf_mmvq.py [--sweep] [--m 1 2 4 8] [--types Q4_K ...] [--out DIR]
 
-Per type (Q4_0 Q4_1 Q8_0 Q4_K Q5_K Q6_K), shape (qkv, o, gate_up, down) and token count M: the
+Per type (Q4_0 Q4_1 Q8_0 Q4_K Q5_K Q6_K), shape (qkv, o, gate_up, down, lm_head) and M: the
 whole op (quantize_q8_1 + GEMV), the GEMV alone with the default config and, with --sweep,
 the other configs of CONFIGS (M = 1 only). Times, bytes and %BW as examples/bench/kernels.py
 (CUDA-graph replays over enough weight copies to miss the L2; %BW counts the quantized bytes).
@@ -39,11 +39,19 @@ from examples.bench.kernels import (  # noqa: E402
 from kernels.gguf_mmvq import gguf_mmvq, gguf_mmvq_q8_1, mmvq_config, quantize_q8_1  # noqa: E402
 
 TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
-CONFIGS = {  # (rows per program, blocks per step, warps) tried by --sweep
-    256: [(1, 2, 1), (1, 4, 1), (1, 8, 1), (2, 4, 1), (1, 4, 2), (1, 8, 2), (2, 8, 2),
-          (2, 2, 1), (4, 4, 1), (1, 16, 4)],
-    32: [(1, 8, 1), (1, 16, 1), (1, 32, 1), (1, 64, 1), (2, 32, 1), (1, 32, 2), (1, 64, 2),
-         (2, 32, 2), (2, 16, 1), (1, 128, 4)],
+_LEGACY = [(1, 8, 1), (1, 16, 1), (1, 32, 1), (1, 64, 1), (2, 32, 1), (1, 32, 2), (1, 64, 2),
+           (2, 32, 2), (2, 16, 1), (1, 128, 4)]
+# LAYOUT 1 (kernels/gguf_mmvq_lanes.py): a lane per 4 words of a block's units; rows x blocks
+# >= 8 x warps (Q4_K, Q5_K, Q6_K: 4 units a block) or 32 x warps (Q8_0, Q4_0, Q4_1)
+_LANES_K = [(2, 4, 1, 1), (1, 8, 1, 1), (4, 2, 1, 1), (8, 1, 1, 1), (4, 4, 1, 1), (2, 8, 1, 1),
+            (8, 2, 1, 1), (4, 4, 2, 1), (8, 2, 2, 1), (16, 1, 2, 1), (8, 4, 2, 1), (16, 2, 4, 1)]
+_K_QUANT = [(1, 2, 1), (1, 4, 1), (1, 8, 1), (2, 4, 1), (1, 4, 2), (1, 8, 2), (2, 8, 2),
+            (2, 2, 1), (4, 4, 1), (1, 16, 4)]
+SHAPES = dict(LLAMA_LINEARS, lm_head=(128256, LLAMA_LINEARS["o"][1]))
+CONFIGS = {  # (rows per program, blocks per step, warps[, layout]) tried by --sweep
+    GGMLType.Q4_K: _K_QUANT + _LANES_K, GGMLType.Q5_K: _K_QUANT + _LANES_K,
+    GGMLType.Q6_K: _K_QUANT, GGMLType.Q8_0: _LEGACY, GGMLType.Q4_0: _LEGACY,
+    GGMLType.Q4_1: _LEGACY,
 }
 
 
@@ -58,7 +66,7 @@ def main() -> None:
     per_token: dict[str, float] = {}
     for qtype in (GGMLType[t] for t in args.types):
         per_token[qtype.name] = 0.0
-        for lin, (n, k) in LLAMA_LINEARS.items():
+        for lin, (n, k) in SHAPES.items():
             ws = [random_weight(qtype, n, k) for _ in range(copies(n * k // 2))]
             nbytes = ws[0].numel()
             for m in args.m:
@@ -68,11 +76,10 @@ def main() -> None:
                 row(f"mmvq {qtype.name}", f"{lin} {n}x{k} M={m}", t, nbytes, err=err,
                     note="quantize + GEMV")
                 if m == 1:
-                    per_token[qtype.name] += 32 * t
+                    per_token[qtype.name] += t * (1 if lin == "lm_head" else 32)
                 xq8 = quantize_q8_1(x)
                 out = torch.empty(m, n, dtype=BF16, device=DEV)
-                configs = [None] + (CONFIGS[256 if qtype >= 12 else 32]
-                                    if args.sweep and m == 1 else [])
+                configs = [None] + (CONFIGS[qtype] if args.sweep and m == 1 else [])
                 for cfg in configs:
                     t = gpu_time(lambda: [gguf_mmvq_q8_1(xq8, w, qtype, out, cfg)
                                           for w in ws]) / len(ws)
@@ -80,7 +87,7 @@ def main() -> None:
                         note=str(cfg) if cfg else f"default {mmvq_config(qtype)}")
     for name, t in per_token.items():
         print(f"  Llama-3.1-8B {name} linear layers (32 x qkv+o+gate_up+down, quantize + "
-              f"GEMV, M = 1): {t * 1e3:.3f} ms per token")
+              f"GEMV, M = 1) + lm_head: {t * 1e3:.3f} ms per token")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "gguf_mmvq.json").write_text(json.dumps(
         {"rows": ROWS, "per_token_ms": {k: v * 1e3 for k, v in per_token.items()}}, indent=1))

@@ -1,0 +1,143 @@
+"""Lane-per-sub-block steps of the int8-dot GGUF GEMV (kernels/gguf_mmvq.py, LAYOUT = 1).
+
+The steps of kernels/gguf_mmvq.py spread one sub-block's 8 weight words over two lanes, so
+each sub-block's integer sum costs warp shuffles, and recompute every address from the block
+index. Here each lane owns whole sub-blocks (the sum of its dp4a stays in the lane), reads
+its block header itself (the lanes of one block hit the same L1 line) and decodes only its
+own scales; addresses are a loop-invariant tensor plus one scalar offset per step, and only
+the last, partial step is masked. Tensors are [BN, NB, U, 4]: rows, blocks, units of a
+block (across lanes) and 4 consecutive 32-bit words (in one lane: one 16-byte load).
+
+Q4_K / Q5_K (U = 4): unit c holds qs bytes 32c..32c+31, the low nibbles of sub-block 2c and
+the high nibbles of 2c + 1; the high nibbles are multiplied in place (w & 0xF0F0F0F0, 16x
+the value: dp4a's sum stays below 2^31) and the 1/16 goes into the fp32 scale. Q5_K's fifth
+bits are masked in place too (bit 2c or 2c + 1 of each qh byte) and dotted separately.
+Same math as llama.cpp's vec_dot_q4_K_q8_1 / vec_dot_q5_K_q8_1 (vLLM
+csrc/quantization/gguf/vecdotq.cuh).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+HI4 = tl.constexpr(-0x0F0F0F10)  # 0xF0F0F0F0 as an int32 (a wider literal would promote to int64)
+
+
+@triton.jit
+def dp4a(a, b, c, SIGNED: tl.constexpr, ASM: tl.constexpr):
+    """Per int32 element: c + the sum of the 4 byte products of a (unsigned bytes, or signed
+    when SIGNED) and b (signed bytes)."""
+    if ASM:
+        c = c + a * 0  # a tensor of a's shape (folded away)
+        if SIGNED:
+            s = tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r",
+                                          [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            s = tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r",
+                                          [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        s = c + a * 0 + b * 0
+        for i in tl.static_range(4):
+            if SIGNED:
+                ai = (a << (24 - 8 * i)) >> 24
+            else:
+                ai = (a >> (8 * i)) & 0xFF
+            s += ai * ((b << (24 - 8 * i)) >> 24)
+    return s
+
+
+@triton.jit
+def split4(t, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr):
+    """[S0, S1, S2, 4] -> its four [S0, S1, S2] slices along the last axis (in-lane)."""
+    a, b = tl.split(tl.reshape(t, (S0, S1, S2, 2, 2)))  # a: words 0, 2; b: 1, 3
+    w0, w2 = tl.split(a)
+    w1, w3 = tl.split(b)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def load(p, m, MASK: tl.constexpr):
+    """tl.load(p), masked with m (0 where off) on a step that needs it."""
+    if MASK:
+        return tl.load(p, mask=m, other=0)
+    return tl.load(p)
+
+
+@triton.jit
+def f16_lo(w):
+    """fp32 of the fp16 in the low half of int32 w."""
+    return w.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def kquant_lane_step(acc, wb, xq, xd, xs, sq, sd, ss, k, nblk, M, BN: tl.constexpr,
+                     NB: tl.constexpr, BLOCK_M: tl.constexpr, HAS_QH: tl.constexpr,
+                     MASK: tl.constexpr, ASM: tl.constexpr):
+    # block_q4_K (144 B): d | dmin | scales[12] | qs[128]; q5_K (176 B) has qh[32] before qs.
+    # wb [BN, NB, 1, 1]: int32 pointers to the block starts of step 0; k: the step; xq, xd,
+    # xs: token 0's q8_1 rows, sq, sd, ss their row strides -> acc [BN, NB, 4] (one token)
+    # or [BN, BLOCK_M]
+    SIZE: tl.constexpr = 44 if HAS_QH else 36  # words
+    QS: tl.constexpr = 12 if HAS_QH else 4
+    c = tl.arange(0, 4)[None, None, :, None]
+    e = tl.arange(0, 4)[None, None, None, :]
+    s = k * NB + tl.arange(0, NB)[None, :, None, None]  # [1, NB, 1, 1] block index
+    m = s < nblk
+    blk = wb + k * (NB * SIZE)  # int32 pointers [BN, NB, 1, 1]
+    wp = blk + QS + 8 * c + e  # [BN, NB, 4, 4]
+    w0 = load(wp, m, MASK)  # words 0..3 of unit c
+    w1 = load(wp + 4, m, MASK)  # words 4..7
+    hdr = load(blk + e + 0 * c, m, MASK)
+    h0, a, b, cc = split4(hdr, BN, NB, 4)  # d | dmin, scales 0..3, 4..7, 8..11
+    d = f16_lo(h0)  # [BN, NB, 4]
+    dmin = f16_lo(h0 >> 16)
+    # get_scale_min_k4 of sub-blocks 2c and 2c + 1, two bytes at once
+    c3 = tl.arange(0, 4)[None, None, :]
+    sh = 16 * (c3 % 2)
+    a, b, cc = a >> sh, b >> sh, cc >> sh
+    sc = tl.where(c3 < 2, a & 0x3F3F, (cc & 0x0F0F) | ((a >> 2) & 0x3030))
+    mn = tl.where(c3 < 2, b & 0x3F3F, ((cc >> 4) & 0x0F0F) | ((b >> 2) & 0x3030))
+    sc_lo = d * (sc & 0xFF).to(tl.float32)
+    sc_hi = d * ((sc >> 8) & 0xFF).to(tl.float32) * 0.0625  # high nibbles are 16x
+    mn_lo = dmin * (mn & 0xFF).to(tl.float32)
+    mn_hi = dmin * ((mn >> 8) & 0xFF).to(tl.float32)
+    lo0, lo1 = w0 & 0x0F0F0F0F, w1 & 0x0F0F0F0F
+    hi0, hi1 = w0 & HI4, w1 & HI4
+    if HAS_QH:  # the fifth bits, in place: bit 2c (low nibbles) and 2c + 1 (high) of qh
+        q0 = load(blk + 4 + e + 0 * c, m, MASK)
+        q1 = load(blk + 8 + e + 0 * c, m, MASK)
+        bit = 0x01010101 << (2 * c)
+        f_lo = 16.0 / (1 << (2 * c3)).to(tl.float32)  # dot of (bit << 2c) -> 16x the dot
+        f_hi = f_lo * 0.5 * 16.0  # high nibbles are 16x, the bit sits at 2c + 1
+    # x pointers with the rows' shape: every load of the step gets one layout (4 words a lane)
+    z = tl.zeros([BN, NB, 1, 1], tl.int32)
+    xw = xq + z + s * 64 + 16 * c + e  # [BN, NB, 4, 4] the unit's low-nibble words
+    xg = xd + z + s * 8 + 2 * c + tl.arange(0, 2)[None, None, None, :]  # [BN, NB, 4, 2]
+    xh = xs + z + s * 16 + 4 * c + e  # [BN, NB, 4, 4] sums of each 16
+    for mi in tl.static_range(BLOCK_M):
+        t = tl.minimum(mi, M - 1).to(tl.int64)  # rows past M recompute the last one
+        xl0 = load(xw + t * sq, m, MASK)
+        xl1 = load(xw + t * sq + 4, m, MASK)
+        xh0 = load(xw + t * sq + 8, m, MASK)
+        xh1 = load(xw + t * sq + 12, m, MASK)
+        dot_lo = tl.sum(dp4a(lo1, xl1, dp4a(lo0, xl0, 0, False, ASM), False, ASM), 3)
+        dot_hi = tl.sum(dp4a(hi1, xh1, dp4a(hi0, xh0, 0, False, ASM), False, ASM), 3)
+        f_dot_lo = dot_lo.to(tl.float32)
+        f_dot_hi = dot_hi.to(tl.float32)
+        if HAS_QH:
+            b_lo = dp4a(q1 & bit, xl1, dp4a(q0 & bit, xl0, 0, False, ASM), False, ASM)
+            b_hi = dp4a(q1 & (bit << 1), xh1, dp4a(q0 & (bit << 1), xh0, 0, False, ASM),
+                        False, ASM)
+            f_dot_lo += tl.sum(b_lo, 3).to(tl.float32) * f_lo
+            f_dot_hi += tl.sum(b_hi, 3).to(tl.float32) * f_hi
+        g0, g1 = tl.split(load(xg + t * sd, m, MASK))  # d of the two q8_1 groups
+        s0, s1, s2, s3 = split4(load(xh + t * ss, m, MASK), BN, NB, 4)
+        r = sc_lo * g0 * f_dot_lo + sc_hi * g1 * f_dot_hi - (mn_lo * (s0 + s1)
+                                                            + mn_hi * (s2 + s3))
+        if BLOCK_M == 1:
+            acc += r
+        else:
+            r = tl.sum(tl.reshape(r, (BN, NB * 4)), 1)
+            acc += tl.where(tl.arange(0, BLOCK_M)[None, :] == mi, r[:, None], 0.0)
+    return acc
