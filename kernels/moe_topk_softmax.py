@@ -34,8 +34,11 @@ def topk_softmax_row(logits_ptr, E, TOPK: tl.constexpr, RENORMALIZE: tl.constexp
     x = tl.load(logits_ptr + e, mask=e < E, other=float("-inf")).to(tl.float32)
     p = tl.exp(x - tl.max(x, 0))  # [BLOCK_E], softmax before its division (padding: 0)
     # one max picks the largest p and, among equals, the lowest id: p >= 0 orders as its
-    # bits, so the key is those bits over the id's complement (padding lanes: -1, never)
-    key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - e)
+    # bits, so the key is those bits over the id's complement (padding lanes: -1, never;
+    # the sign bit dropped: a NaN, of either sign, wins as in torch.topk, and every id
+    # picked is a lane < E)
+    bits = p.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    key = (bits.to(tl.int64) << 32) | (BLOCK_E - 1 - e)
     key = tl.where(e < E, key, -1)
     slots = tl.arange(0, BLOCK_K)
     top_w = tl.zeros((BLOCK_K,), dtype=tl.float32)

@@ -314,3 +314,17 @@ def test_fused_moe_layer_routed_gemv_under_a_cuda_graph() -> None:
         w, ids = fused_topk(dense_linear(x, gate), topk, True)
         want = fused_experts_triton(x, layer.w13_weight, layer.w2_weight, w, ids, SiluAndMul())
         assert_close(out, want)
+
+
+def test_routed_kernels_keep_ids_in_range_for_nan_logits() -> None:
+    """Garbage router rows (a padded graph batch) still route to experts < E."""
+    x, w13, w2, _, _ = inputs(2, 16, 16, 8, 4, torch.float32)
+    logits = torch.full((2, 16), float("nan"), device=DEVICE)
+    logits[1, 3] = -logits[1, 3].abs()  # a negative NaN too
+    logits[1, :3] = 1.0
+    ids = topk_softmax(logits, 4, True)[1].cpu()
+    assert ids[0].tolist() == [0, 1, 2, 3]  # all NaN: all tie
+    assert all(0 <= i < 16 for i in ids[1].tolist()) and len(set(ids[1].tolist())) == 4
+    act = fused_moe_gemv_w13_routed(x, w13, logits, 4)
+    assert torch.equal(act, fused_moe_gemv_w13(x, w13, ids.to(DEVICE)))
+    assert fused_moe_gemv_w2_routed(act, w2, logits, 4, True).shape == (2, 16)
