@@ -152,9 +152,24 @@ GEMV_SEEDS = {"w13": [(2, 512, 2, 1), (8, 128, 2, 1), (4, 512, 4, 1)],
 GEMV_MAX_ACC = 128  # fp32 accumulator values a thread may hold (more spills)
 
 
-def _descend(fn, start, rows: int, deadline: float) -> tuple[tuple, float]:
+def _timer(fn):
+    """cfg -> seconds per routing of fn(cfg), each config timed once (inf if it fails)."""
+    cache: dict[tuple, float] = {}
+
+    def timed(cfg: tuple) -> float:
+        if cfg not in cache:
+            try:
+                cache[cfg] = gpu_time(functools.partial(fn, cfg)) / ROUTINGS
+            except Exception as exc:  # out of resources: skip it
+                print(f"    skip {cfg}: {type(exc).__name__}", flush=True)
+                cache[cfg] = float("inf")
+        return cache[cfg]
+    return timed
+
+
+def _descend(timed, start: tuple, rows: int, deadline: float) -> tuple[tuple, float]:
     """Two coordinate-descent rounds over GEMV_RANGES from `start`: (best, seconds)."""
-    best, best_t = start, gpu_time(functools.partial(fn, start)) / ROUTINGS
+    best, best_t = start, timed(start)
     for _ in range(2):
         for idx, values in enumerate(GEMV_RANGES):
             for v in values:
@@ -162,12 +177,7 @@ def _descend(fn, start, rows: int, deadline: float) -> tuple[tuple, float]:
                 if cand == best or rows * cand[0] * cand[1] > GEMV_MAX_ACC * 32 * cand[2] \
                         or time.time() > deadline:
                     continue
-                try:
-                    t = gpu_time(functools.partial(fn, cand)) / ROUTINGS
-                except Exception as exc:  # out of resources: skip it
-                    print(f"    skip {cand}: {type(exc).__name__}", flush=True)
-                    continue
-                if t < best_t:
+                if (t := timed(cand)) < best_t:
                     best, best_t = cand, t
     return best, best_t
 
@@ -197,13 +207,13 @@ def sweep_gemv(case: Case, deadline: float) -> dict:
     defaults = fused_moe_gemv_config(h, i, k)
     for name, fn, start, rows, nbytes in (("w13", w13, defaults[0], 2, case.bytes13),
                                           ("w2", w2, defaults[1], kp, case.bytes2)):
-        default_t = gpu_time(functools.partial(fn, start)) / ROUTINGS
-        best, best_t = start, default_t
+        timed = _timer(fn)
+        best, best_t = start, timed(start)
         for seed in [start] + GEMV_SEEDS[name]:
-            cand, t = _descend(fn, seed, rows, deadline)
+            cand, t = _descend(timed, seed, rows, deadline)
             if t < best_t:
                 best, best_t = cand, t
-        result[name] = {"default": start, "default_us": default_t * 1e6, "best": best,
+        result[name] = {"default": start, "default_us": timed(start) * 1e6, "best": best,
                         "best_us": best_t * 1e6, "best_pct_bw": 100 * nbytes / best_t / BW}
     return result
 
