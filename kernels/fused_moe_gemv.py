@@ -20,7 +20,8 @@ the top-k sum). Here:
 - fused_moe_gemv_w13_routed / fused_moe_gemv_w2_routed (ROUTED): the same from the router
   logits [M, E] (E <= 512): every program runs its token's softmax top-k in its prologue
   (kernels/moe_topk_softmax.py topk_softmax_row, which topk_softmax itself runs: the same
-  experts; the weights up to the order of one fp32 sum), so the top-k launch goes. The w2
+  experts; the weights up to the order of one fp32 sum; a w13 program needs only its
+  slot's expert: topk_softmax_slot, slot + 1 rounds), so the top-k launch goes. The w2
   programs route, and load their first weight tile, before their PDL wait: the logits were
   written two launches back (the w13 kernel waited for them before it let w2 launch).
 
@@ -60,7 +61,7 @@ from kernels._common import (
     pdl_launch,
     pdl_wait,
 )
-from kernels.moe_topk_softmax import topk_softmax_row
+from kernels.moe_topk_softmax import topk_softmax_row, topk_softmax_slot
 
 
 @triton.jit
@@ -78,9 +79,8 @@ def _fused_moe_gemv_w13_kernel(
     pair = (pid // num_blocks).to(tl.int64)
     rn = (pid % num_blocks) * BN + tl.arange(0, BN)  # [BN] rows of the gate half
     if ROUTED:  # the pair's expert: slot pair % top_k of its token's top-k
-        _, ids = topk_softmax_row(logits_ptr + (pair // top_k) * stride_l, E, top_k, True,
-                                  BLOCK_E, KP)  # [KP]
-        e = tl.sum(tl.where(tl.arange(0, KP) == pair % top_k, ids, 0), 0).to(tl.int64)
+        e = topk_softmax_slot(logits_ptr + (pair // top_k) * stride_l, E,
+                              (pair % top_k).to(tl.int32), BLOCK_E).to(tl.int64)
     else:
         e = tl.load(topk_ids_ptr + pair).to(tl.int64)
     rk = tl.arange(0, BK)
@@ -286,7 +286,7 @@ def fused_moe_gemv_w13_routed(x: torch.Tensor, w13: torch.Tensor, gating_output:
                               top_k: int, config: Config | None = None) -> torch.Tensor:
     """fused_moe_gemv_w13 routed by the router logits gating_output [M, E] (E <= 512): each
     program takes slot p % top_k of its token's softmax top-k (kernels/moe_topk_softmax.py
-    topk_softmax_row: the ids topk_softmax gives), so no top-k launch runs before."""
+    topk_softmax_slot: the ids topk_softmax gives), so no top-k launch runs before."""
     _check_x_w13(x, w13)
     _check_logits(gating_output, x.shape[0], top_k, "x", x)
     return _launch_w13(x, w13, top_k, None, gating_output, config)

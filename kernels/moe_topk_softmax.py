@@ -23,6 +23,31 @@ MAX_EXPERTS = 4096
 
 
 @triton.jit
+def _topk_keys(logits_ptr, E, BLOCK_E: tl.constexpr):
+    """One token's E logits (any float dtype) -> (p [BLOCK_E] = exp(x - max), the
+    softmax before its division (padding: 0); key [BLOCK_E] int64)."""
+    e = tl.arange(0, BLOCK_E)
+    x = tl.load(logits_ptr + e, mask=e < E, other=float("-inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, 0))
+    # one max picks the largest p and, among equals, the lowest id: p >= 0 orders as its
+    # bits, so the key is those bits over the id's complement (padding lanes: -1, never;
+    # the sign bit dropped: a NaN, of either sign, wins as in torch.topk, and every id
+    # picked is a lane < E)
+    bits = p.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    key = (bits.to(tl.int64) << 32) | (BLOCK_E - 1 - e)
+    return p, tl.where(e < E, key, -1)
+
+
+@triton.jit
+def _pop_max(key, BLOCK_E: tl.constexpr):
+    """The largest key: (its p (fp32), its id (int32), the keys without it)."""
+    best = tl.max(key, 0)
+    idx = BLOCK_E - 1 - best.to(tl.int32)  # the low 32 bits
+    w = (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    return w, idx, tl.where(tl.arange(0, BLOCK_E) == idx, -1, key)
+
+
+@triton.jit
 def topk_softmax_row(logits_ptr, E, TOPK: tl.constexpr, RENORMALIZE: tl.constexpr,
                      BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
     """One token's top-k: logits_ptr -> its E logits (any float dtype) -> (weights
@@ -30,30 +55,28 @@ def topk_softmax_row(logits_ptr, E, TOPK: tl.constexpr, RENORMALIZE: tl.constexp
     kernels/fused_moe_gemv.py, whose programs route their own token: the selection uses
     only exp(x - max) (exact whatever the launch's layout), so every kernel calling this
     picks the same experts; the weights differ by the order of one fp32 sum."""
-    e = tl.arange(0, BLOCK_E)
-    x = tl.load(logits_ptr + e, mask=e < E, other=float("-inf")).to(tl.float32)
-    p = tl.exp(x - tl.max(x, 0))  # [BLOCK_E], softmax before its division (padding: 0)
-    # one max picks the largest p and, among equals, the lowest id: p >= 0 orders as its
-    # bits, so the key is those bits over the id's complement (padding lanes: -1, never;
-    # the sign bit dropped: a NaN, of either sign, wins as in torch.topk, and every id
-    # picked is a lane < E)
-    bits = p.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    key = (bits.to(tl.int64) << 32) | (BLOCK_E - 1 - e)
-    key = tl.where(e < E, key, -1)
+    p, key = _topk_keys(logits_ptr, E, BLOCK_E)
     slots = tl.arange(0, BLOCK_K)
     top_w = tl.zeros((BLOCK_K,), dtype=tl.float32)
     top_i = tl.zeros((BLOCK_K,), dtype=tl.int32)
     for j in tl.static_range(TOPK):
-        best = tl.max(key, 0)
-        idx = BLOCK_E - 1 - best.to(tl.int32)  # the low 32 bits
-        top_w = tl.where(slots == j, (best >> 32).to(tl.int32).to(tl.float32, bitcast=True),
-                         top_w)
+        w, idx, key = _pop_max(key, BLOCK_E)
+        top_w = tl.where(slots == j, w, top_w)
         top_i = tl.where(slots == j, idx, top_i)
-        key = tl.where(e == idx, -1, key)
     # softmax weights p / sum(p); renormalized: p / sum of the top-k's p (the same ratio
     # as upstream's softmax then renormalize, one division instead of two)
     top_w = top_w / (tl.sum(top_w, 0) if RENORMALIZE else tl.sum(p, 0))
     return top_w, top_i
+
+
+@triton.jit
+def topk_softmax_slot(logits_ptr, E, slot, BLOCK_E: tl.constexpr):
+    """topk_softmax_row's ids[slot] (0 <= slot < top_k) alone, in slot + 1 rounds."""
+    _, key = _topk_keys(logits_ptr, E, BLOCK_E)
+    idx = 0
+    for _ in range(0, slot + 1):
+        _, idx, key = _pop_max(key, BLOCK_E)
+    return idx
 
 
 @triton.jit
