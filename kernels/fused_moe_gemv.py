@@ -14,7 +14,16 @@ the top-k sum). Here:
   every one of the token's top_k experts' w2 in one [KP, BN, BK] tile (KP =
   next_pow2(top_k), the extra slots masked) against each pair's activation row, weights
   each expert's dot products by topk_weights (fp32) and sums them in fp32, writing
-  [M, H] once: no [M, top_k, H] buffer, no moe_sum launch.
+  [M, H] once: no [M, top_k, H] buffer, no moe_sum launch. Each pair's routing weight
+  scales its activation row as it loads, so the slots sum in registers and the
+  accumulator is [BN, BK].
+- fused_moe_gemv_w13_routed / fused_moe_gemv_w2_routed (ROUTED): the same from the router
+  logits [M, E] (E <= 512): every program runs its token's softmax top-k in its prologue
+  (kernels/moe_topk_softmax.py topk_softmax_row, which topk_softmax itself runs: the same
+  experts; the weights up to the order of one fp32 sum; a w13 program needs only its
+  slot's expert: topk_softmax_slot, slot + 1 rounds), so the top-k launch goes. The w2
+  programs route, and load their first weight tile, before their PDL wait: the logits were
+  written two launches back (the w13 kernel waited for them before it let w2 launch).
 
 The style is kernels/gemv.py's _dense_gemv_kernel (BN rows in BK-wide steps into an fp32
 [BN, BK] accumulator reduced once, weights loaded evict_first, PDL on sm_90+). Each output
@@ -52,22 +61,28 @@ from kernels._common import (
     pdl_launch,
     pdl_wait,
 )
+from kernels.moe_topk_softmax import topk_softmax_row, topk_softmax_slot
 
 
 @triton.jit
 def _fused_moe_gemv_w13_kernel(
-    x_ptr, w_ptr, topk_ids_ptr, out_ptr, INTER, H, stride_we, num_blocks,  # INTER: I
-    top_k: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    x_ptr, w_ptr, topk_ids_ptr, logits_ptr, out_ptr, INTER, H, stride_we, num_blocks,
+    E, stride_l,  # INTER: I; E, stride_l: the router logits' (ROUTED)
+    top_k: tl.constexpr, ROUTED: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr,
+    EVEN_K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # the kernels before wrote x and the routing
+    if USE_PDL:  # the kernels before wrote x and the routing (ids, or the router logits)
         pdl_wait()
     # one program: BN columns of one pair's SiLU-and-mul output; x row: [H],
     # w rows: gate [BN, H] at rows j, up [BN, H] at rows I + j of w13[e] ([2I, H]), out: [BN]
     pid = tl.program_id(0)
     pair = (pid // num_blocks).to(tl.int64)
     rn = (pid % num_blocks) * BN + tl.arange(0, BN)  # [BN] rows of the gate half
-    e = tl.load(topk_ids_ptr + pair).to(tl.int64)
+    if ROUTED:  # the pair's expert: slot pair % top_k of its token's top-k
+        e = topk_softmax_slot(logits_ptr + (pair // top_k) * stride_l, E,
+                              (pair % top_k).to(tl.int32), BLOCK_E).to(tl.int64)
+    else:
+        e = tl.load(topk_ids_ptr + pair).to(tl.int64)
     rk = tl.arange(0, BK)
     row_mask = rn[:, None] < INTER
     w_e = w_ptr + e * stride_we
@@ -103,13 +118,30 @@ def _fused_moe_gemv_w13_kernel(
 
 
 @triton.jit
+def _w2_tile(wp, k, INTER, row_mask, rk, EVEN_K: tl.constexpr):
+    """The w2 tile [KP, BN, BK] at column k, loaded evict_first."""
+    if EVEN_K:
+        return tl.load(wp, mask=row_mask, other=0.0, eviction_policy="evict_first")
+    return tl.load(wp, mask=row_mask & (rk < INTER - k)[None, None, :], other=0.0,
+                   eviction_policy="evict_first")
+
+
+@triton.jit
+def _act_tile(ap, k, INTER, slot_mask, rk, EVEN_K: tl.constexpr):
+    """The activation tile [KP, BK] at column k (one row per pair)."""
+    if EVEN_K:
+        return tl.load(ap, mask=slot_mask[:, None], other=0.0)
+    return tl.load(ap, mask=slot_mask[:, None] & (rk < INTER - k)[None, :], other=0.0)
+
+
+@triton.jit
 def _fused_moe_gemv_w2_kernel(
-    a_ptr, w_ptr, topk_ids_ptr, topk_weights_ptr, out_ptr, H, INTER, stride_we, num_blocks,
-    top_k: tl.constexpr, KP: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr,
-    BK: tl.constexpr, USE_PDL: tl.constexpr,
+    a_ptr, w_ptr, topk_ids_ptr, topk_weights_ptr, logits_ptr, out_ptr, H, INTER, stride_we,
+    num_blocks, E, stride_l,
+    top_k: tl.constexpr, ROUTED: tl.constexpr, RENORMALIZE: tl.constexpr, KP: tl.constexpr,
+    BLOCK_E: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # the w13 kernel wrote the activation rows
-        pdl_wait()
     # one program: BN columns of one token's output; slots padded to KP (a power of two);
     # a rows: [KP, I] (one per pair), w rows: [KP, BN, I] (BN rows of w2[e_slot], [H, I])
     pid = tl.program_id(0)
@@ -118,28 +150,34 @@ def _fused_moe_gemv_w2_kernel(
     slot = tl.arange(0, KP)
     slot_mask = slot < top_k
     pair = tok * top_k + slot  # [KP]
-    e = tl.load(topk_ids_ptr + pair, mask=slot_mask, other=0).to(tl.int64)
-    wgt = tl.load(topk_weights_ptr + pair, mask=slot_mask, other=0.0)  # [KP] fp32
+    if ROUTED:  # before the wait: the logits were final before the kernel before began
+        wgt, e = topk_softmax_row(logits_ptr + tok * stride_l, E, top_k, RENORMALIZE,
+                                  BLOCK_E, KP)  # [KP] fp32, [KP] int32
+        e = e.to(tl.int64)
+    else:
+        if USE_PDL:  # the kernels before wrote the routing and the activation rows
+            pdl_wait()
+        e = tl.load(topk_ids_ptr + pair, mask=slot_mask, other=0).to(tl.int64)
+        wgt = tl.load(topk_weights_ptr + pair, mask=slot_mask, other=0.0)  # [KP] fp32
     rk = tl.arange(0, BK)
     row_mask = slot_mask[:, None, None] & (rn < H)[None, :, None]  # [KP, BN, 1]
     wp = (w_ptr + e[:, None, None] * stride_we + rn[None, :, None].to(tl.int64) * INTER
           + rk[None, None, :])  # [KP, BN, BK]
     ap = a_ptr + pair[:, None] * INTER + rk[None, :]  # [KP, BK]
-    acc = tl.zeros((KP, BN, BK), dtype=tl.float32)
-    for k in range(0, INTER, BK):
-        if EVEN_K:
-            a = tl.load(ap, mask=slot_mask[:, None], other=0.0)
-            w = tl.load(wp, mask=row_mask, other=0.0, eviction_policy="evict_first")
-        else:
-            k_mask = rk < INTER - k
-            a = tl.load(ap, mask=slot_mask[:, None] & k_mask[None, :], other=0.0)
-            w = tl.load(wp, mask=row_mask & k_mask[None, None, :], other=0.0,
-                        eviction_policy="evict_first")
-        acc += w.to(tl.float32) * a.to(tl.float32)[:, None, :]
+    w = _w2_tile(wp, 0, INTER, row_mask, rk, EVEN_K)  # ROUTED: while the w13 kernel drains
+    if ROUTED and USE_PDL:  # the w13 kernel wrote the activation rows
+        pdl_wait()
+    # each pair's weight folded into its activation row; the slots summed as they load
+    # (the slot dim of the tile lies in each thread's registers): acc is [BN, BK]
+    a = _act_tile(ap, 0, INTER, slot_mask, rk, EVEN_K).to(tl.float32) * wgt[:, None]
+    acc = tl.sum(w.to(tl.float32) * a[:, None, :], axis=0)
+    for k in range(BK, INTER, BK):
         wp += BK
         ap += BK
-    y = tl.sum(acc, axis=2) * wgt[:, None]  # [KP, BN] weighted, per pair
-    y = tl.sum(y, axis=0)  # [BN] fp32, the top-k sum
+        w = _w2_tile(wp, k, INTER, row_mask, rk, EVEN_K)
+        a = _act_tile(ap, k, INTER, slot_mask, rk, EVEN_K).to(tl.float32) * wgt[:, None]
+        acc += tl.sum(w.to(tl.float32) * a[:, None, :], axis=0)
+    y = tl.sum(acc, axis=1)  # [BN] fp32, the weighted top-k sum
     tl.store(out_ptr + tok * H + rn, y.to(out_ptr.dtype.element_ty), mask=rn < H)
 
 
@@ -161,6 +199,9 @@ def fused_moe_gemv_config(hidden: int, intermediate: int, top_k: int) -> tuple[C
     return w13, w2
 
 
+ROUTED_MAX_EXPERTS = 512  # the routed kernels hold a token's E logits per program
+
+
 def _check_routing(topk_ids: torch.Tensor, m: int | None, name: str, like: torch.Tensor
                    ) -> None:
     """topk_ids: a contiguous int32/int64 [m, top_k] (any m when None) beside `like`."""
@@ -171,33 +212,117 @@ def _check_routing(topk_ids: torch.Tensor, m: int | None, name: str, like: torch
     check_same_device(**{name: like, "topk_ids": topk_ids})
 
 
+def _check_logits(gating_output: torch.Tensor, m: int, top_k: int, name: str,
+                  like: torch.Tensor) -> None:
+    """gating_output: float [m, E] router logits with contiguous rows, 1 <= top_k <= E <=
+    ROUTED_MAX_EXPERTS, beside `like`."""
+    check_float("gating_output", gating_output)
+    check(gating_output.dim() == 2 and gating_output.shape[0] == m
+          and gating_output.stride(1) == 1,
+          lambda: f"gating_output must be [{m}, E] with contiguous rows, got "
+          f"{tuple(gating_output.shape)} strides {gating_output.stride()}")
+    e = gating_output.shape[1]
+    check(1 <= top_k <= e <= ROUTED_MAX_EXPERTS,
+          lambda: f"top-{top_k} of {e} experts is out of range for the routed GEMV "
+          f"(E <= {ROUTED_MAX_EXPERTS})")
+    check_same_device(**{name: like, "gating_output": gating_output})
+
+
+def _routing_args(top_k: int, topk_ids: torch.Tensor | None,
+                  gating_output: torch.Tensor | None) -> tuple[tuple, dict]:
+    """The kernels' (ids, logits, E, stride_l) arguments and routing constexprs: ids
+    given, or the router logits (ROUTED; the unused pointer is the other tensor)."""
+    routed = gating_output is not None
+    logits = gating_output if routed else topk_ids
+    e = gating_output.shape[1] if routed else 1
+    args = (topk_ids if topk_ids is not None else logits, logits, e, logits.stride(0))
+    return args, {"top_k": top_k, "ROUTED": routed, "KP": next_pow2(top_k),
+                  "BLOCK_E": next_pow2(e)}
+
+
+def _check_x_w13(x: torch.Tensor, w13: torch.Tensor) -> None:
+    check(x.dim() == 2 and x.is_contiguous(),
+          lambda: f"x must be a contiguous [M, H], got {tuple(x.shape)} strides {x.stride()}")
+    check_float("x", x)
+    h = x.shape[1]
+    check(w13.dim() == 3 and w13.shape[1] % 2 == 0 and w13.shape[2] == h
+          and w13.is_contiguous() and w13.dtype == x.dtype,
+          lambda: f"w13 must be a contiguous [E, 2I, {h}] {x.dtype}, got "
+          f"{tuple(w13.shape)} {w13.dtype}")
+    check_same_device(x=x, w13=w13)
+
+
+def _launch_w13(x: torch.Tensor, w13: torch.Tensor, top_k: int, topk_ids: torch.Tensor | None,
+                gating_output: torch.Tensor | None, config: Config | None) -> torch.Tensor:
+    m, h = x.shape
+    i = w13.shape[1] // 2
+    pairs = m * top_k
+    out = torch.empty(pairs, i, dtype=x.dtype, device=x.device)  # [M * top_k, I]
+    if pairs == 0 or i == 0:
+        return out
+    bn, bk, warps, stages = config or fused_moe_gemv_config(h, i, top_k)[0]
+    blocks = cdiv(i, bn)
+    routing, consts = _routing_args(top_k, topk_ids, gating_output)
+    _fused_moe_gemv_w13_kernel[(pairs * blocks,)](
+        x, w13, routing[0], routing[1], out, i, h, w13.stride(0), blocks, *routing[2:],
+        **consts, EVEN_K=h % bk == 0, BN=bn, BK=bk, num_warps=warps, num_stages=stages,
+        **pdl_launch(x),
+    )
+    return out
+
+
 def fused_moe_gemv_w13(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor,
                        config: Config | None = None) -> torch.Tensor:
     """x [M, H]; w13 [E, 2I, H] (gate | up); topk_ids [M, top_k] int32/int64
     -> [M * top_k, I] = silu(x @ gate_e^T) * (x @ up_e^T) per pair (token p // top_k,
     expert topk_ids.flatten()[p]), in x's dtype. config: (BN, BK, num_warps, num_stages),
     for sweeps; None: fused_moe_gemv_config's."""
-    check(x.dim() == 2 and x.is_contiguous(),
-          lambda: f"x must be a contiguous [M, H], got {tuple(x.shape)} strides {x.stride()}")
-    check_float("x", x)
-    m, h = x.shape
-    check(w13.dim() == 3 and w13.shape[1] % 2 == 0 and w13.shape[2] == h
-          and w13.is_contiguous() and w13.dtype == x.dtype,
-          lambda: f"w13 must be a contiguous [E, 2I, {h}] {x.dtype}, got "
-          f"{tuple(w13.shape)} {w13.dtype}")
-    check_same_device(x=x, w13=w13)
-    _check_routing(topk_ids, m, "x", x)
-    i = w13.shape[1] // 2
-    pairs = topk_ids.numel()
-    out = torch.empty(pairs, i, dtype=x.dtype, device=x.device)  # [M * top_k, I]
-    if pairs == 0 or i == 0:
+    _check_x_w13(x, w13)
+    _check_routing(topk_ids, x.shape[0], "x", x)
+    return _launch_w13(x, w13, topk_ids.shape[1], topk_ids, None, config)
+
+
+def fused_moe_gemv_w13_routed(x: torch.Tensor, w13: torch.Tensor, gating_output: torch.Tensor,
+                              top_k: int, config: Config | None = None) -> torch.Tensor:
+    """fused_moe_gemv_w13 routed by the router logits gating_output [M, E] (E <= 512): each
+    program takes slot p % top_k of its token's softmax top-k (kernels/moe_topk_softmax.py
+    topk_softmax_slot: the ids topk_softmax gives), so no top-k launch runs before."""
+    _check_x_w13(x, w13)
+    _check_logits(gating_output, x.shape[0], top_k, "x", x)
+    return _launch_w13(x, w13, top_k, None, gating_output, config)
+
+
+def _check_act_w2(act: torch.Tensor, w2: torch.Tensor, m: int, top_k: int) -> None:
+    check(act.dim() == 2 and act.is_contiguous(),
+          lambda: f"act must be a contiguous [M * top_k, I], got {tuple(act.shape)}")
+    check_float("act", act)
+    check(act.shape[0] == m * top_k,
+          lambda: f"act must have M * top_k = {m * top_k} rows, got {act.shape[0]}")
+    i = act.shape[1]
+    check(w2.dim() == 3 and w2.shape[2] == i and w2.is_contiguous() and w2.dtype == act.dtype,
+          lambda: f"w2 must be a contiguous [E, H, {i}] {act.dtype}, got "
+          f"{tuple(w2.shape)} {w2.dtype}")
+    check_same_device(act=act, w2=w2)
+
+
+def _launch_w2(act: torch.Tensor, w2: torch.Tensor, m: int, top_k: int,
+               topk_weights: torch.Tensor | None, topk_ids: torch.Tensor | None,
+               gating_output: torch.Tensor | None, renormalize: bool,
+               config: Config | None) -> torch.Tensor:
+    h, i = w2.shape[1], act.shape[1]
+    out = torch.empty(m, h, dtype=act.dtype, device=act.device)  # [M, H]
+    if m == 0 or h == 0:
         return out
-    bn, bk, warps, stages = config or fused_moe_gemv_config(h, i, topk_ids.shape[1])[0]
-    blocks = cdiv(i, bn)
-    _fused_moe_gemv_w13_kernel[(pairs * blocks,)](
-        x, w13, topk_ids, out, i, h, w13.stride(0), blocks,
-        top_k=topk_ids.shape[1], EVEN_K=h % bk == 0, BN=bn, BK=bk,
-        num_warps=warps, num_stages=stages, **pdl_launch(x),
+    if top_k == 0 or i == 0:
+        return out.zero_()
+    bn, bk, warps, stages = config or fused_moe_gemv_config(h, i, top_k)[1]
+    blocks = cdiv(h, bn)
+    routing, consts = _routing_args(top_k, topk_ids, gating_output)
+    _fused_moe_gemv_w2_kernel[(m * blocks,)](
+        act, w2, routing[0], topk_weights if topk_weights is not None else routing[1],
+        routing[1], out, h, i, w2.stride(0), blocks, *routing[2:], **consts,
+        RENORMALIZE=renormalize, EVEN_K=i % bk == 0, BN=bn, BK=bk,
+        num_warps=warps, num_stages=stages, **pdl_launch(act),
     )
     return out
 
@@ -207,36 +332,29 @@ def fused_moe_gemv_w2(act: torch.Tensor, w2: torch.Tensor, topk_weights: torch.T
     """act [M * top_k, I] (fused_moe_gemv_w13's); w2 [E, H, I]; topk_weights [M, top_k]
     fp32; topk_ids [M, top_k] int32/int64 -> [M, H] = sum_k topk_weights[:, k] *
     (act[pair k] @ w2[topk_ids[:, k]]^T), summed in fp32 and rounded once to act's dtype."""
-    check(act.dim() == 2 and act.is_contiguous(),
-          lambda: f"act must be a contiguous [M * top_k, I], got {tuple(act.shape)}")
-    check_float("act", act)
     _check_routing(topk_ids, None, "act", act)
     m, top_k = topk_ids.shape
-    check(act.shape[0] == m * top_k,
-          lambda: f"act must have M * top_k = {m * top_k} rows, got {act.shape[0]}")
-    i = act.shape[1]
-    check(w2.dim() == 3 and w2.shape[2] == i and w2.is_contiguous() and w2.dtype == act.dtype,
-          lambda: f"w2 must be a contiguous [E, H, {i}] {act.dtype}, got "
-          f"{tuple(w2.shape)} {w2.dtype}")
+    _check_act_w2(act, w2, m, top_k)
     check(topk_weights.shape == topk_ids.shape and topk_weights.dtype == torch.float32
           and topk_weights.is_contiguous(),
           lambda: f"topk_weights must be a contiguous float32 [{m}, {top_k}], got "
           f"{tuple(topk_weights.shape)} {topk_weights.dtype}")
-    check_same_device(act=act, w2=w2, topk_weights=topk_weights)
-    h = w2.shape[1]
-    out = torch.empty(m, h, dtype=act.dtype, device=act.device)  # [M, H]
-    if m == 0 or h == 0:
-        return out
-    if top_k == 0 or i == 0:
-        return out.zero_()
-    bn, bk, warps, stages = config or fused_moe_gemv_config(h, i, top_k)[1]
-    blocks = cdiv(h, bn)
-    _fused_moe_gemv_w2_kernel[(m * blocks,)](
-        act, w2, topk_ids, topk_weights, out, h, i, w2.stride(0), blocks,
-        top_k=top_k, KP=next_pow2(top_k), EVEN_K=i % bk == 0, BN=bn, BK=bk,
-        num_warps=warps, num_stages=stages, **pdl_launch(act),
-    )
-    return out
+    check_same_device(act=act, topk_weights=topk_weights)
+    return _launch_w2(act, w2, m, top_k, topk_weights, topk_ids, None, False, config)
+
+
+def fused_moe_gemv_w2_routed(act: torch.Tensor, w2: torch.Tensor, gating_output: torch.Tensor,
+                             top_k: int, renormalize: bool, config: Config | None = None
+                             ) -> torch.Tensor:
+    """fused_moe_gemv_w2 routed by the router logits gating_output [M, E] (E <= 512), as
+    fused_moe_gemv_w13_routed (weights: topk_softmax's, renormalized or not). Each program
+    routes its token and loads its first weight tile before its PDL wait, so the logits
+    must be final before the kernel launched just before this one starts: launch it right
+    after fused_moe_gemv_w13_routed on the same logits (which waits for them)."""
+    m = gating_output.shape[0] if gating_output.dim() == 2 else -1
+    _check_logits(gating_output, m, top_k, "act", act)
+    _check_act_w2(act, w2, m, top_k)
+    return _launch_w2(act, w2, m, top_k, None, None, gating_output, renormalize, config)
 
 
 def fused_moe_gemv_w13_ref(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor

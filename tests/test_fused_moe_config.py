@@ -171,3 +171,26 @@ def test_tuning_script_reads_the_model_and_merges_configs(tmp_path, monkeypatch)
     assert written["4096"]["BLOCK_SIZE_M"] >= 16  # kept from the shipped file
     assert bm.valid({"BLOCK_SIZE_M": 16}, 1, 8, 128)
     assert not bm.valid({"BLOCK_SIZE_M": 64}, 1, 8, 128)
+
+
+def test_gemv_sweep_descends_to_the_fastest_config_timing_each_once(monkeypatch) -> None:
+    """benchmark_moe.py --gemv-sweep's descent on a fake timer: the fastest config within
+    the register budget, every config timed once across seeds, failures skipped."""
+    pytest.importorskip("triton")
+    from examples.bench import benchmark_moe as bm
+
+    timed = []
+
+    def fake_gpu_time(fn):
+        cfg = fn.args[0]
+        timed.append(cfg)
+        if cfg[0] == 16:
+            raise RuntimeError("out of resources")
+        return abs(cfg[0] - 2) + abs(cfg[1] - 512) / 128 + abs(cfg[2] - 4) + 1.0
+
+    monkeypatch.setattr(bm, "gpu_time", fake_gpu_time)
+    timer = bm._timer(lambda cfg: None)
+    best, t = bm._descend(timer, (4, 256, 2, 1), 8, float("inf"))
+    assert best == (2, 512, 4, 1) and t == 1.0 / bm.ROUTINGS
+    again, _ = bm._descend(timer, (1, 1024, 4, 1), 8, float("inf"))
+    assert again == best and len(timed) == len(set(timed))

@@ -1,5 +1,8 @@
 """kernels/fused_moe_gemv.py (the decode GEMV path of the fused MoE) against its torch
-references, and fused_experts_triton's choice of it.
+references, fused_experts_triton's choice of it, and the routed kernels (the top-k softmax
+folded into both GEMVs) against fused_topk: the same experts (ties to the lowest id,
+E up to 512, top-k 1/2/8/10, renormalize on and off) and fused_moe_triton (the layer's
+entry) equal to fused_topk + fused_experts_triton.
 
 Mirrors vLLM 0.33 tests/kernels/moe/test_moe.py (test_fused_moe: fused_experts vs
 torch_moe over m, n, k, e, topk, dtype) for the sparse decode regime (M * top_k * 4 <= E):
@@ -17,14 +20,23 @@ from test_kernels_common import DEVICE, DTYPES, assert_close, gpu
 import kernels.fused_moe_gemv as moe_gemv
 from engine.errors import InvalidArgumentError
 from engine.layers.activation import GeluAndMul, SiluAndMul
-from engine.layers.fused_moe import fused_experts, fused_experts_triton
+from engine.layers.fused_moe import (
+    FusedMoE,
+    fused_experts,
+    fused_experts_triton,
+    fused_moe_triton,
+    fused_topk,
+)
 from kernels.fused_moe_gemv import (
     fused_moe_gemv_config,
     fused_moe_gemv_w2,
     fused_moe_gemv_w2_ref,
+    fused_moe_gemv_w2_routed,
     fused_moe_gemv_w13,
     fused_moe_gemv_w13_ref,
+    fused_moe_gemv_w13_routed,
 )
+from kernels.moe_topk_softmax import topk_softmax
 
 
 def inputs(m, e, h, i, topk, dtype, ids_dtype=torch.int32, seed=0):
@@ -159,3 +171,160 @@ def test_gemv_kernels_mixed_ids_bf16_cuda() -> None:
         assert_close(act, fused_moe_gemv_w13_ref(x, w13, ids))
         assert_close(fused_moe_gemv_w2(act, w2, weights, ids, SMALL),
                      fused_moe_gemv_w2_ref(act, w2, weights, ids))
+
+
+def router_logits(m, e, kind, dtype, seed=0):
+    """[m, e] logits: "random" (normal), "ties" (integers 0..2: most experts tie)."""
+    g = torch.Generator(DEVICE).manual_seed(seed)
+    if kind == "ties":
+        return torch.randint(0, 3, (m, e), generator=g, device=DEVICE).to(dtype)
+    return torch.randn(m, e, generator=g, device=DEVICE).to(dtype)
+
+
+def stable_topk(logits, topk, renormalize):
+    """The top-k with ties to the lowest id (a stable sort of the softmax): (weights [m, k]
+    fp32, ids [m, k] int32)."""
+    p = torch.softmax(logits.float(), dim=-1)
+    ids = torch.sort(p, dim=-1, descending=True, stable=True).indices[:, :topk]
+    w = p.gather(1, ids)
+    if renormalize:
+        w = w / w.sum(dim=-1, keepdim=True)
+    return w, ids.to(torch.int32)
+
+
+ROUTED_CASES = [  # m, e, h, i, topk
+    (1, 8, 32, 16, 1), (1, 8, 40, 24, 2), (2, 64, 48, 20, 8), (4, 128, 33, 17, 8),
+    (1, 512, 64, 32, 10), (1, 512, 16, 8, 8), (3, 16, 16, 8, 2), (1, 5, 16, 8, 1)]
+
+
+@pytest.mark.parametrize("m,e,h,i,topk", ROUTED_CASES)
+@pytest.mark.parametrize("kind", ["random", "ties"])
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_routed_kernels_route_as_fused_topk(m, e, h, i, topk, kind, renormalize,
+                                            dtype) -> None:
+    x, w13, w2, _, _ = inputs(m, e, h, i, topk, dtype, seed=m + e)
+    logits = router_logits(m, e, kind, dtype, seed=e + topk)
+    want_w, want_ids = stable_topk(logits, topk, renormalize)
+    # fused_topk's CUDA kernel (the same jit helper) picks these experts
+    assert torch.equal(topk_softmax(logits, topk, renormalize)[1], want_ids)
+    if kind == "random" and dtype == torch.float32:  # no ties: fused_topk on any device
+        w, ids = fused_topk(logits, topk, renormalize)
+        assert torch.equal(ids, want_ids)
+        assert_close(w, want_w, atol=1e-6, rtol=1e-5)
+    cfg = SMALL if (m + topk) % 2 else None
+    act = fused_moe_gemv_w13_routed(x, w13, logits, topk, cfg)
+    assert_close(act, fused_moe_gemv_w13(x, w13, want_ids, cfg))  # the same experts
+    out = fused_moe_gemv_w2_routed(act, w2, logits, topk, renormalize, cfg)
+    assert out.shape == (m, h) and out.dtype == dtype
+    assert_close(out, fused_moe_gemv_w2_ref(act, w2, want_w, want_ids))
+
+
+def test_routed_kernels_check_their_arguments() -> None:
+    x, w13, w2, _, _ = inputs(2, 8, 16, 8, 2, torch.float32)
+    logits = router_logits(2, 8, "random", torch.float32)
+    with pytest.raises(InvalidArgumentError, match=r"gating_output must be \[2, E\]"):
+        fused_moe_gemv_w13_routed(x, w13, logits[:1], 2)
+    with pytest.raises(InvalidArgumentError, match="out of range"):
+        fused_moe_gemv_w13_routed(x, w13, logits, 9)
+    with pytest.raises(InvalidArgumentError, match="E <= 512"):
+        fused_moe_gemv_w13_routed(x, w13, torch.zeros(2, 513, device=DEVICE), 2)
+    with pytest.raises(InvalidArgumentError, match="float32, float16 or bfloat16"):
+        fused_moe_gemv_w13_routed(x, w13, logits.int(), 2)
+    act = fused_moe_gemv_w13_routed(x, w13, logits, 2)
+    with pytest.raises(InvalidArgumentError, match="M \\* top_k"):
+        fused_moe_gemv_w2_routed(act, w2, logits, 1, True)
+    with pytest.raises(InvalidArgumentError, match="contiguous rows"):
+        fused_moe_gemv_w2_routed(act, w2, logits.t(), 2, True)
+
+
+@pytest.mark.parametrize("m,e,topk,renormalize", [
+    (1, 8, 2, True), (2, 64, 8, False), (1, 512, 10, True), (4, 16, 1, True),
+    (2, 8, 2, True), (1, 1024, 2, False)])  # not sparse; E > 512: fused_topk first
+def test_fused_moe_triton_equals_fused_topk_then_the_experts(monkeypatch, m, e, topk,
+                                                              renormalize) -> None:
+    calls = []
+    for name in ("fused_moe_gemv_w13_routed", "fused_moe_gemv_w2_routed"):
+        fn = getattr(moe_gemv, name)
+        monkeypatch.setattr(moe_gemv, name,
+                            lambda *a, fn=fn, name=name, **k: calls.append(name) or fn(*a, **k))
+    x, w13, w2, _, _ = inputs(m, e, 16, 8, topk, torch.float32, seed=m + e)
+    logits = router_logits(m, e, "random", torch.float32, seed=m)
+    got = fused_moe_triton(x, w13, w2, logits, topk, renormalize, SiluAndMul())
+    assert len(calls) == (2 if m * topk * 4 <= e <= 512 else 0)
+    w, ids = fused_topk(logits, topk, renormalize)
+    assert_close(got, fused_experts_triton(x, w13, w2, w, ids, SiluAndMul()),
+                 atol=1e-5, rtol=1e-5)
+    if calls:  # never with another activation, nor allow_gemv=False
+        calls.clear()
+        want = fused_experts_triton(x, w13, w2, w, ids, GeluAndMul())
+        assert_close(fused_moe_triton(x, w13, w2, logits, topk, renormalize, GeluAndMul()),
+                     want, atol=1e-5, rtol=1e-5)
+        fused_moe_triton(x, w13, w2, logits, topk, renormalize, SiluAndMul(), allow_gemv=False)
+        assert calls == []
+
+
+def moe_layer(e, topk, h, i, renormalize=True, dtype=torch.bfloat16):
+    layer = FusedMoE(e, topk, h, i, renormalize=renormalize)
+    g = torch.Generator().manual_seed(e)
+    layer.w13_weight.data = (torch.randn(e, 2 * i, h, generator=g) / h**0.5).to(DEVICE, dtype)
+    layer.w2_weight.data = (torch.randn(e, h, i, generator=g) / i**0.5).to(DEVICE, dtype)
+    return layer
+
+
+@gpu
+@pytest.mark.parametrize("shape", [QWEN3_30B, QWEN3_NEXT], ids=["qwen3-30b-a3b", "qwen3-next"])
+@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_fused_moe_layer_routed_gemv_equals_the_unfused_path_cuda(shape, m, renormalize) -> None:
+    layer = moe_layer(shape["e"], shape["topk"], shape["h"], shape["i"], renormalize)
+    x = torch.randn(m, shape["h"], device=DEVICE).bfloat16()
+    logits = torch.randn(m, shape["e"], device=DEVICE).bfloat16()
+    w, ids = fused_topk(logits, shape["topk"], renormalize)
+    want = fused_experts_triton(x, layer.w13_weight, layer.w2_weight, w, ids, SiluAndMul())
+    assert_close(layer(x, logits), want)
+
+
+@gpu
+def test_fused_moe_layer_routed_gemv_under_a_cuda_graph() -> None:
+    """Router GEMV, then the routed w13 and w2 (which reads the logits before its PDL wait),
+    replayed from a CUDA graph on new inputs: the eager unfused result every time."""
+    from engine.layers.linear import dense_linear
+
+    e, topk, h, i = QWEN3_30B["e"], QWEN3_30B["topk"], QWEN3_30B["h"], QWEN3_30B["i"]
+    layer = moe_layer(e, topk, h, i)
+    gate = (torch.randn(e, h, device=DEVICE) / h**0.5).bfloat16()  # [E, H]
+    x = torch.randn(1, h, device=DEVICE).bfloat16()
+
+    def step():
+        return layer(x, dense_linear(x, gate))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for seed in range(8):
+        x.copy_(torch.randn(1, h, generator=torch.Generator(DEVICE).manual_seed(seed),
+                            device=DEVICE).bfloat16())
+        graph.replay()
+        w, ids = fused_topk(dense_linear(x, gate), topk, True)
+        want = fused_experts_triton(x, layer.w13_weight, layer.w2_weight, w, ids, SiluAndMul())
+        assert_close(out, want)
+
+
+def test_routed_kernels_keep_ids_in_range_for_nan_logits() -> None:
+    """Garbage router rows (a padded graph batch) still route to experts < E."""
+    x, w13, w2, _, _ = inputs(2, 16, 16, 8, 4, torch.float32)
+    logits = torch.full((2, 16), float("nan"), device=DEVICE)
+    logits[1, 3] = -logits[1, 3].abs()  # a negative NaN too
+    logits[1, :3] = 1.0
+    ids = topk_softmax(logits, 4, True)[1].cpu()
+    assert ids[0].tolist() == [0, 1, 2, 3]  # all NaN: all tie
+    assert all(0 <= i < 16 for i in ids[1].tolist()) and len(set(ids[1].tolist())) == 4
+    act = fused_moe_gemv_w13_routed(x, w13, logits, 4)
+    assert_close(act, fused_moe_gemv_w13(x, w13, ids.to(DEVICE)))
+    assert fused_moe_gemv_w2_routed(act, w2, logits, 4, True).shape == (2, 16)

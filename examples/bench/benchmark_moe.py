@@ -20,7 +20,13 @@ batch sizes (M * top_k * 4 <= E) the Triton path is the GEMV pair (kernels/fused
 "path": "gemv"), and the row also times the fused_moe_kernel path it replaces
 ("fused_moe_kernel_us"); --tune tunes that path's configs. --gemv-sweep adds, at those
 sizes, a coordinate descent over each GEMV kernel's (BN, BK, num_warps) from
-fused_moe_gemv_config's ("gemv_sweep": default and best, us and share of 4.28 TB/s). Writes
+fused_moe_gemv_config's and from a few seeds (GEMV_SEEDS), timing the routed kernels the
+layer runs (fused_moe_gemv_w13_routed / _w2_routed, top-k in their prologue) ("gemv_sweep":
+default and best, us and share of 4.28 TB/s), and times the router GEMV at M=1
+(kernels/gemv.py dense_gemv on [E, hidden]; "router": gemv_config's, the previous 8-row
+config and a few others). At the sparse sizes each row also has "layer_us" (what FusedMoE
+runs from the router logits: fused_moe_triton, routed GEMVs) and "topk_then_gemv_us"
+(fused_topk, then the GEMV pair on its ids: the layer before the top-k was folded). Writes
 benchmark_moe.json (and with --tune the config file) to --save-dir (default $OUT or .).
 Default model: examples/bench/models/qwen3-30b-a3b (E=128, top-8, N=768, hidden 2048).
 """
@@ -44,6 +50,7 @@ from engine.layers.activation import SiluAndMul  # noqa: E402
 from engine.layers.fused_moe import (  # noqa: E402
     fused_experts_grouped,
     fused_experts_triton,
+    fused_moe_triton,
     fused_topk,
     get_config_file_name,
     override_config,
@@ -77,8 +84,8 @@ class Case:
         self.x = torch.randn(m, h, device="cuda", dtype=torch.bfloat16)
         self.w13 = torch.randn(e, 2 * n, h, device="cuda", dtype=torch.bfloat16) / h**0.5
         self.w2 = torch.randn(e, h, n, device="cuda", dtype=torch.bfloat16) / n**0.5
-        self.routes = [fused_topk(torch.randn(m, e, device="cuda"), topk, True)
-                       for _ in range(ROUTINGS)]
+        self.logits = [torch.randn(m, e, device="cuda").bfloat16() for _ in range(ROUTINGS)]
+        self.routes = [fused_topk(lg, topk, True) for lg in self.logits]
         # distinct experts per call, averaged: what the call must read from HBM
         distinct = sum(len(set(ids.flatten().tolist())) for _, ids in self.routes) / ROUTINGS
         self.bytes13, self.bytes2 = (distinct * w[0].numel() * 2 for w in (self.w13, self.w2))
@@ -93,6 +100,16 @@ class Case:
                         allow_gemv=self.allow_gemv)
             else:
                 experts(self.x, self.w13, self.w2, w, ids.long(), SiluAndMul())
+
+    def layer(self, fused: bool = True) -> None:
+        """What FusedMoE runs from the router logits (fused: the routed GEMVs at sparse
+        sizes), or fused_topk then fused_experts_triton."""
+        for lg in self.logits:
+            if fused:
+                fused_moe_triton(self.x, self.w13, self.w2, lg, self.topk, True, SiluAndMul())
+            else:
+                w, ids = fused_topk(lg, self.topk, True)
+                fused_experts_triton(self.x, self.w13, self.w2, w, ids, SiluAndMul())
 
     def time(self, config: dict | None) -> float:
         with override_config(config):
@@ -124,55 +141,102 @@ def tune_one(case: Case, start: dict, e: int, deadline: float) -> tuple[dict, fl
     return best, best_t
 
 
-GEMV_RANGES = [[1, 2, 4, 8, 16], [128, 256, 512, 1024], [2, 4, 8]]  # BN, BK, warps
+GEMV_RANGES = [[1, 2, 4, 8, 16], [128, 256, 512, 1024], [1, 2, 4, 8]]  # BN, BK, warps
+# more starting points per kernel (BN, BK, warps, stages): w2 with one row of H per
+# program (2048 programs at M=1) or whole rows of I in one tile (BK >= I: every weight
+# load issued before the PDL wait), w13 with 2 or 8 rows or one warp (its top-k prologue
+# then has no cross-warp barriers)
+GEMV_SEEDS = {"w13": [(2, 512, 2, 1), (8, 128, 2, 1), (4, 512, 4, 1), (2, 256, 1, 1)],
+              "w2": [(1, 1024, 4, 1), (1, 512, 2, 1), (2, 512, 4, 1), (4, 256, 4, 1),
+                     (1, 256, 1, 1), (2, 1024, 8, 1)]}
 # (num_stages is not swept: without tl.dot nothing is pipelined, the code is the same)
 GEMV_MAX_ACC = 128  # fp32 accumulator values a thread may hold (more spills)
 
 
+def _timer(fn):
+    """cfg -> seconds per routing of fn(cfg), each config timed once (inf if it fails)."""
+    cache: dict[tuple, float] = {}
+
+    def timed(cfg: tuple) -> float:
+        if cfg not in cache:
+            try:
+                cache[cfg] = gpu_time(functools.partial(fn, cfg)) / ROUTINGS
+            except Exception as exc:  # out of resources: skip it
+                print(f"    skip {cfg}: {type(exc).__name__}", flush=True)
+                cache[cfg] = float("inf")
+        return cache[cfg]
+    return timed
+
+
+def _descend(timed, start: tuple, rows: int, deadline: float) -> tuple[tuple, float]:
+    """Two coordinate-descent rounds over GEMV_RANGES from `start`: (best, seconds)."""
+    best, best_t = start, timed(start)
+    for _ in range(2):
+        for idx, values in enumerate(GEMV_RANGES):
+            for v in values:
+                cand = best[:idx] + (v,) + best[idx + 1:]
+                if cand == best or rows * cand[0] * cand[1] > GEMV_MAX_ACC * 32 * cand[2] \
+                        or time.time() > deadline:
+                    continue
+                if (t := timed(cand)) < best_t:
+                    best, best_t = cand, t
+    return best, best_t
+
+
 def sweep_gemv(case: Case, deadline: float) -> dict:
-    """Each GEMV kernel alone over the case's routings: fused_moe_gemv_config's config and
-    the best of two coordinate-descent rounds over GEMV_RANGES."""
+    """Each routed GEMV kernel alone over the case's routings: fused_moe_gemv_config's
+    config and the best descent from it and from each of GEMV_SEEDS."""
     from kernels.fused_moe_gemv import (
         fused_moe_gemv_config,
-        fused_moe_gemv_w2,
-        fused_moe_gemv_w13,
+        fused_moe_gemv_w2_routed,
+        fused_moe_gemv_w13_routed,
     )
 
-    h, i = case.x.shape[1], case.w2.shape[2]
-    acts = [fused_moe_gemv_w13(case.x, case.w13, ids) for _, ids in case.routes]
-    kp = triton.next_power_of_2(case.topk)
+    h, i, k = case.x.shape[1], case.w2.shape[2], case.topk
+    acts = [fused_moe_gemv_w13_routed(case.x, case.w13, lg, k) for lg in case.logits]
+    kp = triton.next_power_of_2(k)
 
     def w13(cfg):
-        for _, ids in case.routes:
-            fused_moe_gemv_w13(case.x, case.w13, ids, cfg)
+        for lg in case.logits:
+            fused_moe_gemv_w13_routed(case.x, case.w13, lg, k, cfg)
 
     def w2(cfg):
-        for act, (w, ids) in zip(acts, case.routes, strict=True):
-            fused_moe_gemv_w2(act, case.w2, w, ids, cfg)
+        for act, lg in zip(acts, case.logits, strict=True):
+            fused_moe_gemv_w2_routed(act, case.w2, lg, k, True, cfg)
 
     result = {}
-    for name, fn, start, rows, nbytes in (
-            ("w13", w13, fused_moe_gemv_config(h, i, case.topk)[0], 2, case.bytes13),
-            ("w2", w2, fused_moe_gemv_config(h, i, case.topk)[1], kp, case.bytes2)):
-        default_t = best_t = gpu_time(functools.partial(fn, start)) / ROUTINGS
-        best = start
-        for _ in range(2):
-            for idx, values in enumerate(GEMV_RANGES):
-                for v in values:
-                    cand = best[:idx] + (v,) + best[idx + 1:]
-                    if cand == best or rows * cand[0] * cand[1] > GEMV_MAX_ACC * 32 * cand[2] \
-                            or time.time() > deadline:
-                        continue
-                    try:
-                        t = gpu_time(functools.partial(fn, cand)) / ROUTINGS
-                    except Exception as exc:  # out of resources: skip it
-                        print(f"    skip {name} {cand}: {type(exc).__name__}", flush=True)
-                        continue
-                    if t < best_t:
-                        best, best_t = cand, t
-        result[name] = {"default": start, "default_us": default_t * 1e6, "best": best,
+    defaults = fused_moe_gemv_config(h, i, k)
+    for name, fn, start, rows, nbytes in (("w13", w13, defaults[0], 2, case.bytes13),
+                                          ("w2", w2, defaults[1], kp, case.bytes2)):
+        timed = _timer(fn)
+        best, best_t = start, timed(start)
+        for seed in [start] + GEMV_SEEDS[name]:
+            cand, t = _descend(timed, seed, rows, deadline)
+            if t < best_t:
+                best, best_t = cand, t
+        result[name] = {"default": start, "default_us": timed(start) * 1e6, "best": best,
                         "best_us": best_t * 1e6, "best_pct_bw": 100 * nbytes / best_t / BW}
     return result
+
+
+ROUTER_CONFIGS = [(8, 512, 8, 2), (1, 1024, 4, 2), (1, 2048, 8, 1), (2, 1024, 4, 2),
+                  (1, 512, 2, 2), (4, 512, 4, 2)]  # the first: gemv_config's before n <= 512
+
+
+def time_router(e: int, h: int, sweep: bool) -> dict:
+    """The router GEMV at M=1 (dense_gemv on [E, hidden] bf16; 192 weight copies so they
+    come from HBM as in a model step): gemv_config's config, with sweep also
+    ROUTER_CONFIGS."""
+    from kernels.gemv import dense_gemv, gemv_config
+
+    x = torch.randn(1, h, device="cuda", dtype=torch.bfloat16)
+    ws = [torch.randn(e, h, device="cuda", dtype=torch.bfloat16) for _ in range(192)]
+    default = gemv_config(e, h)
+    out = {"default": default}
+    for cfg in [default] + (ROUTER_CONFIGS if sweep else []):
+        t = gpu_time(lambda cfg=cfg: [dense_gemv(x, w, config=cfg) for w in ws]) / len(ws)
+        out[str(cfg)] = round(t * 1e6, 2)
+    return out
 
 
 def main() -> None:
@@ -190,6 +254,8 @@ def main() -> None:
     print(f"device {torch.cuda.get_device_name()}  triton {triton.__version__}  "
           f"E={e} top_k={topk} N={n} hidden={h}", flush=True)
     rows, tuned = [], {}
+    router = time_router(e, h, args.gemv_sweep)
+    print(json.dumps({"router_M1_us": router}), flush=True)
     for m in args.batch_size:
         case = Case(m, e, topk, n, h)
         cfg = try_get_optimal_moe_config(tuple(case.w13.shape), tuple(case.w2.shape), topk,
@@ -200,6 +266,9 @@ def main() -> None:
                "path": "gemv" if case.sparse else "fused_moe_kernel"}
         deadline = start + args.budget_s
         if case.sparse:
+            row["layer_us"] = gpu_time(case.layer) / ROUTINGS * 1e6
+            row["topk_then_gemv_us"] = gpu_time(
+                functools.partial(case.layer, False)) / ROUTINGS * 1e6
             case.allow_gemv = False  # from here on: the fused_moe_kernel path (what --tune tunes)
             row["fused_moe_kernel_us"] = case.time(cfg) * 1e6
             if args.gemv_sweep:
@@ -220,7 +289,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "benchmark_moe.json").write_text(json.dumps(
         {"device": torch.cuda.get_device_name(), "triton": triton.__version__,
-         "E": e, "top_k": topk, "N": n, "hidden": h, "rows": rows,
+         "E": e, "top_k": topk, "N": n, "hidden": h, "router_M1_us": router, "rows": rows,
          "seconds": time.time() - start}, indent=1))
     if tuned:
         save_configs(tuned, e, n, out)

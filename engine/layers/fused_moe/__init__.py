@@ -19,9 +19,9 @@ from engine.layers.fused_moe.torch_experts import (
     fused_experts_dense,
     fused_experts_grouped,
 )
-from engine.layers.fused_moe.triton_experts import fused_experts_triton
+from engine.layers.fused_moe.triton_experts import fused_experts_triton, fused_moe_triton
 
 __all__ = ["FusedMoE", "SharedExpertMLP", "fused_experts", "fused_experts_dense",
-           "fused_experts_grouped", "fused_experts_triton", "fused_topk", "get_config",
-           "get_config_file_name", "get_default_config", "get_moe_configs", "grouped_topk",
-           "moe_backend", "override_config", "try_get_optimal_moe_config"]
+           "fused_experts_grouped", "fused_experts_triton", "fused_moe_triton", "fused_topk",
+           "get_config", "get_config_file_name", "get_default_config", "get_moe_configs",
+           "grouped_topk", "moe_backend", "override_config", "try_get_optimal_moe_config"]

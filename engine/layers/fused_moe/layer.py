@@ -2,7 +2,8 @@
 
 Mirrors vllm/model_executor/layers/fused_moe/layer.py (FusedMoE, its weight_loader into
 the stacked expert parameters and make_expert_params_mapping). Dispatch: on CUDA the
-Triton path (triton_experts.py; vLLM's default), or with LIBVLLM_MOE_BACKEND=torch the
+Triton path (triton_experts.py fused_moe_triton, from the router logits: at decode the
+top-k is folded into the expert GEMVs; vLLM's default), or with LIBVLLM_MOE_BACKEND=torch the
 earlier torch grouped-GEMM path (torch_experts.py: torch._grouped_mm in bf16, every
 expert densely otherwise), kept as the fallback should the Triton path fail on a device.
 On the CPU the host path `fused_experts`. The variable is read when the layer is built.
@@ -36,7 +37,7 @@ from engine.layers.fused_moe.torch_experts import (
     fused_experts_dense,
     fused_experts_grouped,
 )
-from engine.layers.fused_moe.triton_experts import fused_experts_triton
+from engine.layers.fused_moe.triton_experts import fused_moe_triton
 
 MOE_BACKENDS = ("triton", "torch")
 
@@ -105,12 +106,15 @@ class FusedMoE(nn.Module):
 
     def routed_experts(self, hidden_states: torch.Tensor, router_logits: torch.Tensor
                        ) -> torch.Tensor:
+        # the routing is fused_topk (softmax) everywhere: the Triton path may fold it into
+        # the experts' GEMV launches (fused_moe_triton), which route as fused_topk does
+        if hidden_states.is_cuda and self.backend == "triton" and self.gguf_experts is None:
+            return fused_moe_triton(hidden_states, self.w13_weight, self.w2_weight,
+                                    router_logits, self.top_k, self.renormalize, self.act)
         topk_weights, topk_ids = fused_topk(router_logits, self.top_k, self.renormalize)
         if self.gguf_experts is not None:
             return self.gguf_experts(hidden_states, topk_weights, topk_ids, self.act)
         args = (hidden_states, self.w13_weight, self.w2_weight, topk_weights)
-        if hidden_states.is_cuda and self.backend == "triton":
-            return fused_experts_triton(*args, topk_ids, self.act)
         experts = fused_experts
         if hidden_states.is_cuda:
             experts = fused_experts_grouped if hidden_states.dtype == torch.bfloat16 \

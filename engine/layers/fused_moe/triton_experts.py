@@ -15,6 +15,11 @@ regime, with SiLU, the layer instead runs two GEMV launches (kernels/fused_moe_g
 w13 with SiLU-and-mul fused, w2 with the weighted top-k sum fused), which stream the
 selected experts' weights nearer HBM bandwidth; `allow_gemv=False` keeps the kernels above
 (benchmarks). Every float dtype takes it: fp32 stays fp32 arithmetic throughout.
+fused_moe_triton is the layer's entry (upstream's fused_moe: router logits in, fused_topk
+then fused_experts): on the GEMV path with at most 512 experts the two GEMV launches route
+their own tokens from the logits (the kernels call the top-k softmax's helper, so the
+experts are fused_topk's), and no top-k launch runs; otherwise fused_topk, then
+fused_experts_triton.
 """
 
 from __future__ import annotations
@@ -24,11 +29,19 @@ from torch import nn
 
 from engine.layers.activation import SiluAndMul
 from engine.layers.fused_moe.config import get_config_dtype_str, try_get_optimal_moe_config
+from engine.layers.fused_moe.router import fused_topk
+
+ROUTED_MAX_EXPERTS = 512  # kernels/fused_moe_gemv.py's (kernels/ is imported lazily)
 
 
 def _is_sparse(m: int, top_k: int, num_experts: int) -> bool:
     """Far fewer pairs than experts: one pair per block, upstream's naive assignment."""
     return m * top_k * 4 <= num_experts
+
+
+def _takes_gemv(m: int, top_k: int, num_experts: int, act: nn.Module) -> bool:
+    """The sparse regime with SiLU: the two GEMV launches of kernels/fused_moe_gemv.py."""
+    return _is_sparse(m, top_k, num_experts) and isinstance(act, SiluAndMul)
 
 
 def _prepare_expert_assignment(topk_ids: torch.Tensor, config: dict, num_experts: int
@@ -57,7 +70,7 @@ def fused_experts_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: tor
     top_k = topk_ids.shape[1]
     if m == 0:
         return torch.empty_like(hidden_states)
-    if allow_gemv and _is_sparse(m, top_k, num_experts) and isinstance(act, SiluAndMul):
+    if allow_gemv and _takes_gemv(m, top_k, num_experts, act):
         return _fused_experts_gemv(hidden_states, w13, w2, topk_weights, topk_ids)
     if config is None:
         config = try_get_optimal_moe_config(tuple(w13.shape), tuple(w2.shape), top_k,
@@ -85,3 +98,25 @@ def _fused_experts_gemv(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torc
     ids = topk_ids.contiguous()
     act = fused_moe_gemv_w13(hidden_states.contiguous(), w13, ids)  # [M * k, I]
     return fused_moe_gemv_w2(act, w2, topk_weights.float().contiguous(), ids)
+
+
+def fused_moe_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                     gating_output: torch.Tensor, top_k: int, renormalize: bool,
+                     act: nn.Module, allow_gemv: bool = True) -> torch.Tensor:
+    """hidden_states [M, H]; w13 [E, 2I, H]; w2 [E, H, I]; gating_output [M, E] router
+    logits (softmax top-k, as fused_topk) -> [M, H]."""
+    m = hidden_states.shape[0]
+    num_experts = w13.shape[0]
+    if not (allow_gemv and m > 0 and num_experts <= ROUTED_MAX_EXPERTS
+            and _takes_gemv(m, top_k, num_experts, act)):
+        topk_weights, topk_ids = fused_topk(gating_output, top_k, renormalize)
+        return fused_experts_triton(hidden_states, w13, w2, topk_weights, topk_ids, act,
+                                    allow_gemv=allow_gemv)
+    from kernels.fused_moe_gemv import (  # lazy: triton
+        fused_moe_gemv_w2_routed,
+        fused_moe_gemv_w13_routed,
+    )
+
+    logits = gating_output.contiguous()  # [M, E]
+    act_rows = fused_moe_gemv_w13_routed(hidden_states.contiguous(), w13, logits, top_k)
+    return fused_moe_gemv_w2_routed(act_rows, w2, logits, top_k, renormalize)  # [M, H]
