@@ -5,8 +5,6 @@ the kernel before it drains, and calls pdl_wait() before it touches memory (the 
 returns once that kernel finished and flushed), then lets the next kernel launch early in
 turn. In a CUDA graph of tiny decode kernels this hides most of each launch gap.
 LIBVLLM_DISABLE_PDL=1 turns it off (A/B benchmarks); the interpreter never uses it.
-(LIBVLLM_DISABLE_NORM_FOLD=1, read by engine/layers/linear.py, is the other A/B switch of
-batch-1 decode: the RMSNorm kernels instead of kernels/gemv.py rms_norm_gemv.)
 """
 
 from __future__ import annotations

@@ -13,15 +13,6 @@ gated MLP's gate_up output [1, 2K] and the kernel feeds silu(gate) * up to the G
 loads it (the down projection of batch-1 decode without the SiLU-and-mul kernel), rounded
 as kernels/activation.py rounds. A weight prefetch before the PDL wait (peeling the first
 tile) measured slower: it broke Triton's pipelining of the loop.
-
-rms_norm_gemv folds the (fused add +) RMSNorm that feeds the GEMV into its prologue
-(batch-1 decode: input_layernorm -> qkv_proj, post_attention_layernorm -> gate_up_proj,
-engine/layers/linear.py ReplicatedLinear.forward_rms_norm): every program reads the whole
-row anyway, so each first sums the squares of x (+ residual) in a short pre-pass, then
-feeds ((x * rstd) * (norm_w + offset)) rounded to the activation dtype to the GEMV as
-kernels/rms_norm.py rounds it (vLLM's rms_norm / fused_add_rms_norm,
-csrc/layernorm_kernels.cu); program 0 writes x + residual to a new tensor (in place would
-race with the programs still reading it). vLLM has no such fusion.
 """
 
 from __future__ import annotations
@@ -41,41 +32,30 @@ from kernels._common import (
     pdl_wait,
 )
 from kernels.activation import silu_and_mul_ref
-from kernels.rms_norm import norm_block, rms_norm_apply, rms_norm_rstd
 
 
 @triton.jit
 def _dense_gemv_kernel(
-    x_ptr, w_ptr, bias_ptr, y_ptr, N, K, res_ptr, res_out_ptr, norm_w_ptr, eps, weight_offset,
+    x_ptr, w_ptr, bias_ptr, y_ptr, N, K,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, SILU_AND_MUL: tl.constexpr,
-    NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, NORM_BK: tl.constexpr, USE_PDL: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # the kernel before wrote this one's inputs
         pdl_wait()
     # one program: BN output values; x: [K] ([2K] gate | up with SILU_AND_MUL),
-    # w rows: [BN, K] (row stride K), y: [BN]; with NORM also res, res_out, norm_w: [K]
+    # w rows: [BN, K] (row stride K), y: [BN]
     rn = tl.program_id(0) * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
-    if NORM:  # pre-pass over the row: 1 / rms of x (+ res); program 0 writes x + res
-        rstd = rms_norm_rstd(x_ptr, res_ptr, res_out_ptr, K, eps,
-                             tl.where(tl.program_id(0) == 0, K, 0), HAS_RESIDUAL, NORM_BK)
     row_mask = rn[:, None] < N
     acc = tl.zeros((BN, BK), dtype=tl.float32)
     wp = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]  # [BN, BK] pointers
     xp = x_ptr + rk
-    rp = res_ptr + rk
-    nwp = norm_w_ptr + rk
     for k in range(0, K, BK):
         if EVEN_K:
             w = tl.load(wp, mask=row_mask, other=0.0, eviction_policy="evict_first")
             x = tl.load(xp)
             if SILU_AND_MUL:
                 up = tl.load(xp + K)
-            if HAS_RESIDUAL:
-                r = tl.load(rp)
-            if NORM:
-                nw = tl.load(nwp)
         else:
             k_mask = rk < K - k
             w = tl.load(wp, mask=row_mask & k_mask[None, :], other=0.0,
@@ -83,24 +63,13 @@ def _dense_gemv_kernel(
             x = tl.load(xp, mask=k_mask, other=0.0)
             if SILU_AND_MUL:
                 up = tl.load(xp + K, mask=k_mask, other=0.0)
-            if HAS_RESIDUAL:
-                r = tl.load(rp, mask=k_mask, other=0.0)
-            if NORM:
-                nw = tl.load(nwp, mask=k_mask, other=0.0)
         if SILU_AND_MUL:  # x = silu(gate) * up, each rounded to the activation dtype
             g = x.to(tl.float32)
             silu = (g / (1.0 + tl.exp(-g))).to(x.dtype)
             x = (silu.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
-        if NORM:  # x = rms_norm(x + res) * (norm_w + offset), rounded as kernels/rms_norm.py
-            x = rms_norm_apply(x, r if HAS_RESIDUAL else x, nw, rstd, weight_offset,
-                               HAS_RESIDUAL)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
         wp += BK
         xp += BK
-        if HAS_RESIDUAL:
-            rp += BK
-        if NORM:
-            nwp += BK
     y = tl.sum(acc, axis=1)  # [BN] fp32
     if HAS_BIAS:
         y += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
@@ -137,54 +106,13 @@ def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     """x: [1, K] ([1, 2K] = gate | up with silu_and_mul), w: [N, K], bias: [N] or None
     -> y: [1, N] in x's dtype. config: (BN, BK, num_warps, num_stages), for sweeps;
     None: gemv_config's."""
-    _check_row(x)
-    check(not silu_and_mul or x.shape[1] % 2 == 0,
-          lambda: f"x must be [1, 2K] with silu_and_mul, got {tuple(x.shape)}")
-    k = x.shape[1] // 2 if silu_and_mul else x.shape[1]
-    y = _new_output(x, w, bias, k)
-    _launch(x, w, bias, y, k, config or gemv_config(w.shape[0], k, silu_and_mul),
-            silu_and_mul=silu_and_mul)
-    return y
-
-
-def rms_norm_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
-                  norm_weight: torch.Tensor, eps: float, weight_offset: float = 0.0,
-                  residual: torch.Tensor | None = None,
-                  config: tuple[int, int, int, int] | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """dense_gemv(rms_norm(x (+ residual)) * (norm_weight + weight_offset), w, bias) in one
-    kernel, and the new residual: x: [1, K], residual: [1, K] or None, norm_weight: [K]
-    -> (y [1, N], x + residual: a new [1, K], or x itself without residual). Numerics of
-    kernels/rms_norm.py's rms_norm / fused_add_rms_norm then dense_gemv, up to the fp32
-    summation order of the mean square."""
-    _check_row(x)
-    k = x.shape[1]
-    check(norm_weight.shape == (k,) and norm_weight.is_contiguous(),
-          lambda: f"norm_weight must be a contiguous [{k}], got {tuple(norm_weight.shape)}")
-    check_float("norm_weight", norm_weight)
-    check_same_device(x=x, norm_weight=norm_weight)
-    check(weight_offset in (0.0, 1.0), lambda: f"weight_offset must be 0 or 1, got {weight_offset}")
-    if residual is not None:
-        check(residual.shape == x.shape and residual.dtype == x.dtype
-              and residual.stride(1) == 1, "residual must match x's shape and dtype")
-        check_same_device(x=x, residual=residual)
-    y = _new_output(x, w, bias, k)
-    res_out = x if residual is None else torch.empty_like(x, memory_format=torch.contiguous_format)
-    _launch(x, w, bias, y, k, config or gemv_config(w.shape[0], k), norm_weight=norm_weight,
-            residual=residual, res_out=res_out, eps=eps, weight_offset=weight_offset)
-    return y, res_out
-
-
-def _check_row(x: torch.Tensor) -> None:
     check(x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1,
           lambda: f"x must be one row [1, K] "
           f"with a contiguous last dimension, got {tuple(x.shape)} strides {x.stride()}")
     check_float("x", x)
-
-
-def _new_output(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
-                k: int) -> torch.Tensor:
-    """Check w [N, k] and bias [N] against x, and return the y [1, N] to fill."""
+    check(not silu_and_mul or x.shape[1] % 2 == 0,
+          lambda: f"x must be [1, 2K] with silu_and_mul, got {tuple(x.shape)}")
+    k = x.shape[1] // 2 if silu_and_mul else x.shape[1]
     check(k > 0, "x must have K > 0 columns")
     check(w.dim() == 2 and w.shape[1] == k and w.is_contiguous(), lambda: f"w must be a contiguous "
           f"[N, {k}], got {tuple(w.shape)} strides {w.stride()}")
@@ -196,29 +124,17 @@ def _new_output(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
               lambda: f"bias must be a contiguous [{n}] {x.dtype}, got "
               f"{tuple(bias.shape)} {bias.dtype}")
         check_same_device(x=x, bias=bias)
-    return torch.empty(1, n, dtype=x.dtype, device=x.device)
-
-
-def _launch(x, w, bias, y, k, config, silu_and_mul=False, norm_weight=None, residual=None,
-            res_out=None, eps=0.0, weight_offset=0.0) -> None:
-    n = w.shape[0]
-    if n == 0:  # the new residual is still owed
-        if residual is not None:
-            torch.add(x, residual, out=res_out)
-        return
-    bn, bk, warps, stages = config
+    y = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    if n == 0:
+        return y
+    bn, bk, warps, stages = config or gemv_config(n, k, silu_and_mul)
     _dense_gemv_kernel[(cdiv(n, bn),)](
         x, w, bias if bias is not None else w, y, n, k,
-        residual if residual is not None else x, res_out if res_out is not None else x,
-        norm_weight if norm_weight is not None else x, float(eps), float(weight_offset),
-        HAS_BIAS=bias is not None, EVEN_K=k % bk == 0, SILU_AND_MUL=silu_and_mul,
-        NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None, BN=bn, BK=bk,
-        # 16 values of x and of the residual per thread and step: no more registers than
-        # the main loop of any gemv_config (ptxas, sm_90a)
-        NORM_BK=norm_block(k, 512 * warps) if norm_weight is not None else 1,
+        HAS_BIAS=bias is not None, EVEN_K=k % bk == 0, SILU_AND_MUL=silu_and_mul, BN=bn, BK=bk,
         num_warps=warps, num_stages=stages,
         **pdl_launch(x),
     )
+    return y
 
 
 def dense_gemv_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,

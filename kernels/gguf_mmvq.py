@@ -10,9 +10,7 @@ vllm-gguf-plugin, and sgl-kernel ships the same op), in Triton with own code:
    d and the true sums of x over each 16 values (q8_1's `ds`, split in halves so Q6_K's
    16-value sub-blocks have theirs). With silu_and_mul the input is a gated MLP's gate_up
    row and the activation is made first, rounded as kernels/activation.py rounds: the down
-   projection needs no extra kernel. rms_norm_quantize_q8_1 likewise takes the (fused add
-   +) RMSNorm that feeds a projection (kernels/rms_norm.py's numerics; a pre-pass over the
-   token's row per program, the new residual out of place): no norm kernel either.
+   projection needs no extra kernel.
 2. gguf_mmvq_q8_1: per weight row, the quantized values are read as 32-bit words (four
    8-bit values, or eight nibbles unpacked with two masks) and multiplied into the q8_1
    words with dp4a (4 products and a sum in one instruction), then each sub-block's
@@ -42,7 +40,6 @@ from kernels._common import cdiv, check, check_float, check_same_device, pdl_lau
 from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
 from kernels.gguf_mmvq_lanes import kquant_lane_step
 from kernels.gguf_tiles import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
-from kernels.rms_norm import norm_block, rms_norm_apply, rms_norm_rstd
 
 MMVQ_TYPES = frozenset({Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K})  # block sizes: GGML_TYPE_TRAITS
 MMVQ_MAX_M = 8  # decode rows (the issue's M <= 8); more go through kernels/gguf_gemm.py
@@ -329,21 +326,14 @@ def _mmvq_kernel(
 
 @triton.jit
 def _quantize_q8_1_kernel(
-    x_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_x: tl.int64, res_ptr, stride_res: tl.int64,
-    res_out_ptr, norm_w_ptr, eps, weight_offset, G: tl.constexpr,
-    SILU_AND_MUL: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    NORM_BK: tl.constexpr, USE_PDL: tl.constexpr,
+    x_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_x: tl.int64, G: tl.constexpr,
+    SILU_AND_MUL: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     # program: G groups of 32 values of one token; x row [K] (or gate_up [2K]) ->
-    # xq [K / 4] int32, xd [K / 32], xs [K / 16] fp32; with NORM also res, res_out,
-    # norm_w: [K]
+    # xq [K / 4] int32, xd [K / 32], xs [K / 16] fp32
     if USE_PDL:
         pdl_wait()
     tok = tl.program_id(1).to(tl.int64)
-    if NORM:  # pre-pass over the token's row: 1 / rms of x (+ res); program 0 writes x + res
-        rstd = rms_norm_rstd(x_ptr + tok * stride_x, res_ptr + tok * stride_res,
-                             res_out_ptr + tok * K, K, eps,
-                             tl.where(tl.program_id(0) == 0, K, 0), HAS_RESIDUAL, NORM_BK)
     g = tl.program_id(0) * G + tl.arange(0, G)[:, None]  # [G, 1]
     k = g * 32 + tl.arange(0, 32)[None, :]  # [G, 32]
     mask = k < K
@@ -353,12 +343,6 @@ def _quantize_q8_1_kernel(
         silu = (af / (1.0 + tl.exp(-af))).to(a.dtype).to(tl.float32)
         up = tl.load(x_ptr + tok * stride_x + K + k, mask=mask, other=0.0)
         a = (silu * up.to(tl.float32)).to(a.dtype)
-    if NORM:  # as kernels/rms_norm.py: the normalized row the GEMV would get
-        r = a
-        if HAS_RESIDUAL:
-            r = tl.load(res_ptr + tok * stride_res + k, mask=mask, other=0.0)
-        nw = tl.load(norm_w_ptr + k, mask=mask, other=0.0)
-        a = rms_norm_apply(a, r, nw, rstd, weight_offset, HAS_RESIDUAL)
     x = a.to(tl.float32)
     amax = tl.max(tl.abs(x), 1)  # [G]
     d = amax / 127.0
@@ -383,41 +367,9 @@ def quantize_q8_1(x: torch.Tensor, silu_and_mul: bool = False
     (xq [M, K / 4] int32, xd [M, K / 32] fp32, xs [M, K / 16] fp32)."""
     check_float("x", x)
     check(x.dim() == 2 and x.stride(1) == 1, "x must be [num_tokens, K], last dim contiguous")
+    m, k = x.shape[0], x.shape[1] // (2 if silu_and_mul else 1)
     check(not silu_and_mul or x.shape[1] % 2 == 0,
           lambda: f"gate_up must be [num_tokens, 2K], got width {x.shape[1]}")
-    return _quantize(x, x.shape[1] // (2 if silu_and_mul else 1), silu_and_mul=silu_and_mul)
-
-
-def rms_norm_quantize_q8_1(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                           weight_offset: float = 0.0, residual: torch.Tensor | None = None
-                           ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                                      torch.Tensor]:
-    """quantize_q8_1 of rms_norm(x (+ residual)) * (norm_weight + weight_offset) in one
-    kernel (the GGUF linear layers' norm fold; kernels/gemv.py rms_norm_gemv is the dense
-    one): x, residual [M, K], norm_weight [K] -> ((xq, xd, xs), x + residual: a new
-    [M, K], or x itself without residual). Each program sums the squares of its token's
-    row first; the first of each token writes the new residual."""
-    check_float("x", x)
-    check(x.dim() == 2 and x.stride(1) == 1, "x must be [num_tokens, K], last dim contiguous")
-    k = x.shape[1]
-    check(norm_weight.shape == (k,) and norm_weight.is_contiguous(),
-          lambda: f"norm_weight must be a contiguous [{k}], got {tuple(norm_weight.shape)}")
-    check_float("norm_weight", norm_weight)
-    check_same_device(x=x, norm_weight=norm_weight)
-    check(weight_offset in (0.0, 1.0), lambda: f"weight_offset must be 0 or 1, got {weight_offset}")
-    if residual is not None:
-        check(residual.shape == x.shape and residual.dtype == x.dtype
-              and residual.stride(1) == 1, "residual must match x's shape and dtype")
-        check_same_device(x=x, residual=residual)
-    res_out = x if residual is None else torch.empty_like(x, memory_format=torch.contiguous_format)
-    xq8 = _quantize(x, k, norm_weight=norm_weight, eps=eps, weight_offset=weight_offset,
-                    residual=residual, res_out=res_out)
-    return xq8, res_out
-
-
-def _quantize(x, k, silu_and_mul=False, norm_weight=None, eps=0.0, weight_offset=0.0,
-              residual=None, res_out=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    m = x.shape[0]
     check(k % 32 == 0, lambda: f"x's K = {k} must be a multiple of 32 (q8_1 groups)")
     xq = torch.empty(m, k // 4, dtype=torch.int32, device=x.device)
     xd = torch.empty(m, k // 32, dtype=torch.float32, device=x.device)
@@ -425,12 +377,7 @@ def _quantize(x, k, silu_and_mul=False, norm_weight=None, eps=0.0, weight_offset
     if m and k:
         groups = 16
         _quantize_q8_1_kernel[(cdiv(k // 32, groups), m)](
-            x, xq, xd, xs, k, x.stride(0), residual if residual is not None else x,
-            residual.stride(0) if residual is not None else 0,
-            res_out if res_out is not None else x, norm_weight if norm_weight is not None else x,
-            float(eps), float(weight_offset), G=groups, SILU_AND_MUL=silu_and_mul,
-            NORM=norm_weight is not None, HAS_RESIDUAL=residual is not None,
-            NORM_BK=norm_block(k) if norm_weight is not None else 1,
+            x, xq, xd, xs, k, x.stride(0), G=groups, SILU_AND_MUL=silu_and_mul,
             num_warps=4, **pdl_launch(x))
     return xq, xd, xs
 

@@ -4,11 +4,9 @@ Mirrors vllm/model_executor/layers/layernorm.py (RMSNorm.forward_cuda: ops.rms_n
 in-place ops.fused_add_rms_norm of csrc/layernorm_kernels.cu) with the engine's rounding
 (engine/layers/layernorm.py): the residual sum is rounded to the activation dtype first,
 statistics and the weight product are in fp32, the result is rounded once. weight_offset=1
-gives GemmaRMSNorm's x * (1 + w). rms_norm_rstd / rms_norm_apply are the same norm as
-device helpers for kernels that fold it into their prologue (kernels/gemv.py,
-kernels/gguf_mmvq.py). rms_norm_ref is that torch form in plain torch (kernels/ imports
-nothing from engine/); tests/test_kernels_rms_norm.py checks it equals the engine's
-RMSNorm / GemmaRMSNorm.forward_native.
+gives GemmaRMSNorm's x * (1 + w). rms_norm_ref is that torch form in plain torch
+(kernels/ imports nothing from engine/); tests/test_kernels_rms_norm.py checks it equals
+the engine's RMSNorm / GemmaRMSNorm.forward_native.
 """
 
 from __future__ import annotations
@@ -41,45 +39,6 @@ def _rms_norm_kernel(
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + weight_offset
     y = xf * tl.math.rsqrt(var + eps) * w
     tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-def norm_block(k: int, cap: int = 8192) -> int:
-    """The step of rms_norm_rstd's pre-pass over a row of k: the whole row up to `cap`, so
-    that its loads are in flight together (each step of the loop waits for memory once,
-    before the kernel's own work starts). A kernel whose occupancy matters caps it where
-    the pre-pass needs no more registers than its main loop (kernels/gemv.py)."""
-    return min(next_pow2(k), cap)
-
-
-@triton.jit
-def rms_norm_rstd(x_ptr, res_ptr, res_out_ptr, K, eps, store_k, HAS_RESIDUAL: tl.constexpr,
-                  BK: tl.constexpr):
-    """The norm prologue of a kernel that consumes one normalized row (kernels/gemv.py
-    rms_norm_gemv, kernels/gguf_mmvq.py quantize_q8_1): 1 / sqrt(mean(h^2) + eps) in fp32,
-    h = x + res over the row x, res: [K] in BK steps, the sum rounded to x's dtype as
-    fused_add_rms_norm rounds it; h[:store_k] is stored to res_out (out of place: other
-    programs still read res; store_k = K in one program, 0 in the rest)."""
-    rk = tl.arange(0, BK)
-    ss = tl.zeros((BK,), dtype=tl.float32)
-    for k in range(0, K, BK):
-        k_mask = rk < K - k
-        x = tl.load(x_ptr + k + rk, mask=k_mask, other=0.0)
-        if HAS_RESIDUAL:
-            r = tl.load(res_ptr + k + rk, mask=k_mask, other=0.0)
-            x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-            tl.store(res_out_ptr + k + rk, x, mask=rk < store_k - k)
-        xf = x.to(tl.float32)
-        ss += xf * xf
-    return tl.math.rsqrt(tl.sum(ss, axis=0) / K + eps)
-
-
-@triton.jit
-def rms_norm_apply(x, r, w, rstd, weight_offset, HAS_RESIDUAL: tl.constexpr):
-    """Values x (+ r) of a row whose rms_norm_rstd is rstd, normalized times (w + offset)
-    and rounded to x's dtype as this file's kernel rounds them."""
-    if HAS_RESIDUAL:
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-    return (x.to(tl.float32) * rstd * (w.to(tl.float32) + weight_offset)).to(x.dtype)
 
 
 def _launch(x, residual, weight, out, eps, weight_offset):

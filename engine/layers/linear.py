@@ -14,15 +14,10 @@ stay on the device and every matmul runs kernels/gguf_mmvq.py (a few tokens) or
 kernels/gguf_gemm.py; a layer that has one
 (`gguf_weight`) has no dense weight. A dense bf16/fp16 matmul of one row on CUDA (batch-1
 decode) runs the Triton GEMV kernels/gemv.py (dense_linear), which beats cuBLAS there; a
-gated MLP's down projection takes its SiLU-and-mul into that GEMV (forward_act_and_mul),
-and a projection fed by an RMSNorm (qkv, gate_up) takes the norm into it
-(forward_rms_norm; LIBVLLM_DISABLE_NORM_FOLD=1 runs the norm kernel instead, for A/B).
+gated MLP's down projection takes its SiLU-and-mul into that GEMV (forward_act_and_mul).
 """
 
 from __future__ import annotations
-
-import functools
-import os
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +30,6 @@ from engine.distributed.parallel_state import (
 )
 from engine.errors import InvalidArgumentError, ModelLoadError
 from engine.layers.activation import SiluAndMul
-from engine.layers.layernorm import RMSNorm
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -64,11 +58,6 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor,
     return F.linear(x, weight, bias)
 
 
-@functools.cache
-def _norm_fold_enabled() -> bool:
-    return os.environ.get("LIBVLLM_DISABLE_NORM_FOLD") != "1"
-
-
 def _new_param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
 
@@ -92,43 +81,14 @@ class GGUFWeight(nn.Module):
         # -> [num_tokens, sum N_i]
         from kernels.activation import silu_and_mul as act  # lazy: CUDA path only
         from kernels.gguf_gemm import gguf_gemm
-        from kernels.gguf_mmvq import quantize_q8_1
+        from kernels.gguf_mmvq import MMVQ_MAX_M, MMVQ_TYPES, gguf_mmvq_q8_1, quantize_q8_1
 
-        mmvq = self._mmvq(x)
+        mmvq = [x.shape[0] <= MMVQ_MAX_M and qtype in MMVQ_TYPES for qtype in self.qtypes]
         xq8 = quantize_q8_1(x, silu_and_mul) if any(mmvq) else None
         if silu_and_mul and not all(mmvq):
             x = act(x)  # rounded as the quantizer rounds it
         if len(self.qtypes) == 1 and not mmvq[0]:
             return gguf_gemm(x, self.qweight0, self.qtypes[0])
-        return self._shards(x, xq8, mmvq)
-
-    def folds_norm(self, x: torch.Tensor) -> bool:
-        """Whether forward_rms_norm takes the norm into the q8_1 quantization: every shard
-        runs the int8 GEMV for these rows."""
-        return x.dim() == 2 and x.stride(1) == 1 and all(self._mmvq(x))
-
-    def forward_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(self(norm(x + residual)), x + residual) with the norm in the quantization
-        (kernels/gguf_mmvq.py rms_norm_quantize_q8_1); only where folds_norm(x)."""
-        # x, residual: [num_tokens, in] -> ([num_tokens, sum N_i], [num_tokens, in])
-        from kernels.gguf_mmvq import rms_norm_quantize_q8_1  # lazy: CUDA path only
-
-        xq8, residual = rms_norm_quantize_q8_1(x, norm.weight, norm.variance_epsilon,
-                                               norm.weight_offset, residual)
-        return self._shards(x, xq8, [True] * len(self.qtypes)), residual
-
-    def _mmvq(self, x: torch.Tensor) -> list[bool]:
-        """Per shard: whether it runs the int8 GEMV (few rows, an int8-dot type)."""
-        from kernels.gguf_mmvq import MMVQ_MAX_M, MMVQ_TYPES  # lazy: CUDA path only
-
-        return [x.shape[0] <= MMVQ_MAX_M and qtype in MMVQ_TYPES for qtype in self.qtypes]
-
-    def _shards(self, x: torch.Tensor, xq8: tuple | None, mmvq: list[bool]) -> torch.Tensor:
-        """Each shard's columns of one output: the int8 GEMV on xq8, or gguf_gemm on x."""
-        from kernels.gguf_gemm import gguf_gemm
-        from kernels.gguf_mmvq import gguf_mmvq_q8_1
-
         out = torch.empty(x.shape[0], sum(self.sizes), dtype=x.dtype, device=x.device)
         start = 0
         for i, (qtype, n) in enumerate(zip(self.qtypes, self.sizes)):
@@ -163,29 +123,6 @@ class ReplicatedLinear(nn.Module):
             y = self.gguf_weight(x)
             return y if self.bias is None else y + self.bias
         return dense_linear(x, self.weight, self.bias)
-
-    def forward_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(self(norm(x + residual)), x + residual) as a decoder layer chains them; without
-        a residual (the first layer) (self(norm(x)), x). A dense one-row GEMV (batch-1
-        decode on CUDA) takes the norm into its prologue (kernels/gemv.py rms_norm_gemv),
-        GGUF weights up to 8 rows into the q8_1 quantization (GGUFWeight.forward_rms_norm);
-        the new residual is a new tensor there, the norm kernel updates both in place."""
-        # x, residual: [num_tokens, in] -> ([num_tokens, out], [num_tokens, in])
-        if self.gguf_weight is not None and _norm_fold_enabled() and \
-                self.gguf_weight.folds_norm(x):
-            y, residual = self.gguf_weight.forward_rms_norm(x, residual, norm)
-            return (y if self.bias is None else y + self.bias), residual
-        if self.gguf_weight is None and _norm_fold_enabled() and \
-                _one_row_gemv(x, self.weight, self.bias):
-            from kernels.gemv import rms_norm_gemv  # lazy: CUDA path only
-
-            return rms_norm_gemv(x, self.weight, self.bias, norm.weight, norm.variance_epsilon,
-                                 norm.weight_offset, residual)
-        if residual is None:
-            return self(norm(x)), x
-        x, residual = norm(x, residual)
-        return self(x), residual
 
     def forward_act_and_mul(self, gate_up: torch.Tensor, act_fn: nn.Module) -> torch.Tensor:
         """self(act_fn(gate_up)) for a gated MLP's down projection. SiLU-and-mul goes into

@@ -42,12 +42,15 @@ class Gemma3DecoderLayer(nn.Module):
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 residual: torch.Tensor | None, md: AttentionMetadata
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        # input and pre-feedforward norms inside the projections they feed where that folds
-        hidden_states, residual = self.self_attn.forward_rms_norm(
-            positions, hidden_states, residual, self.input_layernorm, md)
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states, md)
         hidden_states = self.post_attention_layernorm(hidden_states)
-        hidden_states, residual = self.mlp.forward_rms_norm(hidden_states, residual,
-                                                            self.pre_feedforward_layernorm)
+        hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
+        hidden_states = self.mlp(hidden_states)
         return self.post_feedforward_layernorm(hidden_states), residual
 
 

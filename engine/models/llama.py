@@ -40,13 +40,6 @@ class LlamaMLP(nn.Module):
         # x: [num_tokens, hidden] -> [num_tokens, hidden]
         return self.down_proj.forward_act_and_mul(self.gate_up_proj(x), self.act_fn)
 
-    def forward_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(self(norm(x + residual)), x + residual), the norm in gate_up_proj's GEMV where
-        it folds (ReplicatedLinear.forward_rms_norm)."""
-        gate_up, residual = self.gate_up_proj.forward_rms_norm(x, residual, norm)
-        return self.down_proj.forward_act_and_mul(gate_up, self.act_fn), residual
-
 
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelArchConfig, layer_idx: int, bias: bool = False,
@@ -74,19 +67,7 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 md: AttentionMetadata) -> torch.Tensor:
-        return self._attend(positions, self.qkv_proj(hidden_states), md)
-
-    def forward_rms_norm(self, positions: torch.Tensor, hidden_states: torch.Tensor,
-                         residual: torch.Tensor | None, norm: RMSNorm, md: AttentionMetadata
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(self(positions, norm(hidden_states + residual), md), hidden_states + residual),
-        the norm in qkv_proj's GEMV where it folds (ReplicatedLinear.forward_rms_norm)."""
-        qkv, residual = self.qkv_proj.forward_rms_norm(hidden_states, residual, norm)
-        return self._attend(positions, qkv, md), residual
-
-    def _attend(self, positions: torch.Tensor, qkv: torch.Tensor, md: AttentionMetadata
-                ) -> torch.Tensor:
-        # qkv: [num_tokens, q_size + 2 * kv_size] -> [num_tokens, hidden]
+        qkv = self.qkv_proj(hidden_states)  # [num_tokens, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # the attention layer applies the q/k norms and RoPE (on CUDA fused with its KV-cache
         # write)
@@ -112,12 +93,12 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 residual: torch.Tensor | None, md: AttentionMetadata
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        # each norm runs inside the projection it feeds where that folds (batch-1 decode)
-        hidden_states, residual = self.self_attn.forward_rms_norm(
-            positions, hidden_states, residual, self.input_layernorm, md)
-        if isinstance(self.mlp, LlamaMLP):
-            return self.mlp.forward_rms_norm(hidden_states, residual,
-                                             self.post_attention_layernorm)
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states, md)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
 

@@ -8,8 +8,8 @@ distinct input copies that the data does not sit in the 50 MB L2, as a model's l
 not. Each row: time per call, bytes moved or FLOPs, the ratio to the H200 ceilings measured
 in ../shared/device/README.md (4.28 TB/s copy, 799 TFLOP/s bf16), and the max relative
 error against the reference. --sweep also times other launch configs of the attention,
-GEMV, dequantize and fused GEMM kernels (sections: small dense fold decode prefill
-gguf gemm). Prints a table last; writes kernels.json to --out (default $OUT or .).
+GEMV, dequantize and fused GEMM kernels (sections: small dense decode prefill gguf
+gemm). Prints a table last; writes kernels.json to --out (default $OUT or .).
 """
 # ruff: noqa: B023  (every lambda is timed inside the loop iteration that defines it)
 
@@ -32,7 +32,7 @@ from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType  # noqa: E402
 from engine.gguf.dequant import dequantize_rows as gguf_dequantize_ref  # noqa: E402
 from kernels import gguf_gemm as gg  # noqa: E402
 from kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
-from kernels.gemv import dense_gemv, dense_gemv_ref, gemv_config, rms_norm_gemv  # noqa: E402
+from kernels.gemv import dense_gemv, dense_gemv_ref, gemv_config  # noqa: E402
 from kernels.paged_attention import (  # noqa: E402
     paged_attention_decode,
     paged_attention_decode_ref,
@@ -205,41 +205,6 @@ def bench_dense(sweep: bool) -> None:
                 err=err if cfg is configs[0] else None,
                 note=f"(BN, BK, warps, stages) {cfg}")
         ws.clear()  # free this shape's copies before the next (the lambdas hold the list)
-
-
-def bench_fold(sweep: bool) -> None:
-    """kernels/gemv.py rms_norm_gemv (the fused add + RMSNorm folded into the GEMV it feeds,
-    batch-1 decode's qkv and gate_up) against the two kernels it replaces, fused_add_rms_norm
-    then dense_gemv. --sweep fold also times the folded GEMV's other launch configs."""
-    nw = torch.rand(H, dtype=BF16, device=DEV) + 0.5
-    for name, n in {"qkv": 6144, "gate_up": 2 * FF, "lm_head": 128256}.items():
-        ws = [torch.randn(n, H, dtype=BF16, device=DEV) for _ in range(copies(n * H * 2))]
-        x, r = torch.randn(1, H, dtype=BF16, device=DEV), torch.randn(1, H, dtype=BF16, device=DEV)
-        normed, _ = rms_norm_ref(x, nw, 1e-5, r)
-        err = rel_err(rms_norm_gemv(x, ws[0], None, nw, 1e-5, 0.0, r)[0],
-                      dense_gemv_ref(normed.float(), ws[0].float()))
-        nbytes = n * H * 2 + 3 * H * 2 + n * 2
-
-        xu, ru = x.clone(), r.clone()  # the unfused norm works in place
-
-        def unfused(w):
-            fused_add_rms_norm(xu, ru, nw, 1e-5)
-            return dense_gemv(xu, w)
-
-        tt = gpu_time(lambda: [unfused(w) for w in ws])
-        row(f"norm_then_gemv_{name}", f"M=1 N={n} K={H}", tt / len(ws), nbytes, 2 * n * H,
-            note="fused_add_rms_norm + dense_gemv")
-        configs = [gemv_config(n, H)]
-        if sweep:
-            configs += [(bn, bk, w, st) for bn in (4, 8, 16) for bk in (256, 512, 1024)
-                        for w in (2, 4, 8) for st in (1, 2, 3)
-                        if bn * bk <= 16384 and (bn, bk, w, st) != configs[0]]
-        for cfg in configs:
-            tt = gpu_time(lambda cfg=cfg: [rms_norm_gemv(x, w, None, nw, 1e-5, 0.0, r, cfg)
-                                           for w in ws])
-            row(f"rms_norm_gemv_{name}", f"M=1 N={n} K={H}", tt / len(ws), nbytes, 2 * n * H,
-                err=err if cfg is configs[0] else None, note=f"(BN, BK, warps, stages) {cfg}")
-        ws.clear()
 
 
 def _attn_case(seq, q_lens):
@@ -429,17 +394,15 @@ def main() -> None:
                     "(no names: all)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--only", nargs="*",
-                    default=["small", "dense", "fold", "decode", "prefill", "unified", "gguf",
-                             "gemm"])
+                    default=["small", "dense", "decode", "prefill", "unified", "gguf", "gemm"])
     args = ap.parse_args()
     torch.manual_seed(0)
     start = time.time()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"triton {__import__('triton').__version__}", flush=True)
-    sweep = {n for n in ("dense", "fold", "decode", "prefill", "unified", "gguf", "gemm")
+    sweep = {n for n in ("dense", "decode", "prefill", "unified", "gguf", "gemm")
              if args.sweep is not None and (not args.sweep or n in args.sweep)}
     steps = {"small": lambda: bench_small(), "dense": lambda: bench_dense("dense" in sweep),
-             "fold": lambda: bench_fold("fold" in sweep),
              "decode": lambda: bench_decode("decode" in sweep),
              "prefill": lambda: bench_prefill("prefill" in sweep),
              "unified": lambda: bench_unified("unified" in sweep),
