@@ -86,11 +86,11 @@ def test_gemv_config_reproduces_the_h200_sweep() -> None:
 
 
 def test_gemv_config_small_n_spreads_a_router_over_many_programs() -> None:
-    assert gemv_config(128, 2048) == (1, 2048, 4, 2)  # Qwen3-30B-A3B router: 128 programs
-    assert gemv_config(256, 2048) == (2, 1024, 4, 2)  # Qwen3.5-35B-A3B
-    assert gemv_config(512, 2048) == (4, 512, 4, 2)  # Qwen3-Next
-    assert gemv_config(8, 4096) == (1, 2048, 4, 2)  # Mixtral
-    assert gemv_config(1, 2048) == (1, 2048, 4, 2)  # Qwen3-Next's shared_expert_gate
+    assert gemv_config(128, 2048) == (1, 2048, 8, 1)  # Qwen3-30B-A3B router: 128 programs
+    assert gemv_config(256, 2048) == (2, 1024, 8, 1)  # Qwen3.5-35B-A3B
+    assert gemv_config(512, 2048) == (4, 512, 8, 1)  # Qwen3-Next
+    assert gemv_config(8, 4096) == (1, 2048, 8, 1)  # Mixtral
+    assert gemv_config(1, 2048) == (1, 2048, 8, 1)  # Qwen3-Next's shared_expert_gate
     assert gemv_config(513, 2048) == (8, 512, 8, 2)  # above: the n < k rule
     x, w, _ = _inputs(300, 3000, torch.float32, False, seed=2)
     assert_close(dense_gemv(x, w), dense_gemv_ref(x, w))  # 4-row blocks, a partial step
