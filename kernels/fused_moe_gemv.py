@@ -24,6 +24,13 @@ the top-k sum). Here:
   slot's expert: topk_softmax_slot, slot + 1 rounds), so the top-k launch goes. The w2
   programs route, and load their first weight tile, before their PDL wait: the logits were
   written two launches back (the w13 kernel waited for them before it let w2 launch).
+  The logits may be a [:, :E] view of a wider router output (stride_l its row stride).
+- SHARED (fused_moe_gemv_w2_routed's shared_out / shared_gate): the w2 epilogue adds a
+  sigmoid-gated shared expert, y = routed + sigmoid(g) * shared_out (Qwen3-Next's block,
+  engine/layers/fused_moe/layer.py), so its gate GEMV, sigmoid, multiply and add launches
+  go. Rounded as the torch composition in bf16: routed, sigmoid(g) and the product each
+  rounded to the dtype, then the sum; the sigmoid's fp32 exp may differ from torch's in
+  the last fp32 bit, which can move sigmoid(g) by one ulp of the dtype in rare ties.
 
 The style is kernels/gemv.py's _dense_gemv_kernel (BN rows in BK-wide steps into an fp32
 [BN, BK] accumulator reduced once, weights loaded evict_first, PDL on sm_90+). Each output
@@ -137,10 +144,10 @@ def _act_tile(ap, k, INTER, slot_mask, rk, EVEN_K: tl.constexpr):
 @triton.jit
 def _fused_moe_gemv_w2_kernel(
     a_ptr, w_ptr, topk_ids_ptr, topk_weights_ptr, logits_ptr, out_ptr, H, INTER, stride_we,
-    num_blocks, E, stride_l,
+    num_blocks, E, stride_l, shared_ptr, gate_ptr, stride_g,  # shared_ptr, gate_ptr: SHARED's
     top_k: tl.constexpr, ROUTED: tl.constexpr, RENORMALIZE: tl.constexpr, KP: tl.constexpr,
     BLOCK_E: tl.constexpr, EVEN_K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    SHARED: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     # one program: BN columns of one token's output; slots padded to KP (a power of two);
     # a rows: [KP, I] (one per pair), w rows: [KP, BN, I] (BN rows of w2[e_slot], [H, I])
@@ -178,7 +185,13 @@ def _fused_moe_gemv_w2_kernel(
         a = _act_tile(ap, k, INTER, slot_mask, rk, EVEN_K).to(tl.float32) * wgt[:, None]
         acc += tl.sum(w.to(tl.float32) * a[:, None, :], axis=0)
     y = tl.sum(acc, axis=1)  # [BN] fp32, the weighted top-k sum
-    tl.store(out_ptr + tok * H + rn, y.to(out_ptr.dtype.element_ty), mask=rn < H)
+    dtype = out_ptr.dtype.element_ty
+    if SHARED:  # + sigmoid(gate) * shared_out, rounded as torch's three bf16 ops round
+        g = tl.load(gate_ptr + tok * stride_g).to(tl.float32)  # the token's gate logit
+        s = (1.0 / (1.0 + tl.exp(-g))).to(gate_ptr.dtype.element_ty).to(tl.float32)
+        so = tl.load(shared_ptr + tok * H + rn, mask=rn < H, other=0.0).to(tl.float32)
+        y = y.to(dtype).to(tl.float32) + (s * so).to(dtype).to(tl.float32)
+    tl.store(out_ptr + tok * H + rn, y.to(dtype), mask=rn < H)
 
 
 Config = tuple[int, int, int, int]  # (BN, BK, num_warps, num_stages)
@@ -311,7 +324,8 @@ def _check_act_w2(act: torch.Tensor, w2: torch.Tensor, m: int, top_k: int) -> No
 def _launch_w2(act: torch.Tensor, w2: torch.Tensor, m: int, top_k: int,
                topk_weights: torch.Tensor | None, topk_ids: torch.Tensor | None,
                gating_output: torch.Tensor | None, renormalize: bool,
-               config: Config | None) -> torch.Tensor:
+               config: Config | None, shared: tuple[torch.Tensor, torch.Tensor] | None = None
+               ) -> torch.Tensor:
     h, i = w2.shape[1], act.shape[1]
     out = torch.empty(m, h, dtype=act.dtype, device=act.device)  # [M, H]
     if m == 0 or h == 0:
@@ -321,11 +335,12 @@ def _launch_w2(act: torch.Tensor, w2: torch.Tensor, m: int, top_k: int,
     bn, bk, warps, stages = config or fused_moe_gemv_config(h, i, top_k)[1]
     blocks = cdiv(h, bn)
     routing, consts = _routing_args(top_k, topk_ids, gating_output)
+    shared_out, gate = shared if shared is not None else (out, out)  # unused without SHARED
     _fused_moe_gemv_w2_kernel[(m * blocks,)](
         act, w2, routing[0], topk_weights if topk_weights is not None else routing[1],
-        routing[1], out, h, i, w2.stride(0), blocks, *routing[2:], **consts,
-        RENORMALIZE=renormalize, EVEN_K=i % bk == 0, BN=bn, BK=bk,
-        num_warps=warps, num_stages=stages, **pdl_launch(act),
+        routing[1], out, h, i, w2.stride(0), blocks, *routing[2:], shared_out, gate,
+        gate.stride(0), **consts, RENORMALIZE=renormalize, EVEN_K=i % bk == 0, BN=bn, BK=bk,
+        SHARED=shared is not None, num_warps=warps, num_stages=stages, **pdl_launch(act),
     )
     return out
 
@@ -346,18 +361,45 @@ def fused_moe_gemv_w2(act: torch.Tensor, w2: torch.Tensor, topk_weights: torch.T
     return _launch_w2(act, w2, m, top_k, topk_weights, topk_ids, None, False, config)
 
 
+def _check_shared(shared_out: torch.Tensor, shared_gate: torch.Tensor, act: torch.Tensor,
+                  m: int, h: int) -> None:
+    """shared_out: a contiguous [m, h] of act's dtype; shared_gate: a float [m, 1] (any row
+    stride); both beside act; act has I > 0 columns."""
+    check(shared_out.shape == (m, h) and shared_out.is_contiguous()
+          and shared_out.dtype == act.dtype and act.shape[1] > 0,
+          lambda: f"shared_out must be a contiguous [{m}, {h}] {act.dtype} (and I > 0), got "
+          f"{tuple(shared_out.shape)} {shared_out.dtype}")
+    check_float("shared_gate", shared_gate)
+    check(shared_gate.dim() == 2 and shared_gate.shape == (m, 1),
+          lambda: f"shared_gate must be [{m}, 1], got {tuple(shared_gate.shape)}")
+    check_same_device(act=act, shared_out=shared_out, shared_gate=shared_gate)
+
+
 def fused_moe_gemv_w2_routed(act: torch.Tensor, w2: torch.Tensor, gating_output: torch.Tensor,
-                             top_k: int, renormalize: bool, config: Config | None = None
-                             ) -> torch.Tensor:
-    """fused_moe_gemv_w2 routed by the router logits gating_output [M, E] (E <= 512), as
-    fused_moe_gemv_w13_routed (weights: topk_softmax's, renormalized or not). Each program
-    routes its token and loads its first weight tile before its PDL wait, so the logits
-    must be final before the kernel launched just before this one starts: launch it right
-    after fused_moe_gemv_w13_routed on the same logits (which waits for them)."""
+                             top_k: int, renormalize: bool, config: Config | None = None,
+                             shared_out: torch.Tensor | None = None,
+                             shared_gate: torch.Tensor | None = None) -> torch.Tensor:
+    """fused_moe_gemv_w2 routed by the router logits gating_output [M, E] (E <= 512, any
+    row stride: a view of a wider router output), as fused_moe_gemv_w13_routed (weights:
+    topk_softmax's, renormalized or not). Each program routes its token and loads its first
+    weight tile before its PDL wait, so the logits must be final before the kernel launched
+    just before this one starts: launch it right after fused_moe_gemv_w13_routed on the same
+    logits (which waits for them).
+    With shared_out [M, H] (a shared expert's output, written before the w13 launch) and
+    shared_gate [M, 1] (its gate logit), the epilogue adds the sigmoid-gated shared expert:
+    y = routed + sigmoid(shared_gate) * shared_out, rounded as torch's bf16 ops (routed,
+    sigmoid and the product each rounded to the dtype, then the sum)."""
     m = gating_output.shape[0] if gating_output.dim() == 2 else -1
     _check_logits(gating_output, m, top_k, "act", act)
     _check_act_w2(act, w2, m, top_k)
-    return _launch_w2(act, w2, m, top_k, None, None, gating_output, renormalize, config)
+    shared = None
+    if shared_out is not None or shared_gate is not None:
+        check(shared_out is not None and shared_gate is not None,
+              "shared_out and shared_gate go together")
+        _check_shared(shared_out, shared_gate, act, m, w2.shape[1])
+        shared = (shared_out, shared_gate)
+    return _launch_w2(act, w2, m, top_k, None, None, gating_output, renormalize, config,
+                      shared)
 
 
 def fused_moe_gemv_w13_ref(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor
@@ -380,3 +422,4 @@ def fused_moe_gemv_w2_ref(act: torch.Tensor, w2: torch.Tensor, topk_weights: tor
     per_pair = torch.einsum("pi,phi->ph", act.float(), w)  # [P, H]
     weighted = per_pair.view(m, top_k, -1) * topk_weights.float()[:, :, None]
     return weighted.sum(dim=1).to(act.dtype)
+

@@ -81,16 +81,17 @@ def gemv_config(n: int, k: int, silu_and_mul: bool = False) -> tuple[int, int, i
     Llama-3.1-8B shapes on the H200 (docs/kernels.md): 4-row blocks of 1024-wide steps for
     the square and wide weights (o, gate_up) and the fused SiLU-and-mul down projection,
     8-row blocks for qkv (n > k) and down (n < k), 16-row blocks for an LM head. A small
-    N (n <= 512: a MoE router, N = E of K = hidden) takes 1..4-row blocks of 2048-value
+    N (n <= 513: a MoE router, N = E of K = hidden) takes 1..4-row blocks of 2048-value
     steps, ~128 programs for E = 128..512 (8-row blocks were 16 programs for Qwen3-MoE's
     [128, 2048] router: latency-bound; H200 2026-12-02: (1, 2048, 8, 1) 1.52 us, (1, 2048, 4,
-    2) 1.90, (8, 512, 8, 2) 3.14)."""
+    2) 1.90, (8, 512, 8, 2) 3.14); E + 1 rows (a router merged with a shared-expert gate)
+    take E's block, one more program."""
     if n > 65536:
         bn, bk, warps, stages = 16, 256, 4, 2
     elif silu_and_mul:
         bn, bk, warps, stages = 4, 512, 4, 1
-    elif n <= 512:
-        bn = 1 if n <= 128 else 2 if n <= 256 else 4
+    elif n <= 513:  # E + 1: Qwen3-Next's router with its shared-expert gate row
+        bn = 1 if n <= 129 else 2 if n <= 257 else 4
         bk, warps, stages = 2048 // bn, 8, 1
     elif k < n < 16384:
         bn, bk, warps, stages = 8, 512, 4, 2

@@ -91,7 +91,10 @@ def test_gemv_config_small_n_spreads_a_router_over_many_programs() -> None:
     assert gemv_config(512, 2048) == (4, 512, 8, 1)  # Qwen3-Next
     assert gemv_config(8, 4096) == (1, 2048, 8, 1)  # Mixtral
     assert gemv_config(1, 2048) == (1, 2048, 8, 1)  # Qwen3-Next's shared_expert_gate
-    assert gemv_config(513, 2048) == (8, 512, 8, 2)  # above: the n < k rule
+    # E + 1: the router merged with the shared-expert gate (engine/models/qwen3_next.py)
+    assert gemv_config(257, 2048) == (2, 1024, 8, 1)  # Qwen3.5-35B-A3B: 129 programs
+    assert gemv_config(513, 2048) == (4, 512, 8, 1)  # Qwen3-Next
+    assert gemv_config(514, 2048) == (8, 512, 8, 2)  # above: the n < k rule
     x, w, _ = _inputs(300, 3000, torch.float32, False, seed=2)
     assert_close(dense_gemv(x, w), dense_gemv_ref(x, w))  # 4-row blocks, a partial step
 

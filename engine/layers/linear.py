@@ -139,6 +139,30 @@ class ReplicatedLinear(nn.Module):
         return self(act_fn(gate_up))
 
 
+class MergedReplicatedLinear(ReplicatedLinear):
+    """Several replicated projections' rows in one weight (one GEMV for all): shard `name`
+    of `shard_sizes` fills its rows in order. Loaded through a model's (param, checkpoint,
+    None, shard) mapping (engine/models/utils.py load_weights), as the GDN in-projection."""
+
+    def __init__(self, input_size: int, shard_sizes: dict[str, int]) -> None:
+        super().__init__(input_size, sum(shard_sizes.values()))
+        self.offsets, off = {}, 0  # shard -> (first row, rows)
+        for name, n in shard_sizes.items():
+            self.offsets[name] = (off, n)
+            off += n
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, weight_name: str = "",
+                      shard_id: str | None = None, expert_id: int | None = None) -> None:
+        if shard_id not in self.offsets:
+            raise ModelLoadError(f"unknown shard {shard_id!r}")
+        off, n = self.offsets[shard_id]
+        dst = param.data[off:off + n]
+        if tuple(loaded.shape) != tuple(dst.shape):
+            raise ModelLoadError(f"shard {shard_id!r} has shape {tuple(loaded.shape)}, "
+                                 f"want {tuple(dst.shape)}")
+        dst.copy_(loaded.to(param.dtype))
+
+
 def divide(numerator: int, denominator: int, what: str = "size") -> int:
     """numerator / denominator, which must divide (vLLM's divide)."""
     if numerator % denominator:

@@ -7,7 +7,8 @@ head's [q_h | gate_h], q/k zero-centred RMSNorm per head before partial NeoX RoP
 attention output is scaled by sigmoid(gate) before o_proj. Every norm except the GDN's
 gated one is zero-centred (GemmaRMSNorm, x * (1 + w)). The FFN is the sparse MoE block
 (softmax top-k, renormalised when norm_topk_prob) plus a shared expert scaled by
-sigmoid(shared_expert_gate(x)) (FusedMoE(shared_experts=SharedExpertMLP)), or a dense
+sigmoid(shared_expert_gate(x)) (FusedMoE(shared_experts=SharedExpertMLP); the two gates
+are one [E + 1, H] router weight, so at decode one GEMV serves both), or a dense
 SwiGLU on the layers decoder_sparse_step / mlp_only_layers select. The GDN state is
 hybrid-cache state (engine/worker/mamba_utils.py, engine/core/mamba_spec.py); `mtp.*`
 weights (the multi-token-prediction head) are skipped, as vLLM's main model does.
@@ -25,7 +26,11 @@ from engine.layers.attention import Attention, AttentionMetadata
 from engine.layers.fused_moe import FusedMoE, SharedExpertMLP
 from engine.layers.gdn import GDN_PARAMS_MAPPING, GatedDeltaNetAttention
 from engine.layers.layernorm import GemmaRMSNorm
-from engine.layers.linear import QKVParallelLinear, ReplicatedLinear, RowParallelLinear
+from engine.layers.linear import (
+    MergedReplicatedLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
 from engine.layers.rotary_embedding import get_rope
 from engine.models.config import ModelArchConfig
 from engine.models.llama import LlamaForCausalLM, LlamaMLP, LlamaModel
@@ -68,22 +73,37 @@ class Qwen3NextAttention(nn.Module):
         return self.o_proj(out)
 
 
+# the router and the shared expert's gate load as the rows of one weight, `mlp.gate`
+# (models/utils.load_weights' (param, checkpoint, expert id, shard) form)
+MOE_GATE_PARAMS_MAPPING = [
+    ("mlp.gate.", "mlp.shared_expert_gate.", None, "shared_expert_gate"),
+    ("mlp.gate.", "mlp.gate.", None, "gate"),
+]
+
+
 class Qwen3NextSparseMoeBlock(nn.Module):
+    """vLLM's block; the router `gate` [E, H] and `shared_expert_gate` [1, H] are one
+    [E + 1, H] weight (MOE_GATE_PARAMS_MAPPING): one GEMV gives both, and FusedMoE applies
+    the shared expert's sigmoid gate (in its routed w2 launch at CUDA decode)."""
+
     def __init__(self, cfg: ModelArchConfig, renormalize: bool) -> None:
         super().__init__()
-        h = cfg.hidden_size
-        self.gate = ReplicatedLinear(h, cfg.num_experts)
-        self.shared_expert_gate = ReplicatedLinear(h, 1)
+        h, self.num_experts = cfg.hidden_size, cfg.num_experts
+        self.gate = MergedReplicatedLinear(h, {"gate": cfg.num_experts,
+                                               "shared_expert_gate": 1})
         self.shared_expert = SharedExpertMLP(h, cfg.shared_expert_intermediate_size,
-                                             cfg.hidden_act, self.shared_expert_gate) \
+                                             cfg.hidden_act) \
             if cfg.shared_expert_intermediate_size else None
         self.experts = FusedMoE(cfg.num_experts, cfg.num_experts_per_tok, h,
                                 cfg.moe_intermediate_size, renormalize=renormalize,
                                 activation=cfg.hidden_act, shared_experts=self.shared_expert)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # [n, hidden] -> [n, hidden]; router logits [n, num_experts]
-        return self.experts(hidden_states, self.gate(hidden_states))
+        # [n, hidden] -> [n, hidden]; logits [n, E + 1]: the router's, the shared gate's
+        logits = self.gate(hidden_states)
+        e = self.num_experts
+        shared_gate = logits[:, e:] if self.shared_expert is not None else None  # [n, 1]
+        return self.experts(hidden_states, logits[:, :e], shared_gate)
 
 
 class Qwen3NextDecoderLayer(nn.Module):
@@ -150,6 +170,7 @@ class Qwen3NextForCausalLM(LlamaForCausalLM):
         n = self.config.num_experts
         mapping = list(GDN_PARAMS_MAPPING)
         if n:
+            mapping += MOE_GATE_PARAMS_MAPPING
             mapping += FusedMoE.make_expert_params_mapping("gate_proj", "down_proj", "up_proj", n)
             mapping += FusedMoE.make_stacked_expert_params_mapping()
         return load_weights(self, self._weights(weights), mapping)

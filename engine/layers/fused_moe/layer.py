@@ -10,7 +10,10 @@ On the CPU the host path `fused_experts`. The variable is read when the layer is
 A GGUF file loaded for CUDA may leave the experts as raw blocks (`gguf_experts`,
 gguf_experts.py; set by engine/model_loader/gguf_quant.py, which drops w13/w2).
 `shared_experts` (vLLM's SharedFusedMoE; shared_expert.py for Qwen2-MoE / Qwen3-Next) is
-run on every token and added to the routed output.
+run on every token and added to the routed output. Given the shared experts' gate logit
+(`shared_gate`, Qwen3-Next's block computes it in its router GEMV), the layer applies the
+sigmoid gate; at CUDA decode on the routed GEMV path (unsharded) the shared expert runs
+first and the routed w2 launch adds sigmoid(gate) * shared in its epilogue.
 Tensor parallel (vLLM's TP MoE, no expert parallel): every rank holds every expert and its
 slice of the intermediate dim (w13 rows of gate and of up, w2 columns); the routed output
 is all-reduced (the shared experts reduce in their own RowParallelLinear).
@@ -37,7 +40,7 @@ from engine.layers.fused_moe.torch_experts import (
     fused_experts_dense,
     fused_experts_grouped,
 )
-from engine.layers.fused_moe.triton_experts import fused_moe_triton
+from engine.layers.fused_moe.triton_experts import fused_moe_triton, takes_routed_gemv
 
 MOE_BACKENDS = ("triton", "torch")
 
@@ -95,14 +98,32 @@ class FusedMoE(nn.Module):
         dst.copy_(loaded.to(param.dtype))
         return dst.numel()
 
-    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor
-                ) -> torch.Tensor:
-        # hidden_states: [n, H]; router_logits: [n, E] -> [n, H]
+    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor,
+                shared_gate: torch.Tensor | None = None) -> torch.Tensor:
+        # hidden_states: [n, H]; router_logits: [n, E] (any row stride) -> [n, H].
+        # shared_gate: [n, 1] logits of the shared experts' sigmoid gate when the caller
+        # computed them with the router (Qwen3-Next: one GEMV), the experts then ungated
+        if shared_gate is not None and self.folds_shared_gate(hidden_states):
+            shared = self.shared_experts(hidden_states)  # [n, H], before the routed pair
+            return fused_moe_triton(hidden_states, self.w13_weight, self.w2_weight,
+                                    router_logits, self.top_k, self.renormalize, self.act,
+                                    shared_out=shared, shared_gate=shared_gate)
         out = tensor_model_parallel_all_reduce(self.routed_experts(hidden_states,
                                                                    router_logits))
         if self.shared_experts is not None:
-            out = out + self.shared_experts(hidden_states)
+            shared = self.shared_experts(hidden_states)
+            if shared_gate is not None:
+                shared = torch.sigmoid(shared_gate) * shared
+            out = out + shared
         return out
+
+    def folds_shared_gate(self, hidden_states: torch.Tensor) -> bool:
+        """Whether the gated shared expert's scale and add go into the routed w2 launch:
+        on CUDA, unsharded, on the routed GEMV path of fused_moe_triton (decode)."""
+        return (hidden_states.is_cuda and self.backend == "triton" and self.tp_size == 1
+                and self.gguf_experts is None and self.shared_experts is not None
+                and takes_routed_gemv(hidden_states.shape[0], self.top_k, self.num_experts,
+                                      self.act))
 
     def routed_experts(self, hidden_states: torch.Tensor, router_logits: torch.Tensor
                        ) -> torch.Tensor:

@@ -36,7 +36,9 @@ def fused_topk(gating_output: torch.Tensor, topk: int, renormalize: bool,
     if gating_output.is_cuda and scoring_func == "softmax":
         from kernels.moe_topk_softmax import topk_softmax  # lazy: triton, CUDA path only
 
-        return topk_softmax(gating_output.contiguous(), topk, renormalize)
+        if gating_output.stride(1) != 1:  # the kernel takes strided rows
+            gating_output = gating_output.contiguous()
+        return topk_softmax(gating_output, topk, renormalize)
     topk_weights, topk_ids = _scores(gating_output, scoring_func).topk(topk, dim=-1)
     if renormalize:
         topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)

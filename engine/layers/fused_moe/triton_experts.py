@@ -19,7 +19,8 @@ fused_moe_triton is the layer's entry (upstream's fused_moe: router logits in, f
 then fused_experts): on the GEMV path with at most 512 experts the two GEMV launches route
 their own tokens from the logits (the kernels call the top-k softmax's helper, so the
 experts are fused_topk's), and no top-k launch runs; otherwise fused_topk, then
-fused_experts_triton.
+fused_experts_triton. Given a gated shared expert's output and gate logit (FusedMoE's
+folded path, Qwen3-Next), the w2 launch adds sigmoid(gate) * shared in its epilogue.
 """
 
 from __future__ import annotations
@@ -100,23 +101,38 @@ def _fused_experts_gemv(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torc
     return fused_moe_gemv_w2(act, w2, topk_weights.float().contiguous(), ids)
 
 
+def takes_routed_gemv(m: int, top_k: int, num_experts: int, act: nn.Module) -> bool:
+    """Whether fused_moe_triton (allow_gemv) runs the two routed GEMV launches."""
+    return (m > 0 and num_experts <= ROUTED_MAX_EXPERTS
+            and _takes_gemv(m, top_k, num_experts, act))
+
+
 def fused_moe_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                      gating_output: torch.Tensor, top_k: int, renormalize: bool,
-                     act: nn.Module, allow_gemv: bool = True) -> torch.Tensor:
+                     act: nn.Module, allow_gemv: bool = True,
+                     shared_out: torch.Tensor | None = None,
+                     shared_gate: torch.Tensor | None = None) -> torch.Tensor:
     """hidden_states [M, H]; w13 [E, 2I, H]; w2 [E, H, I]; gating_output [M, E] router
-    logits (softmax top-k, as fused_topk) -> [M, H]."""
+    logits (softmax top-k, as fused_topk; any row stride) -> [M, H]. With shared_out [M, H]
+    and shared_gate [M, 1]: + sigmoid(shared_gate) * shared_out (a gated shared expert),
+    in the w2 launch's epilogue on the routed path, else as torch ops."""
     m = hidden_states.shape[0]
     num_experts = w13.shape[0]
-    if not (allow_gemv and m > 0 and num_experts <= ROUTED_MAX_EXPERTS
-            and _takes_gemv(m, top_k, num_experts, act)):
+    if not (allow_gemv and takes_routed_gemv(m, top_k, num_experts, act)):
         topk_weights, topk_ids = fused_topk(gating_output, top_k, renormalize)
-        return fused_experts_triton(hidden_states, w13, w2, topk_weights, topk_ids, act,
-                                    allow_gemv=allow_gemv)
+        out = fused_experts_triton(hidden_states, w13, w2, topk_weights, topk_ids, act,
+                                   allow_gemv=allow_gemv)
+        if shared_out is not None:
+            out = out + torch.sigmoid(shared_gate) * shared_out
+        return out
     from kernels.fused_moe_gemv import (  # lazy: triton
         fused_moe_gemv_w2_routed,
         fused_moe_gemv_w13_routed,
     )
 
-    logits = gating_output.contiguous()  # [M, E]
+    logits = gating_output  # [M, E], rows strided (a view) or not
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
     act_rows = fused_moe_gemv_w13_routed(hidden_states.contiguous(), w13, logits, top_k)
-    return fused_moe_gemv_w2_routed(act_rows, w2, logits, top_k, renormalize)  # [M, H]
+    return fused_moe_gemv_w2_routed(act_rows, w2, logits, top_k, renormalize,
+                                    shared_out=shared_out, shared_gate=shared_gate)  # [M, H]
