@@ -2,8 +2,10 @@
 Qwen3NextAttention) equal their torch paths, in fp32 on CUDA, or on CPU under the Triton
 interpreter: the
 gated attention with q and the output gate as strided views of q_proj's output (the gate
-applied in the attention kernel's store), and the GDN layer's decode (one-launch conv
-update, gates and zero fill in the recurrent kernel, the Triton gated RMSNorm).
+applied in the attention kernel's store), the GDN layer's decode (one-launch conv
+update, gates and zero fill in the recurrent kernel, the Triton gated RMSNorm) and the
+sparse MoE block's decode (one [E + 1, H] router GEMV for the router and the shared
+expert's gate; the gated shared expert added in the routed w2 launch's epilogue).
 Mirrors vLLM 0.33 tests/models/language/generation/test_hybrid.py's layer-level intent
 (kernels vs reference on the same weights) at the layer level.
 """
@@ -20,9 +22,11 @@ if not torch.cuda.is_available():  # before kernels/ are imported: the Triton pa
 
 import engine.layers.attention as attention  # noqa: E402
 import engine.layers.gdn as gdn  # noqa: E402
+import kernels.fused_moe_gemv as moe_gemv  # noqa: E402
 from engine.layers.attention import AttentionMetadata  # noqa: E402
+from engine.layers.fused_moe import FusedMoE  # noqa: E402
 from engine.models.config import ModelArchConfig  # noqa: E402
-from engine.models.qwen3_next import Qwen3NextAttention  # noqa: E402
+from engine.models.qwen3_next import Qwen3NextAttention, Qwen3NextSparseMoeBlock  # noqa: E402
 from kernels.rms_norm_gated import _rms_norm_gated_kernel  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -150,3 +154,64 @@ def test_in_proj_loads_shards_and_grouped_parts() -> None:
     torch.testing.assert_close(param.data, want)
     with pytest.raises(ModelLoadError, match="has shape"):
         param.weight_loader(param, torch.zeros(hv, hidden), "", "ba")
+
+
+def _moe_cfg(shared: int) -> ModelArchConfig:
+    cfg = _cfg()
+    cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size = 16, 2, 8
+    cfg.shared_expert_intermediate_size = shared
+    return cfg
+
+
+@pytest.mark.parametrize("m", [1, 2])  # M * top_k * 4 <= E: the routed GEMV path
+@pytest.mark.parametrize("shared", [24, 0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if DEVICE == "cuda"
+                         else [torch.float32])
+def test_moe_block_decode_kernel_path_equals_torch(monkeypatch, m, shared, dtype) -> None:
+    """Qwen3NextSparseMoeBlock at decode: the folded path (the shared expert first, its
+    sigmoid gate and add in the routed w2 launch, the gate logit a column of the merged
+    router output) equals the torch composition on the same weights."""
+    torch.manual_seed(4)
+    block = Qwen3NextSparseMoeBlock(_moe_cfg(shared), True).to(DEVICE, dtype)
+    assert tuple(block.gate.weight.shape) == (17, 32)  # [E + 1, H]
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0, 0.3)
+    x = torch.randn(m, 32).to(DEVICE, dtype)
+    folded = []  # per routed w2 launch: whether it added the shared expert
+    w2_routed = moe_gemv.fused_moe_gemv_w2_routed
+    monkeypatch.setattr(moe_gemv, "fused_moe_gemv_w2_routed", lambda *a, **k: folded.append(
+        k.get("shared_out") is not None) or w2_routed(*a, **k))
+    real = FusedMoE.folds_shared_gate  # on CUDA the kernel path is the layer's own choice
+    outs = {}
+    for kernels in (False, True):
+        monkeypatch.setattr(FusedMoE, "folds_shared_gate", real if kernels and DEVICE == "cuda"
+                            else lambda self, x, on=kernels: on)
+        folded.clear()
+        with torch.no_grad():
+            outs[kernels] = block(x)
+    # no shared expert: the routed pair alone on CUDA, the host path on CPU
+    assert folded == ([True] if shared else [False] if DEVICE == "cuda" else [])
+    tol = 1e-5 if dtype == torch.float32 else 1.6e-2
+    torch.testing.assert_close(outs[True], outs[False], atol=tol, rtol=tol)
+
+
+def test_moe_block_gate_loads_both_checkpoint_gates() -> None:
+    """`mlp.gate` [E, H] and `mlp.shared_expert_gate` [1, H] fill the merged router's rows."""
+    from engine.errors import ModelLoadError
+    from engine.models.qwen3_next import MOE_GATE_PARAMS_MAPPING
+    from engine.models.utils import _route
+
+    block = Qwen3NextSparseMoeBlock(_moe_cfg(24), True)
+    param = block.gate.weight
+    gate, shared_gate = torch.randn(16, 32), torch.randn(1, 32)
+    for ckpt, w in (("model.layers.3.mlp.shared_expert_gate.weight", shared_gate),
+                    ("model.layers.3.mlp.gate.weight", gate)):
+        target, args, _ = _route(ckpt, MOE_GATE_PARAMS_MAPPING)
+        assert target == "model.layers.3.mlp.gate.weight"
+        param.weight_loader(param, w, *args)
+    torch.testing.assert_close(param.data, torch.cat([gate, shared_gate]))
+    with pytest.raises(ModelLoadError, match="has shape"):
+        param.weight_loader(param, gate, "", "shared_expert_gate")
+    with pytest.raises(ModelLoadError, match="unknown shard"):
+        param.weight_loader(param, gate, "", "up")

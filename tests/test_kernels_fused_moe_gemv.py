@@ -328,3 +328,68 @@ def test_routed_kernels_keep_ids_in_range_for_nan_logits() -> None:
     act = fused_moe_gemv_w13_routed(x, w13, logits, 4)
     assert_close(act, fused_moe_gemv_w13(x, w13, ids.to(DEVICE)))
     assert fused_moe_gemv_w2_routed(act, w2, logits, 4, True).shape == (2, 16)
+
+
+def wide_logits(m, e, dtype, seed=0):
+    """[m, e + 1] router output (Qwen3-Next's merged gate): its [:, :e] view (row stride
+    e + 1) and the shared-expert gate column [m, 1]."""
+    wide = router_logits(m, e + 1, "random", dtype, seed=seed)
+    return wide[:, :e], wide[:, e:]
+
+
+@pytest.mark.parametrize("m,e,h,i,topk", [(1, 8, 32, 16, 2), (2, 64, 48, 20, 8),
+                                          (1, 512, 16, 8, 10), (3, 16, 18, 13, 1)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_routed_kernels_take_strided_logits_and_the_shared_epilogue(m, e, h, i, topk,
+                                                                     dtype) -> None:
+    """A [:, :E] view of an [M, E + 1] router output routes as its contiguous copy; with
+    shared_out and the gate column the w2 epilogue equals the torch composition
+    routed + sigmoid(g) * shared_out (each op rounded to the dtype, as torch rounds)."""
+    x, w13, w2, _, _ = inputs(m, e, h, i, topk, dtype, seed=m + e)
+    logits, gate = wide_logits(m, e, dtype, seed=e)
+    assert logits.stride(0) == e + 1
+    cfg = SMALL if m % 2 else None
+    act = fused_moe_gemv_w13_routed(x, w13, logits, topk, cfg)
+    assert torch.equal(act, fused_moe_gemv_w13_routed(x, w13, logits.contiguous(), topk, cfg))
+    routed = fused_moe_gemv_w2_routed(act, w2, logits, topk, True, cfg)
+    assert torch.equal(routed, fused_moe_gemv_w2_routed(act, w2, logits.contiguous(), topk,
+                                                        True, cfg))
+    shared_out = torch.randn(m, h, device=DEVICE).to(dtype)
+    got = fused_moe_gemv_w2_routed(act, w2, logits, topk, True, cfg, shared_out=shared_out,
+                                   shared_gate=gate)
+    want = routed + torch.sigmoid(gate) * shared_out
+    assert_close(got, want)
+    if dtype != torch.float32:  # the same roundings: at most one ulp (the sigmoid's exp)
+        ulp = torch.finfo(dtype).eps * want.float().abs().clamp_min(1.0)
+        assert ((got.float() - want.float()).abs() <= ulp).all()
+
+
+@pytest.mark.parametrize("m,e,topk", [(1, 16, 2), (4, 16, 2)])  # routed; the GEMM path
+def test_fused_moe_triton_adds_the_gated_shared_expert(monkeypatch, m, e, topk) -> None:
+    calls = []
+    fn = moe_gemv.fused_moe_gemv_w2_routed
+    monkeypatch.setattr(moe_gemv, "fused_moe_gemv_w2_routed",
+                        lambda *a, **k: calls.append(k["shared_out"]) or fn(*a, **k))
+    x, w13, w2, _, _ = inputs(m, e, 16, 8, topk, torch.float32, seed=m)
+    logits, gate = wide_logits(m, e, torch.float32, seed=m)
+    shared_out = torch.randn(m, 16, device=DEVICE)
+    got = fused_moe_triton(x, w13, w2, logits, topk, True, SiluAndMul(),
+                           shared_out=shared_out, shared_gate=gate)
+    assert len(calls) == (1 if m * topk * 4 <= e else 0)
+    want = fused_moe_triton(x, w13, w2, logits, topk, True, SiluAndMul())
+    assert_close(got, want + torch.sigmoid(gate) * shared_out, atol=1e-6, rtol=1e-6)
+
+
+def test_shared_epilogue_checks_its_arguments() -> None:
+    x, w13, w2, _, _ = inputs(2, 8, 16, 8, 2, torch.float32)
+    logits, gate = wide_logits(2, 8, torch.float32)
+    act = fused_moe_gemv_w13_routed(x, w13, logits, 2)
+    shared_out = torch.zeros(2, 16, device=DEVICE)
+    with pytest.raises(InvalidArgumentError, match="go together"):
+        fused_moe_gemv_w2_routed(act, w2, logits, 2, True, shared_out=shared_out)
+    with pytest.raises(InvalidArgumentError, match=r"shared_out must be a contiguous \[2, 16\]"):
+        fused_moe_gemv_w2_routed(act, w2, logits, 2, True, shared_out=shared_out[:1],
+                                 shared_gate=gate)
+    with pytest.raises(InvalidArgumentError, match=r"shared_gate must be \[2, 1\]"):
+        fused_moe_gemv_w2_routed(act, w2, logits, 2, True, shared_out=shared_out,
+                                 shared_gate=gate.reshape(-1))

@@ -5,7 +5,8 @@ Mirrors vllm/model_executor/models/qwen2_moe.py (Qwen2MoeMLP with `expert_gate`,
 as `shared_experts` to FusedMoE, vLLM's SharedFusedMoE, which adds the two outputs). The
 gate is owned by the MoE block (checkpoint name `mlp.shared_expert_gate`) and only
 referenced here, as upstream does; the MLP's projections load as `mlp.shared_expert.*`
-(gate_proj / up_proj stacked into gate_up_proj).
+(gate_proj / up_proj stacked into gate_up_proj). Qwen3-Next's block passes no gate here: its
+router GEMV computes the gate logit too, and FusedMoE applies it (forward's shared_gate).
 """
 
 from __future__ import annotations
