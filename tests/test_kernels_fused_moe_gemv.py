@@ -348,6 +348,9 @@ def test_routed_kernels_take_strided_logits_and_the_shared_epilogue(m, e, h, i, 
     x, w13, w2, _, _ = inputs(m, e, h, i, topk, dtype, seed=m + e)
     logits, gate = wide_logits(m, e, dtype, seed=e)
     assert logits.stride(0) == e + 1
+    for got, want in zip(topk_softmax(logits, topk, True),  # fused_topk's kernel, too
+                         topk_softmax(logits.contiguous(), topk, True)):
+        assert torch.equal(got, want)
     cfg = SMALL if m % 2 else None
     act = fused_moe_gemv_w13_routed(x, w13, logits, topk, cfg)
     assert torch.equal(act, fused_moe_gemv_w13_routed(x, w13, logits.contiguous(), topk, cfg))
