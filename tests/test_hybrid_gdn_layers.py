@@ -215,3 +215,38 @@ def test_moe_block_gate_loads_both_checkpoint_gates() -> None:
         param.weight_loader(param, gate, "", "shared_expert_gate")
     with pytest.raises(ModelLoadError, match="unknown shard"):
         param.weight_loader(param, gate, "", "up")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device")
+def test_moe_block_folded_decode_under_a_cuda_graph(monkeypatch) -> None:
+    """Qwen3.5-35B-A3B's block (E 256, top-8, H 2048, I 512, shared I 512) in bf16,
+    replayed from a CUDA graph on new inputs (the routed w2 reads the merged router's
+    logits before its PDL wait, the shared output and gate in its epilogue): the eager
+    torch composition every time."""
+    import dataclasses
+
+    cfg = dataclasses.replace(_cfg(), hidden_size=2048, num_experts=256, num_experts_per_tok=8,
+                              moe_intermediate_size=512, shared_expert_intermediate_size=512)
+    block = Qwen3NextSparseMoeBlock(cfg, True).to(DEVICE, torch.bfloat16)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0, 2048**-0.5)
+        x = torch.randn(1, 2048, device=DEVICE).bfloat16()
+        assert block.experts.folds_shared_gate(x)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            block(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = block(x)
+        for seed in range(4):
+            x.copy_(torch.randn(1, 2048, generator=torch.Generator(DEVICE).manual_seed(seed),
+                                device=DEVICE).bfloat16())
+            graph.replay()
+            with monkeypatch.context() as mp:
+                mp.setattr(FusedMoE, "folds_shared_gate", lambda self, x: False)
+                want = block(x)
+            torch.testing.assert_close(out, want, atol=1.6e-2, rtol=1.6e-2)
