@@ -38,7 +38,7 @@ import triton.language as tl
 
 from kernels._common import cdiv, check, check_float, check_same_device, pdl_launch, pdl_wait
 from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
-from kernels.gguf_mmvq_lanes import kquant_lane_step
+from kernels.gguf_mmvq_lanes import kquant_lane_step, q6k_lane_step
 from kernels.gguf_tiles import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
 
 MMVQ_TYPES = frozenset({Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K})  # block sizes: GGML_TYPE_TRAITS
@@ -50,8 +50,8 @@ def mmvq_config(qtype: int) -> tuple[int, ...]:
     examples/bench/gguf_mmvq.py --sweep over Llama-3.1-8B's shapes on the H200
     (docs/kernels.md). Few rows and one warp a program win: many programs in flight hide the
     memory latency of each step. Layout 1 (kernels/gguf_mmvq_lanes.py, K-quants) is chosen
-    from its SASS (2.5x fewer instructions a weight byte than layout 0), not measured yet."""
-    return {Q4_K: (2, 4, 1, 1), Q5_K: (2, 4, 1, 1), Q6_K: (2, 2, 1), Q8_0: (1, 64, 1)}.get(
+    from its SASS (2.3-2.5x fewer instructions a weight byte than layout 0), not measured yet."""
+    return {Q4_K: (2, 4, 1, 1), Q5_K: (2, 4, 1, 1), Q6_K: (2, 4, 1, 1), Q8_0: (1, 64, 1)}.get(
         qtype, (1, 32, 1))  # Q4_0 (swept); Q4_1 takes Q4_0's, not swept yet
 
 
@@ -262,17 +262,28 @@ def _lane_loop(acc, w_ptr, xq_ptr, xd_ptr, xs_ptr, x, n, N, nblk, stride_w, M, T
                ASM: tl.constexpr):
     # LAYOUT = 1 (kernels/gguf_mmvq_lanes.py): whole steps unmasked, then the partial one;
     # rows past N re-read row N - 1 (their outputs are not stored)
-    SIZE: tl.constexpr = 44 if TYPE == 13 else 36  # 32-bit words
-    rows = tl.minimum(n, N - 1).to(tl.int64)[:, None, None, None] * (stride_w // 4)
-    wb = w_ptr.to(tl.pointer_type(tl.int32)) + rows + tl.arange(0, NB)[None, :, None, None] * SIZE
     sq, sd, ss = x[3], x[4], x[5]
     nfull = nblk // NB
-    for k in range(0, nfull):
-        acc = kquant_lane_step(acc, wb, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk, M, BLOCK_N,
-                               NB, BLOCK_M, TYPE == 13, False, ASM)
-    if nfull * NB < nblk:
-        acc = kquant_lane_step(acc, wb, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, nfull, nblk, M,
-                               BLOCK_N, NB, BLOCK_M, TYPE == 13, True, ASM)
+    rows = tl.minimum(n, N - 1).to(tl.int64)[:, None, None, None] * stride_w  # bytes
+    w32 = w_ptr.to(tl.pointer_type(tl.int32))
+    if TYPE == 14:  # 2-byte aligned blocks: aligned words and each row's phase
+        wrow = w32 + (rows >> 2)
+        rph = (rows & 2).to(tl.int32)
+        for k in range(0, nfull):
+            acc = q6k_lane_step(acc, wrow, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk, M,
+                                BLOCK_N, NB, BLOCK_M, False, ASM)
+        if nfull * NB < nblk:
+            acc = q6k_lane_step(acc, wrow, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, nfull, nblk,
+                                M, BLOCK_N, NB, BLOCK_M, True, ASM)
+    else:
+        SIZE: tl.constexpr = 44 if TYPE == 13 else 36  # 32-bit words
+        wb = w32 + (rows // 4) + tl.arange(0, NB)[None, :, None, None] * SIZE  # [BN, NB, 1, 1]
+        for k in range(0, nfull):
+            acc = kquant_lane_step(acc, wb, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk, M,
+                                   BLOCK_N, NB, BLOCK_M, TYPE == 13, False, ASM)
+        if nfull * NB < nblk:
+            acc = kquant_lane_step(acc, wb, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, nfull, nblk, M,
+                                   BLOCK_N, NB, BLOCK_M, TYPE == 13, True, ASM)
     return acc
 
 
@@ -413,10 +424,12 @@ def gguf_mmvq_q8_1(xq8: tuple[torch.Tensor, torch.Tensor, torch.Tensor], qweight
     if m == 0 or n == 0:
         return out
     block_n, nb, warps, *layout = config or mmvq_config(qtype)
+    # layout 1 reads 2-byte aligned blocks as the aligned words around them
+    lanes = bool(layout and layout[0]) and qweight.data_ptr() % 4 == 0
     _mmvq_kernel[(cdiv(n, block_n),)](
         xq, xd, xs, qweight, out, m, n, nblk, qweight.stride(0), out.stride(0), TYPE=qtype,
         GPB=block // 32, BLOCK_N=block_n, BLOCK_M=1 << (m - 1).bit_length(), NB=nb,
-        LAYOUT=layout[0] if layout else 0, ASM=_asm(),
+        LAYOUT=int(lanes), ASM=_asm(),
         num_warps=warps, **pdl_launch(out))
     return out
 

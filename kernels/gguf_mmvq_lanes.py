@@ -141,3 +141,116 @@ def kquant_lane_step(acc, wb, xq, xd, xs, sq, sd, ss, k, nblk, M, BN: tl.constex
             r = tl.sum(tl.reshape(r, (BN, NB * 4)), 1)
             acc += tl.where(tl.arange(0, BLOCK_M)[None, :] == mi, r[:, None], 0.0)
     return acc
+
+
+@triton.jit
+def funnel(lo, hi, sh, ASM: tl.constexpr):
+    """The int32 at byte sh / 8 (sh 0 or 16) of the 8 bytes hi:lo (shf.r.clamp)."""
+    if ASM:
+        return tl.inline_asm_elementwise("shf.r.clamp.b32 $0, $1, $2, $3;", "=r,r,r,r",
+                                         [lo, hi, sh], dtype=tl.int32, is_pure=True, pack=1)
+    return ((hi.to(tl.int64) << 32 | (lo.to(tl.int64) & 0xFFFFFFFF)) >> sh).to(tl.int32)
+
+
+@triton.jit
+def words5(p, m, sh, BN: tl.constexpr, NB: tl.constexpr, MASK: tl.constexpr,
+           ASM: tl.constexpr):
+    """The 4 words at 2-byte aligned bytes: p [BN, NB, 4, 1] int32 pointers to the aligned
+    word at or below them, sh [BN, NB, 1] 16 where they start mid-word -> four [BN, NB, 4].
+    Reads 5 aligned words (the fifth: one load, its 4 copies are one)."""
+    e = tl.arange(0, 4)[None, None, None, :]
+    w0, w1, w2, w3 = split4(load(p + e, m, MASK), BN, NB, 4)
+    w4, _, _, _ = split4(load(p + 4 + 0 * e, m, MASK), BN, NB, 4)
+    return (funnel(w0, w1, sh, ASM), funnel(w1, w2, sh, ASM), funnel(w2, w3, sh, ASM),
+            funnel(w3, w4, sh, ASM))
+
+
+@triton.jit
+def q6k_lane_step(acc, wrow, rph, xq, xd, xs, sq, sd, ss, k, nblk, M, BN: tl.constexpr,
+                  NB: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
+                  ASM: tl.constexpr):
+    # block_q6_K (210 B, 2-byte aligned): ql[128] | qh[64] | scales[16] int8 | d. Unit
+    # u = h2 + 2 j owns l = 16 j .. 16 j + 15 of half h2: values 128 h2 + 32 g + l (g = 0..3)
+    # with low 4 bits from ql[64 h2 + l] (g = 0, 2: low, high nibble) or ql[64 h2 + 32 + l]
+    # (g = 1, 3), high 2 bits = bits 2g of qh[32 h2 + l], scale scales[8 h2 + j + 2 g];
+    # w = d sc (q - 32). Read as aligned words shifted by the block's phase (funnel).
+    # wrow [BN, 1, 1, 1] int32 pointers to the aligned word at or below each row's start,
+    # rph [BN, 1, 1, 1] that start's byte offset from it (0 or 2) -> acc as kquant_lane_step
+    u = tl.arange(0, 4)[None, None, :, None]
+    e = tl.arange(0, 4)[None, None, None, :]
+    h2, j = u % 2, u // 2  # (u // 2, u % 2 would make the sums' loads contiguous in u)
+    s = k * NB + tl.arange(0, NB)[None, :, None, None]  # [1, NB, 1, 1]
+    m = s < nblk
+    b = rph + s * 210  # [BN, NB, 1, 1] block start, bytes from wrow
+    wp = wrow + (b >> 2)  # [BN, NB, 1, 1]
+    sh = tl.reshape((b & 2) * 8, (BN, NB, 1))
+    l0, l1, l2, l3 = words5(wp + 16 * h2 + 4 * j, m, sh, BN, NB, MASK, ASM)  # ql, g = 0, 2
+    r0, r1, r2, r3 = words5(wp + 16 * h2 + 8 + 4 * j, m, sh, BN, NB, MASK, ASM)  # g = 1, 3
+    q0, q1, q2, q3 = words5(wp + 32 + 8 * h2 + 4 * j, m, sh, BN, NB, MASK, ASM)  # qh
+    # scales 8 h2 .. 8 h2 + 7 in the aligned words t0 t1 t2; d in word 52
+    t0, t1, t2, _ = split4(load(wp + 48 + 2 * h2 + tl.minimum(e, 2), m, MASK), BN, NB, 4)
+    dw, _, _, _ = split4(load(wp + 52 + 0 * (u + e), m, MASK), BN, NB, 4)
+    d = f16_lo(dw >> sh)  # [BN, NB, 4]
+    j3 = tl.arange(0, 4)[None, None, :] // 2
+    k0 = sh // 8 + j3  # byte of scales[8 h2 + j] in t0:t1
+    sc0 = sbyte(t0, t1, k0, ASM)
+    sc1 = sbyte(t0, t1, k0 + 2, ASM)
+    sc2 = sbyte(t1, t2, k0, ASM)
+    sc3 = sbyte(t1, t2, k0 + 2, ASM)
+    xw = xq + tl.zeros([BN, NB, 1, 1], tl.int32) + s * 64 + 32 * h2 + 4 * j + e  # g = 0
+    xg = xd + tl.zeros([BN, NB, 1, 1], tl.int32) + s * 8 + 4 * h2 + e  # d of g = 0..3
+    xh = xs + tl.zeros([BN, NB, 1, 1], tl.int32) + s * 16 + 8 * h2 + j + 2 * e  # sums
+    for mi in tl.static_range(BLOCK_M):
+        t = tl.minimum(mi, M - 1).to(tl.int64)  # rows past M recompute the last one
+        x0 = split4(load(xw + t * sq, m, MASK), BN, NB, 4)
+        x1 = split4(load(xw + t * sq + 8, m, MASK), BN, NB, 4)
+        x2 = split4(load(xw + t * sq + 16, m, MASK), BN, NB, 4)
+        x3 = split4(load(xw + t * sq + 24, m, MASK), BN, NB, 4)
+        # dot of q - its top 2 bits: low nibbles in place (g = 2, 3: 16x), qh bits in place
+        d0 = q6_dot(l0, l1, l2, l3, 0x0F0F0F0F, q0, q1, q2, q3, 0x03030303, x0, ASM)
+        d1 = q6_dot(r0, r1, r2, r3, 0x0F0F0F0F, q0, q1, q2, q3, 0x0C0C0C0C, x1, ASM)
+        d2 = q6_dot(l0, l1, l2, l3, HI4, q0, q1, q2, q3, 0x30303030, x2, ASM)
+        d3 = q6_dot(r0, r1, r2, r3, HI4, q0, q1, q2, q3, -0x3F3F3F40, x3, ASM)
+        dot0 = d0[0] + (d0[1] << 4)
+        dot1 = d1[0] + (d1[1] << 2)
+        dot2 = (d2[0] >> 4) + d2[1]
+        dot3 = (d3[0] + (d3[1] << 2)) >> 4
+        g0, g1, g2, g3 = split4(load(xg + t * sd, m, MASK), BN, NB, 4)
+        s0, s1, s2, s3 = split4(load(xh + t * ss, m, MASK), BN, NB, 4)
+        r = d * (sc0 * (g0 * dot0.to(tl.float32) - 32.0 * s0)
+                 + sc1 * (g1 * dot1.to(tl.float32) - 32.0 * s1)
+                 + sc2 * (g2 * dot2.to(tl.float32) - 32.0 * s2)
+                 + sc3 * (g3 * dot3.to(tl.float32) - 32.0 * s3))
+        if BLOCK_M == 1:
+            acc += r
+        else:
+            r = tl.sum(tl.reshape(r, (BN, NB * 4)), 1)
+            acc += tl.where(tl.arange(0, BLOCK_M)[None, :] == mi, r[:, None], 0.0)
+    return acc
+
+
+@triton.jit
+def sbyte(lo, hi, i, ASM: tl.constexpr):
+    """fp32 of the int8 at byte i (0..7) of hi:lo."""
+    if ASM:
+        sel = i | ((i | 8) << 4) | ((i | 8) << 8) | ((i | 8) << 12)  # byte i, sign-filled
+        v = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [lo, hi, sel],
+                                      dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        w = tl.where(i < 4, lo, hi)
+        v = (w << (24 - 8 * (i % 4))) >> 24
+    return v.to(tl.float32)
+
+
+@triton.jit
+def q6_dot(l0, l1, l2, l3, LM: tl.constexpr, q0, q1, q2, q3, HM: tl.constexpr, x,
+           ASM: tl.constexpr):
+    """(dp4a sum of the low bits l & LM, of the high bits q & HM) over 4 words with x."""
+    x0, x1, x2, x3 = x
+    a = dp4a(l3 & LM, x3, dp4a(l2 & LM, x2, dp4a(l1 & LM, x1, dp4a(l0 & LM, x0, 0, False,
+                                                                      ASM), False, ASM),
+                                 False, ASM), False, ASM)
+    b = dp4a(q3 & HM, x3, dp4a(q2 & HM, x2, dp4a(q1 & HM, x1, dp4a(q0 & HM, x0, 0, False,
+                                                                      ASM), False, ASM),
+                                 False, ASM), False, ASM)
+    return a, b

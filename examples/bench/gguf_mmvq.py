@@ -50,7 +50,7 @@ _K_QUANT = [(1, 2, 1), (1, 4, 1), (1, 8, 1), (2, 4, 1), (1, 4, 2), (1, 8, 2), (2
 SHAPES = dict(LLAMA_LINEARS, lm_head=(128256, LLAMA_LINEARS["o"][1]))
 CONFIGS = {  # (rows per program, blocks per step, warps[, layout]) tried by --sweep
     GGMLType.Q4_K: _K_QUANT + _LANES_K, GGMLType.Q5_K: _K_QUANT + _LANES_K,
-    GGMLType.Q6_K: _K_QUANT, GGMLType.Q8_0: _LEGACY, GGMLType.Q4_0: _LEGACY,
+    GGMLType.Q6_K: _K_QUANT + _LANES_K, GGMLType.Q8_0: _LEGACY, GGMLType.Q4_0: _LEGACY,
     GGMLType.Q4_1: _LEGACY,
 }
 
