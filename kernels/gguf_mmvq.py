@@ -38,7 +38,7 @@ import triton.language as tl
 
 from kernels._common import cdiv, check, check_float, check_same_device, pdl_launch, pdl_wait
 from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
-from kernels.gguf_mmvq_lanes import kquant_lane_step, q6k_lane_step
+from kernels.gguf_mmvq_lanes import kquant_lane_step, legacy_lane_step, q6k_lane_step
 from kernels.gguf_tiles import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
 
 MMVQ_TYPES = frozenset({Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K})  # block sizes: GGML_TYPE_TRAITS
@@ -49,10 +49,10 @@ def mmvq_config(qtype: int) -> tuple[int, ...]:
     """(rows per program, blocks per step, warps[, layout]): the fastest of
     examples/bench/gguf_mmvq.py --sweep over Llama-3.1-8B's shapes on the H200
     (docs/kernels.md). Few rows and one warp a program win: many programs in flight hide the
-    memory latency of each step. Layout 1 (kernels/gguf_mmvq_lanes.py, K-quants) is chosen
-    from its SASS (2.3-2.5x fewer instructions a weight byte than layout 0), not measured yet."""
-    return {Q4_K: (2, 4, 1, 1), Q5_K: (2, 4, 1, 1), Q6_K: (2, 4, 1, 1), Q8_0: (1, 64, 1)}.get(
-        qtype, (1, 32, 1))  # Q4_0 (swept); Q4_1 takes Q4_0's, not swept yet
+    memory latency of each step. Layout 1 (kernels/gguf_mmvq_lanes.py) is chosen from its SASS
+    (1.4-2.7x fewer instructions a weight byte than layout 0), not measured yet."""
+    return {Q4_K: (2, 4, 1, 1), Q5_K: (2, 4, 1, 1), Q6_K: (2, 4, 1, 1), Q8_0: (1, 64, 1, 1)}.get(
+        qtype, (1, 32, 1, 1))  # Q4_0; Q4_1 takes Q4_0's, not swept yet
 
 
 @triton.jit
@@ -266,9 +266,16 @@ def _lane_loop(acc, w_ptr, xq_ptr, xd_ptr, xs_ptr, x, n, N, nblk, stride_w, M, T
     nfull = nblk // NB
     rows = tl.minimum(n, N - 1).to(tl.int64)[:, None, None, None] * stride_w  # bytes
     w32 = w_ptr.to(tl.pointer_type(tl.int32))
-    if TYPE == 14:  # 2-byte aligned blocks: aligned words and each row's phase
-        wrow = w32 + (rows >> 2)
-        rph = (rows & 2).to(tl.int32)
+    wrow = w32 + (rows >> 2)  # aligned words and each row's phase (2-byte aligned types)
+    rph = (rows & 2).to(tl.int32)
+    if TYPE == 2 or TYPE == 3 or TYPE == 8:
+        for k in range(0, nfull):
+            acc = legacy_lane_step(acc, wrow, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk,
+                                   M, BLOCK_N, NB, BLOCK_M, TYPE, False, ASM)
+        if nfull * NB < nblk:
+            acc = legacy_lane_step(acc, wrow, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, nfull,
+                                   nblk, M, BLOCK_N, NB, BLOCK_M, TYPE, True, ASM)
+    elif TYPE == 14:
         for k in range(0, nfull):
             acc = q6k_lane_step(acc, wrow, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk, M,
                                 BLOCK_N, NB, BLOCK_M, False, ASM)
@@ -304,7 +311,7 @@ def _mmvq_kernel(
     if BLOCK_M > 1:
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     elif LAYOUT == 1:
-        acc = tl.zeros([BLOCK_N, NB, 4], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_N, NB, 4 if TYPE >= 12 else 1], dtype=tl.float32)
     elif TYPE == 14:
         acc = tl.zeros([BLOCK_N, NB, 2, 2, 2, 1], dtype=tl.float32)
     elif TYPE == 12 or TYPE == 13:

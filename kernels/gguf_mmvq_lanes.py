@@ -153,14 +153,15 @@ def funnel(lo, hi, sh, ASM: tl.constexpr):
 
 
 @triton.jit
-def words5(p, m, sh, BN: tl.constexpr, NB: tl.constexpr, MASK: tl.constexpr,
+def words5(p, m, sh, BN: tl.constexpr, NB: tl.constexpr, U: tl.constexpr, MASK: tl.constexpr,
            ASM: tl.constexpr):
-    """The 4 words at 2-byte aligned bytes: p [BN, NB, 4, 1] int32 pointers to the aligned
-    word at or below them, sh [BN, NB, 1] 16 where they start mid-word -> four [BN, NB, 4].
-    Reads 5 aligned words (the fifth: one load, its 4 copies are one)."""
+    """The 4 words at 2-byte aligned bytes: p [BN, NB, U, 1] int32 pointers to the aligned
+    word at or below them, sh [BN, NB, U or 1] their start's bit in it (0, 16, or 32 for
+    the next word) -> four [BN, NB, U]. Reads 5 aligned words (the fifth: one load, its 4
+    copies are one)."""
     e = tl.arange(0, 4)[None, None, None, :]
-    w0, w1, w2, w3 = split4(load(p + e, m, MASK), BN, NB, 4)
-    w4, _, _, _ = split4(load(p + 4 + 0 * e, m, MASK), BN, NB, 4)
+    w0, w1, w2, w3 = split4(load(p + e, m, MASK), BN, NB, U)
+    w4, _, _, _ = split4(load(p + 4 + 0 * e, m, MASK), BN, NB, U)
     return (funnel(w0, w1, sh, ASM), funnel(w1, w2, sh, ASM), funnel(w2, w3, sh, ASM),
             funnel(w3, w4, sh, ASM))
 
@@ -184,9 +185,9 @@ def q6k_lane_step(acc, wrow, rph, xq, xd, xs, sq, sd, ss, k, nblk, M, BN: tl.con
     b = rph + s * 210  # [BN, NB, 1, 1] block start, bytes from wrow
     wp = wrow + (b >> 2)  # [BN, NB, 1, 1]
     sh = tl.reshape((b & 2) * 8, (BN, NB, 1))
-    l0, l1, l2, l3 = words5(wp + 16 * h2 + 4 * j, m, sh, BN, NB, MASK, ASM)  # ql, g = 0, 2
-    r0, r1, r2, r3 = words5(wp + 16 * h2 + 8 + 4 * j, m, sh, BN, NB, MASK, ASM)  # g = 1, 3
-    q0, q1, q2, q3 = words5(wp + 32 + 8 * h2 + 4 * j, m, sh, BN, NB, MASK, ASM)  # qh
+    l0, l1, l2, l3 = words5(wp + 16 * h2 + 4 * j, m, sh, BN, NB, 4, MASK, ASM)  # ql, g = 0, 2
+    r0, r1, r2, r3 = words5(wp + 16 * h2 + 8 + 4 * j, m, sh, BN, NB, 4, MASK, ASM)  # g = 1, 3
+    q0, q1, q2, q3 = words5(wp + 32 + 8 * h2 + 4 * j, m, sh, BN, NB, 4, MASK, ASM)  # qh
     # scales 8 h2 .. 8 h2 + 7 in the aligned words t0 t1 t2; d in word 52
     t0, t1, t2, _ = split4(load(wp + 48 + 2 * h2 + tl.minimum(e, 2), m, MASK), BN, NB, 4)
     dw, _, _, _ = split4(load(wp + 52 + 0 * (u + e), m, MASK), BN, NB, 4)
@@ -254,3 +255,62 @@ def q6_dot(l0, l1, l2, l3, LM: tl.constexpr, q0, q1, q2, q3, HM: tl.constexpr, x
                                                                       ASM), False, ASM),
                                  False, ASM), False, ASM)
     return a, b
+
+
+@triton.jit
+def legacy_lane_step(acc, wrow, rph, xq, xd, xs, sq, sd, ss, k, nblk, M, BN: tl.constexpr,
+                     NB: tl.constexpr, BLOCK_M: tl.constexpr, TYPE: tl.constexpr,
+                     MASK: tl.constexpr, ASM: tl.constexpr):
+    # A lane per block: block_q8_0 (34 B): d | qs[32] int8, w = d q; block_q4_0 (18 B):
+    # d | qs[16] (low nibbles = values 0..15, high = 16..31), w = d (q - 8); block_q4_1
+    # (20 B): d | m | qs[16], w = d q + m. Q8_0 and Q4_0 blocks are 2-byte aligned: their
+    # qs are aligned words funnel-shifted by the block's phase. wrow, rph as q6k_lane_step
+    # -> acc [BN, NB, 1] (one token) or [BN, BLOCK_M]
+    SIZE: tl.constexpr = 34 if TYPE == 8 else (18 if TYPE == 2 else 20)
+    e = tl.arange(0, 4)[None, None, None, :]
+    s = k * NB + tl.arange(0, NB)[None, :, None, None]  # [1, NB, 1, 1]
+    m = s < nblk
+    b = rph + s * SIZE  # [BN, NB, 1, 1] block start, bytes from wrow
+    wp = wrow + (b >> 2)  # [BN, NB, 1, 1] the aligned word holding d
+    ph = tl.reshape(b & 2, (BN, NB, 1))  # 2: d is that word's high half
+    dw, _, _, _ = split4(load(wp + 0 * e, m, MASK), BN, NB, 1)
+    d = f16_lo(dw >> (8 * ph))  # [BN, NB, 1]
+    if TYPE == 3:
+        off = f16_lo(dw >> 16)  # m
+        w0, w1, w2, w3 = split4(load(wp + 1 + e, m, MASK), BN, NB, 1)
+    else:  # qs at byte 2: mid-word (phase 0) or the next word (phase 2: shift 32 = hi)
+        sh = 16 + 8 * ph
+        w0, w1, w2, w3 = words5(wp, m, sh, BN, NB, 1, MASK, ASM)
+        if TYPE == 8:
+            w4, w5, w6, w7 = words5(wp + 4, m, sh, BN, NB, 1, MASK, ASM)
+        else:
+            off = -8.0 * d
+    z = tl.zeros([BN, NB, 1, 1], tl.int32)
+    xw = xq + z + s * 8 + e  # [BN, NB, 1, 4] the block's first 4 words
+    xg = xd + z + ((s * 8) >> 3) + 0 * e  # (not contiguous in s to Triton: one layout)
+    xh = xs + z + 2 * s + tl.minimum(e, 1)  # the block's two sums of 16
+    for mi in tl.static_range(BLOCK_M):
+        t = tl.minimum(mi, M - 1).to(tl.int64)  # rows past M recompute the last one
+        x0, x1, x2, x3 = split4(load(xw + t * sq, m, MASK), BN, NB, 1)
+        x4, x5, x6, x7 = split4(load(xw + t * sq + 4, m, MASK), BN, NB, 1)
+        xd_t, _, _, _ = split4(load(xg + t * sd, m, MASK), BN, NB, 1)
+        if TYPE == 8:
+            dot = dp4a(w3, x3, dp4a(w2, x2, dp4a(w1, x1, dp4a(w0, x0, 0, True, ASM), True, ASM),
+                                    True, ASM), True, ASM)
+            dot = dp4a(w7, x7, dp4a(w6, x6, dp4a(w5, x5, dp4a(w4, x4, dot, True, ASM), True,
+                                                 ASM), True, ASM), True, ASM)
+            r = d * xd_t * dot.to(tl.float32)
+        else:  # high nibbles in place (16x)
+            lo = dp4a(w3 & 0x0F0F0F0F, x3, dp4a(w2 & 0x0F0F0F0F, x2, dp4a(
+                w1 & 0x0F0F0F0F, x1, dp4a(w0 & 0x0F0F0F0F, x0, 0, False, ASM), False, ASM),
+                False, ASM), False, ASM)
+            hi = dp4a(w3 & HI4, x7, dp4a(w2 & HI4, x6, dp4a(w1 & HI4, x5, dp4a(
+                w0 & HI4, x4, 0, False, ASM), False, ASM), False, ASM), False, ASM)
+            s0, s1, _, _ = split4(load(xh + t * ss, m, MASK), BN, NB, 1)
+            r = d * xd_t * (lo.to(tl.float32) + hi.to(tl.float32) * 0.0625) + off * (s0 + s1)
+        if BLOCK_M == 1:
+            acc += r
+        else:
+            r = tl.sum(tl.reshape(r, (BN, NB)), 1)
+            acc += tl.where(tl.arange(0, BLOCK_M)[None, :] == mi, r[:, None], 0.0)
+    return acc
