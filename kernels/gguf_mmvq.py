@@ -20,8 +20,10 @@ vllm-gguf-plugin, and sgl-kernel ships the same op), in Triton with own code:
    types. M tokens are padded to a power of two (BLOCK_M); the pad rows recompute the last
    token, which costs ALU work only (the weights are read once).
 
-Types: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K (MMVQ_TYPES). Blocks of 2-byte alignment (Q4_0,
-Q8_0, Q6_K) are read as 16-bit halves. The error is the int8 rounding of the activations
+Types: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K (MMVQ_TYPES). Two layouts of the work (config[3]):
+0, the steps below (two lanes a sub-block; blocks of 2-byte alignment read as 16-bit
+halves), and 1, the default, kernels/gguf_mmvq_lanes.py (a lane per sub-block, aligned
+words; docs/kernels.md has the SASS of both). The error is the int8 rounding of the activations
 (about 1e-2 relative, what llama.cpp and vLLM accept); with activations that are small
 integers (d = 1) the result equals the fp32 reference. Under TRITON_INTERPRET the dp4a is
 emulated with shifts (the interpreter runs no PTX). Row offsets are 64-bit and N, K come

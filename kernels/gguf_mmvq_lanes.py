@@ -1,19 +1,23 @@
-"""Lane-per-sub-block steps of the int8-dot GGUF GEMV (kernels/gguf_mmvq.py, LAYOUT = 1).
+"""Lane-per-unit steps of the int8-dot GGUF GEMV (kernels/gguf_mmvq.py, LAYOUT = 1).
 
 The steps of kernels/gguf_mmvq.py spread one sub-block's 8 weight words over two lanes, so
 each sub-block's integer sum costs warp shuffles, and recompute every address from the block
-index. Here each lane owns whole sub-blocks (the sum of its dp4a stays in the lane), reads
+index. Here each lane owns whole units of a block (the dp4a chain stays in the lane), reads
 its block header itself (the lanes of one block hit the same L1 line) and decodes only its
 own scales; addresses are a loop-invariant tensor plus one scalar offset per step, and only
 the last, partial step is masked. Tensors are [BN, NB, U, 4]: rows, blocks, units of a
-block (across lanes) and 4 consecutive 32-bit words (in one lane: one 16-byte load).
+block (across lanes) and 4 consecutive 32-bit words (in one lane), every load of a step in
+that shape so that Triton gives them one layout.
 
-Q4_K / Q5_K (U = 4): unit c holds qs bytes 32c..32c+31, the low nibbles of sub-block 2c and
-the high nibbles of 2c + 1; the high nibbles are multiplied in place (w & 0xF0F0F0F0, 16x
-the value: dp4a's sum stays below 2^31) and the 1/16 goes into the fp32 scale. Q5_K's fifth
-bits are masked in place too (bit 2c or 2c + 1 of each qh byte) and dotted separately.
-Same math as llama.cpp's vec_dot_q4_K_q8_1 / vec_dot_q5_K_q8_1 (vLLM
-csrc/quantization/gguf/vecdotq.cuh).
+- Q4_K / Q5_K (U = 4): unit c holds qs bytes 32c..32c+31, the low nibbles of sub-block 2c
+  and the high nibbles of 2c + 1; the high nibbles are multiplied in place
+  (w & 0xF0F0F0F0, 16x the value) and the 1/16 goes into the fp32 scale. Q5_K's fifth
+  bits are masked in place too (bit 2c or 2c + 1 of each qh byte) and dotted separately.
+- Q6_K (U = 4, 2-byte aligned blocks): unit (h2, j) holds 16 values of each of the 4
+  groups of half h2; each 16-byte span is read as the 5 aligned words around it,
+  funnel-shifted by the block's phase; low 4 and high 2 bits are dotted in place.
+- Q8_0, Q4_0, Q4_1 (U = 1): a lane per block, Q8_0 and Q4_0 through the same funnel.
+Same math as llama.cpp's vec_dot_*_q8_1 (vLLM csrc/quantization/gguf/vecdotq.cuh).
 """
 
 from __future__ import annotations
