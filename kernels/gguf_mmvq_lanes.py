@@ -61,6 +61,20 @@ def split4(t, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr):
 
 
 @triton.jit
+def chain8(w0, w1, x0, x1, BN: tl.constexpr, NB: tl.constexpr, ASM: tl.constexpr):
+    """dp4a sum over the 8 words w0 | w1 ([BN, NB, 4, 4] unsigned bytes) with x0 | x1, one
+    accumulator chain in each lane -> [BN, NB, 4]."""
+    a0, a1, a2, a3 = split4(w0, BN, NB, 4)
+    b0, b1, b2, b3 = split4(x0, BN, NB, 4)
+    acc = dp4a(a3, b3, dp4a(a2, b2, dp4a(a1, b1, dp4a(a0, b0, 0, False, ASM), False, ASM),
+                            False, ASM), False, ASM)
+    a0, a1, a2, a3 = split4(w1, BN, NB, 4)
+    b0, b1, b2, b3 = split4(x1, BN, NB, 4)
+    return dp4a(a3, b3, dp4a(a2, b2, dp4a(a1, b1, dp4a(a0, b0, acc, False, ASM), False, ASM),
+                             False, ASM), False, ASM)
+
+
+@triton.jit
 def load(p, m, MASK: tl.constexpr):
     """tl.load(p), masked with m (0 where off) on a step that needs it."""
     if MASK:
@@ -125,16 +139,13 @@ def kquant_lane_step(acc, wb, xq, xd, xs, sq, sd, ss, k, nblk, M, BN: tl.constex
         xl1 = load(xw + t * sq + 4, m, MASK)
         xh0 = load(xw + t * sq + 8, m, MASK)
         xh1 = load(xw + t * sq + 12, m, MASK)
-        dot_lo = tl.sum(dp4a(lo1, xl1, dp4a(lo0, xl0, 0, False, ASM), False, ASM), 3)
-        dot_hi = tl.sum(dp4a(hi1, xh1, dp4a(hi0, xh0, 0, False, ASM), False, ASM), 3)
-        f_dot_lo = dot_lo.to(tl.float32)
-        f_dot_hi = dot_hi.to(tl.float32)
+        f_dot_lo = chain8(lo0, lo1, xl0, xl1, BN, NB, ASM).to(tl.float32)
+        f_dot_hi = chain8(hi0, hi1, xh0, xh1, BN, NB, ASM).to(tl.float32)
         if HAS_QH:
-            b_lo = dp4a(q1 & bit, xl1, dp4a(q0 & bit, xl0, 0, False, ASM), False, ASM)
-            b_hi = dp4a(q1 & (bit << 1), xh1, dp4a(q0 & (bit << 1), xh0, 0, False, ASM),
-                        False, ASM)
-            f_dot_lo += tl.sum(b_lo, 3).to(tl.float32) * f_lo
-            f_dot_hi += tl.sum(b_hi, 3).to(tl.float32) * f_hi
+            b_lo = chain8(q0 & bit, q1 & bit, xl0, xl1, BN, NB, ASM)
+            b_hi = chain8(q0 & (bit << 1), q1 & (bit << 1), xh0, xh1, BN, NB, ASM)
+            f_dot_lo += b_lo.to(tl.float32) * f_lo
+            f_dot_hi += b_hi.to(tl.float32) * f_hi
         g0, g1 = tl.split(load(xg + t * sd, m, MASK))  # d of the two q8_1 groups
         s0, s1, s2, s3 = split4(load(xh + t * ss, m, MASK), BN, NB, 4)
         r = sc_lo * g0 * f_dot_lo + sc_hi * g1 * f_dot_hi - (mn_lo * (s0 + s1)
