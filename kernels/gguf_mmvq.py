@@ -47,14 +47,22 @@ MMVQ_TYPES = frozenset({Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K})  # block sizes: GGM
 MMVQ_MAX_M = 8  # decode rows (the issue's M <= 8); more go through kernels/gguf_gemm.py
 
 
-def mmvq_config(qtype: int) -> tuple[int, ...]:
-    """(rows per program, blocks per step, warps[, layout]): the fastest of
+MMVQ_NARROW_N = 8192  # outputs up to this many: K-quants take one row a program
+
+
+def mmvq_config(qtype: int, n: int | None = None) -> tuple[int, ...]:
+    """(rows per program, blocks per step, warps[, layout]) for n outputs: the fastest of
     examples/bench/gguf_mmvq.py --sweep over Llama-3.1-8B's shapes on the H200
     (docs/kernels.md). Few rows and one warp a program win: many programs in flight hide the
-    memory latency of each step. Layout 1 (kernels/gguf_mmvq_lanes.py) is chosen from its SASS
-    (1.4-2.7x fewer instructions a weight byte than layout 0), not measured yet."""
-    return {Q4_K: (2, 4, 1, 1), Q5_K: (2, 4, 1, 1), Q6_K: (2, 4, 1, 1), Q8_0: (1, 64, 1, 1)}.get(
+    memory latency of each step. Layout 1 (kernels/gguf_mmvq_lanes.py) is chosen from its
+    SASS (1.4-2.7x fewer instructions a weight byte than layout 0), and one row a program
+    for narrow K-quant layers (qkv, o, down: twice the programs of two rows, up to the 32
+    one-warp programs an SM holds), not measured yet."""
+    wide = {Q4_K: (2, 4, 1, 1), Q5_K: (2, 4, 1, 1), Q6_K: (2, 4, 1, 1), Q8_0: (1, 64, 1, 1)}.get(
         qtype, (1, 32, 1, 1))  # Q4_0; Q4_1 takes Q4_0's, not swept yet
+    if n is not None and n <= MMVQ_NARROW_N and qtype in (Q4_K, Q5_K, Q6_K):
+        return (1, 8, 1, 1)
+    return wide
 
 
 @triton.jit
@@ -432,7 +440,7 @@ def gguf_mmvq_q8_1(xq8: tuple[torch.Tensor, torch.Tensor, torch.Tensor], qweight
     check_same_device(xq=xq, xd=xd, xs=xs, qweight=qweight, out=out)
     if m == 0 or n == 0:
         return out
-    block_n, nb, warps, *layout = config or mmvq_config(qtype)
+    block_n, nb, warps, *layout = config or mmvq_config(qtype, n)
     # layout 1 reads 2-byte aligned blocks as the aligned words around them
     lanes = bool(layout and layout[0]) and qweight.data_ptr() % 4 == 0
     _mmvq_kernel[(cdiv(n, block_n),)](

@@ -185,7 +185,8 @@ def test_mmvq_q6_k_weight_view_off_4_byte_alignment() -> None:
     view = flat[2:].view(w.shape)
     assert view.data_ptr() % 4 == 2
     x = _integer_x(1, k)
-    lanes, words = mmvq_config(qtype), mmvq_config(qtype)[:3] + (0,)
+    lanes = mmvq_config(qtype, 6)
+    words = lanes[:3] + (0,)
     assert lanes[3] == 1
     assert torch.equal(gguf_mmvq(x, view, qtype, config=lanes),
                        gguf_mmvq(x, w, qtype, config=words))

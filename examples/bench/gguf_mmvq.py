@@ -44,7 +44,8 @@ _LEGACY = [(1, 8, 1), (1, 16, 1), (1, 32, 1), (1, 64, 1), (2, 32, 1), (1, 32, 2)
 # LAYOUT 1 (kernels/gguf_mmvq_lanes.py): a lane per 4 words of a block's units; rows x blocks
 # >= 8 x warps (Q4_K, Q5_K, Q6_K: 4 units a block) or 32 x warps (Q8_0, Q4_0, Q4_1)
 _LANES_K = [(2, 4, 1, 1), (1, 8, 1, 1), (4, 2, 1, 1), (8, 1, 1, 1), (4, 4, 1, 1), (2, 8, 1, 1),
-            (8, 2, 1, 1), (4, 4, 2, 1), (8, 2, 2, 1), (16, 1, 2, 1), (8, 4, 2, 1), (16, 2, 4, 1)]
+            (8, 2, 1, 1), (4, 4, 2, 1), (8, 2, 2, 1), (16, 1, 2, 1), (8, 4, 2, 1), (16, 2, 4, 1),
+            (1, 16, 1, 1), (1, 16, 2, 1), (1, 32, 4, 1), (2, 16, 4, 1)]
 _LANES_LEGACY = [(1, 32, 1, 1), (2, 16, 1, 1), (4, 8, 1, 1), (1, 64, 1, 1), (2, 32, 1, 1),
                  (4, 16, 1, 1), (8, 8, 1, 1), (1, 64, 2, 1), (2, 32, 2, 1), (1, 128, 2, 1),
                  (1, 128, 4, 1), (8, 16, 2, 1)]
@@ -87,7 +88,7 @@ def main() -> None:
                     t = gpu_time(lambda: [gguf_mmvq_q8_1(xq8, w, qtype, out, cfg)
                                           for w in ws]) / len(ws)
                     row(f"mmvq {qtype.name} GEMV", f"{lin} {n}x{k} M={m}", t, nbytes,
-                        note=str(cfg) if cfg else f"default {mmvq_config(qtype)}")
+                        note=str(cfg) if cfg else f"default {mmvq_config(qtype, n)}")
     for name, t in per_token.items():
         print(f"  Llama-3.1-8B {name} linear layers (32 x qkv+o+gate_up+down, quantize + "
               f"GEMV, M = 1) + lm_head: {t * 1e3:.3f} ms per token")
