@@ -20,14 +20,15 @@ vllm-gguf-plugin, and sgl-kernel ships the same op), in Triton with own code:
    types. M tokens are padded to a power of two (BLOCK_M); the pad rows recompute the last
    token, which costs ALU work only (the weights are read once).
 
-Types: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K (MMVQ_TYPES). Two layouts of the work (config[3]):
+Types: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K (MMVQ_TYPES). Layouts of the work (config[3]):
 0, the steps below (two lanes a sub-block; blocks of 2-byte alignment read as 16-bit
-halves), and 1, the default, kernels/gguf_mmvq_lanes.py (a lane per sub-block, aligned
-words; docs/kernels.md has the SASS of both). The error is the int8 rounding of the activations
-(about 1e-2 relative, what llama.cpp and vLLM accept); with activations that are small
-integers (d = 1) the result equals the fp32 reference. Under TRITON_INTERPRET the dp4a is
-emulated with shifts (the interpreter runs no PTX). Row offsets are 64-bit and N, K come
-from the tensors' own shapes (CVE-2026-53923).
+halves); 1, the default, kernels/gguf_mmvq_lanes.py (a lane per sub-block, aligned words;
+docs/kernels.md has the SASS of both); 2, layout 1 with the weights read past L1. The
+error is the int8 rounding of the activations (about 1e-2 relative, what llama.cpp and
+vLLM accept); with activations that are small integers (d = 1) the result equals the fp32
+reference. Under TRITON_INTERPRET the dp4a is emulated with shifts (the interpreter runs
+no PTX). Row offsets are 64-bit and N, K come from the tensors' own shapes
+(CVE-2026-53923).
 """
 
 from __future__ import annotations
@@ -269,9 +270,9 @@ def _legacy_step(acc, rows, x, blk0, nblk, n_mask, M, BLOCK_M: tl.constexpr, NB:
 @triton.jit
 def _lane_loop(acc, w_ptr, xq_ptr, xd_ptr, xs_ptr, x, n, N, nblk, stride_w, M, TYPE: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NB: tl.constexpr,
-               ASM: tl.constexpr):
-    # LAYOUT = 1 (kernels/gguf_mmvq_lanes.py): whole steps unmasked, then the partial one;
-    # rows past N re-read row N - 1 (their outputs are not stored)
+               STREAM: tl.constexpr, ASM: tl.constexpr):
+    # LAYOUT 1, 2 (kernels/gguf_mmvq_lanes.py; 2 streams the weights past L1): whole steps
+    # unmasked, then the partial one; rows past N re-read row N - 1 (outputs not stored)
     sq, sd, ss = x[3], x[4], x[5]
     nfull = nblk // NB
     rows = tl.minimum(n, N - 1).to(tl.int64)[:, None, None, None] * stride_w  # bytes
@@ -281,26 +282,26 @@ def _lane_loop(acc, w_ptr, xq_ptr, xd_ptr, xs_ptr, x, n, N, nblk, stride_w, M, T
     if TYPE == 2 or TYPE == 3 or TYPE == 8:
         for k in range(0, nfull):
             acc = legacy_lane_step(acc, wrow, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk,
-                                   M, BLOCK_N, NB, BLOCK_M, TYPE, False, ASM)
+                                   M, BLOCK_N, NB, BLOCK_M, TYPE, False, STREAM, ASM)
         if nfull * NB < nblk:
             acc = legacy_lane_step(acc, wrow, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, nfull,
-                                   nblk, M, BLOCK_N, NB, BLOCK_M, TYPE, True, ASM)
+                                   nblk, M, BLOCK_N, NB, BLOCK_M, TYPE, True, STREAM, ASM)
     elif TYPE == 14:
         for k in range(0, nfull):
             acc = q6k_lane_step(acc, wrow, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk, M,
-                                BLOCK_N, NB, BLOCK_M, False, ASM)
+                                BLOCK_N, NB, BLOCK_M, False, STREAM, ASM)
         if nfull * NB < nblk:
             acc = q6k_lane_step(acc, wrow, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, nfull, nblk,
-                                M, BLOCK_N, NB, BLOCK_M, True, ASM)
+                                M, BLOCK_N, NB, BLOCK_M, True, STREAM, ASM)
     else:
         SIZE: tl.constexpr = 44 if TYPE == 13 else 36  # 32-bit words
         wb = w32 + (rows // 4) + tl.arange(0, NB)[None, :, None, None] * SIZE  # [BN, NB, 1, 1]
         for k in range(0, nfull):
             acc = kquant_lane_step(acc, wb, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk, M,
-                                   BLOCK_N, NB, BLOCK_M, TYPE == 13, False, ASM)
+                                   BLOCK_N, NB, BLOCK_M, TYPE == 13, False, STREAM, ASM)
         if nfull * NB < nblk:
             acc = kquant_lane_step(acc, wb, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, nfull, nblk, M,
-                                   BLOCK_N, NB, BLOCK_M, TYPE == 13, True, ASM)
+                                   BLOCK_N, NB, BLOCK_M, TYPE == 13, True, STREAM, ASM)
     return acc
 
 
@@ -320,7 +321,7 @@ def _mmvq_kernel(
     x = (xq_ptr, xd_ptr, xs_ptr, k32 * 8, k32, k32 * 2)  # pointers and row strides
     if BLOCK_M > 1:
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    elif LAYOUT == 1:
+    elif LAYOUT >= 1:
         acc = tl.zeros([BLOCK_N, NB, 4 if TYPE >= 12 else 1], dtype=tl.float32)
     elif TYPE == 14:
         acc = tl.zeros([BLOCK_N, NB, 2, 2, 2, 1], dtype=tl.float32)
@@ -328,9 +329,9 @@ def _mmvq_kernel(
         acc = tl.zeros([BLOCK_N, NB, 4], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_N, NB, 1], dtype=tl.float32)
-    if LAYOUT == 1:
+    if LAYOUT >= 1:
         acc = _lane_loop(acc, w_ptr, xq_ptr, xd_ptr, xs_ptr, x, n, N, nblk, stride_w, M, TYPE,
-                         BLOCK_N, BLOCK_M, NB, ASM)
+                         BLOCK_N, BLOCK_M, NB, LAYOUT == 2, ASM)
     else:
         for blk0 in range(0, nblk, NB):
             if TYPE == 14:
@@ -441,12 +442,12 @@ def gguf_mmvq_q8_1(xq8: tuple[torch.Tensor, torch.Tensor, torch.Tensor], qweight
     if m == 0 or n == 0:
         return out
     block_n, nb, warps, *layout = config or mmvq_config(qtype, n)
-    # layout 1 reads 2-byte aligned blocks as the aligned words around them
-    lanes = bool(layout and layout[0]) and qweight.data_ptr() % 4 == 0
+    # layouts 1, 2 read 2-byte aligned blocks as the aligned words around them
+    lanes = layout[0] if layout and qweight.data_ptr() % 4 == 0 else 0
     _mmvq_kernel[(cdiv(n, block_n),)](
         xq, xd, xs, qweight, out, m, n, nblk, qweight.stride(0), out.stride(0), TYPE=qtype,
         GPB=block // 32, BLOCK_N=block_n, BLOCK_M=1 << (m - 1).bit_length(), NB=nb,
-        LAYOUT=int(lanes), ASM=_asm(),
+        LAYOUT=lanes, ASM=_asm(),
         num_warps=warps, **pdl_launch(out))
     return out
 

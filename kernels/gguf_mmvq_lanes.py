@@ -75,6 +75,17 @@ def chain8(w0, w1, x0, x1, BN: tl.constexpr, NB: tl.constexpr, ASM: tl.constexpr
 
 
 @triton.jit
+def wload(p, m, MASK: tl.constexpr, STREAM: tl.constexpr):
+    """A weight load: as load, or with STREAM past L1 (ld.global.cg: read once, leaves L1
+    to the activations)."""
+    if STREAM:
+        if MASK:
+            return tl.load(p, mask=m, other=0, cache_modifier=".cg")
+        return tl.load(p, cache_modifier=".cg")
+    return load(p, m, MASK)
+
+
+@triton.jit
 def load(p, m, MASK: tl.constexpr):
     """tl.load(p), masked with m (0 where off) on a step that needs it."""
     if MASK:
@@ -91,7 +102,7 @@ def f16_lo(w):
 @triton.jit
 def kquant_lane_step(acc, wb, xq, xd, xs, sq, sd, ss, k, nblk, M, BN: tl.constexpr,
                      NB: tl.constexpr, BLOCK_M: tl.constexpr, HAS_QH: tl.constexpr,
-                     MASK: tl.constexpr, ASM: tl.constexpr):
+                     MASK: tl.constexpr, STREAM: tl.constexpr, ASM: tl.constexpr):
     # block_q4_K (144 B): d | dmin | scales[12] | qs[128]; q5_K (176 B) has qh[32] before qs.
     # wb [BN, NB, 1, 1]: int32 pointers to the block starts of step 0; k: the step; xq, xd,
     # xs: token 0's q8_1 rows, sq, sd, ss their row strides -> acc [BN, NB, 4] (one token)
@@ -104,9 +115,9 @@ def kquant_lane_step(acc, wb, xq, xd, xs, sq, sd, ss, k, nblk, M, BN: tl.constex
     m = s < nblk
     blk = wb + k * (NB * SIZE)  # int32 pointers [BN, NB, 1, 1]
     wp = blk + QS + 8 * c + e  # [BN, NB, 4, 4]
-    w0 = load(wp, m, MASK)  # words 0..3 of unit c
-    w1 = load(wp + 4, m, MASK)  # words 4..7
-    hdr = load(blk + e + 0 * c, m, MASK)
+    w0 = wload(wp, m, MASK, STREAM)  # words 0..3 of unit c
+    w1 = wload(wp + 4, m, MASK, STREAM)  # words 4..7
+    hdr = wload(blk + e + 0 * c, m, MASK, STREAM)
     h0, a, b, cc = split4(hdr, BN, NB, 4)  # d | dmin, scales 0..3, 4..7, 8..11
     d = f16_lo(h0)  # [BN, NB, 4]
     dmin = f16_lo(h0 >> 16)
@@ -123,8 +134,8 @@ def kquant_lane_step(acc, wb, xq, xd, xs, sq, sd, ss, k, nblk, M, BN: tl.constex
     lo0, lo1 = w0 & 0x0F0F0F0F, w1 & 0x0F0F0F0F
     hi0, hi1 = w0 & HI4, w1 & HI4
     if HAS_QH:  # the fifth bits, in place: bit 2c (low nibbles) and 2c + 1 (high) of qh
-        q0 = load(blk + 4 + e + 0 * c, m, MASK)
-        q1 = load(blk + 8 + e + 0 * c, m, MASK)
+        q0 = wload(blk + 4 + e + 0 * c, m, MASK, STREAM)
+        q1 = wload(blk + 8 + e + 0 * c, m, MASK, STREAM)
         bit = 0x01010101 << (2 * c)
         f_lo = 16.0 / (1 << (2 * c3)).to(tl.float32)  # dot of (bit << 2c) -> 16x the dot
         f_hi = f_lo * 0.5 * 16.0  # high nibbles are 16x, the bit sits at 2c + 1
@@ -169,14 +180,14 @@ def funnel(lo, hi, sh, ASM: tl.constexpr):
 
 @triton.jit
 def words5(p, m, sh, BN: tl.constexpr, NB: tl.constexpr, U: tl.constexpr, MASK: tl.constexpr,
-           ASM: tl.constexpr):
+           STREAM: tl.constexpr, ASM: tl.constexpr):
     """The 4 words at 2-byte aligned bytes: p [BN, NB, U, 1] int32 pointers to the aligned
     word at or below them, sh [BN, NB, U or 1] their start's bit in it (0, 16, or 32 for
     the next word) -> four [BN, NB, U]. Reads 5 aligned words (the fifth: one load, its 4
     copies are one)."""
     e = tl.arange(0, 4)[None, None, None, :]
-    w0, w1, w2, w3 = split4(load(p + e, m, MASK), BN, NB, U)
-    w4, _, _, _ = split4(load(p + 4 + 0 * e, m, MASK), BN, NB, U)
+    w0, w1, w2, w3 = split4(wload(p + e, m, MASK, STREAM), BN, NB, U)
+    w4, _, _, _ = split4(wload(p + 4 + 0 * e, m, MASK, STREAM), BN, NB, U)
     return (funnel(w0, w1, sh, ASM), funnel(w1, w2, sh, ASM), funnel(w2, w3, sh, ASM),
             funnel(w3, w4, sh, ASM))
 
@@ -184,7 +195,7 @@ def words5(p, m, sh, BN: tl.constexpr, NB: tl.constexpr, U: tl.constexpr, MASK: 
 @triton.jit
 def q6k_lane_step(acc, wrow, rph, xq, xd, xs, sq, sd, ss, k, nblk, M, BN: tl.constexpr,
                   NB: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
-                  ASM: tl.constexpr):
+                  STREAM: tl.constexpr, ASM: tl.constexpr):
     # block_q6_K (210 B, 2-byte aligned): ql[128] | qh[64] | scales[16] int8 | d. Unit
     # u = h2 + 2 j owns l = 16 j .. 16 j + 15 of half h2: values 128 h2 + 32 g + l (g = 0..3)
     # with low 4 bits from ql[64 h2 + l] (g = 0, 2: low, high nibble) or ql[64 h2 + 32 + l]
@@ -200,12 +211,13 @@ def q6k_lane_step(acc, wrow, rph, xq, xd, xs, sq, sd, ss, k, nblk, M, BN: tl.con
     b = rph + s * 210  # [BN, NB, 1, 1] block start, bytes from wrow
     wp = wrow + (b >> 2)  # [BN, NB, 1, 1]
     sh = tl.reshape((b & 2) * 8, (BN, NB, 1))
-    l0, l1, l2, l3 = words5(wp + 16 * h2 + 4 * j, m, sh, BN, NB, 4, MASK, ASM)  # ql, g = 0, 2
-    r0, r1, r2, r3 = words5(wp + 16 * h2 + 8 + 4 * j, m, sh, BN, NB, 4, MASK, ASM)  # g = 1, 3
-    q0, q1, q2, q3 = words5(wp + 32 + 8 * h2 + 4 * j, m, sh, BN, NB, 4, MASK, ASM)  # qh
+    # ql words of g = 0, 2 (low, high nibbles), of g = 1, 3, and qh
+    l0, l1, l2, l3 = words5(wp + 16 * h2 + 4 * j, m, sh, BN, NB, 4, MASK, STREAM, ASM)
+    r0, r1, r2, r3 = words5(wp + 16 * h2 + 8 + 4 * j, m, sh, BN, NB, 4, MASK, STREAM, ASM)
+    q0, q1, q2, q3 = words5(wp + 32 + 8 * h2 + 4 * j, m, sh, BN, NB, 4, MASK, STREAM, ASM)
     # scales 8 h2 .. 8 h2 + 7 in the aligned words t0 t1 t2; d in word 52
-    t0, t1, t2, _ = split4(load(wp + 48 + 2 * h2 + tl.minimum(e, 2), m, MASK), BN, NB, 4)
-    dw, _, _, _ = split4(load(wp + 52 + 0 * (u + e), m, MASK), BN, NB, 4)
+    t0, t1, t2, _ = split4(wload(wp + 48 + 2 * h2 + tl.minimum(e, 2), m, MASK, STREAM), BN, NB, 4)
+    dw, _, _, _ = split4(wload(wp + 52 + 0 * (u + e), m, MASK, STREAM), BN, NB, 4)
     d = f16_lo(dw >> sh)  # [BN, NB, 4]
     j3 = tl.arange(0, 4)[None, None, :] // 2
     k0 = sh // 8 + j3  # byte of scales[8 h2 + j] in t0:t1
@@ -275,7 +287,7 @@ def q6_dot(l0, l1, l2, l3, LM: tl.constexpr, q0, q1, q2, q3, HM: tl.constexpr, x
 @triton.jit
 def legacy_lane_step(acc, wrow, rph, xq, xd, xs, sq, sd, ss, k, nblk, M, BN: tl.constexpr,
                      NB: tl.constexpr, BLOCK_M: tl.constexpr, TYPE: tl.constexpr,
-                     MASK: tl.constexpr, ASM: tl.constexpr):
+                     MASK: tl.constexpr, STREAM: tl.constexpr, ASM: tl.constexpr):
     # A lane per block: block_q8_0 (34 B): d | qs[32] int8, w = d q; block_q4_0 (18 B):
     # d | qs[16] (low nibbles = values 0..15, high = 16..31), w = d (q - 8); block_q4_1
     # (20 B): d | m | qs[16], w = d q + m. Q8_0 and Q4_0 blocks are 2-byte aligned: their
@@ -288,16 +300,16 @@ def legacy_lane_step(acc, wrow, rph, xq, xd, xs, sq, sd, ss, k, nblk, M, BN: tl.
     b = rph + s * SIZE  # [BN, NB, 1, 1] block start, bytes from wrow
     wp = wrow + (b >> 2)  # [BN, NB, 1, 1] the aligned word holding d
     ph = tl.reshape(b & 2, (BN, NB, 1))  # 2: d is that word's high half
-    dw, _, _, _ = split4(load(wp + 0 * e, m, MASK), BN, NB, 1)
+    dw, _, _, _ = split4(wload(wp + 0 * e, m, MASK, STREAM), BN, NB, 1)
     d = f16_lo(dw >> (8 * ph))  # [BN, NB, 1]
     if TYPE == 3:
         off = f16_lo(dw >> 16)  # m
-        w0, w1, w2, w3 = split4(load(wp + 1 + e, m, MASK), BN, NB, 1)
+        w0, w1, w2, w3 = split4(wload(wp + 1 + e, m, MASK, STREAM), BN, NB, 1)
     else:  # qs at byte 2: mid-word (phase 0) or the next word (phase 2: shift 32 = hi)
         sh = 16 + 8 * ph
-        w0, w1, w2, w3 = words5(wp, m, sh, BN, NB, 1, MASK, ASM)
+        w0, w1, w2, w3 = words5(wp, m, sh, BN, NB, 1, MASK, STREAM, ASM)
         if TYPE == 8:
-            w4, w5, w6, w7 = words5(wp + 4, m, sh, BN, NB, 1, MASK, ASM)
+            w4, w5, w6, w7 = words5(wp + 4, m, sh, BN, NB, 1, MASK, STREAM, ASM)
         else:
             off = -8.0 * d
     z = tl.zeros([BN, NB, 1, 1], tl.int32)

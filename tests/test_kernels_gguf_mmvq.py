@@ -159,11 +159,13 @@ def test_gguf_weight_shards_share_one_quantization() -> None:
     (GGMLType.Q5_K, (2, 4, 1, 0)), (GGMLType.Q5_K, (2, 2, 1, 1)), (GGMLType.Q6_K, (2, 2, 1, 0)),
     (GGMLType.Q6_K, (8, 1, 1, 1)), (GGMLType.Q6_K, (4, 4, 2, 1)), (GGMLType.Q8_0, (1, 32, 1, 0)),
     (GGMLType.Q8_0, (2, 16, 1, 1)), (GGMLType.Q8_0, (1, 64, 2, 1)), (GGMLType.Q4_0, (1, 32, 1, 0)),
-    (GGMLType.Q4_0, (4, 16, 1, 1)), (GGMLType.Q4_1, (1, 32, 1, 0)), (GGMLType.Q4_1, (2, 16, 1, 1))])
+    (GGMLType.Q4_0, (4, 16, 1, 1)), (GGMLType.Q4_1, (1, 32, 1, 0)), (GGMLType.Q4_1, (2, 16, 1, 1)),
+    (GGMLType.Q4_K, (2, 4, 1, 2)), (GGMLType.Q6_K, (1, 8, 1, 2)), (GGMLType.Q8_0, (1, 64, 1, 2))])
 @pytest.mark.parametrize("m", [1, 3])
 def test_mmvq_layouts_exact_on_integer_activations(qtype: GGMLType, config: tuple, m: int
                                                    ) -> None:
-    """Every layout (config[3]: 0 the first kernels, 1 kernels/gguf_mmvq_lanes.py) and
+    """Every layout (config[3]: 0 the first kernels, 1 kernels/gguf_mmvq_lanes.py, 2 the
+    same reading weights past L1) and
     step shape the bench sweeps: 3 super-blocks / 24 blocks a row (whole steps, then a
     masked one, or a masked one only; Q6_K's 630-byte rows alternate 4-byte phases, Q8_0
     and Q4_0 blocks alternate within a row), 37 rows (the last program's rows past N

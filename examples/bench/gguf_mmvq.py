@@ -41,14 +41,16 @@ from kernels.gguf_mmvq import gguf_mmvq, gguf_mmvq_q8_1, mmvq_config, quantize_q
 TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 _LEGACY = [(1, 8, 1), (1, 16, 1), (1, 32, 1), (1, 64, 1), (2, 32, 1), (1, 32, 2), (1, 64, 2),
            (2, 32, 2), (2, 16, 1), (1, 128, 4)]
-# LAYOUT 1 (kernels/gguf_mmvq_lanes.py): a lane per 4 words of a block's units; rows x blocks
+# LAYOUT 1, 2 (kernels/gguf_mmvq_lanes.py): a lane per 4 words of a block's units; rows x blocks
 # >= 8 x warps (Q4_K, Q5_K, Q6_K: 4 units a block) or 32 x warps (Q8_0, Q4_0, Q4_1)
 _LANES_K = [(2, 4, 1, 1), (1, 8, 1, 1), (4, 2, 1, 1), (8, 1, 1, 1), (4, 4, 1, 1), (2, 8, 1, 1),
             (8, 2, 1, 1), (4, 4, 2, 1), (8, 2, 2, 1), (16, 1, 2, 1), (8, 4, 2, 1), (16, 2, 4, 1),
-            (1, 16, 1, 1), (1, 16, 2, 1), (1, 32, 4, 1), (2, 16, 4, 1)]
+            (1, 16, 1, 1), (1, 16, 2, 1), (1, 32, 4, 1), (2, 16, 4, 1),
+            (2, 4, 1, 2), (1, 8, 1, 2), (4, 4, 1, 2), (1, 16, 2, 2)]  # 2: weights past L1
 _LANES_LEGACY = [(1, 32, 1, 1), (2, 16, 1, 1), (4, 8, 1, 1), (1, 64, 1, 1), (2, 32, 1, 1),
                  (4, 16, 1, 1), (8, 8, 1, 1), (1, 64, 2, 1), (2, 32, 2, 1), (1, 128, 2, 1),
-                 (1, 128, 4, 1), (8, 16, 2, 1)]
+                 (1, 128, 4, 1), (8, 16, 2, 1), (1, 32, 1, 2), (1, 64, 1, 2), (2, 32, 1, 2),
+                 (1, 128, 4, 2)]
 _K_QUANT = [(1, 2, 1), (1, 4, 1), (1, 8, 1), (2, 4, 1), (1, 4, 2), (1, 8, 2), (2, 8, 2),
             (2, 2, 1), (4, 4, 1), (1, 16, 4)]
 SHAPES = dict(LLAMA_LINEARS, lm_head=(128256, LLAMA_LINEARS["o"][1]))
