@@ -49,6 +49,7 @@ MMVQ_MAX_M = 8  # decode rows (the issue's M <= 8); more go through kernels/gguf
 
 
 MMVQ_NARROW_N = 8192  # outputs up to this many: K-quants take one row a program
+MMVQ_TINY_N = 2048  # up to this many (a k or v shard): one row a program of two warps
 
 
 def mmvq_config(qtype: int, n: int | None = None) -> tuple[int, ...]:
@@ -58,11 +59,12 @@ def mmvq_config(qtype: int, n: int | None = None) -> tuple[int, ...]:
     memory latency of each step. Layout 1 (kernels/gguf_mmvq_lanes.py) is chosen from its
     SASS (1.4-2.7x fewer instructions a weight byte than layout 0), and one row a program
     for narrow K-quant layers (qkv, o, down: twice the programs of two rows, up to the 32
-    one-warp programs an SM holds), not measured yet."""
+    one-warp programs an SM holds; a 1024-row shard: two warps, a 4096-wide row in one
+    step), not measured yet."""
     wide = {Q4_K: (2, 4, 1, 1), Q5_K: (2, 4, 1, 1), Q6_K: (2, 4, 1, 1), Q8_0: (1, 64, 1, 1)}.get(
         qtype, (1, 32, 1, 1))  # Q4_0; Q4_1 takes Q4_0's, not swept yet
     if n is not None and n <= MMVQ_NARROW_N and qtype in (Q4_K, Q5_K, Q6_K):
-        return (1, 8, 1, 1)
+        return (1, 16, 2, 1) if n <= MMVQ_TINY_N else (1, 8, 1, 1)
     return wide
 
 

@@ -2,7 +2,7 @@
 
     python examples/bench/gguf_mmvq.py [--sweep] [--m 1 2 4 8] [--types Q4_K ...] [--out DIR]
 
-Per type (Q4_0 Q4_1 Q8_0 Q4_K Q5_K Q6_K), shape (qkv, o, gate_up, down, lm_head) and M: the
+Per type (Q4_0 Q4_1 Q8_0 Q4_K Q5_K Q6_K), shape (qkv, o, gate_up, down, lm_head, v) and M: the
 whole op (quantize_q8_1 + GEMV), the GEMV alone with the default config and, with --sweep,
 the other configs of CONFIGS (M = 1 only). Times, bytes and %BW as examples/bench/kernels.py
 (CUDA-graph replays over enough weight copies to miss the L2; %BW counts the quantized bytes).
@@ -53,7 +53,10 @@ _LANES_LEGACY = [(1, 32, 1, 1), (2, 16, 1, 1), (4, 8, 1, 1), (1, 64, 1, 1), (2, 
                  (1, 128, 4, 2)]
 _K_QUANT = [(1, 2, 1), (1, 4, 1), (1, 8, 1), (2, 4, 1), (1, 4, 2), (1, 8, 2), (2, 8, 2),
             (2, 2, 1), (4, 4, 1), (1, 16, 4)]
-SHAPES = dict(LLAMA_LINEARS, lm_head=(128256, LLAMA_LINEARS["o"][1]))
+H = LLAMA_LINEARS["o"][1]
+# v: Q4_K_M's attn_v is Q6_K in some layers, its own 1024-row GEMV (not in the sums)
+SHAPES = dict(LLAMA_LINEARS, lm_head=(128256, H), v=(1024, H))
+PER_TOKEN = {"lm_head": 1, "v": 0}  # launches a token (32 layers for the others)
 CONFIGS = {  # (rows per program, blocks per step, warps[, layout]) tried by --sweep
     GGMLType.Q4_K: _K_QUANT + _LANES_K, GGMLType.Q5_K: _K_QUANT + _LANES_K,
     GGMLType.Q6_K: _K_QUANT + _LANES_K, GGMLType.Q8_0: _LEGACY + _LANES_LEGACY,
@@ -82,7 +85,7 @@ def main() -> None:
                 row(f"mmvq {qtype.name}", f"{lin} {n}x{k} M={m}", t, nbytes, err=err,
                     note="quantize + GEMV")
                 if m == 1:
-                    per_token[qtype.name] += t * (1 if lin == "lm_head" else 32)
+                    per_token[qtype.name] += t * PER_TOKEN.get(lin, 32)
                 xq8 = quantize_q8_1(x)
                 out = torch.empty(m, n, dtype=BF16, device=DEV)
                 configs = [None] + (CONFIGS[qtype] if args.sweep and m == 1 else [])
