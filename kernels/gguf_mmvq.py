@@ -20,12 +20,15 @@ vllm-gguf-plugin, and sgl-kernel ships the same op), in Triton with own code:
    types. M tokens are padded to a power of two (BLOCK_M); the pad rows recompute the last
    token, which costs ALU work only (the weights are read once).
 
-Types: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K (MMVQ_TYPES). Blocks of 2-byte alignment (Q4_0,
-Q8_0, Q6_K) are read as 16-bit halves. The error is the int8 rounding of the activations
-(about 1e-2 relative, what llama.cpp and vLLM accept); with activations that are small
-integers (d = 1) the result equals the fp32 reference. Under TRITON_INTERPRET the dp4a is
-emulated with shifts (the interpreter runs no PTX). Row offsets are 64-bit and N, K come
-from the tensors' own shapes (CVE-2026-53923).
+Types: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K (MMVQ_TYPES). Layouts of the work (config[3]):
+0, the steps below (two lanes a sub-block; blocks of 2-byte alignment read as 16-bit
+halves); 1, the default, kernels/gguf_mmvq_lanes.py (a lane per sub-block, aligned words;
+docs/kernels.md has the SASS of both); 2, layout 1 with the weights read past L1. The
+error is the int8 rounding of the activations (about 1e-2 relative, what llama.cpp and
+vLLM accept); with activations that are small integers (d = 1) the result equals the fp32
+reference. Under TRITON_INTERPRET the dp4a is emulated with shifts (the interpreter runs
+no PTX). Row offsets are 64-bit and N, K come from the tensors' own shapes
+(CVE-2026-53923).
 """
 
 from __future__ import annotations
@@ -38,21 +41,31 @@ import triton.language as tl
 
 from kernels._common import cdiv, check, check_float, check_same_device, pdl_launch, pdl_wait
 from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
-from kernels.gguf_mmvq_lanes import kquant_lane_step
+from kernels.gguf_mmvq_lanes import kquant_lane_step, legacy_lane_step, q6k_lane_step
 from kernels.gguf_tiles import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
 
 MMVQ_TYPES = frozenset({Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K})  # block sizes: GGML_TYPE_TRAITS
 MMVQ_MAX_M = 8  # decode rows (the issue's M <= 8); more go through kernels/gguf_gemm.py
 
 
-def mmvq_config(qtype: int) -> tuple[int, ...]:
-    """(rows per program, blocks per step, warps[, layout]): the fastest of
+MMVQ_NARROW_N = 8192  # outputs up to this many: K-quants take one row a program
+MMVQ_TINY_N = 2048  # up to this many (a k or v shard): one row a program of two warps
+
+
+def mmvq_config(qtype: int, n: int | None = None) -> tuple[int, ...]:
+    """(rows per program, blocks per step, warps[, layout]) for n outputs: the fastest of
     examples/bench/gguf_mmvq.py --sweep over Llama-3.1-8B's shapes on the H200
     (docs/kernels.md). Few rows and one warp a program win: many programs in flight hide the
-    memory latency of each step. Layout 1 (kernels/gguf_mmvq_lanes.py, K-quants) is chosen
-    from its SASS (2.5x fewer instructions a weight byte than layout 0), not measured yet."""
-    return {Q4_K: (2, 4, 1, 1), Q5_K: (2, 4, 1, 1), Q6_K: (2, 2, 1), Q8_0: (1, 64, 1)}.get(
-        qtype, (1, 32, 1))  # Q4_0 (swept); Q4_1 takes Q4_0's, not swept yet
+    memory latency of each step. Layout 1 (kernels/gguf_mmvq_lanes.py) is chosen from its
+    SASS (1.4-2.7x fewer instructions a weight byte than layout 0), and one row a program
+    for narrow K-quant layers (qkv, o, down: twice the programs of two rows, up to the 32
+    one-warp programs an SM holds; a 1024-row shard: two warps, a 4096-wide row in one
+    step), not measured yet."""
+    wide = {Q4_K: (2, 4, 1, 1), Q5_K: (2, 4, 1, 1), Q6_K: (2, 4, 1, 1), Q8_0: (1, 64, 1, 1)}.get(
+        qtype, (1, 32, 1, 1))  # Q4_0; Q4_1 takes Q4_0's, not swept yet
+    if n is not None and n <= MMVQ_NARROW_N and qtype in (Q4_K, Q5_K, Q6_K):
+        return (1, 16, 2, 1) if n <= MMVQ_TINY_N else (1, 8, 1, 1)
+    return wide
 
 
 @triton.jit
@@ -259,20 +272,38 @@ def _legacy_step(acc, rows, x, blk0, nblk, n_mask, M, BLOCK_M: tl.constexpr, NB:
 @triton.jit
 def _lane_loop(acc, w_ptr, xq_ptr, xd_ptr, xs_ptr, x, n, N, nblk, stride_w, M, TYPE: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NB: tl.constexpr,
-               ASM: tl.constexpr):
-    # LAYOUT = 1 (kernels/gguf_mmvq_lanes.py): whole steps unmasked, then the partial one;
-    # rows past N re-read row N - 1 (their outputs are not stored)
-    SIZE: tl.constexpr = 44 if TYPE == 13 else 36  # 32-bit words
-    rows = tl.minimum(n, N - 1).to(tl.int64)[:, None, None, None] * (stride_w // 4)
-    wb = w_ptr.to(tl.pointer_type(tl.int32)) + rows + tl.arange(0, NB)[None, :, None, None] * SIZE
+               STREAM: tl.constexpr, ASM: tl.constexpr):
+    # LAYOUT 1, 2 (kernels/gguf_mmvq_lanes.py; 2 streams the weights past L1): whole steps
+    # unmasked, then the partial one; rows past N re-read row N - 1 (outputs not stored)
     sq, sd, ss = x[3], x[4], x[5]
     nfull = nblk // NB
-    for k in range(0, nfull):
-        acc = kquant_lane_step(acc, wb, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk, M, BLOCK_N,
-                               NB, BLOCK_M, TYPE == 13, False, ASM)
-    if nfull * NB < nblk:
-        acc = kquant_lane_step(acc, wb, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, nfull, nblk, M,
-                               BLOCK_N, NB, BLOCK_M, TYPE == 13, True, ASM)
+    rows = tl.minimum(n, N - 1).to(tl.int64)[:, None, None, None] * stride_w  # bytes
+    w32 = w_ptr.to(tl.pointer_type(tl.int32))
+    wrow = w32 + (rows >> 2)  # aligned words and each row's phase (2-byte aligned types)
+    rph = (rows & 2).to(tl.int32)
+    if TYPE == 2 or TYPE == 3 or TYPE == 8:
+        for k in range(0, nfull):
+            acc = legacy_lane_step(acc, wrow, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk,
+                                   M, BLOCK_N, NB, BLOCK_M, TYPE, False, STREAM, ASM)
+        if nfull * NB < nblk:
+            acc = legacy_lane_step(acc, wrow, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, nfull,
+                                   nblk, M, BLOCK_N, NB, BLOCK_M, TYPE, True, STREAM, ASM)
+    elif TYPE == 14:
+        for k in range(0, nfull):
+            acc = q6k_lane_step(acc, wrow, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk, M,
+                                BLOCK_N, NB, BLOCK_M, False, STREAM, ASM)
+        if nfull * NB < nblk:
+            acc = q6k_lane_step(acc, wrow, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, nfull, nblk,
+                                M, BLOCK_N, NB, BLOCK_M, True, STREAM, ASM)
+    else:
+        SIZE: tl.constexpr = 44 if TYPE == 13 else 36  # 32-bit words
+        wb = w32 + (rows // 4) + tl.arange(0, NB)[None, :, None, None] * SIZE  # [BN, NB, 1, 1]
+        for k in range(0, nfull):
+            acc = kquant_lane_step(acc, wb, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk, M,
+                                   BLOCK_N, NB, BLOCK_M, TYPE == 13, False, STREAM, ASM)
+        if nfull * NB < nblk:
+            acc = kquant_lane_step(acc, wb, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, nfull, nblk, M,
+                                   BLOCK_N, NB, BLOCK_M, TYPE == 13, True, STREAM, ASM)
     return acc
 
 
@@ -292,17 +323,17 @@ def _mmvq_kernel(
     x = (xq_ptr, xd_ptr, xs_ptr, k32 * 8, k32, k32 * 2)  # pointers and row strides
     if BLOCK_M > 1:
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    elif LAYOUT == 1:
-        acc = tl.zeros([BLOCK_N, NB, 4], dtype=tl.float32)
+    elif LAYOUT >= 1:
+        acc = tl.zeros([BLOCK_N, NB, 4 if TYPE >= 12 else 1], dtype=tl.float32)
     elif TYPE == 14:
         acc = tl.zeros([BLOCK_N, NB, 2, 2, 2, 1], dtype=tl.float32)
     elif TYPE == 12 or TYPE == 13:
         acc = tl.zeros([BLOCK_N, NB, 4], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_N, NB, 1], dtype=tl.float32)
-    if LAYOUT == 1:
+    if LAYOUT >= 1:
         acc = _lane_loop(acc, w_ptr, xq_ptr, xd_ptr, xs_ptr, x, n, N, nblk, stride_w, M, TYPE,
-                         BLOCK_N, BLOCK_M, NB, ASM)
+                         BLOCK_N, BLOCK_M, NB, LAYOUT == 2, ASM)
     else:
         for blk0 in range(0, nblk, NB):
             if TYPE == 14:
@@ -412,11 +443,13 @@ def gguf_mmvq_q8_1(xq8: tuple[torch.Tensor, torch.Tensor, torch.Tensor], qweight
     check_same_device(xq=xq, xd=xd, xs=xs, qweight=qweight, out=out)
     if m == 0 or n == 0:
         return out
-    block_n, nb, warps, *layout = config or mmvq_config(qtype)
+    block_n, nb, warps, *layout = config or mmvq_config(qtype, n)
+    # layouts 1, 2 read 2-byte aligned blocks as the aligned words around them
+    lanes = layout[0] if layout and qweight.data_ptr() % 4 == 0 else 0
     _mmvq_kernel[(cdiv(n, block_n),)](
         xq, xd, xs, qweight, out, m, n, nblk, qweight.stride(0), out.stride(0), TYPE=qtype,
         GPB=block // 32, BLOCK_N=block_n, BLOCK_M=1 << (m - 1).bit_length(), NB=nb,
-        LAYOUT=layout[0] if layout else 0, ASM=_asm(),
+        LAYOUT=lanes, ASM=_asm(),
         num_warps=warps, **pdl_launch(out))
     return out
 

@@ -23,6 +23,7 @@ from kernels.gguf_mmvq import (
     MMVQ_MAX_M,
     gguf_mmvq,
     gguf_mmvq_q8_1,
+    mmvq_config,
     quantize_q8_1,
     quantize_q8_1_ref,
 )
@@ -155,15 +156,39 @@ def test_gguf_weight_shards_share_one_quantization() -> None:
 
 @pytest.mark.parametrize("qtype,config", [
     (GGMLType.Q4_K, (2, 4, 1, 0)), (GGMLType.Q4_K, (4, 2, 1, 1)), (GGMLType.Q4_K, (8, 2, 2, 1)),
-    (GGMLType.Q5_K, (2, 4, 1, 0)), (GGMLType.Q5_K, (2, 2, 1, 1))])
+    (GGMLType.Q5_K, (2, 4, 1, 0)), (GGMLType.Q5_K, (2, 2, 1, 1)), (GGMLType.Q6_K, (2, 2, 1, 0)),
+    (GGMLType.Q6_K, (8, 1, 1, 1)), (GGMLType.Q6_K, (4, 4, 2, 1)), (GGMLType.Q8_0, (1, 32, 1, 0)),
+    (GGMLType.Q8_0, (2, 16, 1, 1)), (GGMLType.Q8_0, (1, 64, 2, 1)), (GGMLType.Q4_0, (1, 32, 1, 0)),
+    (GGMLType.Q4_0, (4, 16, 1, 1)), (GGMLType.Q4_1, (1, 32, 1, 0)), (GGMLType.Q4_1, (2, 16, 1, 1)),
+    (GGMLType.Q4_K, (2, 4, 1, 2)), (GGMLType.Q6_K, (1, 8, 1, 2)), (GGMLType.Q8_0, (1, 64, 1, 2))])
 @pytest.mark.parametrize("m", [1, 3])
 def test_mmvq_layouts_exact_on_integer_activations(qtype: GGMLType, config: tuple, m: int
                                                    ) -> None:
-    """Every layout (config[3]: 0 two lanes a sub-block, 1 a lane per sub-block pair) and
-    step shape the bench sweeps: 3 super-blocks a row (whole steps, then a masked one, or a
-    masked one only), 37 rows (the last program's rows past N re-read row N - 1)."""
+    """Every layout (config[3]: 0 the first kernels, 1 kernels/gguf_mmvq_lanes.py, 2 the
+    same reading weights past L1) and
+    step shape the bench sweeps: 3 super-blocks / 24 blocks a row (whole steps, then a
+    masked one, or a masked one only; Q6_K's 630-byte rows alternate 4-byte phases, Q8_0
+    and Q4_0 blocks alternate within a row), 37 rows (the last program's rows past N
+    re-read row N - 1)."""
     k = 768
     w = random_weight(qtype, 37, k, seed=int(qtype))
     x = _integer_x(m, k, seed=m)
     ref = gguf_gemm_ref(x.double().float(), w, qtype)
     assert _rel_err(gguf_mmvq(x, w, qtype, config=config), ref) < 1e-5
+
+
+def test_mmvq_q6_k_weight_view_off_4_byte_alignment() -> None:
+    """Layout 1 reads Q6_K's 2-byte aligned blocks as aligned words; a weight view that
+    starts 2 bytes into a word goes through layout 0, same result."""
+    qtype, k = GGMLType.Q6_K, 512
+    w = random_weight(qtype, 6, k, seed=4)
+    flat = torch.zeros(w.numel() + 2, dtype=torch.uint8, device=w.device)
+    flat[2:] = w.reshape(-1)
+    view = flat[2:].view(w.shape)
+    assert view.data_ptr() % 4 == 2
+    x = _integer_x(1, k)
+    lanes = mmvq_config(qtype, 6)
+    words = lanes[:3] + (0,)
+    assert lanes[3] == 1
+    assert torch.equal(gguf_mmvq(x, view, qtype, config=lanes),
+                       gguf_mmvq(x, w, qtype, config=words))

@@ -2,7 +2,7 @@
 
     python examples/bench/gguf_mmvq.py [--sweep] [--m 1 2 4 8] [--types Q4_K ...] [--out DIR]
 
-Per type (Q4_0 Q4_1 Q8_0 Q4_K Q5_K Q6_K), shape (qkv, o, gate_up, down, lm_head) and M: the
+Per type (Q4_0 Q4_1 Q8_0 Q4_K Q5_K Q6_K), shape (qkv, o, gate_up, down, lm_head, v) and M: the
 whole op (quantize_q8_1 + GEMV), the GEMV alone with the default config and, with --sweep,
 the other configs of CONFIGS (M = 1 only). Times, bytes and %BW as examples/bench/kernels.py
 (CUDA-graph replays over enough weight copies to miss the L2; %BW counts the quantized bytes).
@@ -41,17 +41,26 @@ from kernels.gguf_mmvq import gguf_mmvq, gguf_mmvq_q8_1, mmvq_config, quantize_q
 TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 _LEGACY = [(1, 8, 1), (1, 16, 1), (1, 32, 1), (1, 64, 1), (2, 32, 1), (1, 32, 2), (1, 64, 2),
            (2, 32, 2), (2, 16, 1), (1, 128, 4)]
-# LAYOUT 1 (kernels/gguf_mmvq_lanes.py): a lane per 4 words of a block's units; rows x blocks
+# LAYOUT 1, 2 (kernels/gguf_mmvq_lanes.py): a lane per 4 words of a block's units; rows x blocks
 # >= 8 x warps (Q4_K, Q5_K, Q6_K: 4 units a block) or 32 x warps (Q8_0, Q4_0, Q4_1)
 _LANES_K = [(2, 4, 1, 1), (1, 8, 1, 1), (4, 2, 1, 1), (8, 1, 1, 1), (4, 4, 1, 1), (2, 8, 1, 1),
-            (8, 2, 1, 1), (4, 4, 2, 1), (8, 2, 2, 1), (16, 1, 2, 1), (8, 4, 2, 1), (16, 2, 4, 1)]
+            (8, 2, 1, 1), (4, 4, 2, 1), (8, 2, 2, 1), (16, 1, 2, 1), (8, 4, 2, 1), (16, 2, 4, 1),
+            (1, 16, 1, 1), (1, 16, 2, 1), (1, 32, 4, 1), (2, 16, 4, 1),
+            (2, 4, 1, 2), (1, 8, 1, 2), (4, 4, 1, 2), (1, 16, 2, 2)]  # 2: weights past L1
+_LANES_LEGACY = [(1, 32, 1, 1), (2, 16, 1, 1), (4, 8, 1, 1), (1, 64, 1, 1), (2, 32, 1, 1),
+                 (4, 16, 1, 1), (8, 8, 1, 1), (1, 64, 2, 1), (2, 32, 2, 1), (1, 128, 2, 1),
+                 (1, 128, 4, 1), (8, 16, 2, 1), (1, 32, 1, 2), (1, 64, 1, 2), (2, 32, 1, 2),
+                 (1, 128, 4, 2)]
 _K_QUANT = [(1, 2, 1), (1, 4, 1), (1, 8, 1), (2, 4, 1), (1, 4, 2), (1, 8, 2), (2, 8, 2),
             (2, 2, 1), (4, 4, 1), (1, 16, 4)]
-SHAPES = dict(LLAMA_LINEARS, lm_head=(128256, LLAMA_LINEARS["o"][1]))
+H = LLAMA_LINEARS["o"][1]
+# v: Q4_K_M's attn_v is Q6_K in some layers, its own 1024-row GEMV (not in the sums)
+SHAPES = dict(LLAMA_LINEARS, lm_head=(128256, H), v=(1024, H))
+PER_TOKEN = {"lm_head": 1, "v": 0}  # launches a token (32 layers for the others)
 CONFIGS = {  # (rows per program, blocks per step, warps[, layout]) tried by --sweep
     GGMLType.Q4_K: _K_QUANT + _LANES_K, GGMLType.Q5_K: _K_QUANT + _LANES_K,
-    GGMLType.Q6_K: _K_QUANT, GGMLType.Q8_0: _LEGACY, GGMLType.Q4_0: _LEGACY,
-    GGMLType.Q4_1: _LEGACY,
+    GGMLType.Q6_K: _K_QUANT + _LANES_K, GGMLType.Q8_0: _LEGACY + _LANES_LEGACY,
+    GGMLType.Q4_0: _LEGACY + _LANES_LEGACY, GGMLType.Q4_1: _LEGACY + _LANES_LEGACY,
 }
 
 
@@ -76,7 +85,7 @@ def main() -> None:
                 row(f"mmvq {qtype.name}", f"{lin} {n}x{k} M={m}", t, nbytes, err=err,
                     note="quantize + GEMV")
                 if m == 1:
-                    per_token[qtype.name] += t * (1 if lin == "lm_head" else 32)
+                    per_token[qtype.name] += t * PER_TOKEN.get(lin, 32)
                 xq8 = quantize_q8_1(x)
                 out = torch.empty(m, n, dtype=BF16, device=DEV)
                 configs = [None] + (CONFIGS[qtype] if args.sweep and m == 1 else [])
@@ -84,7 +93,7 @@ def main() -> None:
                     t = gpu_time(lambda: [gguf_mmvq_q8_1(xq8, w, qtype, out, cfg)
                                           for w in ws]) / len(ws)
                     row(f"mmvq {qtype.name} GEMV", f"{lin} {n}x{k} M={m}", t, nbytes,
-                        note=str(cfg) if cfg else f"default {mmvq_config(qtype)}")
+                        note=str(cfg) if cfg else f"default {mmvq_config(qtype, n)}")
     for name, t in per_token.items():
         print(f"  Llama-3.1-8B {name} linear layers (32 x qkv+o+gate_up+down, quantize + "
               f"GEMV, M = 1) + lm_head: {t * 1e3:.3f} ms per token")
