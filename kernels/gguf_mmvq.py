@@ -48,24 +48,21 @@ MMVQ_TYPES = frozenset({Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K})  # block sizes: GGM
 MMVQ_MAX_M = 8  # decode rows (the issue's M <= 8); more go through kernels/gguf_gemm.py
 
 
-MMVQ_NARROW_N = 8192  # outputs up to this many: K-quants take one row a program
-MMVQ_TINY_N = 2048  # up to this many (a k or v shard): one row a program of two warps
+MMVQ_NARROW_N = 4096  # K-quant layers with up to this many outputs: two rows a program
 
 
 def mmvq_config(qtype: int, n: int | None = None) -> tuple[int, ...]:
     """(rows per program, blocks per step, warps[, layout]) for n outputs: the fastest of
     examples/bench/gguf_mmvq.py --sweep over Llama-3.1-8B's shapes on the H200
     (docs/kernels.md). Few rows and one warp a program win: many programs in flight hide the
-    memory latency of each step. Layout 1 (kernels/gguf_mmvq_lanes.py) is chosen from its
-    SASS (1.4-2.7x fewer instructions a weight byte than layout 0), and one row a program
-    for narrow K-quant layers (qkv, o, down: twice the programs of two rows, up to the 32
-    one-warp programs an SM holds; a 1024-row shard: two warps, a 4096-wide row in one
-    step), not measured yet."""
-    wide = {Q4_K: (2, 4, 1, 1), Q5_K: (2, 4, 1, 1), Q6_K: (2, 4, 1, 1), Q8_0: (1, 64, 1, 1)}.get(
-        qtype, (1, 32, 1, 1))  # Q4_0; Q4_1 takes Q4_0's, not swept yet
-    if n is not None and n <= MMVQ_NARROW_N and qtype in (Q4_K, Q5_K, Q6_K):
-        return (1, 16, 2, 1) if n <= MMVQ_TINY_N else (1, 8, 1, 1)
-    return wide
+    memory latency of each step. Q4_K / Q5_K take layout 1 (kernels/gguf_mmvq_lanes.py),
+    measured 2026-12-02 at M = 1 against layout 0's best: gate_up 24.7 vs 31.4 us (4 rows),
+    qkv 7.0 vs 10.4 (4 rows), o 5.6 vs 6.7 and down 15.9 vs 17.4 (2 rows); one row a program
+    was slower (qkv 12.4, down 24.4). Layout 1 of Q6_K, Q8_0, Q4_0 and Q4_1 is tested but
+    not yet timed on the device: those keep the layout-0 configs measured in session 7."""
+    if qtype in (Q4_K, Q5_K):
+        return (2, 4, 1, 1) if n is not None and n <= MMVQ_NARROW_N else (4, 4, 1, 1)
+    return {Q6_K: (2, 2, 1), Q8_0: (1, 64, 1)}.get(qtype, (1, 32, 1))  # Q4_1 takes Q4_0's
 
 
 @triton.jit

@@ -187,8 +187,19 @@ def test_mmvq_q6_k_weight_view_off_4_byte_alignment() -> None:
     view = flat[2:].view(w.shape)
     assert view.data_ptr() % 4 == 2
     x = _integer_x(1, k)
-    lanes = mmvq_config(qtype, 6)
+    lanes = (2, 4, 1, 1)  # layout 1
     words = lanes[:3] + (0,)
-    assert lanes[3] == 1
     assert torch.equal(gguf_mmvq(x, view, qtype, config=lanes),
                        gguf_mmvq(x, w, qtype, config=words))
+
+
+def test_mmvq_config_defaults() -> None:
+    """The H200-measured defaults (docs/kernels.md): layout 1 for Q4_K / Q5_K, 4 rows a
+    program for wide layers, 2 for narrow ones; layout 0 for the types not yet timed."""
+    assert mmvq_config(GGMLType.Q4_K, 28672) == (4, 4, 1, 1)
+    assert mmvq_config(GGMLType.Q4_K, 6144) == (4, 4, 1, 1)
+    assert mmvq_config(GGMLType.Q4_K, 4096) == (2, 4, 1, 1)
+    assert mmvq_config(GGMLType.Q5_K, 1024) == (2, 4, 1, 1)
+    assert mmvq_config(GGMLType.Q6_K, 4096) == (2, 2, 1)
+    assert mmvq_config(GGMLType.Q8_0) == (1, 64, 1)
+    assert mmvq_config(GGMLType.Q4_1) == (1, 32, 1)
