@@ -3,14 +3,18 @@
 model_path: env VLLM_TEST_MODEL, else the model `make run` fetches; skips if absent.
 hf_test_tokenizer / hf_test_model: transformers' tokenizer and fp32 model of that GGUF
 (the oracles of several modules), loaded once a session; tests only read them.
-built: runs `make -s build/libvllm.so build/vllm-cli` once per session.
+built: runs `make -s build/libvllm.so build/vllm-cli` once per session (per worker).
 child_env / compile_c: run C programs as a user would (PYTHONUNBUFFERED unset: it
 would hide lost output of the embedded interpreter).
 The test process itself runs torch on one intra-op thread (_one_torch_thread).
+Parallel runs (pytest-xdist, `-n auto` in pyproject's addopts): the worker count
+(pytest_xdist_auto_num_workers) and a module's tests kept on one worker
+(pytest_xdist_make_scheduler).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 from pathlib import Path
@@ -47,6 +51,42 @@ def _one_torch_thread() -> None:
 
 
 _one_torch_thread()
+MAX_WORKERS = 2  # measured: the 2-core CI machine; more workers are untested
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: one worker a usable core (at most MAX_WORKERS) on a machine without CUDA.
+    Serial (0) with CUDA, where the GPU tests size their KV caches from the free device
+    memory of one shared device, and for a run of one file, whose tests stay on one worker
+    anyway. `-n N` on the command line overrides this."""
+    import torch
+
+    files = {arg.split("::")[0] for arg in config.args}
+    if torch.cuda.is_available() or len(files) == 1 and Path(next(iter(files))).is_file():
+        return 0
+    return min(len(os.sched_getaffinity(0)), MAX_WORKERS)
+
+
+# Modules that assert wall-clock bounds (a render budget, a GIL gap, an abort within 1 s,
+# a case within 5 s, a death noticed within 5 s): one unit of work, so no two run at once.
+TIMING_MODULES = {"test_chat_template", "test_hostile_prompt_limits", "test_hostile_server",
+                  "test_gguf_fuzz", "test_capi_engine_core", "test_engine_core_proc"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scheduler by scope, the scope a test module (TIMING_MODULES share one): a
+    module's tests run in order on one worker, its module-scoped engines and models built
+    once. (xdist's own `--dist loadgroup` cannot mark groups under pytest 9.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "timing" if Path(module).stem in TIMING_MODULES else module
+
+    return ModuleScheduling(config, log)
+
+
 DEFAULT_MODEL = Path.home() / ".cache/libvllm/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 C_FLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"]
 
@@ -78,13 +118,16 @@ def hf_test_model(model_path):
 
 @pytest.fixture(scope="session")
 def built() -> Path:
-    """The build directory, with libvllm.so and vllm-cli up to date."""
-    make = subprocess.run(
-        ["make", "-s", "build/libvllm.so", "build/vllm-cli"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    """The build directory, with libvllm.so and vllm-cli up to date. Each xdist worker runs
+    this: an exclusive lock on the Makefile keeps two makes from writing build/ at once."""
+    with open(ROOT / "Makefile") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        make = subprocess.run(
+            ["make", "-s", "build/libvllm.so", "build/vllm-cli"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
     assert make.returncode == 0, f"make failed:\n{make.stdout}\n{make.stderr}"
     return ROOT / "build"
 
