@@ -67,14 +67,20 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return min(len(os.sched_getaffinity(0)), MAX_WORKERS)
 
 
-# Modules that assert wall-clock bounds (a render budget, a GIL gap, an abort within 1 s,
-# a case within 5 s, a death noticed within 5 s): one unit of work, so no two run at once.
-TIMING_MODULES = {"test_chat_template", "test_hostile_prompt_limits", "test_hostile_server",
-                  "test_gguf_fuzz", "test_capi_engine_core", "test_engine_core_proc"}
+# Modules run together as one unit of work (on one worker, one after another): "timing",
+# those that assert wall-clock bounds (a render budget, a GIL gap, an abort within 1 s, a
+# case within 5 s, a death noticed within 5 s), so that no two of them run at once;
+# "hf_test_model", the users of that session fixture, so that one worker loads it.
+SHARED_UNITS = {
+    "timing": ("test_chat_template", "test_hostile_prompt_limits", "test_hostile_server",
+               "test_gguf_fuzz", "test_capi_engine_core", "test_engine_core_proc"),
+    "hf_test_model": ("test_generate_parity", "test_sampling_e2e"),
+}
+UNIT_OF_MODULE = {m: unit for unit, modules in SHARED_UNITS.items() for m in modules}
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's scheduler by scope, the scope a test module (TIMING_MODULES share one): a
+    """xdist's scheduler by scope, a scope being a test module or one of SHARED_UNITS: a
     module's tests run in order on one worker, its module-scoped engines and models built
     once. (xdist's own `--dist loadgroup` cannot mark groups under pytest 9.)"""
     from xdist.scheduler import LoadScopeScheduling
@@ -82,7 +88,7 @@ def pytest_xdist_make_scheduler(config, log):
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return "timing" if Path(module).stem in TIMING_MODULES else module
+            return UNIT_OF_MODULE.get(Path(module).stem, module)
 
     return ModuleScheduling(config, log)
 
