@@ -6,7 +6,7 @@ hf_test_tokenizer / hf_test_model: transformers' tokenizer and fp32 model of tha
 built: runs `make -s build/libvllm.so build/vllm-cli` once per session (per worker).
 child_env / compile_c: run C programs as a user would (PYTHONUNBUFFERED unset: it
 would hide lost output of the embedded interpreter).
-The test process itself runs torch on one intra-op thread (_one_torch_thread).
+The test process and its children run torch on one intra-op thread (_one_torch_thread).
 Parallel runs (pytest-xdist, `-n auto` in pyproject's addopts): the worker count
 (pytest_xdist_auto_num_workers) and a module's tests kept on one worker
 (pytest_xdist_make_scheduler).
@@ -38,15 +38,19 @@ _interpret_kernels_without_cuda()
 
 
 def _one_torch_thread() -> None:
-    """One intra-op thread for the in-process tests unless OMP_NUM_THREADS says otherwise:
-    their ops are small (tiny models, batches of a few rows), and on a 2-core box shared
-    with a child process (engine core, server, C program) or another job, a second
-    thread turns every parallel region into a wait for a descheduled thread (measured
-    here: tests/test_capi_abi1.py 22.6 s -> 12.7 s beside one busy process). Child
-    processes keep torch's default (tests/test_capi_host_runtime.py checks n_threads)."""
+    """One intra-op thread for the test process and, through OMP_NUM_THREADS, for every
+    child it starts (engine cores, servers, C programs, examples), unless OMP_NUM_THREADS
+    says otherwise: their ops are small (tiny models, batches of a few rows), and on a
+    2-core box shared with another process (an xdist worker, a child, another job) a
+    second thread turns every parallel region into a wait for a descheduled thread
+    (measured here: tests/test_capi_abi1.py 22.6 s -> 12.7 s beside one busy process;
+    tests/test_engine_core_proc.py + test_capi_async_llm.py on two workers 219 s -> 42 s
+    with one-thread children). tests/test_capi_host_runtime.py's n_threads test unsets it
+    for its child, which then starts with torch's default."""
     import torch
 
     if "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
 
 

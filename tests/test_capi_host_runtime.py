@@ -120,8 +120,10 @@ lib.vllm_shutdown()
 
 
 def test_n_threads_sets_torch_threads(built, child_env, model_path):
+    # no OMP_NUM_THREADS (tests/conftest.py sets 1): the child starts with torch's default
+    env = {k: v for k, v in child_env.items() if k != "OMP_NUM_THREADS"}
     run = _run([sys.executable, "-c", _N_THREADS, built / "libvllm.so", model_path],
-               {**child_env, "PYTHONPATH": str(ROOT)})
+               {**env, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0, run.stderr
     invalid, valid = run.stdout.strip().split("\n")
     assert invalid.startswith("1 n_threads must be >= 0, got -1")
