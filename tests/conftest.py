@@ -3,14 +3,18 @@
 model_path: env VLLM_TEST_MODEL, else the model `make run` fetches; skips if absent.
 hf_test_tokenizer / hf_test_model: transformers' tokenizer and fp32 model of that GGUF
 (the oracles of several modules), loaded once a session; tests only read them.
-built: runs `make -s build/libvllm.so build/vllm-cli` once per session.
+built: runs `make -s build/libvllm.so build/vllm-cli` once per session (per worker).
 child_env / compile_c: run C programs as a user would (PYTHONUNBUFFERED unset: it
 would hide lost output of the embedded interpreter).
-The test process itself runs torch on one intra-op thread (_one_torch_thread).
+The test process and its children run torch on one intra-op thread (_one_torch_thread).
+Parallel runs (pytest-xdist, `-n auto` in pyproject's addopts): the worker count
+(pytest_xdist_auto_num_workers) and a module's tests kept on one worker
+(pytest_xdist_make_scheduler).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 from pathlib import Path
@@ -34,19 +38,65 @@ _interpret_kernels_without_cuda()
 
 
 def _one_torch_thread() -> None:
-    """One intra-op thread for the in-process tests unless OMP_NUM_THREADS says otherwise:
-    their ops are small (tiny models, batches of a few rows), and on a 2-core box shared
-    with a child process (engine core, server, C program) or another job, a second
-    thread turns every parallel region into a wait for a descheduled thread (measured
-    here: tests/test_capi_abi1.py 22.6 s -> 12.7 s beside one busy process). Child
-    processes keep torch's default (tests/test_capi_host_runtime.py checks n_threads)."""
+    """One intra-op thread for the test process and, through OMP_NUM_THREADS, for every
+    child it starts (engine cores, servers, C programs, examples), unless OMP_NUM_THREADS
+    says otherwise: their ops are small (tiny models, batches of a few rows), and on a
+    2-core box shared with another process (an xdist worker, a child, another job) a
+    second thread turns every parallel region into a wait for a descheduled thread
+    (measured here: tests/test_capi_abi1.py 22.6 s -> 12.7 s beside one busy process;
+    tests/test_engine_core_proc.py + test_capi_async_llm.py on two workers 219 s -> 42 s
+    with one-thread children). tests/test_capi_host_runtime.py's n_threads test unsets it
+    for its child, which then starts with torch's default."""
     import torch
 
     if "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
 
 
 _one_torch_thread()
+MAX_WORKERS = 2  # measured: the 2-core CI machine; more workers are untested
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: one worker a usable core (at most MAX_WORKERS) on a machine without CUDA.
+    Serial (0) with CUDA, where the GPU tests size their KV caches from the free device
+    memory of one shared device, and for a run of one file, whose tests stay on one worker
+    anyway. `-n N` on the command line overrides this."""
+    import torch
+
+    files = {arg.split("::")[0] for arg in config.args}
+    if torch.cuda.is_available() or len(files) == 1 and Path(next(iter(files))).is_file():
+        return 0
+    return min(len(os.sched_getaffinity(0)), MAX_WORKERS)
+
+
+# Modules run together as one unit of work (on one worker, one after another): "timing",
+# those that assert wall-clock bounds (a render budget, a GIL gap, an abort within 1 s, a
+# case within 5 s, a death noticed within 5 s), so that no two of them run at once;
+# "hf_test_model", the users of that session fixture, so that one worker loads it.
+SHARED_UNITS = {
+    "timing": ("test_chat_template", "test_hostile_prompt_limits", "test_hostile_server",
+               "test_gguf_fuzz", "test_capi_engine_core", "test_engine_core_proc"),
+    "hf_test_model": ("test_generate_parity", "test_sampling_e2e"),
+}
+UNIT_OF_MODULE = {m: unit for unit, modules in SHARED_UNITS.items() for m in modules}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scheduler by scope, a scope being a test module or one of SHARED_UNITS: a
+    module's tests run in order on one worker, its module-scoped engines and models built
+    once. (xdist's own `--dist loadgroup` cannot mark groups under pytest 9.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return UNIT_OF_MODULE.get(Path(module).stem, module)
+
+    return ModuleScheduling(config, log)
+
+
 DEFAULT_MODEL = Path.home() / ".cache/libvllm/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 C_FLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic"]
 
@@ -78,13 +128,16 @@ def hf_test_model(model_path):
 
 @pytest.fixture(scope="session")
 def built() -> Path:
-    """The build directory, with libvllm.so and vllm-cli up to date."""
-    make = subprocess.run(
-        ["make", "-s", "build/libvllm.so", "build/vllm-cli"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    """The build directory, with libvllm.so and vllm-cli up to date. Each xdist worker runs
+    this: an exclusive lock on the Makefile keeps two makes from writing build/ at once."""
+    with open(ROOT / "Makefile") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        make = subprocess.run(
+            ["make", "-s", "build/libvllm.so", "build/vllm-cli"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
     assert make.returncode == 0, f"make failed:\n{make.stdout}\n{make.stderr}"
     return ROOT / "build"
 

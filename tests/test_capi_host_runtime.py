@@ -28,8 +28,15 @@ def host(compile_c) -> Path:
     return compile_c(TESTS_C / "host_test.c")
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT at SIG_DFL, as a shell starts a program. An ignored
+    SIGINT would be inherited from the test process (seen under pytest-xdist workers)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _run(cmd, env, timeout=600) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env,
+                          preexec_fn=_default_sigint,
                           timeout=timeout)
 
 
@@ -48,7 +55,8 @@ def test_sigint_stays_default_after_init(host, child_env):
 @pytest.mark.slow
 def test_ctrl_c_ends_a_host_blocked_in_request_next(host, child_env, model_path):
     proc = subprocess.Popen([str(host), "blocked", model_path], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=child_env)
+                            stderr=subprocess.PIPE, text=True, env=child_env,
+                            preexec_fn=_default_sigint)
     try:
         assert proc.stdout.readline().strip() == "READY", proc.stderr.read()
         time.sleep(1.0)  # streaming: the main thread waits in vllm_request_next
@@ -112,8 +120,10 @@ lib.vllm_shutdown()
 
 
 def test_n_threads_sets_torch_threads(built, child_env, model_path):
+    # no OMP_NUM_THREADS (tests/conftest.py sets 1): the child starts with torch's default
+    env = {k: v for k, v in child_env.items() if k != "OMP_NUM_THREADS"}
     run = _run([sys.executable, "-c", _N_THREADS, built / "libvllm.so", model_path],
-               {**child_env, "PYTHONPATH": str(ROOT)})
+               {**env, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0, run.stderr
     invalid, valid = run.stdout.strip().split("\n")
     assert invalid.startswith("1 n_threads must be >= 0, got -1")
