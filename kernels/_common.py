@@ -69,6 +69,10 @@ def pdl_launch(t: torch.Tensor) -> dict:
 
 @triton.jit
 def pdl_wait():
-    """Wait for the kernel before (all of it, its writes visible), then let the next launch."""
+    """Wait for the kernel before (all of it, its writes visible), then let the next launch.
+    Every kernel here calls this first, so a kernel only starts once the one before it has
+    passed its own wait: loads placed BEFORE this call (kernels/fused_moe_gemv.py's routed
+    w2 reads the router logits early) may rely on data written two or more launches back,
+    never on the launch just before. Triggering dependents earlier would break that."""
     tl.extra.cuda.gdc_wait()
     tl.extra.cuda.gdc_launch_dependents()

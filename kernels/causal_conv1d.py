@@ -141,6 +141,10 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.T
     check(weight.shape[0] == dim and conv_states.shape[1:] == (K - 1, dim),
           lambda: f"shapes do not match: weight {tuple(weight.shape)}, conv_states "
           f"{tuple(conv_states.shape)}, dim {dim}")
+    check(query_start_loc.shape == (N + 1,) and has_initial_state.shape == (N,),
+          lambda: f"query_start_loc must be [{N + 1}] and has_initial_state [{N}] for "
+          f"{N} state indices, got {tuple(query_start_loc.shape)} and "
+          f"{tuple(has_initial_state.shape)}")
     out = torch.empty(T, dim, dtype=x.dtype, device=x.device)
     if N == 0 or T == 0:
         return out

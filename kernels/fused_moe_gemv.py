@@ -23,7 +23,8 @@ the top-k sum). Here:
   experts; the weights up to the order of one fp32 sum; a w13 program needs only its
   slot's expert: topk_softmax_slot, slot + 1 rounds), so the top-k launch goes. The w2
   programs route, and load their first weight tile, before their PDL wait: the logits were
-  written two launches back (the w13 kernel waited for them before it let w2 launch).
+  written two launches back or more (five in the shared-expert path; the w13 kernel waited
+  for them before it let w2 launch: kernels/_common.py pdl_wait states the rule).
   The logits may be a [:, :E] view of a wider router output (stride_l its row stride).
 - SHARED (fused_moe_gemv_w2_routed's shared_out / shared_gate): the w2 epilogue adds a
   sigmoid-gated shared expert, y = routed + sigmoid(g) * shared_out (Qwen3-Next's block,
@@ -363,15 +364,16 @@ def fused_moe_gemv_w2(act: torch.Tensor, w2: torch.Tensor, topk_weights: torch.T
 
 def _check_shared(shared_out: torch.Tensor, shared_gate: torch.Tensor, act: torch.Tensor,
                   m: int, h: int) -> None:
-    """shared_out: a contiguous [m, h] of act's dtype; shared_gate: a float [m, 1] (any row
-    stride); both beside act; act has I > 0 columns."""
+    """shared_out: a contiguous [m, h] and shared_gate an [m, 1] (any row stride), both of
+    act's dtype (the torch path's roundings) and beside act; act has I > 0 columns."""
     check(shared_out.shape == (m, h) and shared_out.is_contiguous()
           and shared_out.dtype == act.dtype and act.shape[1] > 0,
           lambda: f"shared_out must be a contiguous [{m}, {h}] {act.dtype} (and I > 0), got "
           f"{tuple(shared_out.shape)} {shared_out.dtype}")
-    check_float("shared_gate", shared_gate)
-    check(shared_gate.dim() == 2 and shared_gate.shape == (m, 1),
-          lambda: f"shared_gate must be [{m}, 1], got {tuple(shared_gate.shape)}")
+    check(shared_gate.dim() == 2 and shared_gate.shape == (m, 1)
+          and shared_gate.dtype == act.dtype,
+          lambda: f"shared_gate must be a [{m}, 1] {act.dtype}, got "
+          f"{tuple(shared_gate.shape)} {shared_gate.dtype}")
     check_same_device(act=act, shared_out=shared_out, shared_gate=shared_gate)
 
 

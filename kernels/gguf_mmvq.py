@@ -56,8 +56,8 @@ def mmvq_config(qtype: int, n: int | None = None) -> tuple[int, ...]:
     examples/bench/gguf_mmvq.py --sweep over Llama-3.1-8B's shapes on the H200
     (docs/kernels.md). Few rows and one warp a program win: many programs in flight hide the
     memory latency of each step. Q4_K / Q5_K take layout 1 (kernels/gguf_mmvq_lanes.py),
-    measured 2026-12-02 at M = 1 against layout 0's best: gate_up 24.7 vs 31.4 us (4 rows),
-    qkv 7.0 vs 10.4 (4 rows), o 5.6 vs 6.7 and down 15.9 vs 17.4 (2 rows); one row a program
+    measured 2026-12-02 at M = 1 against layout 0's best: gate_up 24.7 vs 32.1 us (4 rows),
+    qkv 7.0 vs 10.2 (4 rows), o 5.6 vs 6.5 and down 15.9 vs 17.4 (2 rows); one row a program
     was slower (qkv 12.4, down 24.4). Layout 1 of Q6_K, Q8_0, Q4_0 and Q4_1 is tested but
     not yet timed on the device: those keep the layout-0 configs measured in session 7."""
     if qtype in (Q4_K, Q5_K):

@@ -58,6 +58,7 @@ _one_torch_thread()
 MAX_WORKERS = 2  # measured: the 2-core CI machine; more workers are untested
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto`: one worker a usable core (at most MAX_WORKERS) on a machine without CUDA.
     Serial (0) with CUDA, where the GPU tests size their KV caches from the free device
@@ -83,6 +84,7 @@ SHARED_UNITS = {
 UNIT_OF_MODULE = {m: unit for unit, modules in SHARED_UNITS.items() for m in modules}
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """xdist's scheduler by scope, a scope being a test module or one of SHARED_UNITS: a
     module's tests run in order on one worker, its module-scoped engines and models built

@@ -20,7 +20,7 @@ import pytest
 from test_kernels_common import ON_CUDA
 
 from engine.config import EngineConfig
-from engine.layers.attention import Attention
+from engine.layers import attention as attention_layer
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.worker.cudagraph import CudaGraphs
@@ -62,18 +62,7 @@ def llama_dir(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def kernel_attention(monkeypatch):
     """Attention through the Triton kernels (interpreted) on CPU, as on CUDA."""
-    native = Attention.forward
-
-    def forward(self, q, k, v, md, positions=None, rotary_emb=None, qk_norm=None):
-        if md is None:
-            return native(self, q, k, v, md, positions, rotary_emb, qk_norm)
-        n = q.shape[0]
-        return self._forward_cuda(q.view(n, self.num_heads, self.head_size),
-                                  k.view(n, self.num_kv_heads, self.head_size),
-                                  v.view(n, self.num_kv_heads, self.head_size), md, positions,
-                                  rotary_emb, qk_norm)
-
-    monkeypatch.setattr(Attention, "forward", forward)
+    monkeypatch.setattr(attention_layer, "use_kernels", lambda q: True)
 
 
 def run(path: str, mode: CUDAGraphMode | None, async_scheduling: bool, num_blocks: int,

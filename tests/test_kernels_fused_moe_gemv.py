@@ -352,11 +352,11 @@ def test_routed_kernels_take_strided_logits_and_the_shared_epilogue(m, e, h, i, 
                          topk_softmax(logits.contiguous(), topk, True)):
         assert torch.equal(got, want)
     cfg = SMALL if m % 2 else None
+    dense = logits.contiguous()  # made before w13: the routed w2 reads logits before its wait
     act = fused_moe_gemv_w13_routed(x, w13, logits, topk, cfg)
-    assert torch.equal(act, fused_moe_gemv_w13_routed(x, w13, logits.contiguous(), topk, cfg))
+    assert torch.equal(act, fused_moe_gemv_w13_routed(x, w13, dense, topk, cfg))
     routed = fused_moe_gemv_w2_routed(act, w2, logits, topk, True, cfg)
-    assert torch.equal(routed, fused_moe_gemv_w2_routed(act, w2, logits.contiguous(), topk,
-                                                        True, cfg))
+    assert torch.equal(routed, fused_moe_gemv_w2_routed(act, w2, dense, topk, True, cfg))
     shared_out = torch.randn(m, h, device=DEVICE).to(dtype)
     got = fused_moe_gemv_w2_routed(act, w2, logits, topk, True, cfg, shared_out=shared_out,
                                    shared_gate=gate)
@@ -393,6 +393,9 @@ def test_shared_epilogue_checks_its_arguments() -> None:
     with pytest.raises(InvalidArgumentError, match=r"shared_out must be a contiguous \[2, 16\]"):
         fused_moe_gemv_w2_routed(act, w2, logits, 2, True, shared_out=shared_out[:1],
                                  shared_gate=gate)
-    with pytest.raises(InvalidArgumentError, match=r"shared_gate must be \[2, 1\]"):
+    with pytest.raises(InvalidArgumentError, match=r"shared_gate must be a \[2, 1\]"):
         fused_moe_gemv_w2_routed(act, w2, logits, 2, True, shared_out=shared_out,
                                  shared_gate=gate.reshape(-1))
+    with pytest.raises(InvalidArgumentError, match=r"shared_gate must be a \[2, 1\] torch.float32"):
+        fused_moe_gemv_w2_routed(act, w2, logits, 2, True, shared_out=shared_out,
+                                 shared_gate=gate.half())

@@ -100,6 +100,16 @@ def test_causal_conv1d_rejects_bad_state_shape() -> None:
                          torch.tensor([False]), 2)
 
 
+def test_causal_conv1d_rejects_metadata_of_the_wrong_length() -> None:
+    args = (torch.zeros(2, 8), torch.zeros(8, 4), torch.zeros(2, 3, 8))
+    with pytest.raises(InvalidArgumentError, match=r"has_initial_state \[1\]"):
+        causal_conv1d_fn(*args, torch.tensor([0, 2], dtype=torch.int32), torch.tensor([0]),
+                         torch.tensor([], dtype=torch.bool), 2)
+    with pytest.raises(InvalidArgumentError, match=r"query_start_loc must be \[2\]"):
+        causal_conv1d_fn(*args, torch.tensor([0], dtype=torch.int32), torch.tensor([0]),
+                         torch.tensor([False]), 2)
+
+
 def _gdn_inputs(T: int, Hk: int, Hv: int, dk: int, dv: int, B: int = 1):
     q, k = torch.randn(B, T, Hk, dk), torch.randn(B, T, Hk, dk)
     v = torch.randn(B, T, Hv, dv)

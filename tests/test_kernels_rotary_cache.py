@@ -120,7 +120,7 @@ def test_attention_layer_fuses_qk_norm(norm_cls, hs, rot) -> None:
         q, k, v = qkv.clone().split([nq * hs, nkv * hs, nkv * hs], dim=-1)
         if fused:
             out = attn._forward_cuda(q.view(n, nq, hs), k.view(n, nkv, hs), v.view(n, nkv, hs),
-                                     md, positions, rope, (q_norm, k_norm))
+                                     md, positions, rope, (q_norm, k_norm), None)
         else:
             q = q_norm(q.unflatten(-1, (nq, hs))).flatten(-2)
             k = k_norm(k.unflatten(-1, (nkv, hs))).flatten(-2)
