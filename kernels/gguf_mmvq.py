@@ -41,7 +41,12 @@ import triton.language as tl
 
 from kernels._common import cdiv, check, check_float, check_same_device, pdl_launch, pdl_wait
 from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
-from kernels.gguf_mmvq_lanes import kquant_lane_step, legacy_lane_step, q6k_lane_step
+from kernels.gguf_mmvq_lanes import (
+    dp4a_emulated,
+    kquant_lane_step,
+    legacy_lane_step,
+    q6k_lane_step,
+)
 from kernels.gguf_tiles import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
 
 MMVQ_TYPES = frozenset({Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K})  # block sizes: GGML_TYPE_TRAITS
@@ -77,13 +82,7 @@ def _dp4a(a, b, SIGNED: tl.constexpr, ASM: tl.constexpr):
             s = tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, 0;", "=r,r,r", [a, b],
                                           dtype=tl.int32, is_pure=True, pack=1)
     else:
-        s = a * 0
-        for i in tl.static_range(4):
-            if SIGNED:
-                ai = (a << (24 - 8 * i)) >> 24
-            else:
-                ai = (a >> (8 * i)) & 0xFF
-            s += ai * ((b << (24 - 8 * i)) >> 24)
+        s = dp4a_emulated(a, b, a * 0 + b * 0, SIGNED)
     return s
 
 

@@ -41,13 +41,20 @@ def dp4a(a, b, c, SIGNED: tl.constexpr, ASM: tl.constexpr):
             s = tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r",
                                           [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
     else:
-        s = c + a * 0 + b * 0
-        for i in tl.static_range(4):
-            if SIGNED:
-                ai = (a << (24 - 8 * i)) >> 24
-            else:
-                ai = (a >> (8 * i)) & 0xFF
-            s += ai * ((b << (24 - 8 * i)) >> 24)
+        s = dp4a_emulated(a, b, c + a * 0 + b * 0, SIGNED)
+    return s
+
+
+@triton.jit
+def dp4a_emulated(a, b, c, SIGNED: tl.constexpr):
+    """dp4a in plain integer ops, for the interpreter: c + the 4 byte products of a and b."""
+    s = c
+    for i in tl.static_range(4):
+        if SIGNED:
+            ai = (a << (24 - 8 * i)) >> 24
+        else:
+            ai = (a >> (8 * i)) & 0xFF
+        s += ai * ((b << (24 - 8 * i)) >> 24)
     return s
 
 
@@ -58,6 +65,17 @@ def split4(t, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr):
     w0, w2 = tl.split(a)
     w1, w3 = tl.split(b)
     return w0, w1, w2, w3
+
+
+@triton.jit
+def add_token(acc, r, mi, BN: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr):
+    """acc [BN, NB, 4] (one token) += r; or acc [BN, BLOCK_M] gets r's sum in column mi."""
+    if BLOCK_M == 1:
+        acc += r
+    else:
+        r = tl.sum(tl.reshape(r, (BN, NB * 4)), 1)
+        acc += tl.where(tl.arange(0, BLOCK_M)[None, :] == mi, r[:, None], 0.0)
+    return acc
 
 
 @triton.jit
@@ -161,11 +179,7 @@ def kquant_lane_step(acc, wb, xq, xd, xs, sq, sd, ss, k, nblk, M, BN: tl.constex
         s0, s1, s2, s3 = split4(load(xh + t * ss, m, MASK), BN, NB, 4)
         r = sc_lo * g0 * f_dot_lo + sc_hi * g1 * f_dot_hi - (mn_lo * (s0 + s1)
                                                             + mn_hi * (s2 + s3))
-        if BLOCK_M == 1:
-            acc += r
-        else:
-            r = tl.sum(tl.reshape(r, (BN, NB * 4)), 1)
-            acc += tl.where(tl.arange(0, BLOCK_M)[None, :] == mi, r[:, None], 0.0)
+        acc = add_token(acc, r, mi, BN, NB, BLOCK_M)
     return acc
 
 
@@ -249,11 +263,7 @@ def q6k_lane_step(acc, wrow, rph, xq, xd, xs, sq, sd, ss, k, nblk, M, BN: tl.con
                  + sc1 * (g1 * dot1.to(tl.float32) - 32.0 * s1)
                  + sc2 * (g2 * dot2.to(tl.float32) - 32.0 * s2)
                  + sc3 * (g3 * dot3.to(tl.float32) - 32.0 * s3))
-        if BLOCK_M == 1:
-            acc += r
-        else:
-            r = tl.sum(tl.reshape(r, (BN, NB * 4)), 1)
-            acc += tl.where(tl.arange(0, BLOCK_M)[None, :] == mi, r[:, None], 0.0)
+        acc = add_token(acc, r, mi, BN, NB, BLOCK_M)
     return acc
 
 
