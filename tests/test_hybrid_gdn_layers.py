@@ -173,7 +173,8 @@ def test_moe_block_decode_kernel_path_equals_torch(monkeypatch, m, shared, dtype
     router output) equals the torch composition on the same weights."""
     torch.manual_seed(4)
     block = Qwen3NextSparseMoeBlock(_moe_cfg(shared), True).to(DEVICE, dtype)
-    assert tuple(block.gate.weight.shape) == (17, 32)  # [E + 1, H]
+    # [E + 1, H] with a shared expert (its gate's row), [E, H] without
+    assert tuple(block.gate.weight.shape) == (17 if shared else 16, 32)
     with torch.no_grad():
         for p in block.parameters():
             p.normal_(0, 0.3)

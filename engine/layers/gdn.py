@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import InvalidArgumentError, ModelLoadError
-from engine.layers.linear import ReplicatedLinear, RowParallelLinear
+from engine.layers.linear import MergedReplicatedLinear, RowParallelLinear
 from engine.sample.ops.torch_utils import async_tensor_h2d
 from kernels.causal_conv1d import causal_conv1d_fn, causal_conv1d_ref
 from kernels.chunk_gated_delta_rule import (
@@ -123,36 +123,6 @@ class RMSNormGated(nn.Module):
         return rms_norm_gated_ref(x, z, self.weight, self.variance_epsilon).flatten(-2)
 
 
-class _ShardedLinear(ReplicatedLinear):
-    """A projection whose rows load from several checkpoint tensors: a shard fills its row
-    range; a group fills the rows of consecutive shards from one tensor through its loader
-    (a row permutation)."""
-
-    def __init__(self, in_features: int, shard_sizes: dict[str, int],
-                 groups: dict[str, tuple[tuple[str, ...], object]]) -> None:
-        super().__init__(in_features, sum(shard_sizes.values()))
-        self.offsets, off = {}, 0
-        for name, n in shard_sizes.items():
-            self.offsets[name] = (off, n)
-            off += n
-        self.groups = groups
-        self.weight.weight_loader = self._load
-
-    def _load(self, param: nn.Parameter, w: torch.Tensor, weight_name: str = "",
-              shard_id: str | None = None, expert_id: int | None = None) -> None:
-        loader = None
-        if shard_id in self.groups:
-            shards, loader = self.groups[shard_id]
-            off, n = self.offsets[shards[0]][0], sum(self.offsets[s][1] for s in shards)
-        elif shard_id in self.offsets:
-            off, n = self.offsets[shard_id]
-        else:
-            raise ModelLoadError(f"unknown shard {shard_id!r}")
-        if tuple(w.shape) != (n, param.shape[1]):
-            raise ModelLoadError(f"has shape {tuple(w.shape)}, want {(n, param.shape[1])}")
-        param.data[off:off + n].copy_(w if loader is None else loader(w))
-
-
 # (param fragment, checkpoint fragment, expert id, shard id): models/utils.load_weights
 GDN_PARAMS_MAPPING = [
     ("in_proj.", "in_proj_qkv.", None, "qkv"),
@@ -180,7 +150,7 @@ class GatedDeltaNetAttention(nn.Module):
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.conv_kernel_size = conv_kernel_size
         # vLLM's in_proj_qkvz and in_proj_ba as one projection: one GEMV a layer, not two
-        self.in_proj = _ShardedLinear(
+        self.in_proj = MergedReplicatedLinear(
             hidden_size, {"qkv": self.conv_dim, "z": self.value_dim, "b": num_v_heads,
                           "a": num_v_heads},
             {"qkvz": (("qkv", "z"), self._qkvz_from_grouped),

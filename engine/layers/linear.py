@@ -141,26 +141,35 @@ class ReplicatedLinear(nn.Module):
 
 class MergedReplicatedLinear(ReplicatedLinear):
     """Several replicated projections' rows in one weight (one GEMV for all): shard `name`
-    of `shard_sizes` fills its rows in order. Loaded through a model's (param, checkpoint,
-    None, shard) mapping (engine/models/utils.py load_weights), as the GDN in-projection."""
+    of `shard_sizes` fills its rows in order; a group fills the rows of consecutive shards
+    from one checkpoint tensor through its loader (a row permutation). Loaded through a
+    model's (param, checkpoint, None, shard) mapping (engine/models/utils.py load_weights):
+    Qwen3-Next's router + shared-expert gate, the GDN in-projection."""
 
-    def __init__(self, input_size: int, shard_sizes: dict[str, int]) -> None:
+    def __init__(self, input_size: int, shard_sizes: dict[str, int],
+                 groups: dict[str, tuple[tuple[str, ...], object]] | None = None) -> None:
         super().__init__(input_size, sum(shard_sizes.values()))
         self.offsets, off = {}, 0  # shard -> (first row, rows)
         for name, n in shard_sizes.items():
             self.offsets[name] = (off, n)
             off += n
+        self.groups = groups or {}  # group -> (its shards, in order; loader of its tensor)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, weight_name: str = "",
                       shard_id: str | None = None, expert_id: int | None = None) -> None:
-        if shard_id not in self.offsets:
+        loader = None
+        if shard_id in self.groups:
+            shards, loader = self.groups[shard_id]
+            off, n = self.offsets[shards[0]][0], sum(self.offsets[s][1] for s in shards)
+        elif shard_id in self.offsets:
+            off, n = self.offsets[shard_id]
+        else:
             raise ModelLoadError(f"unknown shard {shard_id!r}")
-        off, n = self.offsets[shard_id]
         dst = param.data[off:off + n]
         if tuple(loaded.shape) != tuple(dst.shape):
             raise ModelLoadError(f"shard {shard_id!r} has shape {tuple(loaded.shape)}, "
                                  f"want {tuple(dst.shape)}")
-        dst.copy_(loaded.to(param.dtype))
+        dst.copy_((loaded if loader is None else loader(loaded)).to(param.dtype))
 
 
 def divide(numerator: int, denominator: int, what: str = "size") -> int:

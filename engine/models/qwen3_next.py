@@ -89,17 +89,19 @@ class Qwen3NextSparseMoeBlock(nn.Module):
     def __init__(self, cfg: ModelArchConfig, renormalize: bool) -> None:
         super().__init__()
         h, self.num_experts = cfg.hidden_size, cfg.num_experts
-        self.gate = MergedReplicatedLinear(h, {"gate": cfg.num_experts,
-                                               "shared_expert_gate": 1})
         self.shared_expert = SharedExpertMLP(h, cfg.shared_expert_intermediate_size,
                                              cfg.hidden_act) \
             if cfg.shared_expert_intermediate_size else None
+        shards = {"gate": cfg.num_experts}  # a shared expert's gate row only where it exists
+        if self.shared_expert is not None:
+            shards["shared_expert_gate"] = 1
+        self.gate = MergedReplicatedLinear(h, shards)
         self.experts = FusedMoE(cfg.num_experts, cfg.num_experts_per_tok, h,
                                 cfg.moe_intermediate_size, renormalize=renormalize,
                                 activation=cfg.hidden_act, shared_experts=self.shared_expert)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # [n, hidden] -> [n, hidden]; logits [n, E + 1]: the router's, the shared gate's
+        # [n, hidden] -> [n, hidden]; logits [n, E (+ 1)]: the router's (, the shared gate's)
         logits = self.gate(hidden_states)
         e = self.num_experts
         shared_gate = logits[:, e:] if self.shared_expert is not None else None  # [n, 1]
