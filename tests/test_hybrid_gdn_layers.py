@@ -3,7 +3,9 @@ Qwen3NextAttention) equal their torch paths, in fp32 on CUDA, or on CPU under th
 interpreter: the
 gated attention with q and the output gate as strided views of q_proj's output (the gate
 applied in the attention kernel's store), the GDN layer's decode (one-launch conv
-update, gates and zero fill in the recurrent kernel, the Triton gated RMSNorm) and the
+update, gates and zero fill in the recurrent kernel, the Triton gated RMSNorm), its
+mixed step (a chunked-kernel prefill row, then the recurrent kernel's decode rows into
+the same output) and the
 sparse MoE block's decode (one [E + 1, H] router GEMV for the router and the shared
 expert's gate; the gated shared expert added in the routed w2 launch's epilogue).
 Mirrors vLLM 0.33 tests/models/language/generation/test_hybrid.py's layer-level intent
@@ -125,6 +127,46 @@ def _md(g: gdn.GDNMetadata) -> AttentionMetadata:
     md = _attn_md([1] * len(g.state_indices), [0] * len(g.state_indices))
     md.gdn = g
     return md
+
+
+def test_gdn_mixed_chunked_prefill_and_decode_equals_torch(monkeypatch) -> None:
+    """A step mixing a prefill row of more than one chunk (continuing from its state), a
+    one-token decode row and a padding row on the null slot: the chunked kernel runs the
+    prefill row, then the recurrent kernel fills the decode row into the same output
+    (`out=`); outputs and both rows' conv and ssm states equal the torch path's."""
+    monkeypatch.setattr(gdn, "GDN_PREFILL_BACKEND", "auto")
+    torch.manual_seed(5)
+    layer = gdn.GatedDeltaNetAttention(32, 2, 2, 16, 16, 4, 1e-6).to(DEVICE)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            p.uniform_(-1.0, 0.5) if name in ("A_log", "dt_bias") else p.normal_(0, 0.3)
+    conv0 = torch.randn(3, 3, layer.conv_dim).to(DEVICE)  # [slots, K-1, conv_dim]
+    ssm0 = torch.randn(3, 2, 16, 16).to(DEVICE)  # [slots, Hv, dv, dk]
+    x = torch.randn(72, 32).to(DEVICE)  # 70 prefill tokens, 1 decode token, 1 padding row
+    launches = []  # (kernel, whether it wrote into a given `out`)
+    chunk, fused = gdn.chunk_sigmoid_gating_delta_rule, gdn.fused_sigmoid_gating_delta_rule
+    monkeypatch.setattr(gdn, "chunk_sigmoid_gating_delta_rule", lambda *a, **k: launches.append(
+        ("chunk", len(a) > 12 or "out" in k)) or chunk(*a, **k))
+    monkeypatch.setattr(gdn, "fused_sigmoid_gating_delta_rule", lambda *a, **k: launches.append(
+        ("fused", len(a) > 11 or "out" in k)) or fused(*a, **k))
+    outs, states = {}, {}
+    for kernels in (False, True):
+        monkeypatch.setattr(gdn, "use_triton", lambda x, on=kernels: on)
+        layer.conv_state, layer.ssm_state = conv0.clone(), ssm0.clone()
+        rows = 3 if kernels else 2  # the torch path takes no padding rows
+        qsl, slots, init = [0, 70, 71, 72], [1, 2, 0], [True, True, False]
+        g = gdn.GDNMetadata(qsl[:3], slots[:2], init[:2], 70,
+                            torch.tensor(qsl[:rows + 1], dtype=torch.int32, device=DEVICE),
+                            torch.tensor(slots[:rows], device=DEVICE),
+                            torch.tensor(init[:rows], device=DEVICE))
+        assert g.chunked_prefill
+        with torch.no_grad():  # the layer reads md.gdn alone
+            outs[kernels] = layer(x[:qsl[rows]], _md(g))[:71]
+        states[kernels] = (layer.conv_state[1:3], layer.ssm_state[1:3])
+    assert launches == [("chunk", False), ("fused", True)]
+    torch.testing.assert_close(outs[True], outs[False], atol=1e-5, rtol=1e-5)
+    for a, b in zip(states[True], states[False]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_in_proj_loads_shards_and_grouped_parts() -> None:
