@@ -134,8 +134,11 @@ def test_chunk_matches_transformers() -> None:
     q, k, v, g, beta = _gdn_inputs(70, 2, 4, 16, 8)
     s0 = torch.randn(1, 4, 8, 16)
     o, s = chunk_gated_delta_rule_torch(q, k, v, g, beta, s0)
+    # q/k heads repeated to the value heads as Qwen3NextGatedDeltaNet does: transformers 5.24
+    # repeats inside torch_chunk_gated_delta_rule, older releases (the GPU machine's) do not
+    qk = [x.repeat_interleave(4 // 2, dim=2) for x in (q, k)]
     o_hf, s_hf = hf.torch_chunk_gated_delta_rule(
-        q, k, v, g, beta, initial_state=s0.transpose(-1, -2), output_final_state=True,
+        *qk, v, g, beta, initial_state=s0.transpose(-1, -2), output_final_state=True,
         use_qk_l2norm_in_kernel=True)
     torch.testing.assert_close(o, o_hf, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(s, s_hf.transpose(-1, -2), atol=1e-5, rtol=1e-4)

@@ -170,6 +170,19 @@ def test_mmvq_layouts_exact_on_integer_activations(qtype: GGMLType, config: tupl
     masked one, or a masked one only; Q6_K's 630-byte rows alternate 4-byte phases, Q8_0
     and Q4_0 blocks alternate within a row), 37 rows (the last program's rows past N
     re-read row N - 1)."""
+    _assert_exact_on_integer_activations(qtype, config, m)
+
+
+@pytest.mark.parametrize("qtype,config", [  # mmvq_config's Q6_K / Q8_0 defaults (session 9)
+    (GGMLType.Q6_K, (1, 8, 1, 1)), (GGMLType.Q6_K, (2, 4, 1, 1)), (GGMLType.Q6_K, (4, 4, 1, 1)),
+    (GGMLType.Q8_0, (1, 64, 1, 1)), (GGMLType.Q8_0, (2, 32, 1, 1))])
+def test_mmvq_default_configs_exact_on_integer_activations(qtype: GGMLType, config: tuple
+                                                           ) -> None:
+    """The same check for each default config, at 3 rows (multi-row activations)."""
+    _assert_exact_on_integer_activations(qtype, config, 3)
+
+
+def _assert_exact_on_integer_activations(qtype: GGMLType, config: tuple, m: int) -> None:
     k = 768
     w = random_weight(qtype, 37, k, seed=int(qtype))
     x = _integer_x(m, k, seed=m)
@@ -194,12 +207,17 @@ def test_mmvq_q6_k_weight_view_off_4_byte_alignment() -> None:
 
 
 def test_mmvq_config_defaults() -> None:
-    """The H200-measured defaults (docs/kernels.md): layout 1 for Q4_K / Q5_K, 4 rows a
-    program for wide layers, 2 for narrow ones; layout 0 for the types not yet timed."""
+    """The H200-measured defaults (docs/kernels.md): layout 1 for the K-quants and Q8_0, more
+    rows a program for wide layers, fewer for narrow ones; layout 0 for Q4_0 / Q4_1, not yet
+    timed."""
     assert mmvq_config(GGMLType.Q4_K, 28672) == (4, 4, 1, 1)
     assert mmvq_config(GGMLType.Q4_K, 6144) == (4, 4, 1, 1)
     assert mmvq_config(GGMLType.Q4_K, 4096) == (2, 4, 1, 1)
     assert mmvq_config(GGMLType.Q5_K, 1024) == (2, 4, 1, 1)
-    assert mmvq_config(GGMLType.Q6_K, 4096) == (2, 2, 1)
-    assert mmvq_config(GGMLType.Q8_0) == (1, 64, 1)
+    assert mmvq_config(GGMLType.Q6_K, 128256) == (4, 4, 1, 1)
+    assert mmvq_config(GGMLType.Q6_K, 4096) == (2, 4, 1, 1)
+    assert mmvq_config(GGMLType.Q6_K, 1024) == (1, 8, 1, 1)
+    assert mmvq_config(GGMLType.Q8_0, 28672) == (2, 32, 1, 1)
+    assert mmvq_config(GGMLType.Q8_0, 6144) == (1, 64, 1, 1)
+    assert mmvq_config(GGMLType.Q8_0) == (1, 64, 1, 1)
     assert mmvq_config(GGMLType.Q4_1) == (1, 32, 1)
