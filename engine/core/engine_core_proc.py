@@ -16,13 +16,13 @@ middle of the next step's forward (every torch op releases it), so the loop slep
 once a step (1.1-1.25 voluntary context switches a step, 0.01 now) and eager decode,
 bound by the loop's Python, ran slower in the child than in process (docs/architecture.md,
 "Process model"). Both PUSH sockets reach the front end's one PULL, which keeps no order
-between them (the front end needs none: READY comes before any request is sent). The first message on the output socket is the handshake: READY +
-EngineCoreReady, or FAILED + EngineCoreStartupFailure (the model did not load: status and
-message reach vllm_engine_create). A failing step sends DEAD + the reason, then the
-process exits. Log records of the "engine" loggers go to the front end, which re-emits
-them. The child
-exits when its parent does (a parent-pid watch: PR_SET_PDEATHSIG follows the parent
-*thread*, and the host thread that created the engine may end long before the host).
+between them (the front end needs none: READY comes before any request is sent).
+The first message on the output socket is the handshake: READY + EngineCoreReady, or
+FAILED + EngineCoreStartupFailure (the model did not load: status and message reach
+vllm_engine_create). A failing step sends DEAD + the reason, then the process exits. Log
+records of the "engine" loggers go to the front end, which re-emits them. The child exits
+when its parent does (a parent-pid watch: PR_SET_PDEATHSIG follows the parent *thread*,
+and the host thread that created the engine may end long before the host).
 """
 
 from __future__ import annotations
