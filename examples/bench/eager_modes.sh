@@ -4,7 +4,9 @@
 #
 #   bash examples/bench/eager_modes.sh [VARIANT ...]
 #   VARIANT: inproc (VLLM_ENABLE_V1_MULTIPROCESSING=0) | child (the default mode) |
-#            child-omp1 (the default mode with OMP_NUM_THREADS=1); default: all three
+#            child-threads (the default mode with OMP_NUM_THREADS=$(nproc), which keeps
+#            torch's intra-op threads while serving: engine/worker/torch_threads.py);
+#            default: all three
 #   (env: MODEL=a config.json directory, default examples/bench/models/llama-3.1-8b;
 #    INPUT_LEN=1024, OUTPUT_LEN=128, ITERS=3, DTYPE=bfloat16, BENCH_FLAGS: more flags)
 #
@@ -18,12 +20,12 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp}
 variants=("$@")
-[ ${#variants[@]} -gt 0 ] || variants=(inproc child child-omp1)
+[ ${#variants[@]} -gt 0 ] || variants=(inproc child child-threads)
 for v in "${variants[@]}"; do
     case $v in
         inproc) env_v=(VLLM_ENABLE_V1_MULTIPROCESSING=0) ;;
         child) env_v=(VLLM_ENABLE_V1_MULTIPROCESSING=1) ;;
-        child-omp1) env_v=(VLLM_ENABLE_V1_MULTIPROCESSING=1 OMP_NUM_THREADS=1) ;;
+        child-threads) env_v=(VLLM_ENABLE_V1_MULTIPROCESSING=1 OMP_NUM_THREADS=$(nproc)) ;;
         *) echo "unknown variant $v" >&2; exit 2 ;;
     esac
     rm -f "$out/eager-$v".*.json
