@@ -43,6 +43,7 @@ for v in "${variants[@]}"; do
         > "$out/eager-$v.log" 2>&1 || { kill $sampler; tail -20 "$out/eager-$v.log"; exit 1; }
     kill $sampler 2>/dev/null || true
     echo "== $v: $(grep -h 'decode throughput' "$out/eager-$v.log")"
-    python3 examples/bench/step_probe/summary.py "$out/eager-$v".*.json
+    probes=("$out/eager-$v".*.json)
+    [ -e "${probes[0]}" ] && python3 examples/bench/step_probe/summary.py "${probes[@]}"
     echo "processes on the GPU: $(sort -u "$out/eager-$v-gpu-procs.txt" | tr '\n' ';')"
 done

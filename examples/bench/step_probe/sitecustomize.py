@@ -1,12 +1,13 @@
 """Per-step probe of the engine core, in process or in the engine-core child: with this
 directory on PYTHONPATH and LIBVLLM_STEP_PROBE=<path prefix> set, every process that
-imports the engine times each EngineCore.step (wall, the stepping thread's CPU) and writes
-<prefix>.<core|front>.<pid>.json every 256 steps: the steps, the stepping thread's
-voluntary / involuntary context switches over them, the live threads, torch's intra-op
-and inter-op thread counts, the CPU affinity, and the OMP / CUDA / torch environment. The
-child inherits both (engine/core/engine_core_utils.py passes sys.path as PYTHONPATH and
-copies the environment). Summarised by examples/bench/step_probe/summary.py; used by
-examples/bench/eager_modes.sh. Without LIBVLLM_STEP_PROBE it does nothing.
+imports the engine times each EngineCore.step (wall, the stepping thread's CPU) and
+writes <prefix>.<core|front>.<pid>.json after 64, 128, 256, ... steps and at exit: the
+steps, the stepping thread's voluntary / involuntary context switches over them, the
+live threads, torch's intra-op and inter-op thread counts, the CPU affinity, and the
+OMP / CUDA / torch environment. The child inherits both (engine/core/engine_core_utils.py
+passes sys.path as PYTHONPATH and copies the environment). Summarised by
+examples/bench/step_probe/summary.py; used by examples/bench/eager_modes.sh. Without
+LIBVLLM_STEP_PROBE it does nothing.
 """
 
 import os
@@ -15,6 +16,7 @@ _PREFIX = os.environ.get("LIBVLLM_STEP_PROBE")
 
 
 def _install(prefix: str) -> None:
+    import atexit
     import json
     import sys
     import threading
@@ -59,10 +61,12 @@ def _install(prefix: str) -> None:
             return step(self)
         finally:
             steps.append((time.perf_counter() - wall, time.thread_time() - cpu))
-            if len(steps) % 256 == 0:
+            n = len(steps)
+            if n >= 64 and n & (n - 1) == 0:  # 64, 128, 256, ...: the child may be killed
                 dump()
 
     engine_core.EngineCore.step = timed_step
+    atexit.register(lambda: steps and dump())
 
 
 if _PREFIX:
