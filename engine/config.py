@@ -36,7 +36,9 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     seed: int = 0
     enforce_eager: bool = False  # True: no CUDA graphs
-    n_threads: int = 0  # torch's intra-op CPU threads (torch.set_num_threads); 0: torch's own
+    # torch's intra-op CPU threads (torch.set_num_threads); 0: torch's own (with CUDA: 1
+    # once the model is loaded unless OMP_NUM_THREADS is set, engine/worker/torch_threads.py)
+    n_threads: int = 0
     # vLLM -cc.cudagraph_mode: NONE | PIECEWISE | FULL | FULL_DECODE_ONLY |
     # FULL_AND_PIECEWISE (a piecewise part is captured as a full graph here:
     # engine/worker/cudagraph_dispatcher.py). None: FULL, every step up to the largest

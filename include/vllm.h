@@ -188,7 +188,9 @@ typedef struct vllm_engine_params {
     /* since 0.5 */
     int32_t n_threads;               /* CPU threads of the engine's tensor work (torch's
                                         intra-op pool, as llama.h's n_threads); 0
-                                        (default): derived (torch: one per core).
+                                        (default): derived (torch: one per core; with
+                                        CUDA 1 once the model is loaded, unless
+                                        OMP_NUM_THREADS is set: vLLM's rule).
                                         Process-wide: the last engine created sets it */
     int32_t multiprocessing;         /* vLLM's VLLM_ENABLE_V1_MULTIPROCESSING: the engine
                                         core (scheduler, model runner) in a child process.

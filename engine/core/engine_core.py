@@ -59,6 +59,7 @@ from engine.worker.model_runner import (
     ModelRunner,
     SampledModelRunnerOutput,
 )
+from engine.worker.torch_threads import set_torch_threads_for_runtime
 
 _CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
 
@@ -137,6 +138,8 @@ class EngineCore:
             executor = executor_cls(config, device_backend(resolve_device(config)))
         try:
             model, arch, tokenizer, device, dtype = load_model_and_tokenizer(config)
+            if device.type == "cuda":  # vLLM's gpu_worker, once the weights are in
+                set_torch_threads_for_runtime(config.n_threads)
             return cls(config, model, arch, tokenizer, device, dtype, executor), tokenizer
         except BaseException:
             if executor is not None:

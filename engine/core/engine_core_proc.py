@@ -6,15 +6,23 @@ process_output_sockets).
 (started by engine/core/engine_core_utils.py). Three threads:
 - input thread: zmq PULL -> MsgpackDecoder -> input queue (decoding overlaps the device);
 - busy loop (main thread): apply every queued request / abort / utility call, run one
-  EngineCore step while there is work, queue its EngineCoreOutputs; block on the input
-  queue when idle;
-- output thread: output queue -> MsgpackEncoder -> zmq PUSH.
+  EngineCore step while there is work, encode its EngineCoreOutputs and send them on its
+  own zmq PUSH (and utility results); block on the input queue when idle;
+- output thread: output queue -> MsgpackEncoder -> zmq PUSH, for what does not come from
+  the busy loop: the handshake, log records, the DEAD frame.
+Unlike vLLM (whose busy loop queues each step's outputs for its output thread), the busy
+loop sends them itself: a thread woken every step takes the GIL from the loop in the
+middle of the next step's forward (every torch op releases it), so the loop slept about
+once a step (1.1-1.25 voluntary context switches a step, 0.01 now) and eager decode,
+bound by the loop's Python, ran slower in the child than in process (docs/architecture.md,
+"Process model"). Both PUSH sockets reach the front end's one PULL, which keeps no order
+between them (the front end needs none: READY comes before any request is sent).
 The first message on the output socket is the handshake: READY + EngineCoreReady, or
 FAILED + EngineCoreStartupFailure (the model did not load: status and message reach
-vllm_engine_create). A failing step sends DEAD + the reason, then the process exits.
-Log records of the "engine" loggers go to the front end, which re-emits them. The child
-exits when its parent does (a parent-pid watch: PR_SET_PDEATHSIG follows the parent
-*thread*, and the host thread that created the engine may end long before the host).
+vllm_engine_create). A failing step sends DEAD + the reason, then the process exits. Log
+records of the "engine" loggers go to the front end, which re-emits them. The child exits
+when its parent does (a parent-pid watch: PR_SET_PDEATHSIG follows the parent *thread*,
+and the host thread that created the engine may end long before the host).
 """
 
 from __future__ import annotations
@@ -66,13 +74,19 @@ class _ForwardHandler(logging.Handler):
 
 
 class EngineCoreProc:
-    def __init__(self, engine_core, input_address: str, ctx: zmq.Context,
-                 output_queue: queue.Queue) -> None:
+    def __init__(self, engine_core, input_address: str, output_address: str,
+                 ctx: zmq.Context) -> None:
         self.engine_core = engine_core
         self.input_queue: queue.Queue = queue.Queue()
-        self.output_queue = output_queue
         self.shutdown_requested = False
         self._last_gauges: tuple | None = None
+        self.encoder = MsgpackEncoder()
+        # the busy loop's own socket: no high-water mark, so a send never blocks the
+        # loop (the front end drains it; what it has not read yet waits in zmq)
+        self.output_socket = ctx.socket(zmq.PUSH)
+        self.output_socket.setsockopt(zmq.SNDHWM, 0)
+        self.output_socket.setsockopt(zmq.LINGER, 2000)
+        self.output_socket.connect(output_address)
         threading.Thread(target=self.process_input_sockets, args=(ctx, input_address),
                          name="vllm-core-input", daemon=True).start()
 
@@ -110,9 +124,16 @@ class EngineCoreProc:
         if outputs.outputs or gauges != self._last_gauges or \
                 (stats is not None and stats.prefix_cache_stats.requests):
             self._last_gauges = gauges
-            self.output_queue.put((None, outputs))
+            self.send_output(outputs)
         elif not self.engine_core.batch_queue:
             time.sleep(0.001)
+
+    def send_output(self, outputs: EngineCoreOutputs) -> None:
+        """Encode and send on the busy loop's socket (no other thread is woken)."""
+        self.output_socket.send_multipart(self.encoder.encode(outputs), copy=False)
+
+    def close(self) -> None:
+        self.output_socket.close()  # LINGER: what is queued still goes out
 
     def _process_input_queue(self, block: bool) -> None:
         while True:
@@ -128,7 +149,7 @@ class EngineCoreProc:
         if kind == EngineCoreRequestType.ADD:
             refused = core.add_request(payload)
             if refused is not None:
-                self.output_queue.put((None, EngineCoreOutputs([refused])))
+                self.send_output(EngineCoreOutputs([refused]))
         elif kind == EngineCoreRequestType.ABORT:
             core.abort_requests(payload)
         elif kind == EngineCoreRequestType.UTILITY:
@@ -140,7 +161,7 @@ class EngineCoreProc:
                 out = UtilityOutput(call_id, result=result)
             except Exception as e:  # noqa: BLE001 - the caller gets the failure
                 out = UtilityOutput(call_id, failure=f"{type(e).__name__}: {e}")
-            self.output_queue.put((None, EngineCoreOutputs(utility_output=out)))
+            self.send_output(EngineCoreOutputs(utility_output=out))
         else:
             self.shutdown_requested = True
 
@@ -199,7 +220,7 @@ def run_engine_core(argv: list[str] | None = None) -> int:
                 message = f"{type(e).__name__}: {message}"
             output_queue.put((FAILED, EngineCoreStartupFailure(status, message)))
             return 1
-        proc = EngineCoreProc(core, args.input, ctx, output_queue)
+        proc = EngineCoreProc(core, args.input, args.output, ctx)
         freeze_gc_heap()
         output_queue.put((READY, core.ready))
         try:
@@ -209,6 +230,8 @@ def run_engine_core(argv: list[str] | None = None) -> int:
             logger.exception("the engine core failed")
             output_queue.put((DEAD, f"the engine core failed: {type(e).__name__}: {e}"))
             code = 1
+        finally:
+            proc.close()
     finally:
         output_queue.put(None)
         sender.join(5)

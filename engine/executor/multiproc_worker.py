@@ -31,6 +31,7 @@ from engine.executor.kv_heads import kv_cache_shape
 from engine.executor.multiproc_executor import dist_timeout
 from engine.worker.gpu_worker import determine_available_memory
 from engine.worker.model_runner import ModelRunner
+from engine.worker.torch_threads import set_torch_threads_for_runtime
 
 
 def run_worker(config: EngineConfig, rank: int, backend: str) -> None:
@@ -43,6 +44,8 @@ def run_worker(config: EngineConfig, rank: int, backend: str) -> None:
         torch.set_num_threads(config.n_threads)
     config.skip_tokenizer_init = True
     model, arch, _, device, dtype = load_model_and_tokenizer(config)
+    if device.type == "cuda":
+        set_torch_threads_for_runtime(config.n_threads)
     init = messages.recv(messages.WorkerInit)
     config.max_num_batched_tokens = init.max_num_batched_tokens  # as rank 0 derived it
     runner = ModelRunner(model, None, device, config.block_size,

@@ -1,0 +1,93 @@
+"""The engine-core child's busy loop sends each step's outputs itself
+(engine/core/engine_core_proc.py EngineCoreProc.send_output).
+
+vLLM 0.33's EngineCoreProc queues them for its output thread (vllm/v1/engine/core.py
+process_output_sockets); here a thread woken every step took the GIL from the loop in the
+middle of the next forward, which made eager decode slower in the child than in process,
+so the loop encodes and sends on its own PUSH socket and the output thread only carries
+the handshake, log records and the DEAD frame. Checked with a stand-in core (no model):
+the outputs of every step and a utility result arrive in order on the front end's PULL
+socket, and the busy loop puts nothing on any queue (no other thread is woken).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import pytest
+import zmq
+
+from engine.core.engine_core_messages import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequestType,
+)
+from engine.core.engine_core_proc import EngineCoreProc
+from engine.core.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+
+class _StandInCore:
+    """Steps `steps` times, one token each; make_stats answers."""
+
+    batch_queue = ()
+
+    def __init__(self, steps: int) -> None:
+        self.left = steps
+
+    def has_work(self) -> bool:
+        return self.left > 0
+
+    def step(self) -> EngineCoreOutputs:
+        self.left -= 1
+        return EngineCoreOutputs([EngineCoreOutput("r", [self.left])])
+
+    def make_stats(self) -> EngineCoreOutputs:
+        return EngineCoreOutputs([])
+
+
+@pytest.fixture
+def sockets(tmp_path):
+    ctx = zmq.Context()
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    push.bind(f"ipc://{tmp_path}/input")
+    pull.bind(f"ipc://{tmp_path}/output")
+    pull.setsockopt(zmq.RCVTIMEO, 5000)
+    yield ctx, push, pull, f"ipc://{tmp_path}/input", f"ipc://{tmp_path}/output"
+    push.close(linger=0)
+    pull.close(linger=0)
+    ctx.term()
+
+
+def _recv(pull) -> EngineCoreOutputs:
+    return MsgpackDecoder(EngineCoreOutputs).decode(pull.recv_multipart())
+
+
+def test_busy_loop_sends_step_outputs_without_the_output_thread(sockets, monkeypatch):
+    ctx, push, pull, input_address, output_address = sockets
+    proc = EngineCoreProc(_StandInCore(5), input_address, output_address, ctx)
+    loop = threading.Thread(target=proc.run_busy_loop, daemon=True)
+    woken: list = []  # items the busy loop handed to another thread
+    put = queue.Queue.put
+
+    def spy(self, item, *args, **kwargs):
+        if threading.current_thread() is loop:
+            woken.append(item)
+        return put(self, item, *args, **kwargs)
+
+    monkeypatch.setattr(queue.Queue, "put", spy)
+    loop.start()
+    try:
+        tokens = [_recv(pull).outputs[0].new_token_ids for _ in range(5)]
+        assert tokens == [[4], [3], [2], [1], [0]]
+        encoder = MsgpackEncoder()
+        push.send_multipart([EngineCoreRequestType.UTILITY.value,
+                             *encoder.encode((7, "make_stats", []))])
+        utility = _recv(pull).utility_output
+        assert utility.call_id == 7 and utility.failure is None
+    finally:
+        push.send_multipart([EngineCoreRequestType.SHUTDOWN.value])
+        loop.join(5)
+        proc.close()
+    assert not loop.is_alive()
+    assert woken == []
