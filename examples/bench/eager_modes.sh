@@ -33,7 +33,7 @@ for v in "${variants[@]}"; do
     ( while sleep 5; do nvidia-smi --query-compute-apps=pid,process_name,used_memory \
           --format=csv,noheader 2>/dev/null; done ) > "$out/eager-$v-gpu-procs.txt" &
     sampler=$!
-    env "${env_v[@]}" PYTHONPATH="$PWD/examples/bench/step_probe:$PWD" \
+    env "${env_v[@]}" PYTHONPATH="$PWD/examples/bench/step_probe:$PWD${PYTHONPATH:+:$PYTHONPATH}" \
         LIBVLLM_STEP_PROBE="$out/eager-$v" \
         python3 -m examples.bench latency --model "${MODEL:-examples/bench/models/llama-3.1-8b}" \
         --load-format dummy --skip-tokenizer-init --dtype "${DTYPE:-bfloat16}" \
