@@ -190,8 +190,11 @@ typedef struct vllm_engine_params {
                                         intra-op pool, as llama.h's n_threads); 0
                                         (default): derived (torch: one per core; with
                                         CUDA 1 once the model is loaded, unless
-                                        OMP_NUM_THREADS is set: vLLM's rule).
-                                        Process-wide: the last engine created sets it */
+                                        OMP_NUM_THREADS is set: vLLM's rule). Set in
+                                        the engine core's process: with CUDA by default
+                                        a child (the host keeps its own); in process,
+                                        the last engine created sets it for threads
+                                        that have not run torch work yet */
     int32_t multiprocessing;         /* vLLM's VLLM_ENABLE_V1_MULTIPROCESSING: the engine
                                         core (scheduler, model runner) in a child process.
                                         1: on, -1: off, 0 (default): the env var if set,

@@ -55,6 +55,7 @@ MMVQ_MAX_M = 8  # decode rows (the issue's M <= 8); more go through kernels/gguf
 
 MMVQ_NARROW_N = 4096  # K-quant layers with up to this many outputs: two rows a program
 MMVQ_WIDE_N = 16384  # Q8_0 layers with at least this many outputs: two rows a program
+MMVQ_TINY_N = 1024  # Q6_K layers with up to this many outputs: one row a program
 
 
 def mmvq_config(qtype: int, n: int | None = None) -> tuple[int, ...]:
@@ -62,20 +63,21 @@ def mmvq_config(qtype: int, n: int | None = None) -> tuple[int, ...]:
     examples/bench/gguf_mmvq.py --sweep over Llama-3.1-8B's shapes on the H200
     (docs/kernels.md). Few rows and one warp a program win: many programs in flight hide the
     memory latency of each step. Q4_K, Q5_K, Q6_K and Q8_0 take layout 1
-    (kernels/gguf_mmvq_lanes.py), measured at M = 1 against layout 0's best:
-    - Q4_K (2026-12-02, session 8): gate_up 24.7 vs 32.1 us (4 rows), qkv 7.0 vs 10.2
-      (4 rows), o 5.6 vs 6.5 and down 15.9 vs 17.4 (2 rows); one row was slower;
-    - Q6_K (session 9): gate_up 40.7 vs 50.7 us and lm_head 166.5 vs 211.4 (4 rows), o 8.0
-      vs 9.4 and down 25.4 vs 29.4 (2 rows), Q4_K_M's 1024-row attn_v 3.7 vs 7.0 (1 row, 8
-      blocks);
-    - Q8_0 (session 9): gate_up 31.1 vs 40.0 us and lm_head 129.3 vs 167.8 (2 rows, 32
+    (kernels/gguf_mmvq_lanes.py), measured at M = 1:
+    - Q4_K (2026-12-02, session 8), against layout 0's best: gate_up 24.7 vs 32.1 us
+      (4 rows), qkv 7.0 vs 10.2 (4 rows), o 5.6 vs 6.5 and down 15.9 vs 17.4 (2 rows); one
+      row was slower;
+    - Q6_K (session 9), against the layout-0 config it replaces: gate_up 40.7 vs 50.7 us
+      and lm_head 166.5 vs 211.4 (4 rows), o 8.0 vs 9.4 and down 25.4 vs 29.4 (2 rows),
+      Q4_K_M's 1024-row attn_v 3.7 vs 7.0 (1 row, 8 blocks);
+    - Q8_0 (session 9), the same way: gate_up 31.1 vs 40.0 us and lm_head 129.3 vs 167.8 (2 rows, 32
       blocks), qkv 8.3 vs 11.2, o 6.0 vs 8.2 and down 17.5 vs 23.4 (1 row, 64 blocks).
     Q4_0 / Q4_1 keep the layout-0 config of session 7 (their layout 1 is not timed)."""
     narrow = n is not None and n <= MMVQ_NARROW_N
     if qtype in (Q4_K, Q5_K):
         return (2, 4, 1, 1) if narrow else (4, 4, 1, 1)
     if qtype == Q6_K:
-        return (1, 8, 1, 1) if n is not None and n <= 1024 else \
+        return (1, 8, 1, 1) if n is not None and n <= MMVQ_TINY_N else \
             (2, 4, 1, 1) if narrow else (4, 4, 1, 1)
     if qtype == Q8_0:
         return (2, 32, 1, 1) if n is not None and n >= MMVQ_WIDE_N else (1, 64, 1, 1)

@@ -91,3 +91,37 @@ def test_busy_loop_sends_step_outputs_without_the_output_thread(sockets, monkeyp
         proc.close()
     assert not loop.is_alive()
     assert woken == []
+
+
+class _FailingCore(_StandInCore):
+    """Two steps of outputs, then a step that raises."""
+
+    def step(self) -> EngineCoreOutputs:
+        if self.left == 1:
+            raise RuntimeError("boom")
+        return super().step()
+
+
+def test_dead_goes_out_after_the_last_steps_outputs(sockets):
+    """A failing step: the earlier steps' outputs, the traceback record, then DEAD, in that
+    order on the front end's PULL even when it reads late (the front end stops at DEAD).
+    On the output thread's socket, DEAD could overtake the loop's outputs."""
+    import time
+
+    from engine.core.engine_core_proc import DEAD
+
+    ctx, push, pull, input_address, output_address = sockets
+    proc = EngineCoreProc(_FailingCore(3), input_address, output_address, ctx)
+    assert proc.run() == 1
+    time.sleep(0.2)  # the front end lags behind
+    got = []
+    while pull.poll(200):
+        frames = pull.recv_multipart()
+        if frames[0] == DEAD:
+            got.append(("DEAD", MsgpackDecoder(str).decode(frames[1:])))
+            continue
+        out = MsgpackDecoder(EngineCoreOutputs).decode(frames)
+        got.append(out.log_record[2].splitlines()[0] if out.log_record
+                   else out.outputs[0].new_token_ids)
+    assert got == [[2], [1], "the engine core failed",
+                   ("DEAD", "the engine core failed: RuntimeError: boom")]

@@ -136,7 +136,7 @@ def test_chunk_matches_transformers() -> None:
     o, s = chunk_gated_delta_rule_torch(q, k, v, g, beta, s0)
     # q/k heads repeated to the value heads as Qwen3NextGatedDeltaNet does: transformers 5.24
     # repeats inside torch_chunk_gated_delta_rule, older releases (the GPU machine's) do not
-    qk = [x.repeat_interleave(4 // 2, dim=2) for x in (q, k)]
+    qk = [x.repeat_interleave(v.shape[2] // x.shape[2], dim=2) for x in (q, k)]
     o_hf, s_hf = hf.torch_chunk_gated_delta_rule(
         *qk, v, g, beta, initial_state=s0.transpose(-1, -2), output_final_state=True,
         use_qk_l2norm_in_kernel=True)

@@ -170,22 +170,25 @@ def test_mmvq_layouts_exact_on_integer_activations(qtype: GGMLType, config: tupl
     masked one, or a masked one only; Q6_K's 630-byte rows alternate 4-byte phases, Q8_0
     and Q4_0 blocks alternate within a row), 37 rows (the last program's rows past N
     re-read row N - 1)."""
-    _assert_exact_on_integer_activations(qtype, config, m)
-
-
-@pytest.mark.parametrize("qtype,config", [  # mmvq_config's Q6_K / Q8_0 defaults (session 9)
-    (GGMLType.Q6_K, (1, 8, 1, 1)), (GGMLType.Q6_K, (2, 4, 1, 1)), (GGMLType.Q6_K, (4, 4, 1, 1)),
-    (GGMLType.Q8_0, (1, 64, 1, 1)), (GGMLType.Q8_0, (2, 32, 1, 1))])
-def test_mmvq_default_configs_exact_on_integer_activations(qtype: GGMLType, config: tuple
-                                                           ) -> None:
-    """The same check for each default config, at 3 rows (multi-row activations)."""
-    _assert_exact_on_integer_activations(qtype, config, 3)
-
-
-def _assert_exact_on_integer_activations(qtype: GGMLType, config: tuple, m: int) -> None:
     k = 768
     w = random_weight(qtype, 37, k, seed=int(qtype))
     x = _integer_x(m, k, seed=m)
+    ref = gguf_gemm_ref(x.double().float(), w, qtype)
+    assert _rel_err(gguf_mmvq(x, w, qtype, config=config), ref) < 1e-5
+
+
+@pytest.mark.parametrize("qtype,k,config,rows,m", [  # mmvq_config's Q6_K / Q8_0 defaults
+    (GGMLType.Q8_0, 32 * 97, (1, 64, 1, 1), 3, 1),  # whole steps, then a masked one; an odd
+    (GGMLType.Q8_0, 32 * 97, (2, 32, 1, 1), 3, 6),  # block count (2-byte phases); 8-row tiles
+    (GGMLType.Q6_K, 256 * 9, (1, 8, 1, 1), 3, 1),
+    (GGMLType.Q6_K, 256 * 9, (2, 4, 1, 1), 3, 6),
+    (GGMLType.Q6_K, 256 * 9, (4, 4, 1, 1), 5, 6)])  # rows past N re-read row N - 1
+def test_mmvq_default_configs_exact_on_integer_activations(qtype: GGMLType, k: int,
+                                                           config: tuple, rows: int, m: int
+                                                           ) -> None:
+    """The same check for each default config on rows of several whole steps."""
+    w = random_weight(qtype, rows, k, seed=1)
+    x = _integer_x(m, k, seed=2)
     ref = gguf_gemm_ref(x.double().float(), w, qtype)
     assert _rel_err(gguf_mmvq(x, w, qtype, config=config), ref) < 1e-5
 

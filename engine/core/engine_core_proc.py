@@ -7,16 +7,18 @@ process_output_sockets).
 - input thread: zmq PULL -> MsgpackDecoder -> input queue (decoding overlaps the device);
 - busy loop (main thread): apply every queued request / abort / utility call, run one
   EngineCore step while there is work, encode its EngineCoreOutputs and send them on its
-  own zmq PUSH (and utility results); block on the input queue when idle;
+  own zmq PUSH (and utility results; after a failing step, its traceback and DEAD);
+  block on the input queue when idle;
 - output thread: output queue -> MsgpackEncoder -> zmq PUSH, for what does not come from
-  the busy loop: the handshake, log records, the DEAD frame.
+  the busy loop: the handshake and the engine loggers' records.
 Unlike vLLM (whose busy loop queues each step's outputs for its output thread), the busy
 loop sends them itself: a thread woken every step takes the GIL from the loop in the
 middle of the next step's forward (every torch op releases it), so the loop slept about
 once a step (1.1-1.25 voluntary context switches a step, 0.01 now) and eager decode,
 bound by the loop's Python, ran slower in the child than in process (docs/architecture.md,
 "Process model"). Both PUSH sockets reach the front end's one PULL, which keeps no order
-between them (the front end needs none: READY comes before any request is sent).
+between them: READY comes before any request is sent, and DEAD, after which the front end
+reads nothing, goes out behind the last step's outputs on the same socket.
 The first message on the output socket is the handshake: READY + EngineCoreReady, or
 FAILED + EngineCoreStartupFailure (the model did not load: status and message reach
 vllm_engine_create). A failing step sends DEAD + the reason, then the process exits. Log
@@ -35,6 +37,7 @@ import os
 import queue
 import threading
 import time
+import traceback
 
 import zmq
 
@@ -96,14 +99,37 @@ class EngineCoreProc:
                     EngineCoreRequestType.UTILITY: MsgpackDecoder(tuple[int, str, list])}
         sock = ctx.socket(zmq.PULL)
         sock.connect(address)
-        while True:
-            frames = sock.recv_multipart(copy=False)
-            kind = EngineCoreRequestType(bytes(frames[0].buffer))
-            payload = None if kind == EngineCoreRequestType.SHUTDOWN else \
-                decoders[kind].decode([f.buffer for f in frames[1:]])
-            self.input_queue.put((kind, payload))
-            if kind == EngineCoreRequestType.SHUTDOWN:
-                return
+        try:
+            while True:
+                frames = sock.recv_multipart(copy=False)
+                kind = EngineCoreRequestType(bytes(frames[0].buffer))
+                payload = None if kind == EngineCoreRequestType.SHUTDOWN else \
+                    decoders[kind].decode([f.buffer for f in frames[1:]])
+                self.input_queue.put((kind, payload))
+                if kind == EngineCoreRequestType.SHUTDOWN:
+                    return
+        except zmq.ContextTerminated:  # the process is ending (run_engine_core's flush)
+            return
+        finally:
+            sock.close(linger=0)
+
+    def run(self) -> int:
+        """The busy loop until a shutdown (0) or a failing step (1): then the traceback
+        as a log record and DEAD + the reason go out on the loop's own socket, after the
+        outputs of every step before (the front end stops reading at DEAD)."""
+        try:
+            self.run_busy_loop()
+            self.engine_core.shutdown()
+            return 0
+        except Exception as e:  # noqa: BLE001 - the front end ends every request
+            self.send_output(EngineCoreOutputs(log_record=(
+                logging.ERROR, logger.name, "the engine core failed\n" + traceback.format_exc())))
+            self.output_socket.send_multipart(
+                [DEAD] + self.encoder.encode(f"the engine core failed: {type(e).__name__}: {e}"),
+                copy=False)
+            return 1
+        finally:
+            self.close()
 
     def run_busy_loop(self) -> None:
         core = self.engine_core
@@ -207,7 +233,6 @@ def run_engine_core(argv: list[str] | None = None) -> int:
     engine_logger.addHandler(_ForwardHandler(output_queue))
     engine_logger.setLevel(args.log_level)
     engine_logger.propagate = False
-    code = 0
     try:
         from engine.core.engine_core import EngineCore
 
@@ -223,19 +248,21 @@ def run_engine_core(argv: list[str] | None = None) -> int:
         proc = EngineCoreProc(core, args.input, args.output, ctx)
         freeze_gc_heap()
         output_queue.put((READY, core.ready))
-        try:
-            proc.run_busy_loop()
-            core.shutdown()
-        except Exception as e:  # noqa: BLE001 - the front end ends every request
-            logger.exception("the engine core failed")
-            output_queue.put((DEAD, f"the engine core failed: {type(e).__name__}: {e}"))
-            code = 1
-        finally:
-            proc.close()
+        code = proc.run()
     finally:
         output_queue.put(None)
         sender.join(5)
+        _flush(ctx)
     return code
+
+
+def _flush(ctx: zmq.Context, timeout_s: float = 3.0) -> None:
+    """Terminate the context, which sends what the closed sockets still queue (LINGER);
+    without it the process can exit first. Bounded: a socket still open (a stuck sender)
+    would keep zmq_ctx_term waiting."""
+    term = threading.Thread(target=ctx.term, daemon=True)
+    term.start()
+    term.join(timeout_s)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

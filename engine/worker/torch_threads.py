@@ -23,7 +23,15 @@ logger = logging.getLogger(__name__)
 
 def set_torch_threads_for_runtime(n_threads: int = 0) -> None:
     """1 torch thread from now on, unless n_threads or OMP_NUM_THREADS chose a count."""
-    if n_threads or os.environ.get("OMP_NUM_THREADS") is not None:
+    if n_threads:
+        return
+    omp = os.environ.get("OMP_NUM_THREADS")
+    if omp is not None:
+        if omp.strip().isdigit() and int(omp) > 1:  # vLLM's warning
+            logger.warning("OMP_NUM_THREADS=%s is set; leaving Torch threads at %d for "
+                           "serving. Multi-threaded torch CPU ops during serving can degrade "
+                           "performance through spin-wait contention.", omp,
+                           torch.get_num_threads())
         return
     if torch.get_num_threads() != 1:
         logger.info("Reducing Torch threads from %d to 1 for serving. Set OMP_NUM_THREADS "

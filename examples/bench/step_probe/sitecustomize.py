@@ -7,7 +7,9 @@ live threads, torch's intra-op and inter-op thread counts, the CPU affinity, and
 OMP / CUDA / torch environment. The child inherits both (engine/core/engine_core_utils.py
 passes sys.path as PYTHONPATH and copies the environment). Summarised by
 examples/bench/step_probe/summary.py; used by examples/bench/eager_modes.sh. Without
-LIBVLLM_STEP_PROBE it does nothing.
+LIBVLLM_STEP_PROBE it does nothing. Being first on the path, it hides any other
+sitecustomize (a distribution's, a site directory's): a bench probe only, never on the
+path of a normal run.
 """
 
 import os
