@@ -192,7 +192,7 @@ def test_triton_path_through_the_engine(model_dir, monkeypatch):
 
     if type(_fused_recurrent_kernel).__name__ != "InterpretedFunction":
         pytest.skip("kernels/ compiled for a device (the GPU test covers this path)")
-    monkeypatch.setattr(gdn, "use_triton", lambda x: True)
+    monkeypatch.setattr(gdn, "use_kernels", lambda x: True)
     path, prompts, ref = model_dir
     want = [r[:KERNEL_TOKENS] for r in ref[:3]]  # greedy: a prefix of the longer run
     engine = _engine(path, enable_prefix_caching=True, max_num_batched_tokens=16)
@@ -220,7 +220,7 @@ def test_chunked_prefill_kernels_through_the_engine(model_dir, monkeypatch):
                         lambda *a: calls.append(1) or chunked(*a))
     monkeypatch.setattr(gdn, "fused_sigmoid_gating_delta_rule",
                         lambda *a: mixed.append(-1 in a[9].tolist()) or recurrent(*a))
-    monkeypatch.setattr(gdn, "use_triton", lambda x: True)
+    monkeypatch.setattr(gdn, "use_kernels", lambda x: True)
     monkeypatch.setattr(gdn, "GDN_PREFILL_BACKEND", "triton")
     path, prompts, ref = model_dir
     engine = _engine(path, max_num_batched_tokens=16)

@@ -146,7 +146,7 @@ def test_triton_path_matches_torch_path(pair, monkeypatch):
     ids = torch.randint(0, cfg.vocab_size, (13,), generator=torch.Generator().manual_seed(3))
     runs = []
     for triton_path in (False, True):
-        monkeypatch.setattr(gdn, "use_triton", lambda x, t=triton_path: t)
+        monkeypatch.setattr(gdn, "use_kernels", lambda x, t=triton_path: t)
         drv = OneRequest(ours, cfg, 24)
         runs.append([drv.forward(ids[:10].tolist())[-1]]
                     + [drv.forward([int(t)])[0] for t in ids[10:]])

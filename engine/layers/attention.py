@@ -50,8 +50,9 @@ class AttentionMetadata:
 
 
 def use_kernels(q: torch.Tensor) -> bool:
-    """Whether the layer runs the Triton kernels (CUDA) or the torch path (tests run the
-    kernels on CPU under the Triton interpreter by patching this)."""
+    """Whether a layer runs the Triton kernels (CUDA) or their torch references: this
+    module's attention and engine/layers/gdn.py (which imports it). Tests run the kernels
+    on CPU under the Triton interpreter by patching the name in the module they test."""
     return q.is_cuda
 
 

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import InvalidArgumentError, ModelLoadError
+from engine.layers.attention import use_kernels
 from engine.layers.linear import MergedReplicatedLinear, RowParallelLinear
 from engine.sample.ops.torch_utils import async_tensor_h2d
 from kernels.causal_conv1d import causal_conv1d_fn, causal_conv1d_ref
@@ -54,11 +55,6 @@ from kernels.rms_norm_gated import rms_norm_gated, rms_norm_gated_ref
 
 GDN_PREFILL_BACKENDS = ("auto", "recurrent", "triton")
 GDN_PREFILL_BACKEND = os.environ.get("LIBVLLM_GDN_PREFILL_BACKEND", "auto")
-
-
-def use_triton(x: torch.Tensor) -> bool:
-    """Whether the layer runs the Triton kernels (CUDA) or their torch references."""
-    return x.is_cuda
 
 
 @dataclass
@@ -118,7 +114,7 @@ class RMSNormGated(nn.Module):
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         # x, z: [n, Hv, dv] (z a strided view) -> [n, Hv * dv] in x's dtype (fp32 statistics)
-        if use_triton(x):  # one Triton launch (vLLM's RMSNormGated.forward_cuda)
+        if use_kernels(x):  # one Triton launch (vLLM's RMSNormGated.forward_cuda)
             return rms_norm_gated(x, z, self.weight, self.variance_epsilon)
         return rms_norm_gated_ref(x, z, self.weight, self.variance_epsilon).flatten(-2)
 
@@ -199,7 +195,7 @@ class GatedDeltaNetAttention(nn.Module):
         # mixed_qkv: [n, conv_dim]; b, a: [n, Hv] -> core output [n, Hv, dv]
         n = mixed_qkv.shape[0]
         w = self.conv1d.weight[:, 0]  # [conv_dim, K]
-        if use_triton(mixed_qkv):
+        if use_kernels(mixed_qkv):
             x = causal_conv1d_fn(mixed_qkv, w, self.conv_state, gdn.query_start_loc_t,
                                  gdn.state_indices_t, gdn.has_initial_state_t,
                                  gdn.max_query_len)
@@ -210,7 +206,7 @@ class GatedDeltaNetAttention(nn.Module):
         q = q.unflatten(-1, (self.num_k_heads, self.head_k_dim))
         k = k.unflatten(-1, (self.num_k_heads, self.head_k_dim))
         v = v.unflatten(-1, (self.num_v_heads, self.head_v_dim))
-        if use_triton(mixed_qkv) and gdn.chunked_prefill:
+        if use_kernels(mixed_qkv) and gdn.chunked_prefill:
             split = gdn.prefill_split  # chunked rows first: they zero the rest of `out`
             out = chunk_sigmoid_gating_delta_rule(
                 q, k, v, a, b, self.A_log, self.dt_bias, self.ssm_state, gdn.query_start_loc_t,
@@ -220,7 +216,7 @@ class GatedDeltaNetAttention(nn.Module):
             return fused_sigmoid_gating_delta_rule(
                 q, k, v, a, b, self.A_log, self.dt_bias, self.ssm_state, gdn.query_start_loc_t,
                 split.decode_state_indices_t, gdn.has_initial_state_t, out)
-        if use_triton(mixed_qkv):  # gates computed in the kernel
+        if use_kernels(mixed_qkv):  # gates computed in the kernel
             return fused_sigmoid_gating_delta_rule(
                 q, k, v, a, b, self.A_log, self.dt_bias, self.ssm_state, gdn.query_start_loc_t,
                 gdn.state_indices_t, gdn.has_initial_state_t)
