@@ -12,8 +12,8 @@ gguf_experts.py; set by engine/model_loader/gguf_quant.py, which drops w13/w2).
 `shared_experts` (vLLM's SharedFusedMoE; shared_expert.py for Qwen2-MoE / Qwen3-Next) is
 run on every token and added to the routed output. Given the shared experts' gate logit
 (`shared_gate`, Qwen3-Next's block computes it in its router GEMV), the layer applies the
-sigmoid gate; at CUDA decode on the routed GEMV path (unsharded) the shared expert runs
-first and the routed w2 launch adds sigmoid(gate) * shared in its epilogue.
+sigmoid gate; on CUDA (unsharded) the shared expert runs first and fused_moe_triton adds
+sigmoid(gate) * shared, in the routed w2 launch's epilogue at decode.
 Tensor parallel (vLLM's TP MoE, no expert parallel): every rank holds every expert and its
 slice of the intermediate dim (w13 rows of gate and of up, w2 columns); the routed output
 is all-reduced (the shared experts reduce in their own RowParallelLinear).
@@ -40,7 +40,7 @@ from engine.layers.fused_moe.torch_experts import (
     fused_experts_dense,
     fused_experts_grouped,
 )
-from engine.layers.fused_moe.triton_experts import fused_moe_triton, takes_routed_gemv
+from engine.layers.fused_moe.triton_experts import fused_moe_triton
 
 MOE_BACKENDS = ("triton", "torch")
 
@@ -118,12 +118,10 @@ class FusedMoE(nn.Module):
         return out
 
     def folds_shared_gate(self, hidden_states: torch.Tensor) -> bool:
-        """Whether the gated shared expert's scale and add go into the routed w2 launch:
-        on CUDA, unsharded, on the routed GEMV path of fused_moe_triton (decode)."""
+        """Whether the gated shared expert goes to fused_moe_triton (on CUDA, unsharded),
+        which adds it in its routed w2 launch at decode and as torch ops otherwise."""
         return (hidden_states.is_cuda and self.backend == "triton" and self.tp_size == 1
-                and self.gguf_experts is None and self.shared_experts is not None
-                and takes_routed_gemv(hidden_states.shape[0], self.top_k, self.num_experts,
-                                      self.act))
+                and self.gguf_experts is None and self.shared_experts is not None)
 
     def routed_experts(self, hidden_states: torch.Tensor, router_logits: torch.Tensor
                        ) -> torch.Tensor:

@@ -101,7 +101,7 @@ def _fused_experts_gemv(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torc
     return fused_moe_gemv_w2(act, w2, topk_weights.float().contiguous(), ids)
 
 
-def takes_routed_gemv(m: int, top_k: int, num_experts: int, act: nn.Module) -> bool:
+def _takes_routed_gemv(m: int, top_k: int, num_experts: int, act: nn.Module) -> bool:
     """Whether fused_moe_triton (allow_gemv) runs the two routed GEMV launches."""
     return (m > 0 and num_experts <= ROUTED_MAX_EXPERTS
             and _takes_gemv(m, top_k, num_experts, act))
@@ -118,7 +118,7 @@ def fused_moe_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.T
     in the w2 launch's epilogue on the routed path, else as torch ops."""
     m = hidden_states.shape[0]
     num_experts = w13.shape[0]
-    if not (allow_gemv and takes_routed_gemv(m, top_k, num_experts, act)):
+    if not (allow_gemv and _takes_routed_gemv(m, top_k, num_experts, act)):
         topk_weights, topk_ids = fused_topk(gating_output, top_k, renormalize)
         out = fused_experts_triton(hidden_states, w13, w2, topk_weights, topk_ids, act,
                                    allow_gemv=allow_gemv)
