@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check, next_pow2
-from kernels.gated_delta_rule import gdn_gates
+from kernels.gated_delta_rule import check_gdn_inputs, check_sigmoid_gates, gdn_gates
 
 CHUNK_SIZE = 64  # FLA_CHUNK_SIZE
 
@@ -240,9 +240,7 @@ def chunk_sigmoid_gating_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.T
     """chunk_gated_delta_rule with the gates computed in the kernel from the raw projections
     a, b ([T, Hv], rows may be strided) and A_log, dt_bias ([Hv]), as
     kernels/gated_delta_rule.py fused_sigmoid_gating_delta_rule."""
-    HV = v.shape[1]
-    check(A_log.shape == (HV,) and dt_bias.shape == (HV,) and A_log.is_contiguous()
-          and dt_bias.is_contiguous(), lambda: f"A_log and dt_bias must be contiguous [{HV}]")
+    check_sigmoid_gates(A_log, dt_bias, v.shape[1])
     return _launch(q, k, v, a, b, A_log, dt_bias, ssm_states, query_start_loc, state_indices,
                    has_initial_state, True, chunk_indices, out)
 
@@ -252,13 +250,7 @@ def _launch(q, k, v, g, beta, A_log, dt_bias, ssm_states, query_start_loc, state
     T, HK, DK = k.shape
     HV, DV = v.shape[1:]
     N = state_indices.shape[0]
-    check(HV % HK == 0, lambda: f"value heads {HV} must be a multiple of key heads {HK}")
-    check(q.shape == k.shape and all(x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]
-                                     for x in (q, k, v)), "q/k/v need [T, H, d] with "
-          "contiguous heads")
-    check(ssm_states.shape[1:] == (HV, DV, DK) and ssm_states.is_contiguous(),
-          lambda: f"ssm_states must be contiguous [slots, {HV}, {DV}, {DK}]")
-    check(g.stride(-1) == 1 and beta.stride(-1) == 1, "gates need contiguous rows")
+    check_gdn_inputs(q, k, v, g, beta, ssm_states)
     o = torch.zeros(T, HV, DV, dtype=v.dtype, device=v.device) if out is None else out
     check(o.shape == v.shape and o.dtype == v.dtype and o.is_contiguous(),
           "out must be contiguous like v")

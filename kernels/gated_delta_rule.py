@@ -214,18 +214,24 @@ def fused_sigmoid_gating_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.T
     projections a, b ([T, Hv], rows may be strided) and A_log, dt_bias ([Hv], any float
     dtype, read as fp32): vLLM's fused_sigmoid_gating_delta_rule_update
     (third_party/.../fused_sigmoid_gating.py)."""
-    HV = v.shape[1]
-    check(A_log.shape == (HV,) and dt_bias.shape == (HV,) and A_log.is_contiguous()
-          and dt_bias.is_contiguous(), lambda: f"A_log and dt_bias must be contiguous [{HV}]")
+    check_sigmoid_gates(A_log, dt_bias, v.shape[1])
     return _launch(q, k, v, a, b, A_log, dt_bias, ssm_states, query_start_loc, state_indices,
                    has_initial_state, True, out)
 
 
-def _launch(q, k, v, g, beta, A_log, dt_bias, ssm_states, query_start_loc, state_indices,
-            has_initial_state, l2norm: bool, out) -> torch.Tensor:
-    T, HK, DK = k.shape
+def check_sigmoid_gates(A_log: torch.Tensor, dt_bias: torch.Tensor, HV: int) -> None:
+    """A_log and dt_bias of the in-kernel gates: contiguous [Hv]."""
+    check(A_log.shape == (HV,) and dt_bias.shape == (HV,) and A_log.is_contiguous()
+          and dt_bias.is_contiguous(), lambda: f"A_log and dt_bias must be contiguous [{HV}]")
+
+
+def check_gdn_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                     beta: torch.Tensor, ssm_states: torch.Tensor) -> None:
+    """The layouts both GDN kernels (this recurrent one, kernels/chunk_gated_delta_rule.py)
+    take: q, k [T, Hk, dk] and v [T, Hv, dv] with contiguous heads, Hv a multiple of Hk,
+    contiguous ssm_states [slots, Hv, dv, dk], gates with contiguous rows."""
+    HK, DK = k.shape[1:]
     HV, DV = v.shape[1:]
-    N = state_indices.shape[0]
     check(HV % HK == 0, lambda: f"value heads {HV} must be a multiple of key heads {HK}")
     check(q.shape == k.shape and all(x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]
                                      for x in (q, k, v)), "q/k/v need [T, H, d] with "
@@ -233,6 +239,14 @@ def _launch(q, k, v, g, beta, A_log, dt_bias, ssm_states, query_start_loc, state
     check(ssm_states.shape[1:] == (HV, DV, DK) and ssm_states.is_contiguous(),
           lambda: f"ssm_states must be contiguous [slots, {HV}, {DV}, {DK}]")
     check(g.stride(-1) == 1 and beta.stride(-1) == 1, "gates need contiguous rows")
+
+
+def _launch(q, k, v, g, beta, A_log, dt_bias, ssm_states, query_start_loc, state_indices,
+            has_initial_state, l2norm: bool, out) -> torch.Tensor:
+    T, HK, DK = k.shape
+    HV, DV = v.shape[1:]
+    N = state_indices.shape[0]
+    check_gdn_inputs(q, k, v, g, beta, ssm_states)
     check(has_initial_state.shape == (N,), lambda: f"has_initial_state must be [{N}]")
     if out is not None:
         check(out.shape == v.shape and out.dtype == v.dtype and out.is_contiguous(),

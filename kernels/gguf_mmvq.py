@@ -58,7 +58,7 @@ MMVQ_WIDE_N = 16384  # Q8_0 layers with at least this many outputs: two rows a p
 MMVQ_TINY_N = 1024  # Q6_K layers with up to this many outputs: one row a program
 
 
-def mmvq_config(qtype: int, n: int | None = None) -> tuple[int, ...]:
+def mmvq_config(qtype: int, n: int) -> tuple[int, ...]:
     """(rows per program, blocks per step, warps[, layout]) for n outputs: the fastest of
     examples/bench/gguf_mmvq.py --sweep over Llama-3.1-8B's shapes on the H200
     (docs/kernels.md). Few rows and one warp a program win: many programs in flight hide the
@@ -73,14 +73,14 @@ def mmvq_config(qtype: int, n: int | None = None) -> tuple[int, ...]:
     - Q8_0 (session 9), the same way: gate_up 31.1 vs 40.0 us and lm_head 129.3 vs 167.8 (2 rows, 32
       blocks), qkv 8.3 vs 11.2, o 6.0 vs 8.2 and down 17.5 vs 23.4 (1 row, 64 blocks).
     Q4_0 / Q4_1 keep the layout-0 config of session 7 (their layout 1 is not timed)."""
-    narrow = n is not None and n <= MMVQ_NARROW_N
+    narrow = n <= MMVQ_NARROW_N
     if qtype in (Q4_K, Q5_K):
         return (2, 4, 1, 1) if narrow else (4, 4, 1, 1)
     if qtype == Q6_K:
-        return (1, 8, 1, 1) if n is not None and n <= MMVQ_TINY_N else \
+        return (1, 8, 1, 1) if n <= MMVQ_TINY_N else \
             (2, 4, 1, 1) if narrow else (4, 4, 1, 1)
     if qtype == Q8_0:
-        return (2, 32, 1, 1) if n is not None and n >= MMVQ_WIDE_N else (1, 64, 1, 1)
+        return (2, 32, 1, 1) if n >= MMVQ_WIDE_N else (1, 64, 1, 1)
     return (1, 32, 1)  # Q4_0, Q4_1
 
 

@@ -222,5 +222,5 @@ def test_mmvq_config_defaults() -> None:
     assert mmvq_config(GGMLType.Q6_K, 1024) == (1, 8, 1, 1)
     assert mmvq_config(GGMLType.Q8_0, 28672) == (2, 32, 1, 1)
     assert mmvq_config(GGMLType.Q8_0, 6144) == (1, 64, 1, 1)
-    assert mmvq_config(GGMLType.Q8_0) == (1, 64, 1, 1)
-    assert mmvq_config(GGMLType.Q4_1) == (1, 32, 1)
+    assert mmvq_config(GGMLType.Q8_0, 4096) == (1, 64, 1, 1)
+    assert mmvq_config(GGMLType.Q4_1, 4096) == (1, 32, 1)
