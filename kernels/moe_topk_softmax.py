@@ -123,8 +123,11 @@ def topk_softmax(gating_output: torch.Tensor, topk: int, renormalize: bool
 
 def topk_softmax_ref(gating_output: torch.Tensor, topk: int, renormalize: bool
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The torch form (engine/layers/fused_moe/router.py's CPU path)."""
-    weights, ids = torch.softmax(gating_output.float(), dim=-1).topk(topk, dim=-1)
+    """The torch form, ties to the lowest id as the kernel breaks them (a stable sort;
+    without ties the experts of engine/layers/fused_moe/router.py's CPU path, torch.topk)."""
+    p = torch.softmax(gating_output.float(), dim=-1)
+    ids = torch.sort(p, dim=-1, descending=True, stable=True).indices[:, :topk]
+    weights = p.gather(1, ids)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids.to(torch.int32)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -55,6 +56,19 @@ def _one_torch_thread() -> None:
 
 
 _one_torch_thread()
+
+
+def _sigint_at_default_for_children() -> None:
+    """A test process started as a background job of a non-interactive shell inherits
+    SIGINT ignored, and every program it starts would too (exec keeps an ignored signal);
+    with a handler installed here they start with SIGINT at its default (exec resets a
+    handled signal), as from an interactive shell: the C hosts and servers that tests
+    interrupt need it."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_sigint_at_default_for_children()
 MAX_WORKERS = 2  # measured: the 2-core CI machine; more workers are untested
 
 

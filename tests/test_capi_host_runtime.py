@@ -28,15 +28,8 @@ def host(compile_c) -> Path:
     return compile_c(TESTS_C / "host_test.c")
 
 
-def _default_sigint() -> None:
-    """In the child before exec: SIGINT at SIG_DFL, as a shell starts a program. An ignored
-    SIGINT would be inherited from the test process (seen under pytest-xdist workers)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _run(cmd, env, timeout=600) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env,
-                          preexec_fn=_default_sigint,
                           timeout=timeout)
 
 
@@ -55,8 +48,7 @@ def test_sigint_stays_default_after_init(host, child_env):
 @pytest.mark.slow
 def test_ctrl_c_ends_a_host_blocked_in_request_next(host, child_env, model_path):
     proc = subprocess.Popen([str(host), "blocked", model_path], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=child_env,
-                            preexec_fn=_default_sigint)
+                            stderr=subprocess.PIPE, text=True, env=child_env)
     try:
         assert proc.stdout.readline().strip() == "READY", proc.stderr.read()
         time.sleep(1.0)  # streaming: the main thread waits in vllm_request_next

@@ -14,27 +14,17 @@ Mirrors vLLM 0.33 tests/models/language/generation/test_hybrid.py's layer-level 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from test_kernels_common import DEVICE, gpu  # first: the Triton interpreter on CPU
 
-if not torch.cuda.is_available():  # before kernels/ are imported: the Triton path on CPU
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import engine.layers.attention as attention  # noqa: E402
-import engine.layers.gdn as gdn  # noqa: E402
-import kernels.fused_moe_gemv as moe_gemv  # noqa: E402
-from engine.layers.attention import AttentionMetadata  # noqa: E402
-from engine.layers.fused_moe import FusedMoE  # noqa: E402
-from engine.models.config import ModelArchConfig  # noqa: E402
-from engine.models.qwen3_next import Qwen3NextAttention, Qwen3NextSparseMoeBlock  # noqa: E402
-from kernels.rms_norm_gated import _rms_norm_gated_kernel  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and type(_rms_norm_gated_kernel).__name__ != "InterpretedFunction":
-    pytest.skip("no CUDA device and kernels/ were compiled without TRITON_INTERPRET=1",
-                allow_module_level=True)
+import engine.layers.attention as attention
+import engine.layers.gdn as gdn
+import kernels.fused_moe_gemv as moe_gemv
+from engine.layers.attention import AttentionMetadata
+from engine.layers.fused_moe import FusedMoE
+from engine.models.config import ModelArchConfig
+from engine.models.qwen3_next import Qwen3NextAttention, Qwen3NextSparseMoeBlock
 
 BS = 4  # KV cache block size
 
@@ -108,7 +98,7 @@ def test_gdn_decode_kernel_path_equals_torch(monkeypatch) -> None:
     ssm0 = torch.randn(4, 4, 8, 16).to(DEVICE)
     outs, states = {}, {}
     for kernels in (False, True):
-        monkeypatch.setattr(gdn, "use_triton", lambda x, on=kernels: on)
+        monkeypatch.setattr(gdn, "use_kernels", lambda x, on=kernels: on)
         layer.conv_state, layer.ssm_state = conv0.clone(), ssm0.clone()
         torch.manual_seed(3)
         steps = []
@@ -151,7 +141,7 @@ def test_gdn_mixed_chunked_prefill_and_decode_equals_torch(monkeypatch) -> None:
         ("fused", len(a) > 11 or "out" in k)) or fused(*a, **k))
     outs, states = {}, {}
     for kernels in (False, True):
-        monkeypatch.setattr(gdn, "use_triton", lambda x, on=kernels: on)
+        monkeypatch.setattr(gdn, "use_kernels", lambda x, on=kernels: on)
         layer.conv_state, layer.ssm_state = conv0.clone(), ssm0.clone()
         rows = 3 if kernels else 2  # the torch path takes no padding rows
         qsl, slots, init = [0, 70, 71, 72], [1, 2, 0], [True, True, False]
@@ -260,8 +250,7 @@ def test_moe_block_gate_loads_both_checkpoint_gates() -> None:
         param.weight_loader(param, gate, "", "up")
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device")
+@gpu
 def test_moe_block_folded_decode_under_a_cuda_graph(monkeypatch) -> None:
     """Qwen3.5-35B-A3B's block (E 256, top-8, H 2048, I 512, shared I 512) in bf16,
     replayed from a CUDA graph on new inputs (the routed w2 reads the merged router's

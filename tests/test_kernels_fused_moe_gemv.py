@@ -36,7 +36,7 @@ from kernels.fused_moe_gemv import (
     fused_moe_gemv_w13_ref,
     fused_moe_gemv_w13_routed,
 )
-from kernels.moe_topk_softmax import topk_softmax
+from kernels.moe_topk_softmax import topk_softmax, topk_softmax_ref
 
 
 def inputs(m, e, h, i, topk, dtype, ids_dtype=torch.int32, seed=0):
@@ -181,17 +181,6 @@ def router_logits(m, e, kind, dtype, seed=0):
     return torch.randn(m, e, generator=g, device=DEVICE).to(dtype)
 
 
-def stable_topk(logits, topk, renormalize):
-    """The top-k with ties to the lowest id (a stable sort of the softmax): (weights [m, k]
-    fp32, ids [m, k] int32)."""
-    p = torch.softmax(logits.float(), dim=-1)
-    ids = torch.sort(p, dim=-1, descending=True, stable=True).indices[:, :topk]
-    w = p.gather(1, ids)
-    if renormalize:
-        w = w / w.sum(dim=-1, keepdim=True)
-    return w, ids.to(torch.int32)
-
-
 ROUTED_CASES = [  # m, e, h, i, topk
     (1, 8, 32, 16, 1), (1, 8, 40, 24, 2), (2, 64, 48, 20, 8), (4, 128, 33, 17, 8),
     (1, 512, 64, 32, 10), (1, 512, 16, 8, 8), (3, 16, 16, 8, 2), (1, 5, 16, 8, 1)]
@@ -199,25 +188,26 @@ ROUTED_CASES = [  # m, e, h, i, topk
 
 @pytest.mark.parametrize("m,e,h,i,topk", ROUTED_CASES)
 @pytest.mark.parametrize("kind", ["random", "ties"])
-@pytest.mark.parametrize("renormalize", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_routed_kernels_route_as_fused_topk(m, e, h, i, topk, kind, renormalize,
-                                            dtype) -> None:
+def test_routed_kernels_route_as_fused_topk(m, e, h, i, topk, kind, dtype) -> None:
     x, w13, w2, _, _ = inputs(m, e, h, i, topk, dtype, seed=m + e)
     logits = router_logits(m, e, kind, dtype, seed=e + topk)
-    want_w, want_ids = stable_topk(logits, topk, renormalize)
-    # fused_topk's CUDA kernel (the same jit helper) picks these experts
-    assert torch.equal(topk_softmax(logits, topk, renormalize)[1], want_ids)
-    if kind == "random" and dtype == torch.float32:  # no ties: fused_topk on any device
-        w, ids = fused_topk(logits, topk, renormalize)
-        assert torch.equal(ids, want_ids)
-        assert_close(w, want_w, atol=1e-6, rtol=1e-5)
     cfg = SMALL if (m + topk) % 2 else None
+    # w13 takes no renormalize: its experts are the same for both
     act = fused_moe_gemv_w13_routed(x, w13, logits, topk, cfg)
-    assert_close(act, fused_moe_gemv_w13(x, w13, want_ids, cfg))  # the same experts
-    out = fused_moe_gemv_w2_routed(act, w2, logits, topk, renormalize, cfg)
-    assert out.shape == (m, h) and out.dtype == dtype
-    assert_close(out, fused_moe_gemv_w2_ref(act, w2, want_w, want_ids))
+    for renormalize in (True, False):
+        want_w, want_ids = topk_softmax_ref(logits, topk, renormalize)  # ties: lowest id
+        # fused_topk's CUDA kernel (the same jit helper) picks these experts
+        assert torch.equal(topk_softmax(logits, topk, renormalize)[1], want_ids)
+        if kind == "random" and dtype == torch.float32:  # no ties: fused_topk on any device
+            w, ids = fused_topk(logits, topk, renormalize)
+            assert torch.equal(ids, want_ids)
+            assert_close(w, want_w, atol=1e-6, rtol=1e-5)
+        if renormalize:
+            assert_close(act, fused_moe_gemv_w13(x, w13, want_ids, cfg))  # the same experts
+        out = fused_moe_gemv_w2_routed(act, w2, logits, topk, renormalize, cfg)
+        assert out.shape == (m, h) and out.dtype == dtype
+        assert_close(out, fused_moe_gemv_w2_ref(act, w2, want_w, want_ids))
 
 
 def test_routed_kernels_check_their_arguments() -> None:
@@ -404,3 +394,12 @@ def test_shared_epilogue_checks_its_arguments() -> None:
     with pytest.raises(InvalidArgumentError, match=r"shared_gate must be a \[2, 1\] torch.float32"):
         fused_moe_gemv_w2_routed(act, w2, logits, 2, True, shared_out=shared_out,
                                  shared_gate=gate.half())
+
+
+def test_engine_routed_expert_limit_is_the_kernels() -> None:
+    """engine/layers/fused_moe/triton_experts.py keeps its own copy (kernels/ is imported
+    lazily there): the two must not drift."""
+    from engine.layers.fused_moe.triton_experts import ROUTED_MAX_EXPERTS as engine_limit
+    from kernels.fused_moe_gemv import ROUTED_MAX_EXPERTS
+
+    assert engine_limit == ROUTED_MAX_EXPERTS
