@@ -41,10 +41,10 @@ class EngineConfig:
     n_threads: int = 0
     # vLLM -cc.cudagraph_mode: NONE | PIECEWISE | FULL | FULL_DECODE_ONLY |
     # FULL_AND_PIECEWISE (a piecewise part is captured as a full graph here:
-    # engine/worker/cudagraph_dispatcher.py). None: FULL, every step up to the largest
-    # capture size in one graph. vLLM's default FULL_AND_PIECEWISE (decode graphs on the
-    # decode kernel + mixed graphs) measured 2% more offline throughput on the H200 but a
-    # cold start of 30.7 s against 18.9 (issue 13's limit: 20 s), so it is opt-in
+    # engine/worker/cudagraph_dispatcher.py). None: vLLM's default FULL_AND_PIECEWISE,
+    # decode graphs on the decode kernel + mixed graphs of every step up to the largest
+    # capture size (H200, session 10: 18.3 s start-up, 1% to 2% more offline throughput
+    # than FULL, which starts in 13.2 s)
     cudagraph_mode: str | None = None
     # overlap scheduling step N+1 with running step N (vLLM --async-scheduling);
     # None: on with CUDA, off on CPU (whose forward pass blocks: nothing to overlap)
@@ -146,7 +146,7 @@ class EngineConfig:
         NONE / enforce_eager); vLLM's derivation from max_num_seqs and
         max_num_batched_tokens (set by the engine before capture)."""
         mode = resolve_cudagraph_mode(CUDAGraphMode.parse(self.cudagraph_mode),
-                                      self.enforce_eager)  # None: FULL, the field's comment
+                                      self.enforce_eager)  # None: the field's comment
         return CaptureSizes(cudagraph_capture_sizes(
             self.max_num_seqs, self.max_num_batched_tokens or 8192,
             self.cudagraph_capture_sizes, self.max_cudagraph_capture_size), mode)

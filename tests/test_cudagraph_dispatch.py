@@ -81,7 +81,7 @@ def test_padding_never_shrinks(num_tokens):
 
 
 def test_modes_parse_and_resolve():
-    assert M.parse(None) == M.FULL  # ours (vLLM's: FULL_AND_PIECEWISE; engine/config.py)
+    assert M.parse(None) == M.FULL_AND_PIECEWISE  # vLLM's default
     assert M.parse("full_decode_only") == M.FULL_DECODE_ONLY
     with pytest.raises(InvalidArgumentError, match="cudagraph_mode"):
         M.parse("SOMETIMES")
@@ -118,9 +118,9 @@ def test_capture_sizes_as_vllm_derives_them():
 def test_engine_config_capture_sizes_and_mode():
     sizes = EngineConfig("m", max_num_seqs=64, max_num_batched_tokens=8192
                          ).cudagraph_batch_sizes()
-    assert isinstance(sizes, CaptureSizes) and sizes.mode == M.FULL  # our default (config.py)
-    assert EngineConfig("m", cudagraph_mode="FULL_AND_PIECEWISE").cudagraph_batch_sizes(
-        ).mode == M.FULL_AND_PIECEWISE  # both routines
+    assert isinstance(sizes, CaptureSizes) and sizes.mode == M.FULL_AND_PIECEWISE  # default
+    assert EngineConfig("m", cudagraph_mode="FULL").cudagraph_batch_sizes(
+        ).mode == M.FULL  # one routine
     assert EngineConfig("m", cudagraph_mode="PIECEWISE").cudagraph_batch_sizes(
         ).mode == M.FULL
     assert sizes[-1] == 128

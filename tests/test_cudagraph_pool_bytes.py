@@ -1,12 +1,16 @@
 """CudaGraphs.pool_bytes (engine/worker/cudagraph.py) is the memory the graphs' pool holds,
 whatever the allocator had cached before capture: torch.cuda.graph empties the cache as it
 enters (torch/cuda/graphs.py), which made the measure negative on the H200 (Qwen3.5-35B-A3B
-start-up: cudagraph_pool -15,437,135,872 bytes). CPU: torch.cuda's allocator calls are
-stood in for by a fake that caches, empties and captures."""
+start-up: cudagraph_pool -15,437,135,872 bytes). Captures run as vLLM's bulk capture
+(vllm/utils/gc_utils.py freeze_gc_for_cudagraph_capture, vllm/compilation/cuda_graph.py's
+gc.collect / empty_cache patches): the cache flush torch.cuda.graph does as it enters is a
+no-op after the first, and gc stays frozen. CPU: torch.cuda's allocator calls are stood in
+for by a fake that caches, empties and captures."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 
 import torch
 
@@ -19,16 +23,18 @@ class _FakeAllocator:
 
     def __init__(self) -> None:
         self.live, self.cached, self.pool = 60, 40, 0
+        self.flushes = 0  # empty_cache calls that freed something or not
 
     def memory_reserved(self) -> int:
         return self.live + self.cached + self.pool
 
     def empty_cache(self) -> None:
         self.cached = 0
+        self.flushes += 1
 
     @contextlib.contextmanager
     def graph(self, graph, pool=None):
-        self.empty_cache()  # as torch.cuda.graph.__enter__
+        torch.cuda.empty_cache()  # as torch.cuda.graph.__enter__
         yield
         self.pool += 10
 
@@ -42,13 +48,39 @@ class _Dispatcher:
         return [BatchDescriptor(2, False), BatchDescriptor(1, False)]
 
 
-def test_pool_bytes_counts_the_graphs_not_the_emptied_cache(monkeypatch):
+def _fake_cuda(monkeypatch) -> _FakeAllocator:
     fake = _FakeAllocator()
     for name in ("memory_reserved", "empty_cache", "graph"):
         monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+    return fake
+
+
+def test_pool_bytes_counts_the_graphs_not_the_emptied_cache(monkeypatch):
+    _fake_cuda(monkeypatch)
     graphs = cudagraph.CudaGraphs(_Dispatcher())
     graphs.capture(lambda desc: torch.zeros(desc.num_tokens, 4))
     assert graphs.pool_bytes == 20  # two graphs; the 40 cached bytes freed are not counted
+
+
+def test_captures_keep_the_cache_and_gc_frozen(monkeypatch):
+    """The warm-up's cached blocks survive each capture's entry (no free / re-malloc per
+    graph); the cache is emptied once before and once after; gc is off while capturing and
+    restored after."""
+    fake = _fake_cuda(monkeypatch)
+    seen = []
+
+    def forward(desc):
+        fake.cached += 5  # a warm-up or capture run caches some blocks
+        seen.append((fake.cached, gc.isenabled()))
+        return torch.zeros(desc.num_tokens, 4)
+
+    graphs = cudagraph.CudaGraphs(_Dispatcher())
+    graphs.capture(forward)
+    assert [c for c, _ in seen] == [5, 10, 15, 20]  # never emptied between captures
+    assert not any(enabled for _, enabled in seen)
+    assert gc.isenabled()
+    assert fake.flushes == 2 and fake.cached == 0
+    assert graphs.pool_bytes == 20

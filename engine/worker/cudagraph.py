@@ -8,14 +8,20 @@ positions, slot mapping, query start locations, sequence lengths, block table), 
 only fills those buffers and replays. Padding (engine/worker/model_runner.py): tokens
 past the step's own go to one padding request row with seq_len 0 (attention yields zeros)
 and slot -1 (no KV write); request rows past it have no tokens. Logits and sampling run
-outside the graph.
+outside the graph. Captures run as vLLM's do: gc collected once and frozen
+(vllm/utils/gc_utils.py freeze_gc_for_cudagraph_capture), and torch.cuda.graph's emptying
+of the allocator caches as it enters patched out (CUDAGraphWrapper's gc_disable), so each
+capture does not free and re-allocate the warm-up's memory.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from unittest import mock
 
 import torch
 
@@ -48,15 +54,17 @@ class CudaGraphs:
         torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved()
         pool = torch.cuda.graph_pool_handle()
-        for desc in self.dispatcher.capture_descs():
-            for _ in range(_WARMUP_RUNS):
-                forward(desc)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                out = forward(desc)  # [num_tokens, hidden], lives in the graph's pool
-            self._graphs[desc] = (graph, out)
+        with _bulk_capture():
+            for desc in self.dispatcher.capture_descs():
+                for _ in range(_WARMUP_RUNS):
+                    forward(desc)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = forward(desc)  # [num_tokens, hidden], lives in the graph's pool
+                self._graphs[desc] = (graph, out)
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the warm-ups' cached blocks; the pool's stay
         self.capture_time_s = time.perf_counter() - start
         self.pool_bytes = torch.cuda.memory_reserved() - before
         logger.info("captured %d CUDA graphs (cudagraph_mode %s, %d..%d tokens) in %.2f s, "
@@ -69,3 +77,24 @@ class CudaGraphs:
         graph, out = self._graphs[desc]
         graph.replay()
         return out
+
+
+@contextlib.contextmanager
+def _bulk_capture() -> Iterator[None]:
+    """gc collected once and frozen; torch.cuda.graph's cache flushes (device allocator and
+    pinned host memory) made no-ops for the captures inside."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(mock.patch.object(torch.cuda, "empty_cache", lambda: None))
+            if hasattr(torch._C, "_host_emptyCache"):
+                stack.enter_context(mock.patch.object(torch._C, "_host_emptyCache",
+                                                      lambda: None))
+            yield
+    finally:
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()

@@ -16,7 +16,9 @@ captured as a full graph instead of being dropped as vLLM drops it without compi
 FULL_AND_PIECEWISE keeps its two routines, uniform-decode graphs (one row per request: the
 split-KV decode kernel) and mixed graphs over num_tokens buckets (the unified kernel).
 Ours: the decode kernel takes about 19% less time than the unified one on 64 and 256
-decode rows at 1k context (H200, docs/BENCHMARKS.md): the decode routine stays separate.
+decode rows at 1k context (H200, docs/BENCHMARKS.md): the decode routine stays separate
+(the unified kernel runs a mixed step's decode rows in a launch of the decode kernel's
+tile, kernels/paged_attention.py decode_rows_apart).
 """
 
 from __future__ import annotations
@@ -30,9 +32,8 @@ from engine.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)
 
-# ours: FULL (vLLM's default is FULL_AND_PIECEWISE, VLLM_COMPILE -O2; here it starts 10 s
-# slower cold on the H200, engine/config.py)
-DEFAULT_CUDAGRAPH_MODE = "FULL"
+# vLLM's default (VLLM_COMPILE -O2): decode graphs on the decode kernel + mixed graphs
+DEFAULT_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"
 _DEFAULT_MAX_GRAPH_SIZE = 512  # vLLM's default ceiling (1024 on data-center Blackwell)
 
 

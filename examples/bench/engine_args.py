@@ -55,7 +55,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cudagraph-mode", default=None,
                         choices=["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY",
                                  "FULL_AND_PIECEWISE"],
-                        help="vLLM's -cc.cudagraph_mode (default: FULL)")
+                        help="vLLM's -cc.cudagraph_mode (default: FULL_AND_PIECEWISE)")
     parser.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None)
     parser.add_argument("--max-cudagraph-capture-size", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)

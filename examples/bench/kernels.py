@@ -223,7 +223,7 @@ def _attn_case(seq, q_lens):
 
 
 def bench_decode(sweep: bool) -> None:
-    for b, ctx in ((1, 4096), (1, 32768), (64, 1024), (256, 1024)):
+    for b, ctx in ((1, 1024), (1, 4096), (1, 32768), (64, 1024), (256, 1024)):
         kv_bytes = b * ctx * NKV * HD * 2 * 2
         cases = [_attn_case([ctx] * b, [1] * b) for _ in range(copies(kv_bytes))]
         q, kv, _, lens, bt = cases[0]
@@ -233,7 +233,7 @@ def bench_decode(sweep: bool) -> None:
         if sweep:
             configs += [dict(tile_n=tn, num_warps=w, num_stages=s)
                         for tn, w, s in ((32, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 3))]
-            configs += [dict(num_splits=ns) for ns in (1, 8, 64) if ns * b * NKV <= 8192]
+            configs += [dict(num_splits=ns) for ns in (1, 4, 8, 16, 64) if ns * b * NKV <= 8192]
         for cfg in configs:
             tt = gpu_time(lambda cfg=cfg: [paged_attention_decode(c[0], c[1], c[4], c[3],
                                                                   HD**-0.5, **cfg)
@@ -263,17 +263,17 @@ def bench_prefill(sweep: bool) -> None:
 
 
 def bench_unified(sweep: bool) -> None:
-    """The unified kernel on decode rows (what a FULL graph and a mixed step run), and a
-    mixed step whole vs split (decode rows on the decode kernel, the rest unified)."""
+    """The unified kernel on decode rows (what a FULL graph and a mixed step run), its
+    decode rows apart (default) or in the q-block launch, and a mixed step three ways."""
     for b, ctx in ((1, 1024), (64, 1024), (256, 1024)):
         kv_bytes = b * ctx * NKV * HD * 2 * 2
         cases = [_attn_case([ctx] * b, [1] * b) for _ in range(copies(kv_bytes))]
         q, kv, qsl, lens, bt = cases[0]
         err = rel_err(paged_attention_prefill(q, kv, qsl, lens, bt, HD**-0.5),
                       paged_attention_decode_ref(q, kv, bt, lens, HD**-0.5))
-        configs = [{}] + ([dict(block_m=m, tile_n=n, num_warps=w)
-                           for m in (16, 64) for n in (16, 32, 64) for w in (2, 4)]
-                          if sweep else [])
+        configs = [{}, dict(decode_rows_apart=False)] + (
+            [dict(block_m=m, tile_n=n, num_warps=w, decode_rows_apart=False)
+             for m in (16, 64) for n in (16, 32, 64) for w in (2, 4)] if sweep else [])
         for cfg in configs:
             tt = gpu_time(lambda cfg=cfg: [paged_attention_prefill(
                 c[0], c[1], c[2], c[3], c[4], HD**-0.5, **cfg) for c in cases])
@@ -285,10 +285,12 @@ def bench_unified(sweep: bool) -> None:
     flops = 8 * 4 * NQ * HD * sum(range(1, 1025)) + d * 4 * NQ * HD * 1024
     configs = [{}] + ([dict(block_m=m) for m in (16, 32, 128)] if sweep else [])
     for cfg in configs:
-        tt = gpu_time(lambda cfg=cfg: paged_attention_prefill(q, kv, qsl, lens, bt, HD**-0.5,
-                                                              **cfg))
-        row("mixed 256 decode + 8x1024", "whole (unified)", tt, flops=flops,
-            note=json.dumps(cfg) if cfg else "default")
+        for apart in (True, False):
+            tt = gpu_time(lambda cfg=cfg, apart=apart: paged_attention_prefill(
+                q, kv, qsl, lens, bt, HD**-0.5, decode_rows_apart=apart, **cfg))
+            row("mixed 256 decode + 8x1024",
+                "unified, decode rows apart" if apart else "unified, one launch", tt,
+                flops=flops, note=json.dumps(cfg) if cfg else "default")
     tt = gpu_time(lambda: (paged_attention_decode(q[:d], kv, bt[:d], lens[:d], HD**-0.5),
                            paged_attention_prefill(pre_q, kv, pre_qsl, lens[d:], bt[d:],
                                                    HD**-0.5)))
