@@ -34,7 +34,6 @@ from kernels._common import (
 )
 
 LOG2E = 1.4426950408889634
-ALL_ROWS, MULTI_ROWS, DECODE_ROWS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 @triton.jit
@@ -191,34 +190,22 @@ def _paged_attention_prefill_kernel(
     stride_block: tl.int64, stride_slot: tl.int64, stride_head, stride_ot: tl.int64, stride_oh,
     stride_gt: tl.int64, stride_gh, num_q_heads, head_size, group, qk_scale, window,
     num_segments, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, ROWS: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SPLIT: tl.constexpr,
     USE_WINDOW: tl.constexpr, DOT_PREC: tl.constexpr, GATED: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # the kernel before wrote this one's inputs
         pdl_wait()
     # program (q block, kv head[, segment]): BLOCK_Q query tokens x `group` heads = the rows
-    # of one tile, over all its KV tiles or (SPLIT) one segment of them. ROWS: ALL_ROWS
-    # every request; MULTI_ROWS only requests with more than one query token; DECODE_ROWS
-    # a program per request (axis 0), only requests with exactly one
+    # of one tile, over all its KV tiles or (SPLIT) one segment of them
+    q_block = tl.program_id(0)
     kvh = tl.program_id(1)
-    if ROWS == DECODE_ROWS:
-        req = tl.program_id(0)
-        q_start = tl.load(qsl_ptr + req)
-        q_len = tl.load(qsl_ptr + req + 1) - q_start
-        if q_len != 1:
-            return
-        local = 0
-    else:
-        q_block = tl.program_id(0)
-        req = _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q)
-        q_start = tl.load(qsl_ptr + req)
-        q_len = tl.load(qsl_ptr + req + 1) - q_start
-        local = q_block - (q_start // BLOCK_Q + req)
-        if local * BLOCK_Q >= q_len:
-            return
-        if ROWS == MULTI_ROWS and q_len == 1:
-            return
+    req = _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q)
+    q_start = tl.load(qsl_ptr + req)
+    q_len = tl.load(qsl_ptr + req + 1) - q_start
+    local = q_block - (q_start // BLOCK_Q + req)
+    if local * BLOCK_Q >= q_len:
+        return
     seq_len = tl.load(seq_lens_ptr + req)
     ctx = seq_len - q_len  # cached prefix length
     r = tl.arange(0, BLOCK_M)
@@ -393,7 +380,6 @@ def paged_attention_prefill(
     out: torch.Tensor | None = None, sliding_window: int | None = None, block_m: int = 64,
     tile_n: int = 64, num_warps: int | None = None, num_stages: int = 2,
     num_segments: int | None = None, output_gate: torch.Tensor | None = None,
-    decode_rows_apart: bool = True,
 ) -> torch.Tensor:
     """Varlen causal attention over cached prefixes. q: [num_tokens, nq, hd] -> same shape.
 
@@ -401,11 +387,6 @@ def paged_attention_prefill(
     num_segments: KV segments per (q block, kv head) program, merged by a reduce (vLLM's 3D
     kernel); default: up to 16 while the 2D grid leaves SMs idle (batch-1 decode), else 1.
     output_gate: [num_tokens, nq, hd] like q (any strides): out * sigmoid(output_gate).
-    decode_rows_apart: requests with one query token (decode rows) run in a second launch
-    with paged_attention_decode's tile (the group's heads padded to 16 rows, tile_n keys,
-    4 warps; so a decode row sums as there), picked on the device from query_start_loc, so
-    a CUDA graph of a mixed step keeps it; in the block_m tile a decode row would compute
-    block_m / group rows for one token's.
     """
     _check_window(sliding_window)
     check(num_segments is None or (isinstance(num_segments, int) and 1 <= num_segments <= 256),
@@ -426,6 +407,7 @@ def paged_attention_prefill(
     block_m = max(block_m, 16, next_pow2(group))
     block_q = block_m // group
     head_pad = max(16, next_pow2(hd))
+    tile_n = _tile_n(tile_n, head_pad)
     q_blocks = n // block_q + num_reqs  # an upper bound on the q blocks of any split of n
     segs = num_segments or _kv_splits(q_blocks * nkv, q.device, 16, 2)
     split = segs > 1
@@ -433,23 +415,17 @@ def paged_attention_prefill(
     if split:  # per call, so graph capture takes them from the graph pool
         part_acc = torch.empty(n, nq, segs, head_pad, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(n, nq, segs, 2, dtype=torch.float32, device=q.device)
-    args = (q, kv_cache[0], kv_cache[1], block_table, seq_lens, query_start_loc, out, part_acc,
-            part_ml, gate, num_reqs, q.stride(0), q.stride(1), block_table.stride(0),
-            kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), out.stride(0),
-            out.stride(1), sgt, sgh, nq, hd, group, scale * LOG2E, sliding_window or 0, segs)
-    common = dict(BLOCK_SIZE=block_size, HEAD_PAD=head_pad, SPLIT=split,
-                  USE_WINDOW=sliding_window is not None,
-                  DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-                  GATED=output_gate is not None, num_stages=num_stages, **pdl_launch(q))
     _paged_attention_prefill_kernel[(q_blocks, nkv, segs)](
-        *args, TILE_N=_tile_n(tile_n, head_pad), BLOCK_M=block_m, BLOCK_Q=block_q,
-        ROWS=MULTI_ROWS if decode_rows_apart else ALL_ROWS,
-        num_warps=num_warps or (4 if head_pad <= 128 else 8), **common)
-    if decode_rows_apart:  # [num_reqs] programs per (kv head, segment), one token each
-        rows = max(16, next_pow2(group))  # paged_attention_decode's tile: the same sums
-        _paged_attention_prefill_kernel[(num_reqs, nkv, segs)](
-            *args, TILE_N=_tile_n(tile_n, head_pad), BLOCK_M=rows, BLOCK_Q=rows // group,
-            ROWS=DECODE_ROWS, num_warps=4, **common)
+        q, kv_cache[0], kv_cache[1], block_table, seq_lens, query_start_loc, out, part_acc,
+        part_ml, gate, num_reqs, q.stride(0), q.stride(1), block_table.stride(0),
+        kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), out.stride(0),
+        out.stride(1), sgt, sgh, nq, hd, group, scale * LOG2E, sliding_window or 0, segs,
+        BLOCK_SIZE=block_size, TILE_N=tile_n, HEAD_PAD=head_pad, BLOCK_M=block_m,
+        BLOCK_Q=block_q, SPLIT=split, USE_WINDOW=sliding_window is not None,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", GATED=output_gate is not None,
+        num_warps=num_warps or (4 if head_pad <= 128 else 8), num_stages=num_stages,
+        **pdl_launch(q),
+    )
     if split:
         _paged_attention_decode_reduce_kernel[(n, nq)](
             part_acc, part_ml, out, query_start_loc[num_reqs:], gate, out.stride(0),

@@ -149,8 +149,7 @@ class _Spy:
 @pytest.mark.parametrize("sms,segments", [(4, 1), (8, 3), (64, 16)])
 def test_prefill_segments_chosen_from_shapes(monkeypatch, sms, segments) -> None:
     """Default: one segment while (q blocks x kv heads) programs fill the SMs, else about two
-    programs per SM, at most 16 (6 programs: 8 SMs -> 3); the reduce runs only after a split.
-    The decode rows' launch (a program per request) takes the same segment count."""
+    programs per SM, at most 16 (6 programs: 8 SMs -> 3); the reduce runs only after a split."""
     monkeypatch.setattr(pa, "_num_sms", lambda device: sms)
     main = _Spy(pa._paged_attention_prefill_kernel)
     reduce = _Spy(pa._paged_attention_decode_reduce_kernel)
@@ -158,54 +157,9 @@ def test_prefill_segments_chosen_from_shapes(monkeypatch, sms, segments) -> None
     monkeypatch.setattr(pa, "_paged_attention_decode_reduce_kernel", reduce)
     q, kv, qsl, lens, bt = _case([(1, 40), (3, 30)], 8, 2, 32, 4, torch.float32)
     out = paged_attention_prefill(q, kv, qsl, lens, bt, 0.2, block_m=16, tile_n=16)
-    # 4 tokens // 4 per block + 2 requests, 2 heads; then one program per request
-    assert main.grids == [(3, 2, segments), (2, 2, segments)]
+    assert main.grids == [(3, 2, segments)]  # 4 tokens // 4 per block + 2 requests, 2 heads
     assert reduce.grids == ([(4, 8)] if segments > 1 else [])
     _close(out, paged_attention_prefill_ref(q, kv, qsl, lens, bt, 0.2), torch.float32)
-
-
-@pytest.mark.parametrize("num_segments", [1, 3])
-def test_decode_rows_apart_equals_one_launch(num_segments) -> None:
-    """A mixed step (decode rows, a 1-token chunk, prefill rows): the decode rows' launch
-    and the q-block launch write disjoint rows that together equal the one-launch form."""
-    q, kv, qsl, lens, bt = _case([(1, 13), (6, 18), (1, 1), (9, 9), (1, 30)], 8, 2, 32, 4,
-                                 torch.float32)
-    kw = dict(block_m=16, tile_n=16, num_segments=num_segments)
-    apart = paged_attention_prefill(q, kv, qsl, lens, bt, 0.2, **kw)
-    whole = paged_attention_prefill(q, kv, qsl, lens, bt, 0.2, decode_rows_apart=False, **kw)
-    _close(apart, whole, torch.float32)
-    _close(apart, paged_attention_prefill_ref(q, kv, qsl, lens, bt, 0.2), torch.float32)
-
-
-class _OneLaunch:
-    """Runs only launch number `keep` of the kernel (0-based) and drops the others."""
-
-    def __init__(self, kernel, keep: int) -> None:
-        self.kernel, self.keep, self.grids = kernel, keep, []
-
-    def __getitem__(self, grid):
-        self.grids.append(grid)
-        run = len(self.grids) - 1 == self.keep
-        return self.kernel[grid] if run else (lambda *args, **kwargs: None)
-
-
-@pytest.mark.parametrize("keep", [0, 1])
-def test_each_launch_leaves_the_other_rows_alone(monkeypatch, keep) -> None:
-    """Launch 0 (q blocks) writes exactly the rows of queries longer than one token, launch
-    1 (a program per request) exactly the one-token requests' rows; the rest keep a
-    sentinel."""
-    spy = _OneLaunch(pa._paged_attention_prefill_kernel, keep)
-    monkeypatch.setattr(pa, "_paged_attention_prefill_kernel", spy)
-    q, kv, qsl, lens, bt = _case([(1, 13), (6, 18), (1, 1)], 4, 2, 16, 4, torch.float32)
-    out = torch.full_like(q, 123.0)
-    paged_attention_prefill(q, kv, qsl, lens, bt, 0.3, out=out, block_m=16, tile_n=16,
-                            num_segments=1)
-    assert len(spy.grids) == 2
-    written = torch.zeros(q.shape[0], dtype=torch.bool, device=DEVICE)
-    written[[0, 7] if keep else list(range(1, 7))] = True  # token rows of its requests
-    assert (out[~written] == 123.0).all()
-    ref = paged_attention_prefill_ref(q, kv, qsl, lens, bt, 0.3)
-    _close(out[written], ref[written], torch.float32)
 
 
 @pytest.mark.parametrize("empty", ["one", "all"])

@@ -16,9 +16,7 @@ captured as a full graph instead of being dropped as vLLM drops it without compi
 FULL_AND_PIECEWISE keeps its two routines, uniform-decode graphs (one row per request: the
 split-KV decode kernel) and mixed graphs over num_tokens buckets (the unified kernel).
 Ours: the decode kernel takes about 19% less time than the unified one on 64 and 256
-decode rows at 1k context (H200, docs/BENCHMARKS.md): the decode routine stays separate
-(the unified kernel runs a mixed step's decode rows in a launch of the decode kernel's
-tile, kernels/paged_attention.py decode_rows_apart).
+decode rows at 1k context (H200, docs/BENCHMARKS.md): the decode routine stays separate.
 """
 
 from __future__ import annotations

@@ -263,17 +263,17 @@ def bench_prefill(sweep: bool) -> None:
 
 
 def bench_unified(sweep: bool) -> None:
-    """The unified kernel on decode rows (what a FULL graph and a mixed step run), its
-    decode rows apart (default) or in the q-block launch, and a mixed step three ways."""
+    """The unified kernel on decode rows (what a FULL graph and a mixed step run), and a
+    mixed step whole vs split (decode rows on the decode kernel, the rest unified)."""
     for b, ctx in ((1, 1024), (64, 1024), (256, 1024)):
         kv_bytes = b * ctx * NKV * HD * 2 * 2
         cases = [_attn_case([ctx] * b, [1] * b) for _ in range(copies(kv_bytes))]
         q, kv, qsl, lens, bt = cases[0]
         err = rel_err(paged_attention_prefill(q, kv, qsl, lens, bt, HD**-0.5),
                       paged_attention_decode_ref(q, kv, bt, lens, HD**-0.5))
-        configs = [{}, dict(decode_rows_apart=False)] + (
-            [dict(block_m=m, tile_n=n, num_warps=w, decode_rows_apart=False)
-             for m in (16, 64) for n in (16, 32, 64) for w in (2, 4)] if sweep else [])
+        configs = [{}] + ([dict(block_m=m, tile_n=n, num_warps=w)
+                           for m in (16, 64) for n in (16, 32, 64) for w in (2, 4)]
+                          if sweep else [])
         for cfg in configs:
             tt = gpu_time(lambda cfg=cfg: [paged_attention_prefill(
                 c[0], c[1], c[2], c[3], c[4], HD**-0.5, **cfg) for c in cases])
@@ -285,12 +285,10 @@ def bench_unified(sweep: bool) -> None:
     flops = 8 * 4 * NQ * HD * sum(range(1, 1025)) + d * 4 * NQ * HD * 1024
     configs = [{}] + ([dict(block_m=m) for m in (16, 32, 128)] if sweep else [])
     for cfg in configs:
-        for apart in (True, False):
-            tt = gpu_time(lambda cfg=cfg, apart=apart: paged_attention_prefill(
-                q, kv, qsl, lens, bt, HD**-0.5, decode_rows_apart=apart, **cfg))
-            row("mixed 256 decode + 8x1024",
-                "unified, decode rows apart" if apart else "unified, one launch", tt,
-                flops=flops, note=json.dumps(cfg) if cfg else "default")
+        tt = gpu_time(lambda cfg=cfg: paged_attention_prefill(q, kv, qsl, lens, bt, HD**-0.5,
+                                                              **cfg))
+        row("mixed 256 decode + 8x1024", "whole (unified)", tt, flops=flops,
+            note=json.dumps(cfg) if cfg else "default")
     tt = gpu_time(lambda: (paged_attention_decode(q[:d], kv, bt[:d], lens[:d], HD**-0.5),
                            paged_attention_prefill(pre_q, kv, pre_qsl, lens[d:], bt[d:],
                                                    HD**-0.5)))
