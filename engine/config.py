@@ -43,8 +43,8 @@ class EngineConfig:
     # FULL_AND_PIECEWISE (a piecewise part is captured as a full graph here:
     # engine/worker/cudagraph_dispatcher.py). None: vLLM's default FULL_AND_PIECEWISE,
     # decode graphs on the decode kernel + mixed graphs of every step up to the largest
-    # capture size (H200, session 10: 18.3 s start-up, 1% to 2% more offline throughput
-    # than FULL, which starts in 13.2 s)
+    # capture size (H200, session 10: 14.4 to 18.3 s start-up, 1% to 2% more offline
+    # throughput than FULL, which starts in 13.2 s)
     cudagraph_mode: str | None = None
     # overlap scheduling step N+1 with running step N (vLLM --async-scheduling);
     # None: on with CUDA, off on CPU (whose forward pass blocks: nothing to overlap)

@@ -4,7 +4,8 @@ enters (torch/cuda/graphs.py), which made the measure negative on the H200 (Qwen
 start-up: cudagraph_pool -15,437,135,872 bytes). Captures run as vLLM's bulk capture
 (vllm/utils/gc_utils.py freeze_gc_for_cudagraph_capture, vllm/compilation/cuda_graph.py's
 gc.collect / empty_cache patches): the cache flush torch.cuda.graph does as it enters is a
-no-op after the first, and gc stays frozen. CPU: torch.cuda's allocator calls are stood in
+no-op while capturing (the cache is emptied once before and once after), and gc stays
+frozen. CPU: torch.cuda's allocator calls are stood in
 for by a fake that caches, empties and captures."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class _FakeAllocator:
 
     def __init__(self) -> None:
         self.live, self.cached, self.pool = 60, 40, 0
-        self.flushes = 0  # empty_cache calls that freed something or not
+        self.flushes = 0  # empty_cache calls
 
     def memory_reserved(self) -> int:
         return self.live + self.cached + self.pool

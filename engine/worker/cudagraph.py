@@ -81,8 +81,8 @@ class CudaGraphs:
 
 @contextlib.contextmanager
 def _bulk_capture() -> Iterator[None]:
-    """gc collected once and frozen; torch.cuda.graph's cache flushes (device allocator and
-    pinned host memory) made no-ops for the captures inside."""
+    """gc collected once and frozen, collected again after; torch.cuda.graph's cache flushes
+    (device allocator and pinned host memory) made no-ops for the captures inside."""
     was_enabled = gc.isenabled()
     gc.collect()
     gc.freeze()
@@ -96,5 +96,6 @@ def _bulk_capture() -> Iterator[None]:
             yield
     finally:
         gc.unfreeze()
+        gc.collect()
         if was_enabled:
             gc.enable()
