@@ -4,7 +4,8 @@
 # and `serve` at concurrency 1 (its median TPOT). Prints both and the ratio.
 #
 #   OUT=/tmp/r bash examples/bench/serve_vs_offline.sh
-#   (env: MODEL, a config.json directory as in serve_gpu.sh; PROMPTS=300; ONE_PROMPTS=30)
+#   (env: MODEL, DTYPE, INPUT_LEN, OUTPUT_LEN as serve_gpu.sh reads them, for both sides;
+#    PROMPTS=300; ONE_PROMPTS=30)
 #
 # serve_gpu.sh builds libvllm.so and runs examples/server with --load-format dummy; the
 # offline figure is `python -m examples.bench throughput` with the same weights and flags.
@@ -17,8 +18,9 @@ mkdir -p "$out/serve64" "$out/serve1"
 MODEL=$model OUT=$out/serve64 bash examples/bench/serve_gpu.sh "$prompts" 64 \
     > "$out/serve64.txt" 2>&1 || { tail -30 "$out/serve64.txt"; exit 1; }
 python3 -m examples.bench throughput --model "$model" --load-format dummy \
-    --skip-tokenizer-init --dtype bfloat16 --max-model-len 2048 --dataset-name random \
-    --input-len 1024 --output-len 128 --num-prompts "$prompts" --max-num-seqs 64 \
+    --skip-tokenizer-init --dtype "${DTYPE:-bfloat16}" --max-model-len 2048 \
+    --dataset-name random --input-len "${INPUT_LEN:-1024}" \
+    --output-len "${OUTPUT_LEN:-128}" --num-prompts "$prompts" --max-num-seqs 64 \
     --output-json "$out/offline64.json" > "$out/offline64.txt" 2>&1 \
     || { tail -30 "$out/offline64.txt"; exit 1; }
 MODEL=$model OUT=$out/serve1 bash examples/bench/serve_gpu.sh "${ONE_PROMPTS:-30}" 1 \
