@@ -2,8 +2,9 @@
 
 Mirrors vllm/model_executor/layers/fused_moe/fused_moe.py (fused_experts_impl,
 _prepare_expert_assignment), unquantized, no expert map: one launch of fused_moe_kernel for
-the merged gate|up projection (w13) over every (token, expert) pair, SiLU-and-mul, one
-launch for the down projection (w2) with the routing weight applied in its epilogue, then
+the merged gate|up projection (w13) over every (token, expert) pair, SiLU-and-mul (with
+SiLU in that launch's epilogue, ours: upstream runs it as a kernel of its own), one launch
+for the down projection (w2) with the routing weight applied in its epilogue, then
 the top-k partial outputs summed per token (upstream's moe_sum, kernels/moe_sum.py). Pairs
 are grouped by expert with moe_align_block_size, except when the batch is much smaller than
 the expert count (M * top_k * 4 <= E: batch-1..4 decode of Qwen3-30B-A3B, E = 128, top-8):
@@ -82,10 +83,15 @@ def fused_experts_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: tor
     sorted_ids, expert_ids, post_pad = _prepare_expert_assignment(topk_ids, config,
                                                                   num_experts)
     dev, dtype = hidden_states.device, hidden_states.dtype
-    cache1 = torch.empty(m * top_k, n2, dtype=dtype, device=dev)  # gate | up per pair
-    invoke_fused_moe_kernel(hidden_states, w13, cache1, topk_weights, sorted_ids, expert_ids,
-                            post_pad, False, top_k, config)
-    cache2 = act(cache1)  # [M * k, I]
+    if isinstance(act, SiluAndMul):  # SiLU-and-mul in the w13 launch's epilogue
+        cache2 = torch.empty(m * top_k, n2 // 2, dtype=dtype, device=dev)  # [M * k, I]
+        invoke_fused_moe_kernel(hidden_states, w13, cache2, topk_weights, sorted_ids,
+                                expert_ids, post_pad, False, top_k, config, silu_and_mul=True)
+    else:
+        cache1 = torch.empty(m * top_k, n2, dtype=dtype, device=dev)  # gate | up per pair
+        invoke_fused_moe_kernel(hidden_states, w13, cache1, topk_weights, sorted_ids,
+                                expert_ids, post_pad, False, top_k, config)
+        cache2 = act(cache1)  # [M * k, I]
     cache3 = torch.empty(m, top_k, h, dtype=dtype, device=dev)  # weighted, per pair
     invoke_fused_moe_kernel(cache2, w2, cache3, topk_weights, sorted_ids, expert_ids,
                             post_pad, True, 1, config)
