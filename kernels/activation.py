@@ -1,5 +1,9 @@
 """SiLU-and-mul (the gated MLP activation) in Triton: out = silu(x[:, :d]) * x[:, d:].
 
+A program writes up to ELEMENTS outputs: a slice of one wide row (dense MLPs, d of 8k to
+14k) or several whole narrow rows (the MoE's per-pair rows, d of 512 or 768, where a
+program per row moved 4.6 KB: [65,536, 1,536] pairs in a Qwen3-30B-A3B prefill step).
+
 Mirrors vllm/model_executor/layers/activation.py (SiluAndMul, whose CUDA op is
 csrc/activation_kernels.cu act_and_mul_kernel). Rounding follows the engine's torch path
 (engine/layers/activation.py): silu is computed in fp32 and rounded to the activation dtype,
@@ -17,24 +21,27 @@ import triton.language as tl
 
 from kernels._common import cdiv, check, check_float, next_pow2, pdl_launch, pdl_wait
 
+ELEMENTS = 4096  # outputs a program writes: narrow rows (MoE, d = 512 / 768) share one
+
 
 @triton.jit
 def _silu_and_mul_kernel(
-    x_ptr, out_ptr, d, stride_x, stride_out,
-    BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+    x_ptr, out_ptr, n, d, stride_x, stride_out,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # the kernel before wrote this one's inputs
         pdl_wait()
-    # one program: BLOCK output columns of one token; x row: [2 * d], out row: [d]
-    tok = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < d
-    a = tl.load(x_ptr + tok * stride_x + cols, mask=mask, other=0.0)
-    b = tl.load(x_ptr + tok * stride_x + d + cols, mask=mask, other=0.0)
+    # one program: BLOCK output columns of ROWS tokens; x row: [2 * d], out row: [d]
+    tok = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)  # [ROWS]
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    mask = (tok < n)[:, None] & (cols < d)[None, :]
+    src = x_ptr + tok[:, None] * stride_x + cols[None, :]
+    a = tl.load(src, mask=mask, other=0.0)
+    b = tl.load(src + d, mask=mask, other=0.0)
     af = a.to(tl.float32)
     silu = (af / (1.0 + tl.exp(-af))).to(a.dtype)
     out = (silu.to(tl.float32) * b.to(tl.float32)).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + tok * stride_out + cols, out, mask=mask)
+    tl.store(out_ptr + tok[:, None] * stride_out + cols[None, :], out, mask=mask)
 
 
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -50,10 +57,11 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
           lambda: f"out must be [{n}, {d}] {x.dtype} with a contiguous last dimension")
     if n == 0:
         return out
-    block = min(4096, next_pow2(d))
-    _silu_and_mul_kernel[(n, cdiv(d, block))](
-        x, out, d, x.stride(0), out.stride(0), BLOCK=block, num_warps=4 if block >= 1024 else 1,
-        **pdl_launch(x),
+    block = min(ELEMENTS, next_pow2(d))
+    rows = min(ELEMENTS // block, next_pow2(n))  # [rows, block] a program
+    _silu_and_mul_kernel[(cdiv(n, rows), cdiv(d, block))](
+        x, out, n, d, x.stride(0), out.stride(0), ROWS=rows, BLOCK=block,
+        num_warps=4 if rows * block >= 1024 else 1, **pdl_launch(x),
     )
     return out
 

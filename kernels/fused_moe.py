@@ -37,9 +37,12 @@ def fused_moe_kernel(
     naive_block_assignment: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, top_k: tl.constexpr,
-    compute_type: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr,
+    compute_type: tl.constexpr, DOT_PREC: tl.constexpr, SILU_AND_MUL: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    # A: [M, K] tokens; B: [E, N, K] expert weights; C: [M * top_k, N] (row = pair)
+    # A: [M, K] tokens; B: [E, N, K] expert weights; C: [M * top_k, N] (row = pair).
+    # SILU_AND_MUL: B is [E, 2N, K] (gate rows, then up rows); each program also
+    # accumulates the up rows N below its gate rows and stores silu(gate) * up
     if USE_PDL:  # the kernel before wrote A and the routing
         pdl_wait()
     pid = tl.program_id(axis=0)
@@ -70,11 +73,15 @@ def fused_moe_kernel(
               + (offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn))
 
     accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)  # SILU_AND_MUL only
     for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
         k_left = K - k * BLOCK_SIZE_K
         a = tl.load(a_ptrs, mask=token_mask[:, None] & (offs_k[None, :] < k_left), other=0.0)
         b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         accumulator += tl.dot(a, b, input_precision=DOT_PREC)
+        if SILU_AND_MUL:
+            b_up = tl.load(b_ptrs + N * stride_bn, mask=offs_k[:, None] < k_left, other=0.0)
+            up += tl.dot(a, b_up, input_precision=DOT_PREC)
         a_ptrs += BLOCK_SIZE_K * stride_ak
         b_ptrs += BLOCK_SIZE_K * stride_bk
 
@@ -82,6 +89,11 @@ def fused_moe_kernel(
         moe_weight = tl.load(topk_weights_ptr + offs_token, mask=token_mask, other=0)
         accumulator *= moe_weight[:, None]
     accumulator = accumulator.to(compute_type)
+    if SILU_AND_MUL:  # kernels/activation.py's roundings on the rounded gate and up
+        gate = accumulator.to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(compute_type)
+        accumulator = (silu.to(tl.float32) * up.to(compute_type).to(tl.float32)
+                       ).to(compute_type)
 
     offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     c_ptrs = c_ptr + stride_cm * offs_token[:, None] + stride_cn * offs_cn[None, :]
@@ -93,8 +105,12 @@ def invoke_fused_moe_kernel(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                             sorted_token_ids: torch.Tensor | None, expert_ids: torch.Tensor,
                             num_tokens_post_padded: torch.Tensor | None,
                             mul_routed_weight: bool,
-                            top_k: int, config: dict) -> None:
+                            top_k: int, config: dict, silu_and_mul: bool = False) -> None:
     """C[pair] = A[pair // top_k] @ B[expert]^T (x topk_weights[pair] if mul_routed_weight).
+
+    silu_and_mul: B is a merged gate|up [E, 2N, K] and C[pair] = silu(gate) * up [N], the
+    rounding of kernels/activation.py's silu_and_mul on the rounded products; a program
+    covers BLOCK_SIZE_N // 2 gate rows and their up rows, the config's weight rows.
 
     A [M, K]; B [E, N, K] (last dim contiguous); C [M * top_k, N] or [M, top_k, N];
     topk_weights [M, top_k] fp32; sorted_token_ids / expert_ids / num_tokens_post_padded
@@ -110,7 +126,9 @@ def invoke_fused_moe_kernel(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
     check(sorted_token_ids is None or num_tokens_post_padded is not None,
           "sorted_token_ids needs num_tokens_post_padded")
     check(B.stride(2) == 1, "B's last dimension must be contiguous")
-    M, N = A.shape[0], B.shape[1]
+    check(not (silu_and_mul and mul_routed_weight),
+          "silu_and_mul is the gate|up projection's: no routed weight")
+    M, N = A.shape[0], B.shape[1] // (2 if silu_and_mul else 1)
     num_tokens = M * top_k
     check(C.numel() == num_tokens * N and C.shape[-1] == N and C.is_contiguous(),
           f"C must be a contiguous [{num_tokens}, {N}] or [{M}, {top_k}, {N}]")
@@ -122,6 +140,8 @@ def invoke_fused_moe_kernel(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         return
     config = dict(config)
     config.pop("SPLIT_K", None)
+    if silu_and_mul:
+        config["BLOCK_SIZE_N"] = max(16, config["BLOCK_SIZE_N"] // 2)
     bm = config["BLOCK_SIZE_M"]
     if sorted_token_ids is not None:
         EM = sorted_token_ids.shape[0]
@@ -138,7 +158,8 @@ def invoke_fused_moe_kernel(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         naive_block_assignment=sorted_token_ids is None,
         MUL_ROUTED_WEIGHT=mul_routed_weight, top_k=top_k,
         compute_type=_COMPUTE_TYPES[A.dtype],
-        DOT_PREC="ieee" if A.dtype == torch.float32 else "tf32", **config, **pdl_launch(A),
+        DOT_PREC="ieee" if A.dtype == torch.float32 else "tf32", SILU_AND_MUL=silu_and_mul,
+        **config, **pdl_launch(A),
     )
 
 

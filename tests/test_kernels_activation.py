@@ -17,7 +17,7 @@ from engine.layers.activation import SiluAndMul
 from kernels.activation import silu_and_mul, silu_and_mul_ref
 
 
-@pytest.mark.parametrize("num_tokens,d", [(1, 8), (7, 37), (3, 512)])
+@pytest.mark.parametrize("num_tokens,d", [(1, 8), (7, 37), (3, 512), (37, 768), (5, 5000)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul_matches_engine(num_tokens: int, d: int, dtype: torch.dtype) -> None:
     torch.manual_seed(0)

@@ -15,8 +15,9 @@ import torch
 from test_kernels_common import DEVICE, DTYPES, assert_close, gpu
 
 from engine.errors import InvalidArgumentError
-from engine.layers.activation import SiluAndMul
+from engine.layers.activation import GeluAndMul, SiluAndMul
 from engine.layers.fused_moe import fused_experts, fused_experts_triton, fused_topk
+from kernels.activation import silu_and_mul_ref
 from kernels.fused_moe import invoke_fused_moe_kernel, invoke_fused_moe_kernel_ref
 from kernels.moe_align_block_size import moe_align_block_size
 from kernels.moe_topk_softmax import MAX_EXPERTS, topk_softmax, topk_softmax_ref
@@ -63,6 +64,26 @@ def test_fused_moe_kernel_matches_reference(m, e, topk, kind, aligned, dtype) ->
         assert_close(c.view(m * topk, n), invoke_fused_moe_kernel_ref(a, b, w, ids, mul, topk))
 
 
+@pytest.mark.parametrize("m,e,topk,kind", [(1, 8, 2, "random"), (17, 8, 8, "random"),
+                                           (9, 8, 2, "one_expert")])
+@pytest.mark.parametrize("aligned", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_in_the_epilogue(m, e, topk, kind, aligned, dtype) -> None:
+    """The w13 launch with SiLU-and-mul in its epilogue equals the launch, then
+    kernels/activation.py's silu_and_mul on its [pairs, 2N] output (the same roundings)."""
+    n, k = 40, 80  # 2N = 80 merged gate|up rows; N not a multiple of BLOCK_SIZE_N // 2
+    a, b, w, ids = moe_inputs(m, e, 2 * n, k, topk, dtype, kind, seed=m + e)
+    if aligned:
+        sorted_ids, expert_ids, post_pad = moe_align_block_size(ids, 16, e)
+    else:
+        sorted_ids, expert_ids, post_pad = None, ids.reshape(-1), None
+    fused = torch.full((m * topk, n), float("nan"), dtype=dtype, device=DEVICE)
+    invoke_fused_moe_kernel(a, b, fused, w, sorted_ids, expert_ids, post_pad, False, topk,
+                            CONFIG, silu_and_mul=True)
+    ref = silu_and_mul_ref(invoke_fused_moe_kernel_ref(a, b, w, ids, False, topk))
+    assert_close(fused, ref)
+
+
 def test_invoke_checks_its_arguments() -> None:
     a, b, w, ids = moe_inputs(2, 4, 16, 32, 2, torch.float32)
     post = torch.tensor([64], dtype=torch.int32, device=DEVICE)
@@ -75,6 +96,9 @@ def test_invoke_checks_its_arguments() -> None:
     with pytest.raises(InvalidArgumentError, match="share a dtype"):
         invoke_fused_moe_kernel(a.half(), b, c, w, None, ids.reshape(-1), post, True, 2,
                                 CONFIG)
+    with pytest.raises(InvalidArgumentError, match="no routed weight"):
+        invoke_fused_moe_kernel(a, b, c[..., :8], w, None, ids.reshape(-1), post, True, 2,
+                                CONFIG, silu_and_mul=True)
 
 
 @pytest.mark.parametrize("m,e,topk", [(1, 8, 2), (5, 128, 8), (3, 512, 10), (4, 60, 1),
@@ -121,12 +145,14 @@ def experts_inputs(m, e, h, i, topk, dtype, kind="random", seed=0):
 @pytest.mark.parametrize("m,e,topk,kind", [(1, 8, 2, "random"), (1, 64, 8, "random"),
                                            (6, 16, 1, "random"), (20, 8, 2, "one_expert"),
                                            (2, 512, 8, "random")])
-def test_fused_experts_triton_matches_the_torch_path(m, e, topk, kind) -> None:
+@pytest.mark.parametrize("act", [SiluAndMul, lambda: GeluAndMul("tanh")],
+                         ids=["silu-in-epilogue", "gelu-apart"])
+def test_fused_experts_triton_matches_the_torch_path(m, e, topk, kind, act) -> None:
     dtype = torch.float32
     x, w13, w2, weights, ids = experts_inputs(m, e, 32, 32, topk, dtype, kind, seed=m)
-    got = fused_experts_triton(x, w13, w2, weights, ids, SiluAndMul(), config=CONFIG)
+    got = fused_experts_triton(x, w13, w2, weights, ids, act(), config=CONFIG)
     want = fused_experts(x.cpu(), w13.cpu(), w2.cpu(), weights.cpu(), ids.cpu().long(),
-                         SiluAndMul())
+                         act())
     assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
 
 

@@ -3,7 +3,7 @@
     python examples/bench/kernels.py [--sweep [SECTION ...]] [--only SECTION ...] [--out DIR]
 
 Shapes are Llama-3.1-8B's (hidden 4096, 32 q / 8 kv heads of 128, MLP 14336, bf16
-activations, block size 16). Times are CUDA-graph replays (no launch overhead) over enough
+activations, block size 16); section moe takes Qwen3-30B-A3B's (top-8 pairs). Times are CUDA-graph replays (no launch overhead) over enough
 distinct input copies that the data does not sit in the 50 MB L2, as a model's layers do
 not. Each row: time per call, bytes moved or FLOPs, the ratio to the H200 ceilings measured
 in ../shared/device/README.md (4.28 TB/s copy, 799 TFLOP/s bf16), and the max relative
@@ -33,6 +33,7 @@ from engine.gguf.dequant import dequantize_rows as gguf_dequantize_ref  # noqa: 
 from kernels import gguf_gemm as gg  # noqa: E402
 from kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
 from kernels.gemv import dense_gemv, dense_gemv_ref, gemv_config  # noqa: E402
+from kernels.moe_sum import moe_sum  # noqa: E402
 from kernels.paged_attention import (  # noqa: E402
     paged_attention_decode,
     paged_attention_decode_ref,
@@ -205,6 +206,27 @@ def bench_dense(sweep: bool) -> None:
                 err=err if cfg is configs[0] else None,
                 note=f"(BN, BK, warps, stages) {cfg}")
         ws.clear()  # free this shape's copies before the next (the lambdas hold the list)
+
+
+def bench_moe_small() -> None:
+    """The MoE's elementwise steps on Qwen3-30B-A3B's pair shapes (top-8, intermediate 768,
+    hidden 2048): SiLU-and-mul over [pairs, 2 x 768] and the top-k sum over [M, 8, 2048]
+    (kernels/moe_sum.py beside torch's sum over dim 1), for a prefill step (8,192 tokens)
+    and a decode step of 256 sequences."""
+    for m in (8192, 256):
+        pairs = m * 8
+        nb = 6 * pairs * 768
+        gu = [torch.randn(pairs, 2 * 768, dtype=BF16, device=DEV) for _ in range(copies(nb))]
+        err = rel_err(silu_and_mul(gu[0]), silu_and_mul_ref(gu[0]))
+        tt = gpu_time(lambda: [silu_and_mul(x) for x in gu])
+        row("silu_and_mul", f"pairs={pairs} d=768", tt / len(gu), nb, err=err)
+        nb = 2 * m * 8 * 2048 + 2 * m * 2048
+        xs = [torch.randn(m, 8, 2048, dtype=BF16, device=DEV) for _ in range(copies(nb))]
+        err = rel_err(moe_sum(xs[0]), xs[0].sum(dim=1))
+        tt = gpu_time(lambda: [moe_sum(x) for x in xs])
+        row("moe_sum", f"M={m} top_k=8 H=2048", tt / len(xs), nb, err=err)
+        tt = gpu_time(lambda: [x.sum(dim=1) for x in xs])
+        row("torch sum(dim=1)", f"M={m} top_k=8 H=2048", tt / len(xs), nb, note="baseline")
 
 
 def _attn_case(seq, q_lens):
@@ -394,7 +416,8 @@ def main() -> None:
                     "(no names: all)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--only", nargs="*",
-                    default=["small", "dense", "decode", "prefill", "unified", "gguf", "gemm"])
+                    default=["small", "moe", "dense", "decode", "prefill", "unified", "gguf",
+                             "gemm"])
     args = ap.parse_args()
     torch.manual_seed(0)
     start = time.time()
@@ -402,7 +425,8 @@ def main() -> None:
           f"triton {__import__('triton').__version__}", flush=True)
     sweep = {n for n in ("dense", "decode", "prefill", "unified", "gguf", "gemm")
              if args.sweep is not None and (not args.sweep or n in args.sweep)}
-    steps = {"small": lambda: bench_small(), "dense": lambda: bench_dense("dense" in sweep),
+    steps = {"small": lambda: bench_small(), "moe": lambda: bench_moe_small(),
+             "dense": lambda: bench_dense("dense" in sweep),
              "decode": lambda: bench_decode("decode" in sweep),
              "prefill": lambda: bench_prefill("prefill" in sweep),
              "unified": lambda: bench_unified("unified" in sweep),

@@ -1,26 +1,27 @@
 """fused_experts on the Triton kernels: the CUDA path of the MoE layer.
 
 Mirrors vllm/model_executor/layers/fused_moe/fused_moe.py (fused_experts_impl,
-_prepare_expert_assignment), unquantized, no expert map: one launch of fused_moe_kernel
-for the merged gate|up projection (w13) over every (token, expert) pair, SiLU-and-mul,
-one launch for the down projection (w2) with the routing weight applied in its epilogue,
-then the top-k partial outputs summed per token (upstream's moe_sum). Pairs are grouped by
-expert with moe_align_block_size, except when the batch is much smaller than the expert
-count (M * top_k * 4 <= E: batch-1..4 decode of Qwen3-30B-A3B, E = 128, top-8): then
-each 16-row block holds one pair (upstream's naive_block_assignment) and no alignment
-runs. Either way each block reads its expert's weights once, the launch configs depend
-only on the host ints M, E, N, K (get_config), and nothing is read back on the host: CUDA
-graphs replay it at a padded M and async scheduling never waits on it. In that sparse
-regime, with SiLU, the layer instead runs two GEMV launches (kernels/fused_moe_gemv.py:
-w13 with SiLU-and-mul fused, w2 with the weighted top-k sum fused), which stream the
-selected experts' weights nearer HBM bandwidth; `allow_gemv=False` keeps the kernels above
+_prepare_expert_assignment), unquantized, no expert map: one launch of fused_moe_kernel for
+the merged gate|up projection (w13) over every (token, expert) pair, SiLU-and-mul (with
+SiLU in that launch's epilogue, ours: upstream runs it as a kernel of its own), one launch
+for the down projection (w2) with the routing weight applied in its epilogue, then
+the top-k partial outputs summed per token (upstream's moe_sum, kernels/moe_sum.py). Pairs
+are grouped by expert with moe_align_block_size, except when the batch is much smaller than
+the expert count (M * top_k * 4 <= E: batch-1..4 decode of Qwen3-30B-A3B, E = 128, top-8):
+then each 16-row block holds one pair (upstream's naive_block_assignment) and no alignment
+runs. Either way each block reads its expert's weights once, the launch configs depend only
+on the host ints M, E, N, K (get_config), and nothing is read back on the host: CUDA graphs
+replay it at a padded M and async scheduling never waits on it. In that sparse regime, with
+SiLU, the layer instead runs two GEMV launches (kernels/fused_moe_gemv.py: w13 with
+SiLU-and-mul fused, w2 with the weighted top-k sum fused), which stream the selected
+experts' weights nearer HBM bandwidth; `allow_gemv=False` keeps the kernels above
 (benchmarks). Every float dtype takes it: fp32 stays fp32 arithmetic throughout.
 fused_moe_triton is the layer's entry (upstream's fused_moe: router logits in, fused_topk
 then fused_experts): on the GEMV path with at most 512 experts the two GEMV launches route
 their own tokens from the logits (the kernels call the top-k softmax's helper, so the
 experts are fused_topk's), and no top-k launch runs; otherwise fused_topk, then
-fused_experts_triton. Given a gated shared expert's output and gate logit (FusedMoE's
-folded path, Qwen3-Next), the w2 launch adds sigmoid(gate) * shared in its epilogue.
+fused_experts_triton. Given a gated shared expert's output and gate logit (FusedMoE's folded
+path, Qwen3-Next), the w2 launch adds sigmoid(gate) * shared in its epilogue.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def fused_experts_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: tor
     topk_ids [M, k] -> [M, H]. `config` overrides try_get_optimal_moe_config (the GEMM
     path's). The sparse regime with SiLU takes the GEMV path unless allow_gemv is False."""
     from kernels.fused_moe import invoke_fused_moe_kernel  # lazy: triton
+    from kernels.moe_sum import moe_sum
 
     m, h = hidden_states.shape
     num_experts, n2, _ = w13.shape
@@ -81,14 +83,19 @@ def fused_experts_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: tor
     sorted_ids, expert_ids, post_pad = _prepare_expert_assignment(topk_ids, config,
                                                                   num_experts)
     dev, dtype = hidden_states.device, hidden_states.dtype
-    cache1 = torch.empty(m * top_k, n2, dtype=dtype, device=dev)  # gate | up per pair
-    invoke_fused_moe_kernel(hidden_states, w13, cache1, topk_weights, sorted_ids, expert_ids,
-                            post_pad, False, top_k, config)
-    cache2 = act(cache1)  # [M * k, I]
+    if isinstance(act, SiluAndMul):  # SiLU-and-mul in the w13 launch's epilogue
+        cache2 = torch.empty(m * top_k, n2 // 2, dtype=dtype, device=dev)  # [M * k, I]
+        invoke_fused_moe_kernel(hidden_states, w13, cache2, topk_weights, sorted_ids,
+                                expert_ids, post_pad, False, top_k, config, silu_and_mul=True)
+    else:
+        cache1 = torch.empty(m * top_k, n2, dtype=dtype, device=dev)  # gate | up per pair
+        invoke_fused_moe_kernel(hidden_states, w13, cache1, topk_weights, sorted_ids,
+                                expert_ids, post_pad, False, top_k, config)
+        cache2 = act(cache1)  # [M * k, I]
     cache3 = torch.empty(m, top_k, h, dtype=dtype, device=dev)  # weighted, per pair
     invoke_fused_moe_kernel(cache2, w2, cache3, topk_weights, sorted_ids, expert_ids,
                             post_pad, True, 1, config)
-    return cache3.sum(dim=1)
+    return moe_sum(cache3)  # [M, H]
 
 
 def _fused_experts_gemv(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
