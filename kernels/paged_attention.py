@@ -1,7 +1,8 @@
-"""Paged attention over the engine's KV cache in Triton: decode (split-KV) and prefill/extend.
+"""Paged attention over the engine's KV cache in Triton: prefill/extend (the unified varlen
+kernel), the split-KV reduce and the helpers kernels/decode_attention.py shares.
 
-Mirrors vllm/v1/attention/ops/triton_decode_attention.py (grouped split-KV decode, stage 1 +
-stage 2 reduction) and triton_unified_attention.py (varlen queries found by a binary search
+Mirrors vllm/v1/attention/ops/triton_decode_attention.py's stage 2 reduction and
+triton_unified_attention.py (varlen queries found by a binary search
 over query_start_loc in q-block units, GQA query heads packed into the rows of one tile,
 causal over a cached prefix, and its 3D variant: kernel_unified_attention_3d splits each
 program's KV tiles into segments when the 2D grid leaves SMs idle, reduce_segments merges
@@ -85,57 +86,6 @@ def _store_out(out_ptr, out_off, gate_ptr, gate_off, out, mask, GATED: tl.conste
         sig = tl.sigmoid(g).to(out_ptr.dtype.element_ty).to(tl.float32)
         o = (o.to(tl.float32) * sig).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + out_off, o, mask=mask)
-
-
-@triton.jit(do_not_specialize=["num_splits"])  # one compile for every split count
-def _paged_attention_decode_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr, gate_ptr,
-    stride_qt: tl.int64, stride_qh, stride_bt: tl.int64, stride_block: tl.int64,
-    stride_slot: tl.int64, stride_head, stride_ot: tl.int64, stride_oh, stride_gt: tl.int64,
-    stride_gh, num_q_heads, head_size, group, qk_scale, num_splits, window,
-    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr,
-    BLOCK_H: tl.constexpr, SPLIT: tl.constexpr, USE_WINDOW: tl.constexpr,
-    DOT_PREC: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr,
-):
-    if USE_PDL:  # the kernel before wrote this one's inputs
-        pdl_wait()
-    # program (request, kv head, split): the `group` query heads of one kv head, one token
-    req = tl.program_id(0).to(tl.int64)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + req)
-    h = tl.arange(0, BLOCK_H)
-    d = tl.arange(0, HEAD_PAD)
-    heads = kvh * group + h  # [BLOCK_H]
-    qmask = (h < group)[:, None] & (d < head_size)[None, :]
-    q = tl.load(q_ptr + req * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=qmask,
-                other=0.0)  # [BLOCK_H, HEAD_PAD]
-    n_tiles = tl.cdiv(seq_len, TILE_N)
-    t_first = 0
-    if USE_WINDOW:
-        t_first = tl.maximum(seq_len - window, 0) // TILE_N
-    per_split = tl.cdiv(n_tiles - t_first, num_splits)
-    t_begin = t_first + split * per_split
-    t_end = tl.minimum(t_begin + per_split, n_tiles)
-    acc = tl.zeros([BLOCK_H, HEAD_PAD], dtype=tl.float32)
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc, m_i, l_i = _attend_tiles(
-        q, acc, m_i, l_i, k_ptr, v_ptr, bt_ptr + req * stride_bt, kvh * stride_head,
-        tl.zeros([BLOCK_H], dtype=tl.int32) + seq_len - 1, seq_len, t_begin, t_end,
-        stride_block, stride_slot, qk_scale, head_size, window,
-        BLOCK_SIZE, TILE_N, HEAD_PAD, False, USE_WINDOW, DOT_PREC)
-    if SPLIT:
-        # partials: acc [reqs, nq, splits, HEAD_PAD], (m, l) [reqs, nq, splits, 2]
-        ph = (req * num_q_heads + heads) * num_splits + split  # [BLOCK_H]
-        tl.store(part_acc_ptr + ph[:, None] * HEAD_PAD + d[None, :], acc,
-                 mask=(h < group)[:, None])
-        tl.store(part_ml_ptr + ph * 2, m_i, mask=h < group)
-        tl.store(part_ml_ptr + ph * 2 + 1, l_i, mask=h < group)
-    else:
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        _store_out(out_ptr, req * stride_ot + heads[:, None] * stride_oh + d[None, :], gate_ptr,
-                   req * stride_gt + heads[:, None] * stride_gh + d[None, :], out, qmask, GATED)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -328,52 +278,6 @@ def _splits_pad(splits: int) -> int:
     return 16 if splits <= 16 else max(64, next_pow2(splits))
 
 
-def paged_attention_decode(
-    q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
-    sliding_window: int | None = None, num_splits: int | None = None, tile_n: int = 64,
-    num_warps: int = 4, num_stages: int = 2, output_gate: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """One query token per request. q: [num_reqs, nq, hd] -> out [num_reqs, nq, hd].
-
-    sliding_window: each query sees its last `sliding_window` positions (None: all).
-    num_splits: KV splits per (request, kv head) (flash-decoding); default fills the SMs.
-    output_gate: [num_reqs, nq, hd] like q (any strides): out * sigmoid(output_gate).
-    """
-    _check_window(sliding_window)
-    n, nq, hd = q.shape
-    block_size, nkv, group = _check_cache(q, kv_cache, block_table, seq_lens, n)
-    out = _out(q, out)
-    gate, sgt, sgh = _gate(q, output_gate, out)
-    if n == 0:
-        return out
-    if num_splits is None:  # flash-decoding only while (request, kv head) pairs leave SMs idle
-        num_splits = _kv_splits(n * nkv, q.device, 64, 4)
-    check(1 <= num_splits <= 256, lambda: f"num_splits must be in [1, 256], got {num_splits}")
-    head_pad = max(16, next_pow2(hd))
-    tile_n = _tile_n(tile_n, head_pad)
-    split = num_splits > 1
-    part_acc = torch.empty(n, nq, num_splits, head_pad, dtype=torch.float32, device=q.device)
-    part_ml = torch.empty(n, nq, num_splits, 2, dtype=torch.float32, device=q.device)
-    prec = "ieee" if q.dtype == torch.float32 else "tf32"
-    _paged_attention_decode_kernel[(n, nkv, num_splits)](
-        q, kv_cache[0], kv_cache[1], block_table, seq_lens, out, part_acc, part_ml, gate,
-        q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(1), kv_cache.stride(2),
-        kv_cache.stride(3), out.stride(0), out.stride(1), sgt, sgh, nq, hd, group,
-        scale * LOG2E, num_splits, sliding_window or 0, BLOCK_SIZE=block_size, TILE_N=tile_n,
-        HEAD_PAD=head_pad, BLOCK_H=max(16, next_pow2(group)), SPLIT=split,
-        USE_WINDOW=sliding_window is not None, DOT_PREC=prec, GATED=output_gate is not None,
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch(q),
-    )
-    if split:
-        _paged_attention_decode_reduce_kernel[(n, nq)](
-            part_acc, part_ml, out, None, gate, out.stride(0), out.stride(1), sgt, sgh, nq, hd,
-            num_splits, HEAD_PAD=head_pad, SPLITS_PAD=_splits_pad(num_splits),
-            GATED=output_gate is not None, num_warps=4, **pdl_launch(q),
-        )
-    return out
-
-
 def paged_attention_prefill(
     q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor, block_table: torch.Tensor, scale: float,
@@ -467,13 +371,3 @@ def paged_attention_prefill_ref(
                                            attn_mask=mask, scale=scale)  # [nq, q_len, hd]
         out[start:end] = o.transpose(0, 1)
     return out
-
-
-def paged_attention_decode_ref(
-    q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float, sliding_window: int | None = None,
-) -> torch.Tensor:
-    """Decode is prefill with one query token per request."""
-    qsl = torch.arange(q.shape[0] + 1, dtype=torch.int32)
-    return paged_attention_prefill_ref(q, kv_cache, qsl, seq_lens, block_table, scale,
-                                       sliding_window)

@@ -1,4 +1,5 @@
-"""kernels/paged_attention.py decode and prefill/extend against the engine's paged attention.
+"""kernels/decode_attention.py (decode) and kernels/paged_attention.py (prefill/extend)
+against the engine's paged attention.
 
 Oracle: paged_attention_{prefill,decode}_ref = engine/layers/attention.py paged_attention_ref
 (one SDPA per request over the gathered blocks, causal over the cached prefix, GQA,
@@ -17,12 +18,8 @@ from test_kernels_common import DEVICE, ON_CUDA, gpu
 
 import kernels.paged_attention as pa
 from engine.errors import InvalidArgumentError
-from kernels.paged_attention import (
-    paged_attention_decode,
-    paged_attention_decode_ref,
-    paged_attention_prefill,
-    paged_attention_prefill_ref,
-)
+from kernels.decode_attention import paged_attention_decode, paged_attention_decode_ref
+from kernels.paged_attention import paged_attention_prefill, paged_attention_prefill_ref
 
 NUM_HEADS = [(4, 4), (8, 2), (5, 1)]
 TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}

@@ -3,13 +3,14 @@
     python examples/bench/kernels.py [--sweep [SECTION ...]] [--only SECTION ...] [--out DIR]
 
 Shapes are Llama-3.1-8B's (hidden 4096, 32 q / 8 kv heads of 128, MLP 14336, bf16
-activations, block size 16); section moe takes Qwen3-30B-A3B's (top-8 pairs). Times are CUDA-graph replays (no launch overhead) over enough
-distinct input copies that the data does not sit in the 50 MB L2, as a model's layers do
-not. Each row: time per call, bytes moved or FLOPs, the ratio to the H200 ceilings measured
-in ../shared/device/README.md (4.28 TB/s copy, 799 TFLOP/s bf16), and the max relative
-error against the reference. --sweep also times other launch configs of the attention,
-GEMV, dequantize and fused GEMM kernels (sections: small dense decode prefill gguf
-gemm). Prints a table last; writes kernels.json to --out (default $OUT or .).
+activations, block size 16); section moe takes Qwen3-30B-A3B's (top-8 pairs). Times are
+CUDA-graph replays (no launch overhead) over enough distinct input copies that the data does
+not sit in the 50 MB L2, as a model's layers do not. Each row: time per call, bytes moved or
+FLOPs, the ratio to the H200 ceilings measured in ../shared/device/README.md (4.28 TB/s
+copy, 799 TFLOP/s bf16), and the max relative error against the reference. --sweep also
+times other launch configs of the attention, GEMV, dequantize and fused GEMM kernels
+(sections: small dense decode prefill gguf gemm). Prints a table last; writes kernels.json
+to --out (default $OUT or .).
 """
 # ruff: noqa: B023  (every lambda is timed inside the loop iteration that defines it)
 
@@ -32,11 +33,13 @@ from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType  # noqa: E402
 from engine.gguf.dequant import dequantize_rows as gguf_dequantize_ref  # noqa: E402
 from kernels import gguf_gemm as gg  # noqa: E402
 from kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
+from kernels.decode_attention import (  # noqa: E402
+    paged_attention_decode,
+    paged_attention_decode_ref,
+)
 from kernels.gemv import dense_gemv, dense_gemv_ref, gemv_config  # noqa: E402
 from kernels.moe_sum import moe_sum  # noqa: E402
 from kernels.paged_attention import (  # noqa: E402
-    paged_attention_decode,
-    paged_attention_decode_ref,
     paged_attention_prefill,
     paged_attention_prefill_ref,
 )
