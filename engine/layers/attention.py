@@ -78,12 +78,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """With rotary_emb (engine/layers/rotary_embedding.py), q and k are rotated by
         positions first; on CUDA that rotation is fused with the KV-cache write
-        (kernels/rotary_cache.py), one launch instead of two, and in a decode step without
-        qk_norm with the attention too (kernels/decode_attention.py). qk_norm, the
-        (q_norm, k_norm) RMSNorm pair of Qwen3 / Gemma 3 / Qwen3-Next
-        (engine/layers/layernorm.py), normalizes each q and k head before the rotation;
-        on CUDA with rotary_emb that kernel does it too (vLLM's fused_qknorm_rope_cache),
-        four launches in one. output_gate (Qwen3-Next's
+        (kernels/rotary_cache.py), one launch instead of two. qk_norm, the (q_norm, k_norm)
+        RMSNorm pair of Qwen3 / Gemma 3 / Qwen3-Next (engine/layers/layernorm.py), normalizes
+        each q and k head before the rotation; on CUDA with rotary_emb that kernel does it
+        too (vLLM's fused_qknorm_rope_cache), four launches in one. output_gate (Qwen3-Next's
         gated attention, [num_tokens, nq, hd]) scales the output by sigmoid(output_gate);
         on CUDA the attention kernel's store does it. q and output_gate may be strided
         [num_tokens, nq, hd] views (the rows of q_proj's interleaved [q_h | gate_h]): on
@@ -126,11 +124,7 @@ class Attention(nn.Module):
         from kernels.reshape_and_cache import reshape_and_cache as cache_kernel
         from kernels.rotary_cache import rotary_embedding_and_cache
 
-        decode = md.max_query_len == 1 and md.seq_lens_t.shape[0] == q.shape[0]  # a row a token
-        # a decode step without q/k norms: the decode kernel rotates q and k and writes the
-        # cache itself, one launch instead of two
-        fuse = decode and rotary_emb is not None and qk_norm is None
-        if rotary_emb is not None and not fuse:
+        if rotary_emb is not None:
             # the q/k norms: weights [hd] each; one eps and form (models build both alike)
             norm = () if qk_norm is None else (qk_norm[0].weight, qk_norm[1].weight,
                                                qk_norm[0].variance_epsilon,
@@ -139,18 +133,14 @@ class Attention(nn.Module):
                                        rotary_emb.cos_sin_cache_on(q.device),
                                        rotary_emb.head_size, self.kv_cache, md.slot_mapping,
                                        *norm)
-        elif rotary_emb is None:
+        else:
             cache_kernel(k, v, self.kv_cache, md.slot_mapping)
-        if decode:
+        if md.max_query_len == 1 and md.seq_lens_t.shape[0] == q.shape[0]:  # a row per token
             short = 0 < md.max_seq_len <= NO_SPLIT_SEQ_LEN
-            new_kv = {} if not fuse else dict(
-                positions=positions, key=k, value=v,
-                cos_sin_cache=rotary_emb.cos_sin_cache_on(q.device),
-                slot_mapping=md.slot_mapping)
             out = paged_attention_decode(q, self.kv_cache, md.block_table, md.seq_lens_t,
                                          self.scale, sliding_window=self.sliding_window,
                                          num_splits=1 if short else None,
-                                         output_gate=output_gate, **new_kv)
+                                         output_gate=output_gate)
         else:
             out = paged_attention_prefill(q, self.kv_cache, md.query_start_loc_t, md.seq_lens_t,
                                           md.block_table, self.scale,
