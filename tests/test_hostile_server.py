@@ -79,8 +79,12 @@ def test_2_tool_function_not_an_object_is_400(server):
 
 def test_3_huge_prompt_refused_without_stalling_health(server):
     """A maximal body (32 MB prompt) is refused with the context-length 400 while /health
-    answers within 100 ms (p99, over the machine's own p99 when idle: other jobs may share
-    it) and a small request is served meanwhile."""
+    keeps answering (median within 50 ms, p99 within 500 ms, each over the machine's own
+    p99 when idle: other jobs may share it) and a small request is served meanwhile. The
+    p99 allows one GIL hold of the front end's JSON parse of the body (libvllm parses in
+    the server's interpreter, as vLLM's API server parses on its event loop): 120 to 280
+    ms on a 2-core machine (2026-12-02), against seconds if the 16M-token prompt were
+    tokenized under the GIL."""
     port, log = server
     prompt = "a " * 16_000_000
     body = json.dumps({"prompt": prompt, "max_tokens": 2}).encode()
@@ -106,7 +110,9 @@ def test_3_huge_prompt_refused_without_stalling_health(server):
     error = error_of(*result["big"][::2], 400)
     assert f"maximum context length is {MAX_MODEL_LEN} tokens" in error["message"]
     assert error["param"] == "input_tokens"
-    assert len(latencies) >= 5 and p99 < 0.1 + idle, (idle, len(latencies), latencies[-5:])
+    median = latencies[len(latencies) // 2] if latencies else 0  # sorted by _health_p99
+    assert len(latencies) >= 5 and median < 0.05 + idle and p99 < 0.5 + idle, (
+        idle, len(latencies), median, latencies[-5:])
     served(port)
     no_traceback(log)
 
