@@ -8,7 +8,9 @@ kernels/paged_attention.py: the decode kernel when every request has one query t
 else the unified varlen kernel, which takes prefill, chunked-prefill and decode rows in one
 launch whose grid depends only on the token and request-row counts) on the device copies of
 the metadata, with no host sync, so any step can be captured in a CUDA graph
-(vllm/v1/attention/backends/triton_attn.py, AttentionCGSupport.ALWAYS);
+(vllm/v1/attention/backends/triton_attn.py, AttentionCGSupport.ALWAYS); batch-1 decode
+of a Llama-family layer (forward_qkv) writes its K/V in the qkv GEMV's epilogue
+(kernels/gemv_rope_cache.py);
 `paged_attention_ref` is the CPU path and the kernels' test oracle. Without metadata
 (vLLM's profile run) the layer skips the cache and attention and returns zeros.
 
@@ -19,11 +21,15 @@ transformers' sliding-window mask. The KV cache still keeps every block.
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine.layers import linear
 
 NO_SPLIT_SEQ_LEN = 512  # eager decode: no split-K (one launch, no reduce) up to this context
 
@@ -56,6 +62,11 @@ def use_kernels(q: torch.Tensor) -> bool:
     return q.is_cuda
 
 
+@functools.cache
+def _qkv_rope_fold_enabled() -> bool:
+    return os.environ.get("LIBVLLM_DISABLE_QKV_ROPE_FOLD") != "1"
+
+
 class Attention(nn.Module):
     """Writes this step's K/V into the paged cache, then attends causally over it."""
 
@@ -69,6 +80,30 @@ class Attention(nn.Module):
         self.sliding_window = per_layer_sliding_window  # None: full causal attention
         # [2, num_blocks, block_size, num_kv_heads, head_size], bound by the model runner
         self.kv_cache: torch.Tensor | None = None
+
+    def forward_qkv(self, hidden_states: torch.Tensor, qkv_proj: nn.Module,
+                    md: AttentionMetadata, positions: torch.Tensor, rotary_emb: nn.Module,
+                    qk_norm: tuple[nn.Module, nn.Module] | None = None) -> torch.Tensor:
+        """self(q, k, v, ...) of qkv_proj(hidden_states) (a QKVParallelLinear) split. One
+        bf16/fp16 token on CUDA (batch-1 decode) with a dense qkv weight, full rotary and no
+        q/k norm takes the qkv GEMV, RoPE and the KV-cache write in one kernel
+        (kernels/gemv_rope_cache.py) instead of the GEMV and kernels/rotary_cache.py;
+        LIBVLLM_DISABLE_QKV_ROPE_FOLD=1 turns that off."""
+        # hidden_states: [num_tokens, hidden] -> [num_tokens, nq * hd]
+        x, nq, nkv, hd = hidden_states, self.num_heads, self.num_kv_heads, self.head_size
+        # every RotaryEmbedding here is NeoX rotate-half (engine/layers/rotary_embedding.py)
+        if (x.shape[0] == 1 and md is not None and qk_norm is None and use_kernels(x)
+                and rotary_emb.rotary_dim == hd and qkv_proj.gguf_weight is None
+                and linear._one_row_gemv(x, qkv_proj.weight, qkv_proj.bias)
+                and _qkv_rope_fold_enabled()):
+            from kernels.gemv_rope_cache import qkv_gemv_rope_cache
+
+            q = qkv_gemv_rope_cache(x, qkv_proj.weight, qkv_proj.bias, positions,
+                                    rotary_emb.cos_sin_cache_on(x.device), self.kv_cache,
+                                    md.slot_mapping, nq, nkv, hd)  # [1, nq * hd]
+            return self._attend_cuda(q.view(1, nq, hd), md, None)
+        q, k, v = qkv_proj(x).split([nq * hd, nkv * hd, nkv * hd], dim=-1)
+        return self(q, k, v, md, positions, rotary_emb, qk_norm)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata,
@@ -119,8 +154,6 @@ class Attention(nn.Module):
                       qk_norm: tuple[nn.Module, nn.Module] | None,
                       output_gate: torch.Tensor | None) -> torch.Tensor:
         # q, output_gate: [n, nq, hd]; k, v: [n, nkv, hd] -> [n, nq * hd]
-        from kernels.decode_attention import paged_attention_decode
-        from kernels.paged_attention import paged_attention_prefill
         from kernels.reshape_and_cache import reshape_and_cache as cache_kernel
         from kernels.rotary_cache import rotary_embedding_and_cache
 
@@ -135,6 +168,14 @@ class Attention(nn.Module):
                                        *norm)
         else:
             cache_kernel(k, v, self.kv_cache, md.slot_mapping)
+        return self._attend_cuda(q, md, output_gate)
+
+    def _attend_cuda(self, q: torch.Tensor, md: AttentionMetadata,
+                     output_gate: torch.Tensor | None) -> torch.Tensor:
+        # q, output_gate: [n, nq, hd], this step's K/V in the cache -> [n, nq * hd]
+        from kernels.decode_attention import paged_attention_decode
+        from kernels.paged_attention import paged_attention_prefill
+
         if md.max_query_len == 1 and md.seq_lens_t.shape[0] == q.shape[0]:  # a row per token
             short = 0 < md.max_seq_len <= NO_SPLIT_SEQ_LEN
             out = paged_attention_decode(q, self.kv_cache, md.block_table, md.seq_lens_t,

@@ -67,11 +67,10 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 md: AttentionMetadata) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden_states)  # [num_tokens, q_size + 2 * kv_size]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        # the attention layer applies the q/k norms and RoPE (on CUDA fused with its KV-cache
-        # write)
-        return self.o_proj(self.attn(q, k, v, md, positions, self.rotary_emb, self._qk_norm()))
+        # the attention layer runs qkv_proj and applies the q/k norms and RoPE (on CUDA fused
+        # with its KV-cache write; for one token without q/k norms also with the qkv GEMV)
+        return self.o_proj(self.attn.forward_qkv(hidden_states, self.qkv_proj, md, positions,
+                                                 self.rotary_emb, self._qk_norm()))
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -1,0 +1,199 @@
+"""The qkv + RoPE + KV-cache fold of batch-1 decode (engine/layers/attention.py
+Attention.forward_qkv -> kernels/gemv_rope_cache.py) wired through the decoder layers.
+
+Off CUDA the layers never fold (the CPU path is the torch one); these tests make the
+attention take its kernel path (use_kernels) and let the one-row GEMV dispatch accept CPU
+tensors, so that the kernels run under the Triton interpreter. Oracles: a one-token decode
+step of tiny Llama, Qwen2 (qkv bias) and Mixtral models with the fold equals, bit for bit
+(logits and every layer's KV cache), the same step with LIBVLLM_DISABLE_QKV_ROPE_FOLD=1
+(the qkv GEMV, then kernels/rotary_cache.py), and the plain torch path within fp32
+tolerance; Qwen3 and Gemma 3 (per-head q/k norms) never fold. At the layer: two tokens,
+the env var, q/k norms, partial rotary, a profile run (no metadata) and a GGUF weight
+fall back to the unfused path. No upstream test: vLLM has no such fusion.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_kernels_common import DEVICE, ON_CUDA, assert_close
+
+import engine.layers.attention as attention
+import engine.layers.linear as linear
+import kernels.gemv_rope_cache
+import kernels.rotary_cache
+from engine.layers.attention import Attention, AttentionMetadata
+from engine.layers.layernorm import RMSNorm
+from engine.layers.linear import QKVParallelLinear
+from engine.layers.rotary_embedding import RotaryEmbedding
+from engine.models.config import ModelArchConfig
+from engine.models.gemma3 import Gemma3ForCausalLM
+from engine.models.llama import LlamaForCausalLM
+from engine.models.mixtral import MixtralForCausalLM
+from engine.models.qwen2 import Qwen2ForCausalLM
+from engine.models.qwen3 import Qwen3ForCausalLM
+
+pytestmark = pytest.mark.skipif(ON_CUDA, reason="the interpreter on CPU")
+
+MODELS = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM,
+          "mixtral": MixtralForCausalLM, "qwen3": Qwen3ForCausalLM,
+          "gemma3": Gemma3ForCausalLM}
+FOLDS = {"llama": True, "qwen2": True, "mixtral": True, "qwen3": False, "gemma3": False}
+BS, NQ, NKV, HD = 4, 4, 2, 16  # KV block size; the tiny models' heads
+
+
+@pytest.fixture
+def calls(monkeypatch) -> dict[str, list]:
+    """x shapes of each fused-kernel call ("fold") and each rotary_cache call ("rope")."""
+    seen: dict[str, list] = {"fold": [], "rope": []}
+    fold, rope = kernels.gemv_rope_cache.qkv_gemv_rope_cache, \
+        kernels.rotary_cache.rotary_embedding_and_cache
+
+    def fold_spy(x, *args, **kw):
+        seen["fold"].append(tuple(x.shape))
+        return fold(x, *args, **kw)
+
+    def rope_spy(positions, q, *args, **kw):
+        seen["rope"].append(tuple(q.shape))
+        return rope(positions, q, *args, **kw)
+
+    monkeypatch.setattr(kernels.gemv_rope_cache, "qkv_gemv_rope_cache", fold_spy)
+    monkeypatch.setattr(kernels.rotary_cache, "rotary_embedding_and_cache", rope_spy)
+    return seen
+
+
+def _kernel_path(monkeypatch, fold: bool) -> None:
+    """The attention's kernel path and the one-row GEMV on CPU; the fold on or off."""
+    monkeypatch.setattr(attention, "use_kernels", lambda q: True)
+    monkeypatch.setattr(linear, "_one_row_gemv", lambda x, w, b: (
+        x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1 and w.dtype == x.dtype
+        and w.is_contiguous()))
+    if fold:
+        monkeypatch.delenv("LIBVLLM_DISABLE_QKV_ROPE_FOLD", raising=False)
+    else:
+        monkeypatch.setenv("LIBVLLM_DISABLE_QKV_ROPE_FOLD", "1")
+    attention._qkv_rope_fold_enabled.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _fold_flag_fresh():
+    attention._qkv_rope_fold_enabled.cache_clear()
+    yield
+    attention._qkv_rope_fold_enabled.cache_clear()
+
+
+def _md(positions: list[int]) -> AttentionMetadata:
+    """One request decoding len(positions) tokens at the end of its context; block table
+    [1, 3]: position p goes to slot (1 or 3) * BS + p % BS."""
+    n, seq_len = len(positions), positions[-1] + 1
+    bt = torch.tensor([[1, 3]], dtype=torch.int32, device=DEVICE)
+    slots = torch.tensor([int(bt[0, p // BS]) * BS + p % BS for p in positions], device=DEVICE)
+    return AttentionMetadata(n, slots, [0, n], [seq_len], bt,
+                             torch.tensor([0, n], dtype=torch.int32, device=DEVICE),
+                             torch.tensor([seq_len], dtype=torch.int32, device=DEVICE),
+                             n, seq_len)
+
+
+def _tiny(name: str) -> torch.nn.Module:
+    cfg = ModelArchConfig(name, "t", 50, 64, 96, 2, NQ, NKV, HD, 1e-6, 1e4, 256, False,
+                          architectures=(MODELS[name].__name__,),
+                          attention_bias=name == "qwen2", num_experts=4 * (name == "mixtral"),
+                          num_experts_per_tok=2)
+    torch.manual_seed(0)
+    model = MODELS[name](cfg).to(DEVICE)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+def _decode_step(model, caches: list[torch.Tensor]) -> torch.Tensor:
+    """[1, vocab] logits of one token at position 5 (context 0..4 in the caches)."""
+    for layer, cache in zip(model.model.layers, caches):
+        layer.self_attn.attn.kv_cache = cache
+    with torch.inference_mode():
+        hidden = model(torch.tensor([7], device=DEVICE), torch.tensor([5], device=DEVICE),
+                       _md([5]))
+        return model.compute_logits(hidden)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_one_token_decode_with_the_fold_equals_without(name, monkeypatch, calls) -> None:
+    model = _tiny(name)
+    torch.manual_seed(1)
+    caches0 = [torch.randn(2, 4, BS, NKV, HD, device=DEVICE) for _ in model.model.layers]
+    logits, caches = {}, {}
+    for path in ("torch", "unfused", "folded"):
+        if path != "torch":
+            _kernel_path(monkeypatch, fold=path == "folded")
+        caches[path] = [c.clone() for c in caches0]
+        logits[path] = _decode_step(model, caches[path])
+        layers = len(caches0)
+        folded = path == "folded" and FOLDS[name]
+        assert calls["fold"] == [(1, 64)] * layers * folded
+        assert calls["rope"] == [(1, NQ, HD)] * layers * (path != "torch" and not folded)
+        calls["fold"].clear()
+        calls["rope"].clear()
+    assert torch.equal(logits["folded"], logits["unfused"])
+    for folded, unfused, plain in zip(caches["folded"], caches["unfused"], caches["torch"]):
+        assert torch.equal(folded, unfused)
+        assert_close(folded, plain)
+    assert_close(logits["folded"], logits["torch"], atol=1e-4, rtol=1e-4)
+
+
+def _layer(dtype: torch.dtype = torch.float32, rotary_dim: int = HD, bias: bool = True):
+    """(attention, qkv_proj, rope) of one tiny layer, its KV cache random."""
+    torch.manual_seed(2)
+    qkv = QKVParallelLinear(64, HD, NQ, NKV, bias=bias).to(DEVICE, dtype)
+    with torch.no_grad():
+        for p in qkv.parameters():
+            p.normal_(0, 0.3)
+    attn = Attention(NQ, HD, HD**-0.5, NKV)
+    attn.kv_cache = torch.randn(2, 4, BS, NKV, HD, device=DEVICE).to(dtype)
+    return attn, qkv, RotaryEmbedding(HD, rotary_dim, 64, 10000.0)
+
+
+def _forward_qkv(attn, qkv, rope, x, positions, md, qk_norm=None, fold=True, monkeypatch=None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, cache) of forward_qkv on a copy of the layer's cache."""
+    _kernel_path(monkeypatch, fold)
+    cache0 = attn.kv_cache
+    attn.kv_cache = cache0.clone()
+    with torch.inference_mode():
+        out = attn.forward_qkv(x, qkv, md, torch.tensor(positions, device=DEVICE), rope,
+                               qk_norm)
+    cache, attn.kv_cache = attn.kv_cache, cache0
+    return out, cache
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_forward_qkv_folds_one_token_only(dtype, bias, monkeypatch, calls) -> None:
+    attn, qkv, rope = _layer(dtype, bias=bias)
+    for positions in ([5], [4, 5]):
+        x = torch.randn(len(positions), 64, device=DEVICE).to(dtype)
+        md = _md(positions)
+        folded = _forward_qkv(attn, qkv, rope, x, positions, md, monkeypatch=monkeypatch)
+        unfused = _forward_qkv(attn, qkv, rope, x, positions, md, fold=False,
+                               monkeypatch=monkeypatch)
+        assert torch.equal(folded[0], unfused[0])
+        assert torch.equal(folded[1], unfused[1])
+    assert calls["fold"] == [(1, 64)]  # two tokens: the qkv GEMM, then rotary_cache
+    assert calls["rope"] == [(1, NQ, HD), (2, NQ, HD), (2, NQ, HD)]
+
+
+def test_forward_qkv_falls_back(monkeypatch, calls) -> None:
+    """q/k norms, partial rotary, a profile run and a GGUF weight take the unfused path."""
+    attn, qkv, rope = _layer()
+    x, md = torch.randn(1, 64, device=DEVICE), _md([5])
+    norms = (RMSNorm(HD, 1e-6).to(DEVICE), RMSNorm(HD, 1e-6).to(DEVICE))
+    _forward_qkv(attn, qkv, rope, x, [5], md, norms, monkeypatch=monkeypatch)
+    _, _, partial = _layer(rotary_dim=HD // 2)
+    _forward_qkv(attn, qkv, partial, x, [5], md, monkeypatch=monkeypatch)
+    assert calls["fold"] == []
+    assert len(calls["rope"]) == 2
+    out, cache = _forward_qkv(attn, qkv, rope, x, [5], None, monkeypatch=monkeypatch)
+    assert not out.any() and torch.equal(cache, attn.kv_cache)  # profile run: zeros
+    qkv.gguf_weight = lambda x: linear.dense_linear(x, qkv.weight, None)  # a stand-in
+    _forward_qkv(attn, qkv, rope, x, [5], md, monkeypatch=monkeypatch)
+    assert calls["fold"] == []
