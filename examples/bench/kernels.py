@@ -9,8 +9,8 @@ not sit in the 50 MB L2, as a model's layers do not. Each row: time per call, by
 FLOPs, the ratio to the H200 ceilings measured in ../shared/device/README.md (4.28 TB/s
 copy, 799 TFLOP/s bf16), and the max relative error against the reference. --sweep also
 times other launch configs of the attention, GEMV, dequantize and fused GEMM kernels
-(sections: small dense decode prefill gguf gemm). Prints a table last; writes kernels.json
-to --out (default $OUT or .).
+(sections: dense qkv_rope decode prefill unified gguf gemm). Prints a table last;
+writes kernels.json to --out (default $OUT or .).
 """
 # ruff: noqa: B023  (every lambda is timed inside the loop iteration that defines it)
 
@@ -38,6 +38,7 @@ from kernels.decode_attention import (  # noqa: E402
     paged_attention_decode_ref,
 )
 from kernels.gemv import dense_gemv, dense_gemv_ref, gemv_config  # noqa: E402
+from kernels.gemv_rope_cache import qkv_gemv_rope_cache, qkv_gemv_rope_cache_ref  # noqa: E402
 from kernels.moe_sum import moe_sum  # noqa: E402
 from kernels.paged_attention import (  # noqa: E402
     paged_attention_prefill,
@@ -209,6 +210,30 @@ def bench_dense(sweep: bool) -> None:
                 err=err if cfg is configs[0] else None,
                 note=f"(BN, BK, warps, stages) {cfg}")
         ws.clear()  # free this shape's copies before the next (the lambdas hold the list)
+
+
+def bench_qkv_rope(sweep: bool) -> None:
+    """Batch-1 qkv GEMV with RoPE + KV-cache write in its epilogue (kernels/gemv_rope_cache.py)
+    vs the pair it replaces (dense_gemv, rotary_embedding_and_cache); --sweep: other configs."""
+    n, shape = (NQ + 2 * NKV) * HD, f"M=1 N={(NQ + 2 * NKV) * HD} K={H} hd={HD}"
+    ws = [torch.randn(n, H, dtype=BF16, device=DEV) * H**-0.5 for _ in range(copies(n * H * 2))]
+    x, pos, slot = (torch.randn(1, H, dtype=BF16, device=DEV), torch.tensor([1000], device=DEV),
+                    torch.tensor([77], device=DEV))
+    args = (pos, torch.randn(8192, HD, device=DEV),  # the cos/sin table, then the cache
+            torch.zeros(2, 64, BS, NKV, HD, dtype=BF16, device=DEV), slot, NQ, NKV, HD)
+    err = rel_err(qkv_gemv_rope_cache(x, ws[0], None, *args),
+                  qkv_gemv_rope_cache_ref(x, ws[0], None, *args))
+    pair = [lambda w=w: rotary_embedding_and_cache(pos, *dense_gemv(x, w).split(
+        [NQ * HD, NKV * HD, NKV * HD], dim=-1), args[1], HD, args[2], slot) for w in ws]
+    row("gemv_then_rotary_cache", shape, gpu_time(lambda: [f() for f in pair]) / len(ws),
+        n * H * 2, 2 * n * H, note="the unfused pair (2 launches)")
+    configs = [None] + ([(bn, bk, w, st) for bn in (4, 8, 16) for bk in (256, 512, 1024)
+                         for w in (2, 4, 8) for st in (1, 2, 3) if bn * bk <= 8192] * sweep)
+    for cfg in configs:
+        tt = gpu_time(lambda: [qkv_gemv_rope_cache(x, w, None, *args, config=cfg) for w in ws])
+        row("qkv_gemv_rope_cache", shape, tt / len(ws), n * H * 2, 2 * n * H,
+            err=err if cfg is None else None, note=f"(BN, BK, warps, stages) {cfg}")
+    ws.clear()
 
 
 def bench_moe_small() -> None:
@@ -419,17 +444,18 @@ def main() -> None:
                     "(no names: all)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--only", nargs="*",
-                    default=["small", "moe", "dense", "decode", "prefill", "unified", "gguf",
-                             "gemm"])
+                    default=["small", "moe", "dense", "qkv_rope", "decode", "prefill", "unified",
+                             "gguf", "gemm"])
     args = ap.parse_args()
     torch.manual_seed(0)
     start = time.time()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"triton {__import__('triton').__version__}", flush=True)
-    sweep = {n for n in ("dense", "decode", "prefill", "unified", "gguf", "gemm")
+    sweep = {n for n in ("dense", "qkv_rope", "decode", "prefill", "unified", "gguf", "gemm")
              if args.sweep is not None and (not args.sweep or n in args.sweep)}
     steps = {"small": lambda: bench_small(), "moe": lambda: bench_moe_small(),
              "dense": lambda: bench_dense("dense" in sweep),
+             "qkv_rope": lambda: bench_qkv_rope("qkv_rope" in sweep),
              "decode": lambda: bench_decode("decode" in sweep),
              "prefill": lambda: bench_prefill("prefill" in sweep),
              "unified": lambda: bench_unified("unified" in sweep),
