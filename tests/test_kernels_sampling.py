@@ -1,11 +1,14 @@
-"""kernels/sampling.py argmax_rows (the sampler's row argmax, optionally of x - log q).
+"""kernels/sampling.py argmax_rows (the sampler's row argmax, optionally of x - log q) and its
+wiring in engine/sample/ops/topk_topp_sampler.py.
 
 Oracle: argmax_rows_ref = torch's (x.float() - q.log()).argmax(-1), whose order (first
 maximal index, NaN maximal) the tie and NaN cases also pin with explicit indices. Shapes
 cover one and several chunks a row (the interpreter's grid assumes 4 SMs: one row of 4099
 takes 5 chunks of 2 steps of 512, one of Llama-3's 128256 8 chunks of 32 steps), a partial
 last step, rows of one value, a row stride wider than the row, no rows; on CUDA also
-[64, 128256] and a CUDA-graph replay.
+[64, 128256], the engine against torch.log on the device, and a CUDA-graph replay. The
+engine's kernel path also runs on CPU under the interpreter through a patched predicate,
+and must sample what the torch path samples from the same seeded noise.
 Runs on CUDA or under the Triton interpreter (tests/test_kernels_common.py).
 """
 
@@ -17,6 +20,9 @@ from test_kernels_common import DEVICE, ON_CUDA, gpu
 
 import kernels.sampling
 from engine.errors import InvalidArgumentError
+from engine.sample.metadata import SamplingMetadata
+from engine.sample.ops import topk_topp_sampler
+from engine.sample.sampler import Sampler
 from kernels.sampling import _chunking, argmax_rows, argmax_rows_ref
 
 ALL_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -136,6 +142,97 @@ def test_argmax_rows_rejects_bad_layouts_and_devices() -> None:
         argmax_rows(x, torch.ones(2, 32, device=DEVICE)[:, :16])
     with pytest.raises(InvalidArgumentError, match="x, noise_q must be on one device"):
         argmax_rows(x, torch.ones(2, 16, device="meta"))
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch) -> list[bool]:
+    """Whether each kernels/sampling.py argmax_rows call had noise (the engine imports it
+    lazily, per call)."""
+    calls: list[bool] = []
+    real = kernels.sampling.argmax_rows
+
+    def spy(x, noise_q=None):
+        calls.append(noise_q is not None)
+        return real(x, noise_q)
+
+    monkeypatch.setattr(kernels.sampling, "argmax_rows", spy)
+    return calls
+
+
+def _seeded(rows: int, seed: int = 11) -> dict[int, torch.Generator]:
+    return {r: torch.Generator(device=DEVICE).manual_seed(seed + r) for r in range(rows)}
+
+
+def _engine_path(monkeypatch, kernel: bool) -> None:
+    """The engine's CUDA branch (kernel) on any device, CPU under the interpreter; or its
+    torch path (not kernel), CUDA included."""
+    monkeypatch.setattr(topk_topp_sampler, "_use_sampling_kernel", lambda x: kernel and (
+        x.dim() == 2 and x.shape[1] > 0 and x.stride(1) == 1))
+
+
+def _seeded_noise(rows: int, vocab: int) -> torch.Tensor:
+    q = torch.empty(rows, vocab, device=DEVICE)  # [rows, vocab]: what random_sample draws
+    for row, gen in _seeded(rows).items():
+        q[row].exponential_(generator=gen)
+    return q
+
+
+def test_engine_takes_the_kernel_on_cuda_only() -> None:
+    use = topk_topp_sampler._use_sampling_kernel
+    x = torch.zeros(2, 64, device=DEVICE)  # [2, 64]
+    assert use(x) == ON_CUDA and use(x.bfloat16()) == ON_CUDA and use(x[:, 3:40]) == ON_CUDA
+    assert not any(use(t) for t in (x[:, ::2], x[0], x[:, :0], x.long(), x[None]))
+
+
+def test_engine_torch_path(monkeypatch, kernel_calls) -> None:
+    """The CPU path, unchanged: logits - log q overwrites the logits, then torch's argmax."""
+    _engine_path(monkeypatch, kernel=False)
+    x, _ = _inputs(3, 1000, torch.float32)
+    noisy = x - _seeded_noise(3, 1000).log()  # [3, 1000]
+    logits = x.clone()
+    assert torch.equal(topk_topp_sampler.random_sample(logits, _seeded(3)), noisy.argmax(-1))
+    assert torch.equal(logits, noisy)  # overwritten, as the torch path always did
+    assert torch.equal(topk_topp_sampler.argmax_rows(x), x.argmax(-1))
+    assert kernel_calls == []
+
+
+@pytest.mark.parametrize("rows,vocab", [(1, 1000), (4, 4099)])
+def test_engine_kernel_path_samples_as_the_torch_path(monkeypatch, kernel_calls, rows: int,
+                                                      vocab: int) -> None:
+    """Same seeded noise, same token; the kernel leaves the logits as they were."""
+    _engine_path(monkeypatch, kernel=True)
+    x, _ = _inputs(rows, vocab, torch.float32, seed=vocab)
+    logits = x.clone()
+    got = topk_topp_sampler.random_sample(logits, _seeded(rows))
+    assert torch.equal(got, (x - _seeded_noise(rows, vocab).log()).argmax(-1))
+    assert torch.equal(logits, x)
+    assert torch.equal(topk_topp_sampler.argmax_rows(x), x.argmax(-1))
+    assert kernel_calls == [True, False]
+
+
+def test_sampler_greedy_and_random_rows_on_the_kernel_path(monkeypatch, kernel_calls) -> None:
+    x, _ = _inputs(4, 1000, torch.float32, seed=3)
+    temp = torch.tensor([0.0, 1.0, 0.7, 0.0], device=DEVICE)
+    md = SamplingMetadata(temperature=temp, all_greedy=False, all_random=False,
+                          generators=_seeded(4))
+    _engine_path(monkeypatch, kernel=False)
+    expect = Sampler()(x.clone(), md).sampled_token_ids
+    _engine_path(monkeypatch, kernel=True)
+    md.generators = _seeded(4)
+    got = Sampler()(x.clone(), md).sampled_token_ids
+    assert torch.equal(got, expect)
+    assert got[0] == x[0].argmax() and got[3] == x[3].argmax()
+    assert kernel_calls == [False, True]  # the greedy argmax, then the random sample
+
+
+@gpu
+def test_engine_samples_on_cuda_as_torch(kernel_calls) -> None:
+    """libdevice's logf against torch.log on the device: the same tokens from the same
+    seeded noise over 64 rows of Llama-3's vocab."""
+    x, _ = _inputs(64, 128256, torch.float32, seed=9)
+    got = topk_topp_sampler.random_sample(x.clone(), _seeded(64))
+    assert torch.equal(got, (x - _seeded_noise(64, 128256).log()).argmax(-1))
+    assert kernel_calls == [True]
 
 
 @gpu
