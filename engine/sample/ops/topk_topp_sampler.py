@@ -3,8 +3,13 @@
 exponential noise and takes argmax(p / q), q ~ Exp(1), so there is no host sync.
 Seeded rows draw their noise from their own torch.Generator. Ours: the argmax is taken
 as argmax(logits - log q), the same token without the softmax (p is exp(logits) over a
-constant), whose one-block-per-row reduction costs 33 us over a 128k vocab on an H200;
-argmax_rows splits torch's argmax the same way (27 us -> a few).
+constant), whose one-block-per-row reduction costs 33 us over a 128k vocab on an H200.
+On CUDA the log, the subtraction and the argmax run in kernels/sampling.py's two-launch
+row argmax (many programs a row), which also serves argmax_rows (greedy rows; torch's
+argmax: 27 us); the noise is still drawn by torch. Its log is libdevice's logf, the twin
+of the logf torch.log runs on CUDA; should the two differ in an ulp, a near-tie may pick
+the other token, as fair a sample. The kernel leaves the logits as they were (the torch path
+subtracts in place; no caller reads them after sampling). CPU: the torch path.
 """
 
 from __future__ import annotations
@@ -31,23 +36,32 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None,
 
 def random_sample(logits: torch.Tensor, generators: dict[int, torch.Generator]
                   ) -> torch.Tensor:
-    # logits: [num_reqs, vocab] fp32, temperature applied (overwritten) -> [num_reqs] int64
-    q = torch.empty_like(logits)
+    # logits: [num_reqs, vocab] fp32, temperature applied -> [num_reqs] int64; the torch
+    # path overwrites logits
+    q = torch.empty_like(logits)  # [num_reqs, vocab] Exp(1) noise
     if len(generators) != logits.shape[0]:
         q.exponential_()
     for row, gen in generators.items():
         q[row].exponential_(generator=gen)
+    if logits.dtype == torch.float32 and _use_sampling_kernel(logits):
+        from kernels.sampling import argmax_rows as argmax_kernel  # lazy: CUDA path only
+
+        return argmax_kernel(logits, q)
     return argmax_rows(logits.sub_(q.log_()))
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
-    """x.argmax(-1) of [rows, vocab] (the first maximum), on CUDA as a max over chunks of
-    the row and an argmax over the chunks' maxima: many thread blocks per row, not one."""
-    rows, vocab = x.shape
-    chunks = next((c for c in (64, 32, 16, 8) if vocab % c == 0 and vocab >= 1024 * c), 0)
-    if not x.is_cuda or not chunks:
-        return x.argmax(dim=-1)
-    size = vocab // chunks
-    maxima, index = x.view(rows, chunks, size).max(dim=-1)  # [rows, chunks] each
-    best = maxima.argmax(dim=-1, keepdim=True)  # [rows, 1]: the first chunk with the max
-    return (index.gather(1, best) + best * size).squeeze(1)
+    """x.argmax(-1) of [rows, vocab] -> [rows] int64 (the first maximum, NaN maximal); on
+    CUDA kernels/sampling.py's argmax: many programs per row, not one thread block."""
+    if _use_sampling_kernel(x):
+        from kernels.sampling import argmax_rows as argmax_kernel  # lazy: CUDA path only
+
+        return argmax_kernel(x)
+    return x.argmax(dim=-1)
+
+
+def _use_sampling_kernel(x: torch.Tensor) -> bool:
+    """Whether kernels/sampling.py takes this argmax: float [rows, vocab] on CUDA, its last
+    dimension contiguous, vocab > 0."""
+    return (x.is_cuda and x.dim() == 2 and x.shape[1] > 0 and x.stride(1) == 1
+            and x.dtype in (torch.float32, torch.bfloat16, torch.float16))
