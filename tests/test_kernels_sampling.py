@@ -247,3 +247,19 @@ def test_argmax_rows_replays_in_a_cuda_graph() -> None:
     q.copy_(q2)
     graph.replay()
     torch.testing.assert_close(out, argmax_rows_ref(x2, q2), rtol=0, atol=0)
+
+
+def test_warm_up_compiles_every_variant(monkeypatch) -> None:
+    """warm_up_sampling_kernels (the profile run's) takes the kernel greedy and random, at one
+    row and at all rows (the merge's two lane counts on an H200), and nothing off CUDA."""
+    calls: list[tuple[int, bool]] = []
+    real = kernels.sampling.argmax_rows
+    monkeypatch.setattr(kernels.sampling, "argmax_rows", lambda x, noise_q=None: (
+        calls.append((x.shape[0], noise_q is not None)), real(x, noise_q))[1])
+    x, _ = _inputs(6, 1000, torch.bfloat16)  # [6, 1000]
+    topk_topp_sampler.warm_up_sampling_kernels(x)
+    assert (calls == []) != ON_CUDA
+    calls.clear()
+    _engine_path(monkeypatch, kernel=True)
+    topk_topp_sampler.warm_up_sampling_kernels(x)
+    assert sorted(calls) == [(1, False), (1, True), (6, False), (6, True)]

@@ -36,6 +36,7 @@ from engine.sample.metadata import (
     reads_output_token_ids,
 )
 from engine.sample.ops.logprobs import compute_logprobs, gather_logprobs
+from engine.sample.ops.topk_topp_sampler import warm_up_sampling_kernels
 from engine.sample.ops.torch_utils import async_tensor_h2d
 from engine.sample.outputs import LogprobsLists, LogprobsTensors
 from engine.sample.sampler import Sampler
@@ -360,12 +361,14 @@ class ModelRunner:
     def profile_run(self, num_tokens: int, sample: bool = True) -> torch.Tensor:
         """vLLM's profile_run: a forward pass over num_tokens tokens without KV cache
         (attention skipped) plus, with `sample`, logits and a sort of max_num_reqs rows
-        (the sampler's top-k/top-p peak), so the activation peak can be measured."""
+        (the sampler's top-k/top-p peak), so the activation peak can be measured; on CUDA
+        the sampler's argmax kernels compile here too."""
         ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
         hidden = self.model(ids, ids, None)
         if sample:
             logits = self.model.compute_logits(hidden[:min(num_tokens, self.max_num_reqs)])
             logits.sort(dim=-1)
+            warm_up_sampling_kernels(logits)
         return hidden
 
     def capture_model(self, sizes: list[int]) -> float:

@@ -65,3 +65,17 @@ def _use_sampling_kernel(x: torch.Tensor) -> bool:
     dimension contiguous, vocab > 0."""
     return (x.is_cuda and x.dim() == 2 and x.shape[1] > 0 and x.stride(1) == 1
             and x.dtype in (torch.float32, torch.bfloat16, torch.float16))
+
+
+def warm_up_sampling_kernels(logits: torch.Tensor) -> None:
+    """Compile the CUDA argmax's variants at start-up (the profile run calls this; vLLM's
+    _dummy_sampler_run also samples before serving): greedy and random, at one row and at
+    all of `logits`' rows (the merge's two lane counts), so no step of the first requests
+    waits for Triton's JIT. Nothing off CUDA."""
+    # logits: [max_num_reqs, vocab]
+    if not _use_sampling_kernel(logits):
+        return
+    for rows in sorted({1, logits.shape[0]}):
+        x = logits[:rows].float()  # [rows, vocab], as the sampler's logits
+        argmax_rows(x)
+        random_sample(x, {})
