@@ -133,7 +133,8 @@ def _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
-@triton.jit(do_not_specialize=["num_segments"])
+# num_reqs changes every step: specializing it (== 1, % 16) would JIT a variant mid-serving
+@triton.jit(do_not_specialize=["num_reqs", "num_segments"])
 def _paged_attention_prefill_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
     gate_ptr, num_reqs, stride_qt: tl.int64, stride_qh, stride_bt: tl.int64,
