@@ -54,6 +54,15 @@ def check_same_device(**tensors: torch.Tensor) -> None:
 
 
 @functools.cache
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (grid sizing); 4 for the Triton
+    interpreter on CPU, which keeps test grids small."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+@functools.cache
 def _pdl_supported(device_index: int) -> bool:
     return (os.environ.get("TRITON_INTERPRET") != "1"
             and os.environ.get("LIBVLLM_DISABLE_PDL") != "1"

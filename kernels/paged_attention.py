@@ -33,6 +33,7 @@ from kernels._common import (
     pdl_launch,
     pdl_wait,
 )
+from kernels._common import num_sms as _num_sms
 
 LOG2E = 1.4426950408889634
 
@@ -257,12 +258,6 @@ def _tile_n(tile_n: int, head_pad: int) -> int:
           lambda: f"tile_n must be a power of 2 >= 16, "
           f"got {tile_n}")
     return min(tile_n, 32) if head_pad > 128 else tile_n
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the Triton interpreter on CPU: keep test grids small
 
 
 def _kv_splits(programs: int, device: torch.device, most: int, per_sm: int) -> int:

@@ -24,7 +24,6 @@ pick the other token, as fair a sample. The Triton interpreter has no libdevice:
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -40,6 +39,7 @@ from kernels._common import (
     pdl_launch,
     pdl_wait,
 )
+from kernels._common import num_sms as _num_sms
 
 BLOCK = 512  # values a stage-1 program loads per step: 4 per thread of 4 warps
 PER_SM = 2  # stage-1 programs per SM a launch aims for (all rows together)
@@ -110,13 +110,6 @@ def _argmax_merge_kernel(part_v_ptr, part_i_ptr, out_ptr, num_chunks,
     i = tl.load(part_i_ptr + row * num_chunks + cs, mask=mask, other=INT32_MAX)
     _, best = _first_max(v, i)
     tl.store(out_ptr + row, best.to(tl.int64))
-
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the Triton interpreter on CPU: small grids, several chunks a row
 
 
 def _chunking(rows: int, vocab: int, device: torch.device) -> tuple[int, int]:
