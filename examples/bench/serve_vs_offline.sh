@@ -5,23 +5,33 @@
 #
 #   OUT=/tmp/r bash examples/bench/serve_vs_offline.sh
 #   (env: MODEL, DTYPE, INPUT_LEN, OUTPUT_LEN as serve_gpu.sh reads them, for both sides;
-#    PROMPTS=300; ONE_PROMPTS=30)
+#    PROMPTS=300; ONE_PROMPTS=30; WARMUP_PROMPTS=64)
 #
 # serve_gpu.sh builds libvllm.so and runs examples/server with --load-format dummy; the
 # offline figure is `python -m examples.bench throughput` with the same weights and flags.
+# A short offline run comes first (WARMUP_PROMPTS=64, 0 for none): it fills Triton's on-disk
+# kernel cache with the kernels the first traffic compiles, so neither measured side pays
+# the JIT (on a fresh machine the side run first lost 4-8% to it, session 12).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp}
 model=${MODEL:-examples/bench/models/llama-3.1-8b}
 prompts=${PROMPTS:-300}
 mkdir -p "$out/serve64" "$out/serve1"
+offline() {  # $1 prompts, $2 json
+    python3 -m examples.bench throughput --model "$model" --load-format dummy \
+        --skip-tokenizer-init --dtype "${DTYPE:-bfloat16}" --max-model-len 2048 \
+        --dataset-name random --input-len "${INPUT_LEN:-1024}" \
+        --output-len "${OUTPUT_LEN:-128}" --num-prompts "$1" --max-num-seqs 64 \
+        --output-json "$2"
+}
+if [ "${WARMUP_PROMPTS:-64}" -gt 0 ]; then
+    offline "${WARMUP_PROMPTS:-64}" "$out/warmup.json" > "$out/warmup.txt" 2>&1 \
+        || { tail -30 "$out/warmup.txt"; exit 1; }
+fi
 MODEL=$model OUT=$out/serve64 bash examples/bench/serve_gpu.sh "$prompts" 64 \
     > "$out/serve64.txt" 2>&1 || { tail -30 "$out/serve64.txt"; exit 1; }
-python3 -m examples.bench throughput --model "$model" --load-format dummy \
-    --skip-tokenizer-init --dtype "${DTYPE:-bfloat16}" --max-model-len 2048 \
-    --dataset-name random --input-len "${INPUT_LEN:-1024}" \
-    --output-len "${OUTPUT_LEN:-128}" --num-prompts "$prompts" --max-num-seqs 64 \
-    --output-json "$out/offline64.json" > "$out/offline64.txt" 2>&1 \
+offline "$prompts" "$out/offline64.json" > "$out/offline64.txt" 2>&1 \
     || { tail -30 "$out/offline64.txt"; exit 1; }
 MODEL=$model OUT=$out/serve1 bash examples/bench/serve_gpu.sh "${ONE_PROMPTS:-30}" 1 \
     > "$out/serve1.txt" 2>&1 || { tail -30 "$out/serve1.txt"; exit 1; }
