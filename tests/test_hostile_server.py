@@ -79,11 +79,12 @@ def test_2_tool_function_not_an_object_is_400(server):
 
 def test_3_huge_prompt_refused_without_stalling_health(server):
     """A maximal body (32 MB prompt) is refused with the context-length 400 while /health
-    keeps answering (median within 50 ms, p99 within 500 ms, each over the machine's own
+    keeps answering (median within 50 ms, p99 within 1 s, each over the machine's own
     p99 when idle: other jobs may share it) and a small request is served meanwhile. The
-    p99 allows one GIL hold of the front end's JSON parse of the body (libvllm parses in
-    the server's interpreter, as vLLM's API server parses on its event loop): 120 to 280
-    ms on a 2-core machine (2026-12-02), against seconds if the 16M-token prompt were
+    p99 allows one GIL hold of the front end's reading and parsing of the body (libvllm
+    parses in the server's interpreter, as vLLM's API server parses on its event loop):
+    120 to 280 ms on an idle 2-core machine, 565 ms once in CI with two test workers on
+    its two cores (2026-12-02), against 10 s and more if the 16M-token prompt were
     tokenized under the GIL."""
     port, log = server
     prompt = "a " * 16_000_000
@@ -111,7 +112,7 @@ def test_3_huge_prompt_refused_without_stalling_health(server):
     assert f"maximum context length is {MAX_MODEL_LEN} tokens" in error["message"]
     assert error["param"] == "input_tokens"
     median = latencies[len(latencies) // 2] if latencies else 0  # sorted by _health_p99
-    assert len(latencies) >= 5 and median < 0.05 + idle and p99 < 0.5 + idle, (
+    assert len(latencies) >= 5 and median < 0.05 + idle and p99 < 1.0 + idle, (
         idle, len(latencies), median, latencies[-5:])
     served(port)
     no_traceback(log)
