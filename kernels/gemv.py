@@ -102,12 +102,11 @@ def gemv_config(n: int, k: int, silu_and_mul: bool = False) -> tuple[int, int, i
     return bn, min(bk, next_pow2(k)), warps, stages
 
 
-def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-               silu_and_mul: bool = False,
-               config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """x: [1, K] ([1, 2K] = gate | up with silu_and_mul), w: [N, K], bias: [N] or None
-    -> y: [1, N] in x's dtype. config: (BN, BK, num_warps, num_stages), for sweeps;
-    None: gemv_config's."""
+def check_one_row_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                       silu_and_mul: bool = False, n: int | None = None) -> tuple[int, int]:
+    """The launchers' checks of a one-row GEMV: x [1, K] ([1, 2K] with silu_and_mul) with a
+    contiguous last dimension, w a contiguous [N, K] of x's dtype (N = n when given), bias
+    None or a contiguous [N] of x's dtype, one device -> (K, N)."""
     check(x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1,
           lambda: f"x must be one row [1, K] "
           f"with a contiguous last dimension, got {tuple(x.shape)} strides {x.stride()}")
@@ -116,8 +115,9 @@ def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
           lambda: f"x must be [1, 2K] with silu_and_mul, got {tuple(x.shape)}")
     k = x.shape[1] // 2 if silu_and_mul else x.shape[1]
     check(k > 0, "x must have K > 0 columns")
-    check(w.dim() == 2 and w.shape[1] == k and w.is_contiguous(), lambda: f"w must be a contiguous "
-          f"[N, {k}], got {tuple(w.shape)} strides {w.stride()}")
+    check(w.dim() == 2 and w.shape[1] == k and (n is None or w.shape[0] == n)
+          and w.is_contiguous(), lambda: f"w must be a contiguous "
+          f"[{'N' if n is None else n}, {k}], got {tuple(w.shape)} strides {w.stride()}")
     n = w.shape[0]
     check(w.dtype == x.dtype, lambda: f"w must be {x.dtype} like x, got {w.dtype}")
     check_same_device(x=x, w=w)
@@ -126,6 +126,16 @@ def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
               lambda: f"bias must be a contiguous [{n}] {x.dtype}, got "
               f"{tuple(bias.shape)} {bias.dtype}")
         check_same_device(x=x, bias=bias)
+    return k, n
+
+
+def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+               silu_and_mul: bool = False,
+               config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """x: [1, K] ([1, 2K] = gate | up with silu_and_mul), w: [N, K], bias: [N] or None
+    -> y: [1, N] in x's dtype. config: (BN, BK, num_warps, num_stages), for sweeps;
+    None: gemv_config's."""
+    k, n = check_one_row_gemv(x, w, bias, silu_and_mul)
     y = torch.empty(1, n, dtype=x.dtype, device=x.device)
     if n == 0:
         return y

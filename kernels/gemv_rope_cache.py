@@ -38,7 +38,7 @@ from kernels._common import (
     pdl_launch,
     pdl_wait,
 )
-from kernels.gemv import dense_gemv_ref
+from kernels.gemv import check_one_row_gemv, dense_gemv_ref
 from kernels.rotary import _check_cos_sin_cache, _check_positions
 from kernels.rotary_cache import rotary_embedding_and_cache_ref
 
@@ -133,21 +133,7 @@ def qkv_gemv_rope_cache(
     nq, nkv, hs = num_q_heads, num_kv_heads, head_size
     check(nq > 0 and nkv > 0 and hs > 0 and hs % 2 == 0, lambda: f"need q and kv heads and an "
           f"even head_size, got {nq} q, {nkv} kv heads of {hs}")
-    check(x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1,
-          lambda: f"x must be one row [1, K] "
-          f"with a contiguous last dimension, got {tuple(x.shape)} strides {x.stride()}")
-    check_float("x", x)
-    k = x.shape[1]
-    check(k > 0, "x must have K > 0 columns")
-    n = (nq + 2 * nkv) * hs
-    check(w.shape == (n, k) and w.is_contiguous(), lambda: f"w must be a contiguous "
-          f"[{n}, {k}] ((nq + 2 nkv) * head_size rows), got {tuple(w.shape)} strides "
-          f"{w.stride()}")
-    check(w.dtype == x.dtype, lambda: f"w must be {x.dtype} like x, got {w.dtype}")
-    if bias is not None:
-        check(bias.shape == (n,) and bias.is_contiguous() and bias.dtype == x.dtype,
-              lambda: f"bias must be a contiguous [{n}] {x.dtype}, got "
-              f"{tuple(bias.shape)} {bias.dtype}")
+    k, _ = check_one_row_gemv(x, w, bias, n=(nq + 2 * nkv) * hs)  # w rows: q, k, v heads
     check(_check_positions(positions) == 1, "positions must hold one token's position")
     rot = _check_cos_sin_cache(cos_sin_cache, hs)
     check(rot == hs, lambda: f"rotary_dim {rot} must be head_size {hs} (full rotary)")
@@ -158,9 +144,8 @@ def qkv_gemv_rope_cache(
     check_float("kv_cache", kv_cache)
     check(slot_mapping.shape == (1,) and slot_mapping.dtype in (torch.int32, torch.int64),
           "slot_mapping must be a [1] int32/int64 tensor")
-    check_same_device(x=x, w=w, positions=positions, cos_sin_cache=cos_sin_cache,
-                      kv_cache=kv_cache, slot_mapping=slot_mapping,
-                      **({} if bias is None else {"bias": bias}))
+    check_same_device(x=x, positions=positions, cos_sin_cache=cos_sin_cache,
+                      kv_cache=kv_cache, slot_mapping=slot_mapping)
     half = hs // 2
     if config is None:
         bn, bk, warps, stages = gemv_rope_cache_config(k)
