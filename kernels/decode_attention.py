@@ -3,6 +3,11 @@
 Mirrors vllm/v1/attention/ops/triton_decode_attention.py (grouped split-KV decode: a
 program per (request, kv head, split) holds the kv head's `group` query heads in the rows
 of one tile; stage 2 merges the splits, here kernels/paged_attention.py's reduce kernel).
+The split count is fixed by the launch (a CUDA graph keeps it), the context is not: each
+row uses only the splits that hold its tiles (cdiv(tiles, cdiv(tiles, splits))), the rest
+return at once; a row one split holds is written by the decode kernel itself and the
+reduce skips it (it reads the per-row count the decode kernel stores), so batch-1 decode
+at short context pays neither 64 partial states nor their merge.
 Layout and metadata as kernels/paged_attention.py (the engine's, engine/layers/attention.py).
 The step's RoPE and KV-cache write run in an earlier launch (kernels/rotary_cache.py): a
 request admitted this step with a prefix-cache hit may read the block another request's
@@ -34,7 +39,8 @@ from kernels.paged_attention import (
 
 @triton.jit(do_not_specialize=["num_splits"])  # one compile for every split count
 def _paged_attention_decode_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr, gate_ptr,
+    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr, used_ptr,
+    gate_ptr,
     stride_qt: tl.int64, stride_qh, stride_bt: tl.int64, stride_block: tl.int64,
     stride_slot: tl.int64, stride_head, stride_ot: tl.int64, stride_oh, stride_gt: tl.int64,
     stride_gh, num_q_heads, head_size, group, qk_scale, num_splits, window,
@@ -49,17 +55,27 @@ def _paged_attention_decode_kernel(
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + req)
+    n_tiles = tl.cdiv(seq_len, TILE_N)
+    t_first = 0
+    if USE_WINDOW:
+        t_first = tl.maximum(seq_len - window, 0) // TILE_N
+    per_split = tl.cdiv(n_tiles - t_first, num_splits)
+    # the splits that hold tiles (one for an empty row); the rest do nothing, and with one
+    # the kernel writes out itself and the reduce skips the row (short contexts in a graph
+    # captured for many splits)
+    used = tl.cdiv(n_tiles - t_first, tl.maximum(per_split, 1))
+    used = tl.maximum(used, 1)
+    if SPLIT:
+        if split == 0 and kvh == 0:
+            tl.store(used_ptr + req, used)
+        if split >= used:
+            return
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, HEAD_PAD)
     heads = kvh * group + h  # [BLOCK_H]
     qmask = (h < group)[:, None] & (d < head_size)[None, :]
     q = tl.load(q_ptr + req * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=qmask,
                 other=0.0)  # [BLOCK_H, HEAD_PAD]
-    n_tiles = tl.cdiv(seq_len, TILE_N)
-    t_first = 0
-    if USE_WINDOW:
-        t_first = tl.maximum(seq_len - window, 0) // TILE_N
-    per_split = tl.cdiv(n_tiles - t_first, num_splits)
     t_begin = t_first + split * per_split
     t_end = tl.minimum(t_begin + per_split, n_tiles)
     acc = tl.zeros([BLOCK_H, HEAD_PAD], dtype=tl.float32)
@@ -70,7 +86,7 @@ def _paged_attention_decode_kernel(
         tl.zeros([BLOCK_H], dtype=tl.int32) + seq_len - 1, seq_len, t_begin, t_end,
         stride_block, stride_slot, qk_scale, head_size, window,
         BLOCK_SIZE, TILE_N, HEAD_PAD, False, USE_WINDOW, DOT_PREC)
-    if SPLIT:
+    if SPLIT and used > 1:
         # partials: acc [reqs, nq, splits, HEAD_PAD], (m, l) [reqs, nq, splits, 2]
         ph = (req * num_q_heads + heads) * num_splits + split  # [BLOCK_H]
         tl.store(part_acc_ptr + ph[:, None] * HEAD_PAD + d[None, :], acc,
@@ -110,9 +126,10 @@ def paged_attention_decode(
     split = num_splits > 1
     part_acc = torch.empty(n, nq, num_splits, head_pad, dtype=torch.float32, device=q.device)
     part_ml = torch.empty(n, nq, num_splits, 2, dtype=torch.float32, device=q.device)
+    used = torch.empty(n, dtype=torch.int32, device=q.device)  # splits holding tiles, per row
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     _paged_attention_decode_kernel[(n, nkv, num_splits)](
-        q, kv_cache[0], kv_cache[1], block_table, seq_lens, out, part_acc, part_ml, gate,
+        q, kv_cache[0], kv_cache[1], block_table, seq_lens, out, part_acc, part_ml, used, gate,
         q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(1), kv_cache.stride(2),
         kv_cache.stride(3), out.stride(0), out.stride(1), sgt, sgh, nq, hd, group,
         scale * LOG2E, num_splits, sliding_window or 0, BLOCK_SIZE=block_size, TILE_N=tile_n,
@@ -124,7 +141,7 @@ def paged_attention_decode(
         _paged_attention_decode_reduce_kernel[(n, nq)](
             part_acc, part_ml, out, None, gate, out.stride(0), out.stride(1), sgt, sgh, nq, hd,
             num_splits, HEAD_PAD=head_pad, SPLITS_PAD=_splits_pad(num_splits),
-            GATED=output_gate is not None, num_warps=4, **pdl_launch(q),
+            GATED=output_gate is not None, num_warps=4, used_ptr=used, **pdl_launch(q),
         )
     return out
 

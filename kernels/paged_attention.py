@@ -93,7 +93,7 @@ def _store_out(out_ptr, out_off, gate_ptr, gate_off, out, mask, GATED: tl.conste
 def _paged_attention_decode_reduce_kernel(
     part_acc_ptr, part_ml_ptr, out_ptr, rows_end_ptr, gate_ptr, stride_ot: tl.int64, stride_oh,
     stride_gt: tl.int64, stride_gh, num_q_heads, head_size, num_splits, HEAD_PAD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr, used_ptr=None,
 ):
     if USE_PDL:  # the decode or prefill kernel wrote the partials
         pdl_wait()
@@ -103,11 +103,16 @@ def _paged_attention_decode_reduce_kernel(
     if rows_end_ptr is not None:  # prefill: tokens past query_start_loc[-1] stay untouched
         if req >= tl.load(rows_end_ptr):
             return
+    used = num_splits
+    if used_ptr is not None:  # decode: the splits that held tiles; one wrote out itself
+        used = tl.load(used_ptr + req)
+        if used == 1:
+            return
     head = tl.program_id(1)
     sp = tl.arange(0, SPLITS_PAD)
     d = tl.arange(0, HEAD_PAD)
     base = (req * num_q_heads + head) * num_splits + sp  # [SPLITS_PAD]
-    smask = sp < num_splits
+    smask = sp < used
     m = tl.load(part_ml_ptr + base * 2, mask=smask, other=float("-inf"))
     ll = tl.load(part_ml_ptr + base * 2 + 1, mask=smask, other=0.0)
     acc = tl.load(part_acc_ptr + base[:, None] * HEAD_PAD + d[None, :], mask=smask[:, None],

@@ -108,11 +108,11 @@ def test_gemv_kernels_check_their_arguments() -> None:
 
 
 def test_config_defaults() -> None:
-    assert fused_moe_gemv_config(2048, 768, 8) == ((4, 256, 2, 1), (1, 256, 1, 1))
-    assert fused_moe_gemv_config(2048, 512, 8) == ((4, 256, 2, 1), (1, 256, 1, 1))
-    assert fused_moe_gemv_config(4096, 14336, 2) == ((4, 256, 2, 1), (1, 512, 1, 1))
+    assert fused_moe_gemv_config(2048, 768, 8) == ((8, 256, 4, 1), (1, 256, 1, 1))
+    assert fused_moe_gemv_config(2048, 512, 8) == ((8, 256, 4, 1), (1, 256, 1, 1))
+    assert fused_moe_gemv_config(4096, 14336, 2) == ((8, 256, 4, 1), (1, 512, 1, 1))
     assert fused_moe_gemv_config(2048, 768, 1)[1] == (1, 256, 1, 1)
-    assert fused_moe_gemv_config(48, 20, 10) == ((4, 64, 2, 1), (1, 32, 1, 1))
+    assert fused_moe_gemv_config(48, 20, 10) == ((8, 64, 4, 1), (1, 32, 1, 1))
 
 
 @pytest.mark.parametrize("m,e,topk", [(1, 8, 2), (2, 16, 2), (3, 16, 2), (4, 128, 8),

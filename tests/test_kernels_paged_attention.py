@@ -72,6 +72,23 @@ def test_decode_matches_engine(kv_lens, nq, nkv, num_splits, window) -> None:
     _close(out, paged_attention_decode_ref(q, kv, bt, lens, 32**-0.5, window), dtype)
 
 
+@pytest.mark.parametrize("num_splits", [2, 8, 64])
+@pytest.mark.parametrize("window", [None, 20])
+def test_decode_splits_beyond_the_tiles(num_splits, window) -> None:
+    """More splits than a row has tiles (a graph captured for 64 splits replayed at a short
+    context): the splits without tiles do nothing, a row held by one split is written by the
+    decode kernel and skipped by the reduce, the others merge only the splits they used;
+    empty rows give zeros. The partial buffers start uninitialized, so a reduce that read a
+    split no program wrote would not match."""
+    dtype = torch.float32 if not ON_CUDA else torch.bfloat16
+    q, gate, kv, _, lens, bt = _gated_case([(1, 13), (1, 1), (1, 40), (1, 0), (1, 17)], dtype)
+    out = paged_attention_decode(q, kv, bt, lens, 0.2, sliding_window=window,
+                                 num_splits=num_splits, tile_n=16, output_gate=gate)
+    ref = paged_attention_decode_ref(q.contiguous(), kv, bt, lens, 0.2, window)
+    assert torch.isfinite(out).all()
+    _close(out, ref * torch.sigmoid(gate), dtype)
+
+
 def test_decode_equals_prefill_with_one_token_per_request() -> None:
     q, kv, qsl, lens, bt = _case([(1, 21), (1, 3)], 8, 2, 32, 4, torch.float32)
     a = paged_attention_decode(q, kv, bt, lens, 0.2, num_splits=2, tile_n=16)
