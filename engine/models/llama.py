@@ -98,6 +98,12 @@ class LlamaDecoderLayer(nn.Module):
         else:
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
         hidden_states = self.self_attn(positions, hidden_states, md)
+        return self._mlp_block(hidden_states, residual)
+
+    def _mlp_block(self, hidden_states: torch.Tensor, residual: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The post-attention norm (with the residual add) and the MLP -> (mlp output, the
+        new residual); Qwen3-MoE folds the norm into its router (engine/models/qwen3_moe.py)."""
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
 

@@ -2,16 +2,21 @@
 
 Qwen3 attention (q/k norms) with a sparse MoE block in the layers that
 `decoder_sparse_step` / `mlp_only_layers` select, a dense MLP elsewhere. Routing: softmax
-over the router logits, top-k, renormalized when `norm_topk_prob`.
+over the router logits, top-k, renormalized when `norm_topk_prob`. Batch-1 decode on CUDA
+runs a sparse layer's post-attention residual add + RMSNorm and the router GEMV in one
+kernel (kernels/rms_norm_gemv.py; LIBVLLM_DISABLE_NORM_ROUTER_FOLD=1 turns that off).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 
+from engine.layers import linear
 from engine.layers.fused_moe import FusedMoE
 from engine.layers.linear import ReplicatedLinear
 from engine.models.config import ModelArchConfig
@@ -33,6 +38,11 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
         return self.experts(hidden_states, self.gate(hidden_states))
 
 
+@functools.cache
+def _norm_router_fold_enabled() -> bool:
+    return os.environ.get("LIBVLLM_DISABLE_NORM_ROUTER_FOLD") != "1"
+
+
 class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
     def _make_mlp(self, cfg: ModelArchConfig, layer_idx: int) -> nn.Module:
         sparse = (layer_idx not in cfg.mlp_only_layers and cfg.num_experts > 0
@@ -40,6 +50,28 @@ class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
         if sparse:
             return Qwen3MoeSparseMoeBlock(cfg)
         return LlamaMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
+
+    def _mlp_block(self, hidden_states: torch.Tensor, residual: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One bf16/fp16 token on CUDA (batch-1 decode) into a sparse block with a dense
+        router of at most 513 experts (no bias) and hidden <= 8192 takes the residual add,
+        the RMSNorm and the router GEMV in one kernel (kernels/rms_norm_gemv.py) instead of
+        kernels/rms_norm.py and kernels/gemv.py; LIBVLLM_DISABLE_NORM_ROUTER_FOLD=1 turns
+        that off."""
+        # hidden_states, residual: [num_tokens, hidden]
+        moe, norm = self.mlp, self.post_attention_layernorm
+        if (isinstance(moe, Qwen3MoeSparseMoeBlock) and moe.gate.bias is None
+                and moe.gate.gguf_weight is None and moe.gate.weight.shape[0] <= 513
+                and hidden_states.shape[-1] <= 8192
+                and linear._one_row_gemv(hidden_states, moe.gate.weight, None)
+                and _norm_router_fold_enabled()):
+            from kernels.rms_norm_gemv import fused_add_rms_norm_gemv  # lazy: CUDA path only
+
+            out, residual, router_logits = fused_add_rms_norm_gemv(
+                hidden_states, residual, norm.weight, norm.variance_epsilon, moe.gate.weight,
+                norm.weight_offset)  # [1, hidden], [1, hidden], [1, num_experts]
+            return moe.experts(out, router_logits), residual
+        return super()._mlp_block(hidden_states, residual)
 
 
 class Qwen3MoeForCausalLM(LlamaForCausalLM):
