@@ -90,27 +90,33 @@ def _rotary_embedding_and_cache_kernel(
 ):
     if USE_PDL:  # the kernel before wrote this one's inputs
         pdl_wait()
+    # program (token, part): part 0 rotates the token's q heads, part 1 writes its K and V
+    # into the cache; apart, the two dependency chains run side by side
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     dq = tl.arange(0, BLOCK_D)[None, :]
     cos = tl.load(cos_sin_ptr + pos * stride_cos + dq, mask=dq < half, other=0.0)
     sin = tl.load(cos_sin_ptr + pos * stride_cos + half + dq, mask=dq < half, other=0.0)
-    q_row = q_ptr + tok * stride_qt
-    # in place; the tail changes only when normalized
-    _norm_rope_store(q_row, stride_qh, q_row, stride_qh, n_q_heads, head_size, half, cos, sin,
-                     qw_ptr, eps, weight_offset, QK_NORM, QK_NORM, BLOCK_HQ, BLOCK_D, BLOCK_T)
-    slot = tl.load(slot_ptr + tok).to(tl.int64)
-    if slot < 0:
-        return
-    dst = cache_ptr + (slot // block_size) * stride_block + (slot % block_size) * stride_slot
-    _norm_rope_store(k_ptr + tok * stride_kt, stride_kh, dst, stride_head, n_k_heads,
-                     head_size, half, cos, sin, kw_ptr, eps, weight_offset, QK_NORM, True,
-                     BLOCK_HK, BLOCK_D, BLOCK_T)
-    h = tl.arange(0, BLOCK_HK)[:, None]
-    d = tl.arange(0, HEAD_PAD)[None, :]
-    mask = (h < n_k_heads) & (d < head_size)  # v heads [BLOCK_HK, HEAD_PAD]
-    v = tl.load(v_ptr + tok * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
-    tl.store(dst + stride_kv + h * stride_head + d, v.to(cache_ptr.dtype.element_ty), mask=mask)
+    if tl.program_id(1) == 0:
+        q_row = q_ptr + tok * stride_qt
+        # in place; the tail changes only when normalized
+        _norm_rope_store(q_row, stride_qh, q_row, stride_qh, n_q_heads, head_size, half, cos,
+                         sin, qw_ptr, eps, weight_offset, QK_NORM, QK_NORM, BLOCK_HQ, BLOCK_D,
+                         BLOCK_T)
+    else:
+        slot = tl.load(slot_ptr + tok).to(tl.int64)
+        if slot >= 0:
+            dst = (cache_ptr + (slot // block_size) * stride_block
+                   + (slot % block_size) * stride_slot)
+            _norm_rope_store(k_ptr + tok * stride_kt, stride_kh, dst, stride_head, n_k_heads,
+                             head_size, half, cos, sin, kw_ptr, eps, weight_offset, QK_NORM,
+                             True, BLOCK_HK, BLOCK_D, BLOCK_T)
+            h = tl.arange(0, BLOCK_HK)[:, None]
+            d = tl.arange(0, HEAD_PAD)[None, :]
+            mask = (h < n_k_heads) & (d < head_size)  # v heads [BLOCK_HK, HEAD_PAD]
+            v = tl.load(v_ptr + tok * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
+            tl.store(dst + stride_kv + h * stride_head + d, v.to(cache_ptr.dtype.element_ty),
+                     mask=mask)
 
 
 def _check_qk_norm(q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
@@ -162,7 +168,7 @@ def rotary_embedding_and_cache(
     # MoE) take ~120 registers a thread and 64 do not spill (ptxas, sm_90, Triton 3.6)
     block_hq, head_pad = next_pow2(nq), next_pow2(head_size)
     num_warps = min(16, max(4, block_hq * head_pad // 512)) if norm else 4
-    _rotary_embedding_and_cache_kernel[(n,)](
+    _rotary_embedding_and_cache_kernel[(n, 2)](
         positions, slot_mapping, query, key, value, cos_sin_cache, kv_cache,
         q_weight if norm else query, k_weight if norm else key,
         sqt, sqh, skt, skh, svt, svh, kv_cache.stride(0), kv_cache.stride(1),

@@ -53,6 +53,29 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float | Non
                                else atol, rtol=RTOL[expected.dtype] if rtol is None else rtol)
 
 
+def one_row_gemv_on_cpu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> bool:
+    """engine/layers/linear.py _one_row_gemv without its CUDA and dtype conditions: the layer
+    tests of the batch-1 decode folds patch it in to run them under the interpreter."""
+    return (x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1 and w.dtype == x.dtype
+            and w.is_contiguous())
+
+
+def decode_metadata(positions: list[int], block_size: int):
+    """AttentionMetadata of one request decoding len(positions) tokens at the end of its
+    context; block table [1, 3]: position p goes to slot (1 or 3) * block_size + p %
+    block_size."""
+    from engine.layers.attention import AttentionMetadata
+
+    n, seq_len = len(positions), positions[-1] + 1
+    bt = torch.tensor([[1, 3]], dtype=torch.int32, device=DEVICE)
+    slots = torch.tensor([int(bt[0, p // block_size]) * block_size + p % block_size
+                          for p in positions], device=DEVICE)
+    return AttentionMetadata(n, slots, [0, n], [seq_len], bt,
+                             torch.tensor([0, n], dtype=torch.int32, device=DEVICE),
+                             torch.tensor([seq_len], dtype=torch.int32, device=DEVICE),
+                             n, seq_len)
+
+
 def test_check_raises_invalid_argument() -> None:
     check(True, "unused")
     with pytest.raises(InvalidArgumentError, match="bad shape"):

@@ -17,14 +17,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels_common import DEVICE, ON_CUDA, assert_close
+from test_kernels_common import (
+    DEVICE,
+    ON_CUDA,
+    assert_close,
+    decode_metadata,
+    one_row_gemv_on_cpu,
+)
 
 import engine.layers.attention as attention
 import engine.layers.linear as linear
 import engine.models.qwen3_moe as qwen3_moe
 import kernels.gemv
 import kernels.rms_norm_gemv
-from engine.layers.attention import AttentionMetadata
 from engine.layers.layernorm import RMSNorm
 from engine.models.config import ModelArchConfig
 from engine.models.qwen3_moe import Qwen3MoeForCausalLM
@@ -63,9 +68,7 @@ def _kernel_path(monkeypatch, fold: bool) -> None:
     monkeypatch.setattr(attention, "use_kernels", lambda q: True)
     monkeypatch.setattr(RMSNorm, "forward", lambda self, x, residual=None:
                         self._forward_cuda(x, residual))
-    monkeypatch.setattr(linear, "_one_row_gemv", lambda x, w, b: (
-        x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1 and w.dtype == x.dtype
-        and w.is_contiguous()))
+    monkeypatch.setattr(linear, "_one_row_gemv", one_row_gemv_on_cpu)
     if fold:
         monkeypatch.delenv("LIBVLLM_DISABLE_NORM_ROUTER_FOLD", raising=False)
     else:
@@ -78,18 +81,6 @@ def _fold_flag_fresh():
     qwen3_moe._norm_router_fold_enabled.cache_clear()
     yield
     qwen3_moe._norm_router_fold_enabled.cache_clear()
-
-
-def _md(positions: list[int]) -> AttentionMetadata:
-    """One request decoding len(positions) tokens at the end of its context; block table
-    [1, 3]: position p goes to slot (1 or 3) * BS + p % BS."""
-    n, seq_len = len(positions), positions[-1] + 1
-    bt = torch.tensor([[1, 3]], dtype=torch.int32, device=DEVICE)
-    slots = torch.tensor([int(bt[0, p // BS]) * BS + p % BS for p in positions], device=DEVICE)
-    return AttentionMetadata(n, slots, [0, n], [seq_len], bt,
-                             torch.tensor([0, n], dtype=torch.int32, device=DEVICE),
-                             torch.tensor([seq_len], dtype=torch.int32, device=DEVICE),
-                             n, seq_len)
 
 
 def _tiny() -> Qwen3MoeForCausalLM:
@@ -113,7 +104,7 @@ def _decode_step(model, positions: list[int]) -> torch.Tensor:
         layer.self_attn.attn.kv_cache = torch.randn(2, 4, BS, NKV, HD, device=DEVICE)
     ids = torch.tensor([7, 9][:len(positions)], device=DEVICE)
     with torch.inference_mode():
-        hidden = model(ids, torch.tensor(positions, device=DEVICE), _md(positions))
+        hidden = model(ids, torch.tensor(positions, device=DEVICE), decode_metadata(positions, BS))
         return model.compute_logits(hidden)
 
 

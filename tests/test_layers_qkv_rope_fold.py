@@ -16,13 +16,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels_common import DEVICE, ON_CUDA, assert_close
+from test_kernels_common import (
+    DEVICE,
+    ON_CUDA,
+    assert_close,
+    decode_metadata,
+    one_row_gemv_on_cpu,
+)
 
 import engine.layers.attention as attention
 import engine.layers.linear as linear
 import kernels.gemv_rope_cache
 import kernels.rotary_cache
-from engine.layers.attention import Attention, AttentionMetadata
+from engine.layers.attention import Attention
 from engine.layers.layernorm import RMSNorm
 from engine.layers.linear import QKVParallelLinear
 from engine.layers.rotary_embedding import RotaryEmbedding
@@ -65,9 +71,7 @@ def calls(monkeypatch) -> dict[str, list]:
 def _kernel_path(monkeypatch, fold: bool) -> None:
     """The attention's kernel path and the one-row GEMV on CPU; the fold on or off."""
     monkeypatch.setattr(attention, "use_kernels", lambda q: True)
-    monkeypatch.setattr(linear, "_one_row_gemv", lambda x, w, b: (
-        x.dim() == 2 and x.shape[0] == 1 and x.stride(1) == 1 and w.dtype == x.dtype
-        and w.is_contiguous()))
+    monkeypatch.setattr(linear, "_one_row_gemv", one_row_gemv_on_cpu)
     if fold:
         monkeypatch.delenv("LIBVLLM_DISABLE_QKV_ROPE_FOLD", raising=False)
     else:
@@ -80,18 +84,6 @@ def _fold_flag_fresh():
     attention._qkv_rope_fold_enabled.cache_clear()
     yield
     attention._qkv_rope_fold_enabled.cache_clear()
-
-
-def _md(positions: list[int]) -> AttentionMetadata:
-    """One request decoding len(positions) tokens at the end of its context; block table
-    [1, 3]: position p goes to slot (1 or 3) * BS + p % BS."""
-    n, seq_len = len(positions), positions[-1] + 1
-    bt = torch.tensor([[1, 3]], dtype=torch.int32, device=DEVICE)
-    slots = torch.tensor([int(bt[0, p // BS]) * BS + p % BS for p in positions], device=DEVICE)
-    return AttentionMetadata(n, slots, [0, n], [seq_len], bt,
-                             torch.tensor([0, n], dtype=torch.int32, device=DEVICE),
-                             torch.tensor([seq_len], dtype=torch.int32, device=DEVICE),
-                             n, seq_len)
 
 
 def _tiny(name: str) -> torch.nn.Module:
@@ -113,7 +105,7 @@ def _decode_step(model, caches: list[torch.Tensor]) -> torch.Tensor:
         layer.self_attn.attn.kv_cache = cache
     with torch.inference_mode():
         hidden = model(torch.tensor([7], device=DEVICE), torch.tensor([5], device=DEVICE),
-                       _md([5]))
+                       decode_metadata([5], BS))
         return model.compute_logits(hidden)
 
 
@@ -172,7 +164,7 @@ def test_forward_qkv_folds_one_token_only(dtype, bias, monkeypatch, calls) -> No
     attn, qkv, rope = _layer(dtype, bias=bias)
     for positions in ([5], [4, 5]):
         x = torch.randn(len(positions), 64, device=DEVICE).to(dtype)
-        md = _md(positions)
+        md = decode_metadata(positions, BS)
         folded = _forward_qkv(attn, qkv, rope, x, positions, md, monkeypatch=monkeypatch)
         unfused = _forward_qkv(attn, qkv, rope, x, positions, md, fold=False,
                                monkeypatch=monkeypatch)
@@ -185,7 +177,7 @@ def test_forward_qkv_folds_one_token_only(dtype, bias, monkeypatch, calls) -> No
 def test_forward_qkv_falls_back(monkeypatch, calls) -> None:
     """q/k norms, partial rotary, a profile run and a GGUF weight take the unfused path."""
     attn, qkv, rope = _layer()
-    x, md = torch.randn(1, 64, device=DEVICE), _md([5])
+    x, md = torch.randn(1, 64, device=DEVICE), decode_metadata([5], BS)
     norms = (RMSNorm(HD, 1e-6).to(DEVICE), RMSNorm(HD, 1e-6).to(DEVICE))
     _forward_qkv(attn, qkv, rope, x, [5], md, norms, monkeypatch=monkeypatch)
     _, _, partial = _layer(rotary_dim=HD // 2)
