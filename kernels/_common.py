@@ -79,9 +79,11 @@ def pdl_launch(t: torch.Tensor) -> dict:
 @triton.jit
 def pdl_wait():
     """Wait for the kernel before (all of it, its writes visible), then let the next launch.
-    Every kernel here calls this first, so a kernel only starts once the one before it has
-    passed its own wait: loads placed BEFORE this call (kernels/fused_moe_gemv.py's routed
-    w2 reads the router logits early) may rely on data written two or more launches back,
-    never on the launch just before. Triggering dependents earlier would break that."""
+    Every kernel calls this before it reads any activation and before it lets the next
+    kernel launch, so a kernel only starts once the one before it has passed its own wait:
+    loads placed BEFORE this call may rely on data written two or more launches back, never
+    on the launch just before (kernels/fused_moe_gemv.py's routed w2 reads the router logits
+    early), or on weights, never written during a step (kernels/rms_norm_gemv.py loads its
+    router rows early). Triggering dependents earlier would break that."""
     tl.extra.cuda.gdc_wait()
     tl.extra.cuda.gdc_launch_dependents()

@@ -6,8 +6,8 @@ of one tile; stage 2 merges the splits, here kernels/paged_attention.py's reduce
 The split count is fixed by the launch (a CUDA graph keeps it), the context is not: each
 row uses only the splits that hold its tiles (cdiv(tiles, cdiv(tiles, splits))), the rest
 return at once; a row one split holds is written by the decode kernel itself and the
-reduce skips it (it reads the per-row count the decode kernel stores), so batch-1 decode
-at short context pays neither 64 partial states nor their merge.
+reduce's programs return at once for it (they read the per-row count the decode kernel
+stores), so batch-1 decode at short context writes and merges no partial states.
 Layout and metadata as kernels/paged_attention.py (the engine's, engine/layers/attention.py).
 The step's RoPE and KV-cache write run in an earlier launch (kernels/rotary_cache.py): a
 request admitted this step with a prefix-cache hit may read the block another request's
@@ -124,9 +124,12 @@ def paged_attention_decode(
     head_pad = max(16, next_pow2(hd))
     tile_n = _tile_n(tile_n, head_pad)
     split = num_splits > 1
-    part_acc = torch.empty(n, nq, num_splits, head_pad, dtype=torch.float32, device=q.device)
-    part_ml = torch.empty(n, nq, num_splits, 2, dtype=torch.float32, device=q.device)
-    used = torch.empty(n, dtype=torch.int32, device=q.device)  # splits holding tiles, per row
+    part_acc = part_ml = used = out  # unused by one split: no allocation on the eager path
+    if split:  # per call, so graph capture takes them from the graph pool
+        part_acc = torch.empty(n, nq, num_splits, head_pad, dtype=torch.float32,
+                               device=q.device)
+        part_ml = torch.empty(n, nq, num_splits, 2, dtype=torch.float32, device=q.device)
+        used = torch.empty(n, dtype=torch.int32, device=q.device)  # splits holding tiles
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     _paged_attention_decode_kernel[(n, nkv, num_splits)](
         q, kv_cache[0], kv_cache[1], block_table, seq_lens, out, part_acc, part_ml, used, gate,

@@ -3,12 +3,12 @@ with Qwen3's per-head q/k RMSNorm folded in, one instead of four.
 
 Mirrors vLLM's fused RoPE + KV-cache update (vllm/compilation/passes/fusion
 fuse_qk_norm_rope_kvcache's rope-and-cache part; the unfused pair is
-ops.rotary_embedding + triton_reshape_and_cache_flash). One program per token: q's heads
-are rotated in place (NeoX rotate-half over the first rotary_dim features), k's heads are
-rotated in registers and written with v straight into the paged cache at the token's slot
-(slot < 0, vLLM's PAD_SLOT_ID, is not written). `key` itself is left unrotated: attention
-reads keys from the cache only. Arithmetic as kernels/rotary.py: fp32 products of the fp32
-cos/sin table, one rounding to the cache dtype.
+ops.rotary_embedding + triton_reshape_and_cache_flash). Two programs per token, side by
+side: one rotates q's heads in place (NeoX rotate-half over the first rotary_dim features),
+the other rotates k's heads in registers and writes them with v straight into the paged
+cache at the token's slot (slot < 0, vLLM's PAD_SLOT_ID, is not written). `key` itself is
+left unrotated: attention reads keys from the cache only. Arithmetic as kernels/rotary.py:
+fp32 products of the fp32 cos/sin table, one rounding to the cache dtype.
 
 QK_NORM (q_weight / k_weight given) is vLLM 0.33's csrc/fused_qknorm_rope_cache_kernel.cu
 (qknorm_rope_cache_kernel, with norm_weight_bias for the Gemma / Qwen3-Next 1 + w form) and
@@ -165,7 +165,8 @@ def rotary_embedding_and_cache(
     if n == 0:
         return
     # the normalized q heads stay in registers: more warps, so that 32 heads of 128 (Qwen3
-    # MoE) take ~120 registers a thread and 64 do not spill (ptxas, sm_90, Triton 3.6)
+    # MoE) take ~120 registers a thread and 64 do not spill (ptxas, sm_90, Triton 3.6); the
+    # K/V program of a token gets the same count (one launch, one num_warps)
     block_hq, head_pad = next_pow2(nq), next_pow2(head_size)
     num_warps = min(16, max(4, block_hq * head_pad // 512)) if norm else 4
     _rotary_embedding_and_cache_kernel[(n, 2)](

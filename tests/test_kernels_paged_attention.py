@@ -16,6 +16,7 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, ON_CUDA, gpu
 
+import kernels.decode_attention as da
 import kernels.paged_attention as pa
 from engine.errors import InvalidArgumentError
 from kernels.decode_attention import paged_attention_decode, paged_attention_decode_ref
@@ -72,14 +73,27 @@ def test_decode_matches_engine(kv_lens, nq, nkv, num_splits, window) -> None:
     _close(out, paged_attention_decode_ref(q, kv, bt, lens, 32**-0.5, window), dtype)
 
 
+class _NanEmptyTorch:
+    """torch for kernels/decode_attention.py, whose torch.empty float buffers start as NaN."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*shape, **kw):
+        t = torch.empty(*shape, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-7)
+
+
 @pytest.mark.parametrize("num_splits", [2, 8, 64])
 @pytest.mark.parametrize("window", [None, 20])
-def test_decode_splits_beyond_the_tiles(num_splits, window) -> None:
+def test_decode_splits_beyond_the_tiles(num_splits, window, monkeypatch) -> None:
     """More splits than a row has tiles (a graph captured for 64 splits replayed at a short
     context): the splits without tiles do nothing, a row held by one split is written by the
     decode kernel and skipped by the reduce, the others merge only the splits they used;
-    empty rows give zeros. The partial buffers start uninitialized, so a reduce that read a
-    split no program wrote would not match."""
+    empty rows give zeros. The launcher's float buffers start as NaN, so a reduce that read
+    a split no program wrote would not match."""
+    monkeypatch.setattr(da, "torch", _NanEmptyTorch())
     dtype = torch.float32 if not ON_CUDA else torch.bfloat16
     q, gate, kv, _, lens, bt = _gated_case([(1, 13), (1, 1), (1, 40), (1, 0), (1, 17)], dtype)
     out = paged_attention_decode(q, kv, bt, lens, 0.2, sliding_window=window,

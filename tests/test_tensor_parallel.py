@@ -38,10 +38,10 @@ MAX_TOKENS = 12
 
 
 def _engine(path: str, tp: int, mp: bool = False, **kw) -> LLMEngine:
-    return LLMEngine.from_config(EngineConfig(
-        path, device="cpu", dtype="float32", max_model_len=128, max_num_seqs=4,
-        skip_tokenizer_init=True, multiprocessing=mp, tensor_parallel_size=tp,
-        n_threads=1, **kw))
+    return LLMEngine.from_config(EngineConfig(path, **{
+        "device": "cpu", "dtype": "float32", "max_model_len": 128, "max_num_seqs": 4,
+        "skip_tokenizer_init": True, "multiprocessing": mp, "tensor_parallel_size": tp,
+        "n_threads": 1, **kw}))
 
 
 def _generate(path: str, tp: int, prompts: list[list[int]], temperature: float = 0.0,
@@ -151,13 +151,15 @@ def test_worker_that_cannot_start_fails_engine_creation(tmp_path, monkeypatch):
 
 
 def test_killed_worker_ends_every_stream(tmp_path):
-    make_hf_model("qwen3").save_pretrained(tmp_path)
-    engine = _engine(str(tmp_path), 2, mp=True)
+    # 4,000 tokens a stream: generation must outlast the kill (with 100, a loaded CI machine
+    # delivered the first output after the engine had finished every stream)
+    make_hf_model("qwen3", max_position_embeddings=4096).save_pretrained(tmp_path)
+    engine = _engine(str(tmp_path), 2, mp=True, max_model_len=4096)
     loop = AsyncLLM(engine)
     try:
         worker_pid = _tp_worker_pid(engine.engine_core.core.proc.pid)
         streams = [loop.add_request(f"s{i}", list(range(1, 9)),
-                                    SamplingParams(max_tokens=100, ignore_eos=True))
+                                    SamplingParams(max_tokens=4000, ignore_eos=True))
                    for i in range(3)]
         assert streams[0].get(60) is not None  # generation is under way
         os.kill(worker_pid, signal.SIGKILL)
