@@ -19,6 +19,32 @@ from kernels._common import check, check_float, check_same_device, next_pow2, pd
 
 
 @triton.jit
+def rms_norm_row(x, w, hidden, eps):
+    """x [BLOCK] (padding 0), w [BLOCK] fp32 (weight + weight_offset) -> x normalized in
+    fp32 times w (not rounded). Shared with kernels/rms_norm_gemv.py, whose norm must equal
+    this kernel's bit for bit: launch both with norm_warps' count."""
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, axis=0) / hidden
+    return xf * tl.math.rsqrt(var + eps) * w
+
+
+def norm_warps(block: int) -> int:
+    """Warps of a one-row norm of `block` lanes (the sum's order follows them)."""
+    return min(16, max(1, block // 512))
+
+
+def check_norm_weight(weight: torch.Tensor, hidden: int, weight_offset: float,
+                      x: torch.Tensor, name: str = "weight") -> None:
+    """weight (called `name` in the errors): a contiguous float [hidden] beside x;
+    weight_offset 0 or 1."""
+    check(weight.shape == (hidden,) and weight.is_contiguous(),
+          lambda: f"{name} must be [{hidden}], got {tuple(weight.shape)}")
+    check_float(name, weight)
+    check_same_device(x=x, **{name: weight})
+    check(weight_offset in (0.0, 1.0), lambda: f"weight_offset must be 0 or 1, got {weight_offset}")
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, hidden, stride_x, stride_res, stride_out, eps, weight_offset,
     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
@@ -34,10 +60,8 @@ def _rms_norm_kernel(
         r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded like torch's x + r
         tl.store(res_ptr + row * stride_res + cols, x, mask=mask)
-    xf = x.to(tl.float32)
-    var = tl.sum(xf * xf, axis=0) / hidden
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + weight_offset
-    y = xf * tl.math.rsqrt(var + eps) * w
+    y = rms_norm_row(x, w, hidden, eps)
     tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -47,11 +71,7 @@ def _launch(x, residual, weight, out, eps, weight_offset):
           lambda: f"x must be [num_tokens, hidden] with a contiguous "
           f"last dimension, got {tuple(x.shape)} strides {x.stride()}")
     n, h = x.shape
-    check(weight.shape == (h,) and weight.is_contiguous(), lambda: f"weight must be [{h}], got "
-          f"{tuple(weight.shape)}")
-    check_float("weight", weight)
-    check_same_device(x=x, weight=weight)
-    check(weight_offset in (0.0, 1.0), lambda: f"weight_offset must be 0 or 1, got {weight_offset}")
+    check_norm_weight(weight, h, weight_offset, x)
     if residual is not None:
         check(residual.shape == x.shape and residual.dtype == x.dtype
               and residual.stride(1) == 1, "residual must match x's shape and dtype")
@@ -65,7 +85,7 @@ def _launch(x, residual, weight, out, eps, weight_offset):
         residual.stride(0) if residual is not None else 0, out.stride(0), float(eps),
         float(weight_offset),
         HAS_RESIDUAL=residual is not None, BLOCK=block,
-        num_warps=min(16, max(1, block // 512)),
+        num_warps=norm_warps(block),
         **pdl_launch(x),
     )
 

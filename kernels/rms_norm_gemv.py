@@ -9,7 +9,7 @@ then the router's ReplicatedLinear (vllm/model_executor/models/qwen3_moe.py self
 vLLM has no such fusion.
 
 Every program holds the whole row (BLOCK = next_pow2(hidden), no K loop): it computes the
-sum and norm with kernels/rms_norm.py's operations in the same order and warps (the
+sum and norm with kernels/rms_norm.py's rms_norm_row at its norm_warps (the
 residual sum rounded to the dtype, statistics in fp32, one rounding), program 0 stores
 them, and each program takes BN router rows (gemv_config's small-N rule) against the
 rounded norm output in fp32, rounded once. Out of place: every program reads x and
@@ -23,17 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import (
-    cdiv,
-    check,
-    check_float,
-    check_same_device,
-    next_pow2,
-    pdl_launch,
-    pdl_wait,
-)
-from kernels.gemv import check_one_row_gemv, dense_gemv_ref
-from kernels.rms_norm import rms_norm_ref
+from kernels._common import cdiv, check, check_same_device, next_pow2, pdl_launch, pdl_wait
+from kernels.gemv import check_one_row_gemv, dense_gemv_ref, gemv_config
+from kernels.rms_norm import check_norm_weight, norm_warps, rms_norm_ref, rms_norm_row
 
 MAX_N, MAX_HIDDEN = 513, 8192  # E + 1 router rows; one row held in registers
 
@@ -56,9 +48,7 @@ def _fused_add_rms_norm_gemv_kernel(
     x = tl.load(x_ptr + cols, mask=mask, other=0.0)
     r = tl.load(res_ptr + cols, mask=mask, other=0.0)
     x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded like torch's x + r
-    xf = x.to(tl.float32)
-    var = tl.sum(xf * xf, axis=0) / hidden
-    out = (xf * tl.math.rsqrt(var + eps) * nw).to(x.dtype)  # [BLOCK]
+    out = rms_norm_row(x, nw, hidden, eps).to(x.dtype)  # [BLOCK]
     if tl.program_id(0) == 0:
         tl.store(res_out_ptr + cols, x, mask=mask)
         tl.store(out_ptr + cols, out, mask=mask)
@@ -77,24 +67,19 @@ def fused_add_rms_norm_gemv(
     h, n = check_one_row_gemv(x, w, None)
     check(residual.shape == x.shape and residual.dtype == x.dtype
           and residual.stride(1) == 1, "residual must match x's shape and dtype")
-    check(norm_weight.shape == (h,) and norm_weight.is_contiguous(),
-          lambda: f"norm_weight must be [{h}], got {tuple(norm_weight.shape)}")
-    check_float("norm_weight", norm_weight)
-    check_same_device(x=x, residual=residual, norm_weight=norm_weight)
-    check(weight_offset in (0.0, 1.0), lambda: f"weight_offset must be 0 or 1, got "
-          f"{weight_offset}")
+    check_same_device(x=x, residual=residual)
+    check_norm_weight(norm_weight, h, weight_offset, x, "norm_weight")
     check(1 <= n <= MAX_N, lambda: f"w must have 1..{MAX_N} rows, got {n}")
     check(h <= MAX_HIDDEN, lambda: f"hidden size {h} is larger than this kernel's "
           f"{MAX_HIDDEN} limit")
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     residual_out = torch.empty_like(out)
     y = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    bn = 1 if n <= 129 else 2 if n <= 257 else 4  # kernels/gemv.py gemv_config's small N
+    bn = gemv_config(n, h)[0]  # the router GEMV's rows a program (its small-N rule)
     block = next_pow2(h)
     _fused_add_rms_norm_gemv_kernel[(cdiv(n, bn),)](
         x, residual, norm_weight, w, out, residual_out, y, n, h, float(eps),
-        float(weight_offset), BN=bn, BLOCK=block,
-        num_warps=min(16, max(1, block // 512)),  # kernels/rms_norm.py's: the same norm
+        float(weight_offset), BN=bn, BLOCK=block, num_warps=norm_warps(block),
         **pdl_launch(x),
     )
     return out, residual_out, y

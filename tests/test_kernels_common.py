@@ -76,6 +76,38 @@ def decode_metadata(positions: list[int], block_size: int):
                              n, seq_len)
 
 
+def spy_calls(monkeypatch, module, name: str, record) -> None:
+    """Replace module.name by a wrapper that calls record(*args, **kw), then the original."""
+    fn = getattr(module, name)
+
+    def wrapper(*args, **kw):
+        record(*args, **kw)
+        return fn(*args, **kw)
+
+    monkeypatch.setattr(module, name, wrapper)
+
+
+def fold_switch(monkeypatch, env: str, enabled, on: bool) -> None:
+    """A batch-1 fold on (env unset) or off (env=1); `enabled` is its functools.cache'd
+    reader, cleared so the next call reads the new value."""
+    if on:
+        monkeypatch.delenv(env, raising=False)
+    else:
+        monkeypatch.setenv(env, "1")
+    enabled.cache_clear()
+
+
+def tiny_model(cls, cfg) -> torch.nn.Module:
+    """cls(cfg) on DEVICE in eval mode, seeded: matrices N(0, 0.2), vectors (norm weights,
+    biases) U(0.5, 1.5)."""
+    torch.manual_seed(0)
+    model = cls(cfg).to(DEVICE)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    return model.eval()
+
+
 def test_check_raises_invalid_argument() -> None:
     check(True, "unused")
     with pytest.raises(InvalidArgumentError, match="bad shape"):

@@ -22,7 +22,10 @@ from test_kernels_common import (
     ON_CUDA,
     assert_close,
     decode_metadata,
+    fold_switch,
     one_row_gemv_on_cpu,
+    spy_calls,
+    tiny_model,
 )
 
 import engine.layers.attention as attention
@@ -44,19 +47,10 @@ SPARSE = [0, 2]  # layer 1 is in mlp_only_layers
 def calls(monkeypatch) -> dict[str, list]:
     """x shapes of each fused-kernel call ("fold") and of each router GEMV ("router")."""
     seen: dict[str, list] = {"fold": [], "router": []}
-    fold, gemv = kernels.rms_norm_gemv.fused_add_rms_norm_gemv, kernels.gemv.dense_gemv
-
-    def fold_spy(x, *args, **kw):
-        seen["fold"].append(tuple(x.shape))
-        return fold(x, *args, **kw)
-
-    def gemv_spy(x, w, *args, **kw):
-        if w.shape == (E, 64):
-            seen["router"].append(tuple(x.shape))
-        return gemv(x, w, *args, **kw)
-
-    monkeypatch.setattr(kernels.rms_norm_gemv, "fused_add_rms_norm_gemv", fold_spy)
-    monkeypatch.setattr(kernels.gemv, "dense_gemv", gemv_spy)
+    spy_calls(monkeypatch, kernels.rms_norm_gemv, "fused_add_rms_norm_gemv",
+              lambda x, *a, **kw: seen["fold"].append(tuple(x.shape)))
+    spy_calls(monkeypatch, kernels.gemv, "dense_gemv", lambda x, w, *a, **kw: (
+        seen["router"].append(tuple(x.shape)) if w.shape == (E, 64) else None))
     return seen
 
 
@@ -69,11 +63,8 @@ def _kernel_path(monkeypatch, fold: bool) -> None:
     monkeypatch.setattr(RMSNorm, "forward", lambda self, x, residual=None:
                         self._forward_cuda(x, residual))
     monkeypatch.setattr(linear, "_one_row_gemv", one_row_gemv_on_cpu)
-    if fold:
-        monkeypatch.delenv("LIBVLLM_DISABLE_NORM_ROUTER_FOLD", raising=False)
-    else:
-        monkeypatch.setenv("LIBVLLM_DISABLE_NORM_ROUTER_FOLD", "1")
-    qwen3_moe._norm_router_fold_enabled.cache_clear()
+    fold_switch(monkeypatch, "LIBVLLM_DISABLE_NORM_ROUTER_FOLD",
+                qwen3_moe._norm_router_fold_enabled, fold)
 
 
 @pytest.fixture(autouse=True)
@@ -88,12 +79,7 @@ def _tiny() -> Qwen3MoeForCausalLM:
                           architectures=("Qwen3MoeForCausalLM",), num_experts=E,
                           num_experts_per_tok=2, moe_intermediate_size=32,
                           mlp_only_layers=(1,))
-    torch.manual_seed(0)
-    model = Qwen3MoeForCausalLM(cfg).to(DEVICE)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2) if p.dim() > 1 else p.uniform_(0.5, 1.5)
-    return model.eval()
+    return tiny_model(Qwen3MoeForCausalLM, cfg)
 
 
 def _decode_step(model, positions: list[int]) -> torch.Tensor:

@@ -21,7 +21,10 @@ from test_kernels_common import (
     ON_CUDA,
     assert_close,
     decode_metadata,
+    fold_switch,
     one_row_gemv_on_cpu,
+    spy_calls,
+    tiny_model,
 )
 
 import engine.layers.attention as attention
@@ -52,19 +55,10 @@ BS, NQ, NKV, HD = 4, 4, 2, 16  # KV block size; the tiny models' heads
 def calls(monkeypatch) -> dict[str, list]:
     """x shapes of each fused-kernel call ("fold") and each rotary_cache call ("rope")."""
     seen: dict[str, list] = {"fold": [], "rope": []}
-    fold, rope = kernels.gemv_rope_cache.qkv_gemv_rope_cache, \
-        kernels.rotary_cache.rotary_embedding_and_cache
-
-    def fold_spy(x, *args, **kw):
-        seen["fold"].append(tuple(x.shape))
-        return fold(x, *args, **kw)
-
-    def rope_spy(positions, q, *args, **kw):
-        seen["rope"].append(tuple(q.shape))
-        return rope(positions, q, *args, **kw)
-
-    monkeypatch.setattr(kernels.gemv_rope_cache, "qkv_gemv_rope_cache", fold_spy)
-    monkeypatch.setattr(kernels.rotary_cache, "rotary_embedding_and_cache", rope_spy)
+    spy_calls(monkeypatch, kernels.gemv_rope_cache, "qkv_gemv_rope_cache",
+              lambda x, *a, **kw: seen["fold"].append(tuple(x.shape)))
+    spy_calls(monkeypatch, kernels.rotary_cache, "rotary_embedding_and_cache",
+              lambda positions, q, *a, **kw: seen["rope"].append(tuple(q.shape)))
     return seen
 
 
@@ -72,11 +66,8 @@ def _kernel_path(monkeypatch, fold: bool) -> None:
     """The attention's kernel path and the one-row GEMV on CPU; the fold on or off."""
     monkeypatch.setattr(attention, "use_kernels", lambda q: True)
     monkeypatch.setattr(linear, "_one_row_gemv", one_row_gemv_on_cpu)
-    if fold:
-        monkeypatch.delenv("LIBVLLM_DISABLE_QKV_ROPE_FOLD", raising=False)
-    else:
-        monkeypatch.setenv("LIBVLLM_DISABLE_QKV_ROPE_FOLD", "1")
-    attention._qkv_rope_fold_enabled.cache_clear()
+    fold_switch(monkeypatch, "LIBVLLM_DISABLE_QKV_ROPE_FOLD", attention._qkv_rope_fold_enabled,
+                fold)
 
 
 @pytest.fixture(autouse=True)
@@ -91,12 +82,7 @@ def _tiny(name: str) -> torch.nn.Module:
                           architectures=(MODELS[name].__name__,),
                           attention_bias=name == "qwen2", num_experts=4 * (name == "mixtral"),
                           num_experts_per_tok=2)
-    torch.manual_seed(0)
-    model = MODELS[name](cfg).to(DEVICE)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2) if p.dim() > 1 else p.uniform_(0.5, 1.5)
-    return model.eval()
+    return tiny_model(MODELS[name], cfg)
 
 
 def _decode_step(model, caches: list[torch.Tensor]) -> torch.Tensor:

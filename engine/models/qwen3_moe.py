@@ -61,13 +61,15 @@ class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
         # hidden_states, residual: [num_tokens, hidden]
         moe, norm = self.mlp, self.post_attention_layernorm
         if (isinstance(moe, Qwen3MoeSparseMoeBlock) and moe.gate.bias is None
-                and moe.gate.gguf_weight is None and moe.gate.weight.shape[0] <= 513
-                and hidden_states.shape[-1] <= 8192
+                and moe.gate.gguf_weight is None
                 and linear._one_row_gemv(hidden_states, moe.gate.weight, None)
                 and _norm_router_fold_enabled()):
-            from kernels.rms_norm_gemv import fused_add_rms_norm_gemv  # lazy: CUDA path only
+            from kernels import rms_norm_gemv  # lazy: CUDA path only
 
-            out, residual, router_logits = fused_add_rms_norm_gemv(
+            if (moe.gate.weight.shape[0] > rms_norm_gemv.MAX_N
+                    or hidden_states.shape[-1] > rms_norm_gemv.MAX_HIDDEN):
+                return super()._mlp_block(hidden_states, residual)
+            out, residual, router_logits = rms_norm_gemv.fused_add_rms_norm_gemv(
                 hidden_states, residual, norm.weight, norm.variance_epsilon, moe.gate.weight,
                 norm.weight_offset)  # [1, hidden], [1, hidden], [1, num_experts]
             return moe.experts(out, router_logits), residual
