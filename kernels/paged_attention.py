@@ -39,6 +39,38 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _tile_rows(bt_ptr, kv_off, t, seq_len, stride_block, stride_slot,
+               BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):
+    """KV tile t of a request: key positions kpos [TILE_N], kmask (kpos < seq_len) and
+    the keys' cache row offsets [TILE_N] int64 (bt_ptr: the request's block-table row)."""
+    kpos = t * TILE_N + tl.arange(0, TILE_N)
+    kmask = kpos < seq_len
+    blk = tl.load(bt_ptr + kpos // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
+    return kpos, kmask, blk * stride_block + (kpos % BLOCK_SIZE) * stride_slot + kv_off
+
+
+@triton.jit
+def _attend_tile(q, acc, m_i, l_i, k, v, kpos, kmask, qpos, qk_scale, window,
+                 CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One online-softmax step of q [BLOCK_M, HEAD_PAD] over a loaded tile k, v
+    [TILE_N, HEAD_PAD] at positions kpos (kmask: the valid keys) -> (acc, m_i, l_i)."""
+    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * qk_scale
+    mask = kmask[None, :]
+    if CAUSAL:
+        mask = mask & (kpos[None, :] <= qpos[:, None])
+    if USE_WINDOW:
+        mask = mask & (kpos[None, :] > qpos[:, None] - window)
+    s = tl.where(mask, s, float("-inf"))  # [BLOCK_M, TILE_N]
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _attend_tiles(
     q, acc, m_i, l_i, k_ptr, v_ptr, bt_ptr, kv_off, qpos, seq_len, t_begin, t_end,
     stride_block, stride_slot, qk_scale, head_size, window,
@@ -51,30 +83,30 @@ def _attend_tiles(
     qpos [BLOCK_M]: each row's position; with USE_WINDOW a row sees keys > qpos - window.
     """
     d = tl.arange(0, HEAD_PAD)
-    offs_n = tl.arange(0, TILE_N)
     for t in range(t_begin, t_end):
-        kpos = t * TILE_N + offs_n  # [TILE_N]
-        kmask = kpos < seq_len
-        blk = tl.load(bt_ptr + kpos // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
-        row = blk * stride_block + (kpos % BLOCK_SIZE) * stride_slot + kv_off  # [TILE_N] int64
+        kpos, kmask, row = _tile_rows(bt_ptr, kv_off, t, seq_len, stride_block, stride_slot,
+                                      BLOCK_SIZE, TILE_N)
         ld_mask = kmask[:, None] & (d[None, :] < head_size)
         k = tl.load(k_ptr + row[:, None] + d[None, :], mask=ld_mask, other=0.0)  # [TILE_N, HP]
         v = tl.load(v_ptr + row[:, None] + d[None, :], mask=ld_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * qk_scale
-        mask = kmask[None, :]
-        if CAUSAL:
-            mask = mask & (kpos[None, :] <= qpos[:, None])
-        if USE_WINDOW:
-            mask = mask & (kpos[None, :] > qpos[:, None] - window)
-        s = tl.where(mask, s, float("-inf"))  # [BLOCK_M, TILE_N]
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
-        m_i = m_new
+        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, kpos, kmask, qpos, qk_scale,
+                                     window, CAUSAL, USE_WINDOW, DOT_PREC)
     return acc, m_i, l_i
+
+
+@triton.jit
+def _splits_used(seq_len, num_splits, window, TILE_N: tl.constexpr, USE_WINDOW: tl.constexpr):
+    """A decode row's split-KV plan -> (t_first, per_split, used): its first tile (the
+    sliding window's), tiles a split, and the splits that hold tiles (1 for an empty row;
+    the rest do nothing, and a row one split holds is written by the decode kernel itself:
+    short contexts in a graph captured for many splits)."""
+    n_tiles = tl.cdiv(seq_len, TILE_N)
+    t_first = 0
+    if USE_WINDOW:
+        t_first = tl.maximum(seq_len - window, 0) // TILE_N
+    per_split = tl.cdiv(n_tiles - t_first, num_splits)
+    used = tl.maximum(tl.cdiv(n_tiles - t_first, tl.maximum(per_split, 1)), 1)
+    return t_first, per_split, used
 
 
 @triton.jit
@@ -93,21 +125,24 @@ def _store_out(out_ptr, out_off, gate_ptr, gate_off, out, mask, GATED: tl.conste
 def _paged_attention_decode_reduce_kernel(
     part_acc_ptr, part_ml_ptr, out_ptr, rows_end_ptr, gate_ptr, stride_ot: tl.int64, stride_oh,
     stride_gt: tl.int64, stride_gh, num_q_heads, head_size, num_splits, HEAD_PAD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr, used_ptr=None,
+    SPLITS_PAD: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr,
+    seq_lens_ptr=None, window=0, TILE_N: tl.constexpr = 64, USE_WINDOW: tl.constexpr = False,
 ):
-    if USE_PDL:  # the decode or prefill kernel wrote the partials
-        pdl_wait()
     # program (row, query head): merge the splits' partial softmax states; a row is a
     # request (decode) or a query token (prefill segments)
     req = tl.program_id(0).to(tl.int64)
+    used = num_splits
+    if seq_lens_ptr is not None:  # decode: the splits that held tiles (one wrote out itself),
+        # from seq_lens before the wait (copied in before the step: pdl_wait's rule)
+        used = _splits_used(tl.load(seq_lens_ptr + req), num_splits, window, TILE_N,
+                            USE_WINDOW)[2]
+    if USE_PDL:  # the decode or prefill kernel wrote the partials
+        pdl_wait()
     if rows_end_ptr is not None:  # prefill: tokens past query_start_loc[-1] stay untouched
         if req >= tl.load(rows_end_ptr):
             return
-    used = num_splits
-    if used_ptr is not None:  # decode: the splits that held tiles; one wrote out itself
-        used = tl.load(used_ptr + req)
-        if used == 1:
-            return
+    if used == 1:
+        return
     head = tl.program_id(1)
     sp = tl.arange(0, SPLITS_PAD)
     d = tl.arange(0, HEAD_PAD)

@@ -103,6 +103,25 @@ def test_decode_splits_beyond_the_tiles(num_splits, window, monkeypatch) -> None
     _close(out, ref * torch.sigmoid(gate), dtype)
 
 
+@pytest.mark.parametrize("kv_len", [0, 1, 15, 16, 17, 40])
+@pytest.mark.parametrize("num_splits,window", [(1, None), (3, None), (64, 6)])
+def test_decode_one_row(kv_len, num_splits, window, monkeypatch) -> None:
+    """A one-row launch (batch-1 decode) loads its first tile's older keys before the PDL
+    wait and the newest after it (kernels/decode_attention.py ONE_ROW): it matches the
+    engine and, on the CPU, the same row of a two-row launch (the general path) exactly,
+    whether the newest key falls in the first tile or a later one; float buffers start NaN."""
+    monkeypatch.setattr(da, "torch", _NanEmptyTorch())
+    dtype = torch.float32 if not ON_CUDA else torch.bfloat16
+    q, kv, _, lens, bt = _case([(1, kv_len), (1, 9)], 8, 2, 32, 4, dtype, seed=kv_len)
+    one = paged_attention_decode(q[:1], kv, bt[:1], lens[:1], 0.2, sliding_window=window,
+                                 num_splits=num_splits, tile_n=16)
+    two = paged_attention_decode(q, kv, bt, lens, 0.2, sliding_window=window,
+                                 num_splits=num_splits, tile_n=16)
+    _close(one, paged_attention_decode_ref(q[:1], kv, bt[:1], lens[:1], 0.2, window), dtype)
+    if not ON_CUDA:
+        assert torch.equal(one, two[:1])
+
+
 def test_decode_equals_prefill_with_one_token_per_request() -> None:
     q, kv, qsl, lens, bt = _case([(1, 21), (1, 3)], 8, 2, 32, 4, torch.float32)
     a = paged_attention_decode(q, kv, bt, lens, 0.2, num_splits=2, tile_n=16)
