@@ -14,9 +14,10 @@ one row no other request writes the cache this step; the newest key, written by 
 just before, and q are loaded after the wait. Its latency is then one L2 round trip after
 the wait instead of three (seq_len, block table, then the keys).
 Layout and metadata as kernels/paged_attention.py (the engine's, engine/layers/attention.py).
-The step's RoPE and KV-cache write run in an earlier launch (kernels/rotary_cache.py): a
-request admitted this step with a prefix-cache hit may read the block another request's
-new token fills, so that write must finish before any program attends.
+The step's RoPE and KV-cache write run in an earlier launch (kernels/rotary_cache.py or
+kernels/gemv_rope_cache.py): a request admitted this step with a prefix-cache hit may read
+the block another request's new token fills, so that write must finish before any program
+attends.
 """
 
 from __future__ import annotations
@@ -126,6 +127,8 @@ def paged_attention_decode(
     sliding_window: each query sees its last `sliding_window` positions (None: all).
     num_splits: KV splits per (request, kv head) (flash-decoding); default fills the SMs.
     output_gate: [num_reqs, nq, hd] like q (any strides): out * sigmoid(output_gate).
+    One row (num_reqs 1) reads its keys older than position seq_len - 1 before the PDL
+    wait: the launch just before may write only the row's newest key and value (and q).
     """
     _check_window(sliding_window)
     n, nq, hd = q.shape

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from test_kernels_common import DEVICE, ON_CUDA, gpu
 
 import kernels.decode_attention as da
 import kernels.paged_attention as pa
 from engine.errors import InvalidArgumentError
+from kernels._common import pdl_launch, pdl_wait
 from kernels.decode_attention import paged_attention_decode, paged_attention_decode_ref
 from kernels.paged_attention import paged_attention_prefill, paged_attention_prefill_ref
 
@@ -103,16 +106,18 @@ def test_decode_splits_beyond_the_tiles(num_splits, window, monkeypatch) -> None
     _close(out, ref * torch.sigmoid(gate), dtype)
 
 
-@pytest.mark.parametrize("kv_len", [0, 1, 15, 16, 17, 40])
-@pytest.mark.parametrize("num_splits,window", [(1, None), (3, None), (64, 6)])
-def test_decode_one_row(kv_len, num_splits, window, monkeypatch) -> None:
+@pytest.mark.parametrize("kv_len", [0, 1, 16, 17, 40])
+@pytest.mark.parametrize("num_splits,window,hd", [
+    (1, None, 32), (3, None, 40), (64, 6, 32), (64, 20, 40), (1, 20, 32),
+])  # hd 40 pads to 64 lanes; window 20 over 40 keys spreads over two splits
+def test_decode_one_row(kv_len, num_splits, window, hd, monkeypatch) -> None:
     """A one-row launch (batch-1 decode) loads its first tile's older keys before the PDL
     wait and the newest after it (kernels/decode_attention.py ONE_ROW): it matches the
     engine and, on the CPU, the same row of a two-row launch (the general path) exactly,
     whether the newest key falls in the first tile or a later one; float buffers start NaN."""
     monkeypatch.setattr(da, "torch", _NanEmptyTorch())
     dtype = torch.float32 if not ON_CUDA else torch.bfloat16
-    q, kv, _, lens, bt = _case([(1, kv_len), (1, 9)], 8, 2, 32, 4, dtype, seed=kv_len)
+    q, kv, _, lens, bt = _case([(1, kv_len), (1, 9)], 8, 2, hd, 4, dtype, seed=kv_len)
     one = paged_attention_decode(q[:1], kv, bt[:1], lens[:1], 0.2, sliding_window=window,
                                  num_splits=num_splits, tile_n=16)
     two = paged_attention_decode(q, kv, bt, lens, 0.2, sliding_window=window,
@@ -120,6 +125,50 @@ def test_decode_one_row(kv_len, num_splits, window, monkeypatch) -> None:
     _close(one, paged_attention_decode_ref(q[:1], kv, bt[:1], lens[:1], 0.2, window), dtype)
     if not ON_CUDA:
         assert torch.equal(one, two[:1])
+
+
+LATE_SPINS = 250_000  # ~0.5 ms of the late writer's spin on the H200
+
+
+@triton.jit
+def _late_writer_kernel(k_dst, v_dst, q_dst, k_src, v_src, q_src, n_kv, n_q, spins,
+                        BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    """Let the next launch start (pdl_wait), spin, then copy the newest key, value and q."""
+    if USE_PDL:
+        pdl_wait()
+    x = tl.load(k_src).to(tl.float32)
+    for _ in range(spins):  # a serial chain of fp32 FMAs: about 2 ns an iteration on the H200
+        x = x * 0.999999 + 1e-6
+    late = x > -1e30  # always true; the stores depend on the spin
+    offs = tl.arange(0, BLOCK)
+    tl.store(k_dst + offs, tl.where(late, tl.load(k_src + offs, mask=offs < n_kv), 0),
+             mask=offs < n_kv)
+    tl.store(v_dst + offs, tl.where(late, tl.load(v_src + offs, mask=offs < n_kv), 0),
+             mask=offs < n_kv)
+    tl.store(q_dst + offs, tl.where(late, tl.load(q_src + offs, mask=offs < n_q), 0),
+             mask=offs < n_q)
+
+
+@gpu
+@pytest.mark.parametrize("kv_len", [40, 100])
+def test_decode_one_row_waits_for_the_newest_key(kv_len) -> None:
+    """The kernel just before a one-row launch writes the newest key, value and q late (it
+    lets the decode launch start, then spins ~0.5 ms under PDL): the decode must read them
+    after its wait, so it matches the engine on the final cache; reading them early gives
+    the stale zeros. Llama-3.1-8B heads; 40 keys: the newest in the first tile, 100: two."""
+    q, kv, _, lens, bt = _case([(1, kv_len)], 32, 8, 128, 16, torch.bfloat16)
+    ref = paged_attention_decode_ref(q, kv, bt, lens, 128**-0.5)
+    blk, off = int(bt[0, (kv_len - 1) // 16]), (kv_len - 1) % 16
+    newest = [kv[0, blk, off].clone(), kv[1, blk, off].clone(), q.clone()]
+    kv[0, blk, off] = 0
+    kv[1, blk, off] = 0
+    q_late = torch.zeros_like(q)
+    torch.cuda.synchronize()
+    _late_writer_kernel[(1,)](kv[0, blk, off], kv[1, blk, off], q_late, *newest,
+                              newest[0].numel(), q.numel(), LATE_SPINS, BLOCK=4096,
+                              **pdl_launch(q))
+    out = paged_attention_decode(q_late, kv, bt, lens, 128**-0.5)
+    _close(out, ref, torch.bfloat16)
 
 
 def test_decode_equals_prefill_with_one_token_per_request() -> None:
