@@ -6,7 +6,8 @@ regex, membership for a choice, a Python regex equivalent to a GBNF grammar), vL
 validation (a malformed schema is VLLM_ERR_INVALID_ARGUMENT with the backend's reason, and
 the engine serves the next request), the struct_size contract (a 0.2-sized struct has no
 constraint), and the engine-params checks of vLLM's serve flags. Also examples/c/
-json_schema.c, built and run as a user would, on three seeds.
+json_schema.c, built and run as a user would, on one seed (a process and engine a run;
+the schema holding over many sampled runs is tests/test_openai_structured.py's check).
 """
 
 from __future__ import annotations
@@ -114,8 +115,7 @@ def test_json_schema_c_example(compile_c, child_env, model_path):
     schema_c = re.search(r"SCHEMA =\n(.*?);\n", source, re.S).group(1)
     schema = json.loads("".join(re.findall(r'"((?:[^"\\]|\\.)*)"', schema_c))
                         .encode().decode("unicode_escape"))
-    for seed in (0, 1, 2):
-        run = subprocess.run([exe, model_path, "Describe a person as JSON.", str(seed)],
-                             capture_output=True, text=True, env=child_env, timeout=300)
-        assert run.returncode == 0, run.stderr
-        jsonschema.validate(json.loads(run.stdout), schema)
+    run = subprocess.run([exe, model_path, "Describe a person as JSON.", "1"],
+                         capture_output=True, text=True, env=child_env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    jsonschema.validate(json.loads(run.stdout), schema)

@@ -26,25 +26,41 @@ from engine.worker.mamba_utils import setup_hybrid_prefix_caching
 pytest.importorskip("transformers")
 
 MAX_TOKENS = 12
-KERNEL_TOKENS = 4  # the interpreted-kernel tests: decodes and mixed steps, at a third of the cost
+# the interpreted-kernel tests: decodes and mixed steps at a third of the tokens, on the
+# first 4 layers (3 GDN layers and a full-attention one: every layer kind, half the kernel
+# calls of the 8 layers)
+KERNEL_TOKENS = 4
+KERNEL_LAYERS = 4
 LENS = (21, 9, 30, 14)
 
 
-@pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5"])
-def model_dir(request, tmp_path_factory):
-    hf = make_hf_model(request.param)
-    path = tmp_path_factory.mktemp(request.param)
+def _saved_model(family: str, tmp_path_factory, max_tokens: int = MAX_TOKENS, **overrides):
+    """(path, prompts, transformers' greedy tokens of each prompt)."""
+    hf = make_hf_model(family, **overrides)
+    path = tmp_path_factory.mktemp(family)
     hf.save_pretrained(path)
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in LENS]
     with torch.no_grad():
-        ref = [_hf_greedy(hf, p) for p in prompts]
+        ref = [_hf_greedy(hf, p, max_tokens) for p in prompts]
     return str(path), prompts, ref
 
 
-def _hf_greedy(hf, prompt: list[int]) -> list[int]:
+@pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5"])
+def model_dir(request, tmp_path_factory):
+    return _saved_model(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def kernel_model_dir(tmp_path_factory):
+    """Qwen3.5 at KERNEL_LAYERS layers, for the tests of the interpreted kernels."""
+    return _saved_model("qwen3_5", tmp_path_factory, KERNEL_TOKENS,
+                        num_hidden_layers=KERNEL_LAYERS)
+
+
+def _hf_greedy(hf, prompt: list[int], max_tokens: int = MAX_TOKENS) -> list[int]:
     t = torch.tensor([prompt])  # an explicit mask: token 0 is the pad id
-    out = hf.generate(t, attention_mask=torch.ones_like(t), max_new_tokens=MAX_TOKENS,
+    out = hf.generate(t, attention_mask=torch.ones_like(t), max_new_tokens=max_tokens,
                       do_sample=False)
     return out[0, len(prompt):].tolist()
 
@@ -180,21 +196,20 @@ def test_cuda_eager_and_decode_graphs(model_dir, prefill_backend, monkeypatch):
             assert got[0] == ref
 
 
-@pytest.mark.parametrize("model_dir", ["qwen3_5"], indirect=True)
-def test_triton_path_through_the_engine(model_dir, monkeypatch):
+def test_triton_path_through_the_engine(kernel_model_dir, monkeypatch):
     """The GDN layers' Triton kernels (under TRITON_INTERPRET on CPU) through the engine:
     batched, chunked (8-token chunks, mixed prefill + decode steps), prefix-cached. One
     family: both build the same GatedDeltaNetAttention with the same head layout (COMMON),
     so the kernels see the same calls; the family-specific parts (weight loading, MoE) are
-    checked on the torch path above (~45 s a family under the interpreter)."""
+    checked on the torch path above (~45 s a family under the interpreter at 8 layers)."""
     import engine.layers.gdn as gdn
     from kernels.gated_delta_rule import _fused_recurrent_kernel
 
     if type(_fused_recurrent_kernel).__name__ != "InterpretedFunction":
         pytest.skip("kernels/ compiled for a device (the GPU test covers this path)")
     monkeypatch.setattr(gdn, "use_kernels", lambda x: True)
-    path, prompts, ref = model_dir
-    want = [r[:KERNEL_TOKENS] for r in ref[:3]]  # greedy: a prefix of the longer run
+    path, prompts, ref = kernel_model_dir
+    want = ref[:3]
     engine = _engine(path, enable_prefix_caching=True, max_num_batched_tokens=16)
     setup_hybrid_prefix_caching(engine.model_runner, engine.scheduler, 8)
     assert _run(engine, prompts[:3], max_tokens=KERNEL_TOKENS) == want
@@ -202,8 +217,7 @@ def test_triton_path_through_the_engine(model_dir, monkeypatch):
     assert _run(engine, prompts[:3], cached, KERNEL_TOKENS) == want and cached[2] == 24
 
 
-@pytest.mark.parametrize("model_dir", ["qwen3_5"], indirect=True)
-def test_chunked_prefill_kernels_through_the_engine(model_dir, monkeypatch):
+def test_chunked_prefill_kernels_through_the_engine(kernel_model_dir, monkeypatch):
     """GDN_PREFILL_BACKEND "triton": prefill rows through kernels/chunk_gated_delta_rule.py,
     decode rows through the recurrent kernel in the same steps (8-token chunks beside
     decodes; the interpreter on CPU), the greedy tokens of transformers. One family, as
@@ -222,10 +236,9 @@ def test_chunked_prefill_kernels_through_the_engine(model_dir, monkeypatch):
                         lambda *a: mixed.append(-1 in a[9].tolist()) or recurrent(*a))
     monkeypatch.setattr(gdn, "use_kernels", lambda x: True)
     monkeypatch.setattr(gdn, "GDN_PREFILL_BACKEND", "triton")
-    path, prompts, ref = model_dir
+    path, prompts, ref = kernel_model_dir
     engine = _engine(path, max_num_batched_tokens=16)
-    assert _run(engine, prompts[:3], max_tokens=KERNEL_TOKENS) == [r[:KERNEL_TOKENS]
-                                                                    for r in ref[:3]]
+    assert _run(engine, prompts[:3], max_tokens=KERNEL_TOKENS) == ref[:3]
     assert calls and any(mixed)
 
 

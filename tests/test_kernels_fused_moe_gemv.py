@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels_common import DEVICE, DTYPES, assert_close, gpu
+from test_kernels_common import DEVICE, DTYPES, ON_CUDA, assert_close, gpu
 
 import kernels.fused_moe_gemv as moe_gemv
 from engine.errors import InvalidArgumentError
@@ -186,9 +186,19 @@ ROUTED_CASES = [  # m, e, h, i, topk
     (1, 512, 64, 32, 10), (1, 512, 16, 8, 8), (3, 16, 16, 8, 2), (1, 5, 16, 8, 1)]
 
 
+# Kinds of logits and dtypes: on CPU (the interpreter; the slowest cases of this file) random
+# logits in fp32 (where fused_topk is an oracle too) and ties in fp16, for every shape: each
+# kind and each dtype runs every shape. The other pairs add no path (the integer ties are
+# exact in every dtype, routing and weights go through fp32 alike) and run on CUDA only.
+ROUTED_KINDS = [(kind, dtype) if (kind == "random") == (dtype == torch.float32)
+                else pytest.param(kind, dtype, marks=[pytest.mark.gpu, pytest.mark.skipif(
+                    not ON_CUDA, reason="interpreter-heavy kind and dtype pair, each alone "
+                    "runs on CPU with every shape; covered on CUDA (issue 17)")])
+                for kind in ("random", "ties") for dtype in DTYPES]
+
+
 @pytest.mark.parametrize("m,e,h,i,topk", ROUTED_CASES)
-@pytest.mark.parametrize("kind", ["random", "ties"])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind,dtype", ROUTED_KINDS)
 def test_routed_kernels_route_as_fused_topk(m, e, h, i, topk, kind, dtype) -> None:
     x, w13, w2, _, _ = inputs(m, e, h, i, topk, dtype, seed=m + e)
     logits = router_logits(m, e, kind, dtype, seed=e + topk)
@@ -327,9 +337,13 @@ def wide_logits(m, e, dtype, seed=0):
     return wide[:, :e], wide[:, e:]
 
 
-@pytest.mark.parametrize("m,e,h,i,topk", [(1, 8, 32, 16, 2), (2, 64, 48, 20, 8),
-                                          (1, 512, 16, 8, 10), (3, 16, 18, 13, 1)])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,e,h,i,topk,dtype", [
+    (*shape, dtype) if shape[0] != 2 or dtype == torch.float32 else pytest.param(
+        *shape, dtype, marks=[pytest.mark.gpu, pytest.mark.skipif(
+            not ON_CUDA, reason="interpreter-heavy case (the default config runs in fp32, "
+            "the 16-bit rounding bound with the other shapes); covered on CUDA (issue 17)")])
+    for shape in [(1, 8, 32, 16, 2), (2, 64, 48, 20, 8), (1, 512, 16, 8, 10),
+                  (3, 16, 18, 13, 1)] for dtype in DTYPES])
 def test_routed_kernels_take_strided_logits_and_the_shared_epilogue(m, e, h, i, topk,
                                                                      dtype) -> None:
     """A [:, :E] view of an [M, E + 1] router output routes as its contiguous copy; with

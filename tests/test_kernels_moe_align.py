@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels_common import DEVICE
+from test_kernels_common import DEVICE, ON_CUDA
 
 from engine.errors import InvalidArgumentError
 from kernels.moe_align_block_size import (
@@ -42,10 +42,14 @@ def check_alignment(topk_ids: torch.Tensor, block: int, num_experts: int) -> Non
     assert bool((ids <= flat.numel()).all())
 
 
-@pytest.mark.parametrize("m,topk,e", [(1, 1, 4), (1, 8, 128), (7, 2, 8), (33, 8, 64),
-                                      (5, 8, 512), (200, 2, 16)])
-@pytest.mark.parametrize("block", [16, 64])
-def test_random_routing(m, topk, e, block) -> None:
+@pytest.mark.parametrize("block,m,topk,e", [
+    (block, *r) if (block, r[2]) != (64, 512) else pytest.param(
+        block, *r, marks=[pytest.mark.gpu, pytest.mark.skipif(
+            not ON_CUDA, reason="interpreter-heavy case (512 experts run in blocks of 16, "
+            "blocks of 64 with the other routings); covered on CUDA (issue 17)")])
+    for block in (16, 64) for r in [(1, 1, 4), (1, 8, 128), (7, 2, 8), (33, 8, 64),
+                                    (5, 8, 512), (200, 2, 16)]])
+def test_random_routing(block, m, topk, e) -> None:
     g = torch.Generator().manual_seed(m * 31 + e)
     ids = torch.rand(m, e, generator=g).topk(topk, dim=-1).indices.to(torch.int32)
     check_alignment(ids.to(DEVICE), block, e)
