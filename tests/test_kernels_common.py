@@ -42,6 +42,14 @@ def gpu(fn):
     return pytest.mark.gpu(pytest.mark.skipif(not ON_CUDA, reason="needs a CUDA device")(fn))
 
 
+def cuda_only(*values, why: str):
+    """A parametrization case marked gpu and skipped without CUDA: under the interpreter it
+    is among the slowest and repeats paths that CPU cases run (`why` names them and the
+    issue)."""
+    return pytest.param(*values, marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not ON_CUDA, reason=f"interpreter-heavy case; covered on CUDA: {why}")])
+
+
 
 ATOL = {torch.float16: 1e-3, torch.bfloat16: 1e-3, torch.float32: 1e-5}
 RTOL = {torch.float16: 1e-3, torch.bfloat16: 1.6e-2, torch.float32: 1.3e-6}

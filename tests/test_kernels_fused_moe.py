@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels_common import DEVICE, DTYPES, ON_CUDA, assert_close, gpu
+from test_kernels_common import DEVICE, DTYPES, assert_close, cuda_only, gpu
 
 from engine.errors import InvalidArgumentError
 from engine.layers.activation import GeluAndMul, SiluAndMul
@@ -45,13 +45,12 @@ def moe_inputs(m, e, n, k, topk, dtype, kind="random", seed=0):
     return a, b, *routing(m, e, topk, kind, seed)
 
 
-def launches(routings, cuda_only):
+def launches(routings, on_cuda):
     """(m, e, topk, kind, aligned, dtype) for every routing, block assignment and dtype; the
-    ones cuda_only(m, e, aligned, dtype) names run on CUDA only: under the interpreter they
+    ones on_cuda(m, e, aligned, dtype) names run on CUDA only: under the interpreter they
     are the slowest cases and repeat paths that other CPU cases run."""
-    return [(*r, aligned, dtype) if not cuda_only(*r[:2], aligned, dtype) else pytest.param(
-        *r, aligned, dtype, marks=[pytest.mark.gpu, pytest.mark.skipif(
-            not ON_CUDA, reason="interpreter-heavy case; covered on CUDA (issue 17)")])
+    return [(*r, aligned, dtype) if not on_cuda(*r[:2], aligned, dtype) else cuda_only(
+        *r, aligned, dtype, why=f"{on_cuda.__name__} in this file (issue 17)")
         for r in routings for aligned in (True, False) for dtype in DTYPES]
 
 

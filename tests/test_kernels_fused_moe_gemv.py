@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels_common import DEVICE, DTYPES, ON_CUDA, assert_close, gpu
+from test_kernels_common import DEVICE, DTYPES, assert_close, cuda_only, gpu
 
 import kernels.fused_moe_gemv as moe_gemv
 from engine.errors import InvalidArgumentError
@@ -191,9 +191,8 @@ ROUTED_CASES = [  # m, e, h, i, topk
 # kind and each dtype runs every shape. The other pairs add no path (the integer ties are
 # exact in every dtype, routing and weights go through fp32 alike) and run on CUDA only.
 ROUTED_KINDS = [(kind, dtype) if (kind == "random") == (dtype == torch.float32)
-                else pytest.param(kind, dtype, marks=[pytest.mark.gpu, pytest.mark.skipif(
-                    not ON_CUDA, reason="interpreter-heavy kind and dtype pair, each alone "
-                    "runs on CPU with every shape; covered on CUDA (issue 17)")])
+                else cuda_only(kind, dtype, why="a kind and dtype pair, each alone runs on "
+                               "CPU with every shape (issue 17)")
                 for kind in ("random", "ties") for dtype in DTYPES]
 
 
@@ -338,10 +337,9 @@ def wide_logits(m, e, dtype, seed=0):
 
 
 @pytest.mark.parametrize("m,e,h,i,topk,dtype", [
-    (*shape, dtype) if shape[0] != 2 or dtype == torch.float32 else pytest.param(
-        *shape, dtype, marks=[pytest.mark.gpu, pytest.mark.skipif(
-            not ON_CUDA, reason="interpreter-heavy case (the default config runs in fp32, "
-            "the 16-bit rounding bound with the other shapes); covered on CUDA (issue 17)")])
+    (*shape, dtype) if shape[0] != 2 or dtype == torch.float32 else cuda_only(
+        *shape, dtype, why="the default config runs in fp32, the 16-bit rounding bound with "
+        "the other shapes (issue 17)")
     for shape in [(1, 8, 32, 16, 2), (2, 64, 48, 20, 8), (1, 512, 16, 8, 10),
                   (3, 16, 18, 13, 1)] for dtype in DTYPES])
 def test_routed_kernels_take_strided_logits_and_the_shared_epilogue(m, e, h, i, topk,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels_common import DEVICE, ON_CUDA
+from test_kernels_common import DEVICE, cuda_only
 from test_kernels_gguf_gemm import gguf_gemm_ref, random_weight
 
 from engine.errors import InvalidArgumentError
@@ -34,13 +34,6 @@ TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5
 # (13 = 8 + 5 = 3 * 4 + 1) and at least two programs; Q6_K's odd rows start 2 bytes into a
 # word. The interpreter's time is about proportional to the programs run.
 ROWS = 13
-
-
-def cuda_only(*values, why: str):
-    """A parametrization that runs only on CUDA: under the interpreter (seconds a program)
-    it would repeat code paths that another CPU case runs (`why` names it)."""
-    return pytest.param(*values, marks=[pytest.mark.gpu, pytest.mark.skipif(
-        not ON_CUDA, reason=f"interpreter-heavy variant; covered on CUDA (issue 16): {why}")])
 
 
 def _unpack(xq: torch.Tensor) -> torch.Tensor:
@@ -82,7 +75,7 @@ def test_quantize_q8_1_matches_reference(silu: bool) -> None:
 @pytest.mark.parametrize("qtype,m", [
     (t, m) if (t, m) != (GGMLType.Q6_K, 3) else cuda_only(
         t, m, why="Q6_K's token loop at M = 6, on whole and masked steps, in "
-        "test_mmvq_default_configs_exact_on_integer_activations")
+        "test_mmvq_default_configs_exact_on_integer_activations (issue 16)")
     for t in TYPES for m in (1, 3)] + [(GGMLType.Q4_K, MMVQ_MAX_M)])
 def test_mmvq_exact_on_integer_activations(qtype: GGMLType, m: int) -> None:
     """3 super-blocks / 24 blocks a row (not a whole number of steps), ROWS rows (a partial
@@ -177,26 +170,23 @@ LAYOUTS = [
     (GGMLType.Q4_K, (2, 4, 1, 2)), (GGMLType.Q6_K, (1, 8, 1, 2)), (GGMLType.Q8_0, (1, 64, 1, 2))]
 # Why a layout's M = 3 case (BLOCK_M = 4: the token loop) runs on CUDA only; on CPU every
 # layout runs at M = 1, and each type and layout at M > 1 in one case at least.
+_STEPS_AT_M6 = ("{}'s whole and masked steps at M = 6 in "
+                "test_mmvq_default_configs_exact_on_integer_activations (issue 16)")
+_DEFAULT = "the default config: test_mmvq_exact_on_integer_activations (issue 16)"
+_LAYOUT2 = "layout 2 changes the weight loads only, outside the token loop (M = 1 on CPU)"
 _M3_ON_CUDA = {
-    (GGMLType.Q4_K, (8, 2, 2, 1)): "(4, 2, 1, 1)'s steps (BLOCK_N, warps differ)",
+    (GGMLType.Q4_K, (8, 2, 2, 1)): "(4, 2, 1, 1)'s steps (BLOCK_N, warps differ; issue 16)",
     (GGMLType.Q5_K, (2, 2, 1, 1)): "(4, 2, 1, 1)'s Q4_K steps, Q5_K's bits at M = 3 in "
-                                   "test_mmvq_exact_on_integer_activations",
-    (GGMLType.Q6_K, (8, 1, 1, 1)): "Q6_K's whole and masked steps at M = 6 in "
-                                   "test_mmvq_default_configs_exact_on_integer_activations",
-    (GGMLType.Q6_K, (4, 4, 2, 1)): "Q6_K's whole and masked steps at M = 6 in "
-                                   "test_mmvq_default_configs_exact_on_integer_activations",
-    (GGMLType.Q8_0, (2, 16, 1, 1)): "Q8_0's whole and masked steps at M = 6 in "
-                                    "test_mmvq_default_configs_exact_on_integer_activations",
-    (GGMLType.Q8_0, (1, 64, 2, 1)): "Q8_0's whole and masked steps at M = 6 in "
-                                    "test_mmvq_default_configs_exact_on_integer_activations",
-    (GGMLType.Q4_0, (1, 32, 1, 0)): "the default config: test_mmvq_exact_on_integer_activations",
-    (GGMLType.Q4_1, (1, 32, 1, 0)): "the default config: test_mmvq_exact_on_integer_activations",
-    (GGMLType.Q4_K, (2, 4, 1, 2)): "layout 2 changes the weight loads only, outside the "
-                                   "token loop (M = 1 on CPU)",
-    (GGMLType.Q6_K, (1, 8, 1, 2)): "layout 2 changes the weight loads only, outside the "
-                                   "token loop (M = 1 on CPU)",
-    (GGMLType.Q8_0, (1, 64, 1, 2)): "layout 2 changes the weight loads only, outside the "
-                                    "token loop (M = 1 on CPU)",
+                                   "test_mmvq_exact_on_integer_activations (issue 16)",
+    (GGMLType.Q6_K, (8, 1, 1, 1)): _STEPS_AT_M6.format("Q6_K"),
+    (GGMLType.Q6_K, (4, 4, 2, 1)): _STEPS_AT_M6.format("Q6_K"),
+    (GGMLType.Q8_0, (2, 16, 1, 1)): _STEPS_AT_M6.format("Q8_0"),
+    (GGMLType.Q8_0, (1, 64, 2, 1)): _STEPS_AT_M6.format("Q8_0"),
+    (GGMLType.Q4_0, (1, 32, 1, 0)): _DEFAULT,
+    (GGMLType.Q4_1, (1, 32, 1, 0)): _DEFAULT,
+    (GGMLType.Q4_K, (2, 4, 1, 2)): _LAYOUT2,
+    (GGMLType.Q6_K, (1, 8, 1, 2)): _LAYOUT2,
+    (GGMLType.Q8_0, (1, 64, 1, 2)): _LAYOUT2,
 }
 
 
@@ -224,7 +214,7 @@ def test_mmvq_layouts_exact_on_integer_activations(qtype: GGMLType, config: tupl
     (GGMLType.Q8_0, 32 * 97, (2, 32, 1, 1), 3, 6),  # block count (2-byte phases); 8-row tiles
     (GGMLType.Q6_K, 256 * 9, (1, 8, 1, 1), 3, 1),
     cuda_only(GGMLType.Q6_K, 256 * 9, (2, 4, 1, 1), 3, 6,
-              why="the (4, 4, 1, 1) case below (BLOCK_N differs)"),
+              why="the (4, 4, 1, 1) case below (BLOCK_N differs; issue 16)"),
     (GGMLType.Q6_K, 256 * 9, (4, 4, 1, 1), 5, 6)])  # rows past N re-read row N - 1
 def test_mmvq_default_configs_exact_on_integer_activations(qtype: GGMLType, k: int,
                                                            config: tuple, rows: int, m: int
