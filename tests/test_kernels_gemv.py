@@ -3,8 +3,8 @@
 Oracle: dense_gemv_ref = F.linear in fp32 rounded to x's dtype. Shapes cover the unmasked
 K loop (K % BK == 0), a masked K tail after full steps, N not a multiple of the row block,
 bias or none; on CUDA also Llama-3.1-8B's weights (both configs), 64-bit weight offsets,
-and ReplicatedLinear / LogitsProcessor taking the kernel for one bf16 row (the down
-projection with SiLU-and-mul fused into it). Runs on CUDA or
+and ReplicatedLinear / LogitsProcessor taking the kernel for one bf16 row (the
+gate_up projection with SiLU-and-mul in its epilogue, gated_mlp). Runs on CUDA or
 under the Triton interpreter (tests/test_kernels_common.py).
 """
 
@@ -18,9 +18,15 @@ from test_kernels_common import DEVICE, ON_CUDA, assert_close, gpu
 import kernels.gemv
 from engine.errors import InvalidArgumentError
 from engine.layers.activation import SiluAndMul
-from engine.layers.linear import ReplicatedLinear
+from engine.layers.linear import (
+    MergedColumnParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+    gated_mlp,
+)
 from engine.layers.logits_processor import LogitsProcessor
 from engine.layers.vocab_parallel_embedding import ParallelLMHead
+from kernels.activation import silu_and_mul
 from kernels.gemv import dense_gemv, dense_gemv_ref, gemv_config
 
 # bf16 too on CPU: the interpreter truncates to bf16 (1 ulp), inside the bf16 tolerance
@@ -49,16 +55,20 @@ def test_dense_gemv_matches_fp32_linear(n: int, k: int, dtype: torch.dtype, bias
 @pytest.mark.parametrize("n,k", [(37, 64), (300, 1100)])
 # not bf16 under the interpreter: it truncates the rounded SiLU where torch rounds to even
 @pytest.mark.parametrize("dtype", ALL_DTYPES if ON_CUDA else ALL_DTYPES[:2])
-def test_dense_gemv_silu_and_mul_matches_the_engine(n: int, k: int, dtype: torch.dtype
-                                                    ) -> None:
-    """The down projection fused with SiLU-and-mul: x is gate | up, [1, 2K]."""
-    x, w, b = _inputs(n, 2 * k, dtype, True)
-    w = w[:, :k].contiguous()
+@pytest.mark.parametrize("bias", [False, True])
+def test_dense_gemv_silu_and_mul_matches_the_engine(n: int, k: int, dtype: torch.dtype,
+                                                    bias: bool) -> None:
+    """The gate_up projection with SiLU-and-mul in its epilogue: w is [2N, K] gate | up."""
+    x, w, b = _inputs(2 * n, k, dtype, bias)
     y = dense_gemv(x, w, b, silu_and_mul=True)
     assert y.shape == (1, n) and y.dtype == dtype
     assert_close(y, dense_gemv_ref(x, w, b, silu_and_mul=True))
-    with pytest.raises(InvalidArgumentError, match=r"\[1, 2K\]"):
-        dense_gemv(x[:, :-1], w, silu_and_mul=True)
+    # bit for bit the plain GEMV's sums on the same tiles, rounded, then the SiLU-and-mul
+    # kernel of M > 1
+    plain = dense_gemv(x, w, b, config=gemv_config(2 * n, k, silu_and_mul=True))
+    assert torch.equal(y, silu_and_mul(plain))
+    with pytest.raises(InvalidArgumentError, match=r"\[2N, K\] gate \| up"):
+        dense_gemv(x, w[:-1], silu_and_mul=True)
 
 
 def test_dense_gemv_launch_config_override() -> None:
@@ -79,8 +89,8 @@ def test_gemv_config_reproduces_the_h200_sweep() -> None:
     assert gemv_config(6144, 4096) == (8, 512, 4, 2)  # qkv
     assert gemv_config(4096, 4096) == (4, 1024, 2, 1)  # o
     assert gemv_config(4096, 14336) == (8, 512, 8, 2)  # down
-    assert gemv_config(4096, 14336, silu_and_mul=True) == (4, 512, 4, 1)  # fused down
     assert gemv_config(28672, 4096) == (4, 1024, 2, 1)  # gate_up
+    assert gemv_config(28672, 4096, silu_and_mul=True) == (8, 128, 2, 2)  # 8 + 8 rows
     assert gemv_config(128256, 4096) == (16, 256, 4, 2)  # lm_head
     assert gemv_config(300, 100)[1] == 128  # BK shrinks to next_power_of_2(K)
 
@@ -192,13 +202,16 @@ def test_layers_take_the_gemv_for_one_bf16_row(gemv_calls) -> None:
 
 
 @gpu
-def test_down_projection_takes_silu_and_mul_into_the_gemv(gemv_calls) -> None:
+def test_gated_mlp_takes_silu_and_mul_into_the_gate_up_gemv(gemv_calls) -> None:
     torch.manual_seed(5)
-    down = ReplicatedLinear(14336, 4096).to(DEVICE, torch.bfloat16)
+    gate_up = MergedColumnParallelLinear(4096, [14336] * 2).to(DEVICE, torch.bfloat16)
+    down = RowParallelLinear(14336, 4096).to(DEVICE, torch.bfloat16)
+    gate_up.weight.data.normal_(std=4096**-0.5)
     down.weight.data.normal_(std=14336**-0.5)
     act = SiluAndMul()
     for rows in (1, 2):
-        gate_up = torch.randn(rows, 2 * 14336, dtype=torch.bfloat16, device=DEVICE)
-        assert_close(down.forward_act_and_mul(gate_up, act),
-                     F.linear(act.forward_native(gate_up), down.weight))
-    assert gemv_calls == [(1, 2 * 14336, "silu_and_mul")]  # 2 rows: the kernel + cuBLAS
+        x = torch.randn(rows, 4096, dtype=torch.bfloat16, device=DEVICE)
+        assert_close(gated_mlp(x, gate_up, down, act),
+                     F.linear(act.forward_native(F.linear(x, gate_up.weight)), down.weight))
+    # one row: gate_up with the activation, then the plain down GEMV; 2 rows: cuBLAS
+    assert gemv_calls == [(1, 4096, "silu_and_mul"), (1, 14336)]

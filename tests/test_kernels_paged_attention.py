@@ -157,12 +157,20 @@ def test_decode_one_row_waits_for_the_newest_key(kv_len) -> None:
     after its wait, so it matches the engine on the final cache; reading them early gives
     the stale zeros. Llama-3.1-8B heads; 40 keys: the newest in the first tile, 100: two."""
     q, kv, _, lens, bt = _case([(1, kv_len)], 32, 8, 128, 16, torch.bfloat16)
-    ref = paged_attention_decode_ref(q, kv, bt, lens, 128**-0.5)
+    # distinct blocks, as the engine's allocator gives a row: a repeated block would make
+    # the late-written slot an older key too, which the kernel may read before its wait
+    bt[0] = torch.randperm(kv.shape[1], device=DEVICE)[:bt.shape[1]].to(bt.dtype)
     blk, off = int(bt[0, (kv_len - 1) // 16]), (kv_len - 1) % 16
+    # the newest key along its group's mean query: it takes most of the softmax weight
+    kv[0, blk, off] = 2 * q[0].view(8, 4, 128).float().mean(1).to(kv.dtype)
+    ref = paged_attention_decode_ref(q, kv, bt, lens, 128**-0.5)
     newest = [kv[0, blk, off].clone(), kv[1, blk, off].clone(), q.clone()]
     kv[0, blk, off] = 0
     kv[1, blk, off] = 0
     q_late = torch.zeros_like(q)
+    # compiled now, so the launch below follows the writer's at once (a compile in between
+    # would outlast its spin and hide the race)
+    paged_attention_decode(q_late, kv, bt, lens, 128**-0.5)
     torch.cuda.synchronize()
     _late_writer_kernel[(1,)](kv[0, blk, off], kv[1, blk, off], q_late, *newest,
                               newest[0].numel(), q.numel(), LATE_SPINS, BLOCK=4096,

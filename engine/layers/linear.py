@@ -14,7 +14,8 @@ stay on the device and every matmul runs kernels/gguf_mmvq.py (a few tokens) or
 kernels/gguf_gemm.py; a layer that has one
 (`gguf_weight`) has no dense weight. A dense bf16/fp16 matmul of one row on CUDA (batch-1
 decode) runs the Triton GEMV kernels/gemv.py (dense_linear), which beats cuBLAS there; a
-gated MLP's down projection takes its SiLU-and-mul into that GEMV (forward_act_and_mul).
+gated MLP (gated_mlp) takes its SiLU-and-mul into the gate_up GEMV's epilogue there, or into
+the q8_1 quantization of a GGUF down projection (forward_act_and_mul).
 """
 
 from __future__ import annotations
@@ -56,6 +57,22 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor,
 
         return dense_gemv(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def gated_mlp(x: torch.Tensor, gate_up_proj: nn.Module, down_proj: nn.Module,
+              act_fn: nn.Module) -> torch.Tensor:
+    """down_proj(act_fn(gate_up_proj(x))), a gated MLP (vLLM's LlamaMLP.forward). For one
+    dense bf16/fp16 row on CUDA the gate_up GEMV stores silu(gate) * up itself
+    (kernels/gemv.py silu_and_mul); otherwise the down projection takes the activation
+    where it can (forward_act_and_mul)."""
+    # x: [num_tokens, hidden] -> [num_tokens, hidden]
+    if isinstance(act_fn, SiluAndMul) and gate_up_proj.gguf_weight is None and \
+            _one_row_gemv(x, gate_up_proj.weight, gate_up_proj.bias):
+        from kernels.gemv import dense_gemv  # lazy: CUDA path only
+
+        return down_proj(dense_gemv(x, gate_up_proj.weight, gate_up_proj.bias,
+                                    silu_and_mul=True))
+    return down_proj.forward_act_and_mul(gate_up_proj(x), act_fn)
 
 
 def _new_param(*shape: int) -> nn.Parameter:
@@ -125,17 +142,12 @@ class ReplicatedLinear(nn.Module):
         return dense_linear(x, self.weight, self.bias)
 
     def forward_act_and_mul(self, gate_up: torch.Tensor, act_fn: nn.Module) -> torch.Tensor:
-        """self(act_fn(gate_up)) for a gated MLP's down projection. SiLU-and-mul goes into
-        the next kernel where one takes it: the q8_1 quantization of GGUF weights
-        (GGUFWeight, up to 8 tokens) or the one-row dense GEMV (kernels/gemv.py)."""
+        """self(act_fn(gate_up)) for a gated MLP's down projection; SiLU-and-mul goes into
+        the q8_1 quantization of GGUF weights (GGUFWeight, up to 8 tokens)."""
         # gate_up: [num_tokens, 2 * in] -> [num_tokens, out]
         if isinstance(act_fn, SiluAndMul) and self.gguf_weight is not None:
             y = self.gguf_weight(gate_up, silu_and_mul=True)  # quantized with the activation
             return y if self.bias is None else y + self.bias
-        if isinstance(act_fn, SiluAndMul) and _one_row_gemv(gate_up, self.weight, self.bias):
-            from kernels.gemv import dense_gemv  # lazy: CUDA path only
-
-            return dense_gemv(gate_up, self.weight, self.bias, silu_and_mul=True)
         return self(act_fn(gate_up))
 
 
@@ -240,11 +252,6 @@ class RowParallelLinear(ReplicatedLinear):
         # gate_up: [num_tokens, 2 * in / tp] -> [num_tokens, out]
         if self.tp_size == 1:
             return super().forward_act_and_mul(gate_up, act_fn)
-        if isinstance(act_fn, SiluAndMul) and self.gguf_weight is None and \
-                _one_row_gemv(gate_up, self.weight, None):
-            from kernels.gemv import dense_gemv  # lazy: CUDA path only
-
-            return self._reduce(dense_gemv(gate_up, self.weight, None, silu_and_mul=True))
         return self(act_fn(gate_up))
 
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,12 @@ from torch import nn
 from engine.layers.activation import get_act_and_mul_fn
 from engine.layers.attention import Attention, AttentionMetadata
 from engine.layers.layernorm import RMSNorm
-from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from engine.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+    gated_mlp,
+)
 from engine.layers.logits_processor import LogitsProcessor
 from engine.layers.rotary_embedding import get_rope
 from engine.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -38,7 +43,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, hidden] -> [num_tokens, hidden]
-        return self.down_proj.forward_act_and_mul(self.gate_up_proj(x), self.act_fn)
+        return gated_mlp(x, self.gate_up_proj, self.down_proj, self.act_fn)
 
 
 class LlamaAttention(nn.Module):

@@ -181,11 +181,11 @@ def bench_small() -> None:
 
 def bench_dense(sweep: bool) -> None:
     """cuBLAS bf16 GEMV/GEMM (F.linear) at decode batch sizes on Llama-3.1-8B's weights, and
-    at M=1 kernels/gemv.py dense_gemv (what the layers run for one row on CUDA; the down
-    projection with SiLU-and-mul fused, as the MLP runs it). --sweep dense also times the
+    at M=1 kernels/gemv.py dense_gemv (what the layers run for one row on CUDA; the gate_up
+    projection with SiLU-and-mul in its epilogue, as the MLP runs it). --sweep dense also times the
     GEMV's other launch configs (BN, BK, num_warps, num_stages)."""
-    shapes = {"qkv": (6144, H, False), "o": (H, H, False), "gate_up": (2 * FF, H, False),
-              "down": (H, FF, True), "lm_head": (128256, H, False)}
+    shapes = {"qkv": (6144, H, False), "o": (H, H, False), "gate_up": (2 * FF, H, True),
+              "down": (H, FF, False), "lm_head": (128256, H, False)}
     for name, (n, k, silu) in shapes.items():
         ws = [torch.randn(n, k, dtype=BF16, device=DEV) for _ in range(copies(n * k * 2))]
         for m in (1, 8, 32):
@@ -194,7 +194,7 @@ def bench_dense(sweep: bool) -> None:
             tt = gpu_time(lambda: [torch.nn.functional.linear(x, w) for w in ws])
             row(f"dense_{name}", f"M={m} N={n} K={k}", tt / len(ws), n * k * 2 + m * (n + k) * 2,
                 2 * m * n * k, err=err)
-        x = torch.randn(1, 2 * k if silu else k, dtype=BF16, device=DEV)
+        x = torch.randn(1, k, dtype=BF16, device=DEV)
         ref = dense_gemv_ref(x.float(), ws[0].float(), silu_and_mul=silu)
         err = rel_err(dense_gemv(x, ws[0], silu_and_mul=silu), ref)
         configs = [gemv_config(n, k, silu)]
@@ -206,7 +206,7 @@ def bench_dense(sweep: bool) -> None:
             tt = gpu_time(lambda cfg=cfg: [dense_gemv(x, w, silu_and_mul=silu, config=cfg)
                                            for w in ws])
             row(f"triton_gemv_{name}", f"M=1 N={n} K={k}" + (" silu" if silu else ""),
-                tt / len(ws), n * k * 2 + x.numel() * 2 + n * 2, 2 * n * k,
+                tt / len(ws), n * k * 2 + x.numel() * 2 + (n // 2 if silu else n) * 2, 2 * n * k,
                 err=err if cfg is configs[0] else None,
                 note=f"(BN, BK, warps, stages) {cfg}")
         ws.clear()  # free this shape's copies before the next (the lambdas hold the list)

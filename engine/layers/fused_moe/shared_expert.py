@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from engine.layers.activation import get_act_and_mul_fn
-from engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear, gated_mlp
 
 
 class SharedExpertMLP(nn.Module):
@@ -29,7 +29,7 @@ class SharedExpertMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, hidden] -> [num_tokens, hidden]
-        out = self.down_proj.forward_act_and_mul(self.gate_up_proj(x), self.act_fn)
+        out = gated_mlp(x, self.gate_up_proj, self.down_proj, self.act_fn)
         if self.expert_gate is not None:
             out = torch.sigmoid(self.expert_gate(x)) * out  # gate: [num_tokens, 1]
         return out
