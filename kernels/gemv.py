@@ -54,7 +54,7 @@ def _dense_gemv_kernel(
     acc = tl.zeros((BN, BK), dtype=tl.float32)
     acc_up = tl.zeros((BN, BK), dtype=tl.float32)  # SILU_AND_MUL only
     wp = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]  # [BN, BK] pointers
-    up_offset = N.to(tl.int64) * K  # gate row i -> up row N + i
+    up_offset = tl.cast(N, tl.int64) * K  # gate row i -> up row N + i (N may be a constexpr 1)
     xp = x_ptr + rk
     for k in range(0, K, BK):
         if EVEN_K:
