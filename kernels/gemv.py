@@ -102,7 +102,9 @@ def gemv_config(n: int, k: int, silu_and_mul: bool = False) -> tuple[int, int, i
     (8-row blocks were 16 programs for Qwen3-MoE's [128, 2048] router: latency-bound; H200
     2026-12-02: (1, 2048, 8, 1) 1.52 us, (1, 2048, 4, 2) 1.90, (8, 512, 8, 2) 3.14); E + 1
     rows (a router merged with a shared-expert gate) take E's block, one more program."""
-    if n > 65536:
+    if silu_and_mul:  # swept end to end on the gate_up [28672, 4096] (session 15)
+        bn, bk, warps, stages = 8, 128, 2, 2
+    elif n > 65536:
         bn, bk, warps, stages = 16, 256, 4, 2
     elif n <= 513:  # E + 1: Qwen3-Next's router with its shared-expert gate row
         bn = 1 if n <= 129 else 2 if n <= 257 else 4
@@ -113,8 +115,6 @@ def gemv_config(n: int, k: int, silu_and_mul: bool = False) -> tuple[int, int, i
         bn, bk, warps, stages = 8, 512, 8, 2
     else:
         bn, bk, warps, stages = 4, 1024, 2, 1
-    if silu_and_mul:  # swept end to end on the gate_up [28672, 4096] (session 15)
-        bn, bk, warps, stages = 8, 128, 2, 2
     return bn, min(bk, next_pow2(k)), warps, stages
 
 
