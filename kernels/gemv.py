@@ -97,12 +97,17 @@ def gemv_config(n: int, k: int, silu_and_mul: bool = False) -> tuple[int, int, i
     16-row blocks for an LM head. With silu_and_mul (n = 2N gate | up rows) BN counts
     output values, each two weight rows: 8 in 128-value steps on 2 warps (H200, Llama-3.1-8B
     batch-1 decode: 250.7 tok/s; 8 x 256 on 4 warps 250.3; the plain GEMV's 4-row blocks of
-    1024, as 2 + 2 rows, 206). A small N (n <= 513: a MoE router, N = E of K =
-    hidden) takes 1..4-row blocks of 2048-value steps, ~128 programs for E = 128..512
-    (8-row blocks were 16 programs for Qwen3-MoE's [128, 2048] router: latency-bound; H200
-    2026-12-02: (1, 2048, 8, 1) 1.52 us, (1, 2048, 4, 2) 1.90, (8, 512, 8, 2) 3.14); E + 1
-    rows (a router merged with a shared-expert gate) take E's block, one more program."""
-    if silu_and_mul:  # swept end to end on the gate_up [28672, 4096] (session 15)
+    1024, as 2 + 2 rows, 206); up to 8192 rows (a shared expert's [1024, 2048]) one output
+    of 2048-value steps on 8 warps, as a router (Qwen3.5-35B-A3B: 387.7 tok/s; (8, 128, 2,
+    2) 344.6, (2, 256, 4, 2) 373.3; 382.5 before the activation moved). A small N (n <=
+    513: a MoE router, N = E of K = hidden) takes 1..4-row blocks of 2048-value steps, ~128
+    programs for E = 128..512 (8-row blocks were 16 programs for Qwen3-MoE's [128, 2048]
+    router: latency-bound; H200 2026-12-02: (1, 2048, 8, 1) 1.52 us, (1, 2048, 4, 2) 1.90,
+    (8, 512, 8, 2) 3.14); E + 1 rows (a router merged with a shared-expert gate) take E's
+    block, one more program."""
+    if silu_and_mul and n <= 8192:  # a shared expert's [1024, 2048]: like a router's
+        bn, bk, warps, stages = 1, 2048, 8, 1
+    elif silu_and_mul:  # swept end to end on the gate_up [28672, 4096] (session 15)
         bn, bk, warps, stages = 8, 128, 2, 2
     elif n > 65536:
         bn, bk, warps, stages = 16, 256, 4, 2

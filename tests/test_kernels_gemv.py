@@ -91,6 +91,7 @@ def test_gemv_config_reproduces_the_h200_sweep() -> None:
     assert gemv_config(4096, 14336) == (8, 512, 8, 2)  # down
     assert gemv_config(28672, 4096) == (4, 1024, 2, 1)  # gate_up
     assert gemv_config(28672, 4096, silu_and_mul=True) == (8, 128, 2, 2)  # 8 + 8 rows
+    assert gemv_config(1024, 2048, silu_and_mul=True) == (1, 2048, 8, 1)  # shared expert
     assert gemv_config(128256, 4096) == (16, 256, 4, 2)  # lm_head
     assert gemv_config(300, 100)[1] == 128  # BK shrinks to next_power_of_2(K)
 
