@@ -71,6 +71,16 @@ def test_dense_gemv_silu_and_mul_matches_the_engine(n: int, k: int, dtype: torch
         dense_gemv(x, w[:-1], silu_and_mul=True)
 
 
+def test_dense_gemv_silu_and_mul_large_weight_config() -> None:
+    """The config of gate_up weights past 8192 rows (8 outputs of 128-wide steps), here on
+    a small weight: BN does not divide N, K has a masked tail."""
+    x, w, b = _inputs(2 * 37, 300, torch.float32, True, seed=6)
+    config = gemv_config(28672, 4096, silu_and_mul=True)
+    y = dense_gemv(x, w, b, silu_and_mul=True, config=config)
+    assert_close(y, dense_gemv_ref(x, w, b, silu_and_mul=True))
+    assert torch.equal(y, silu_and_mul(dense_gemv(x, w, b, config=config)))
+
+
 def test_dense_gemv_launch_config_override() -> None:
     """A sweep's config (examples/bench/kernels.py --sweep dense) computes the same."""
     x, w, b = _inputs(37, 1100, torch.float32, True)
