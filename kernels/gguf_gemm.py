@@ -25,12 +25,16 @@ import triton.language as tl
 from kernels._common import cdiv, check, check_float, check_same_device, next_pow2
 from kernels.errors import UnsupportedError
 from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
+from kernels.gguf_kquant_mmq import kquant_mmq, kquant_mmq_fits
 from kernels.gguf_tiles import TILE_TYPES, dequant_tile
 
 # Dispatch by token count M, from the H200 measurements in docs/kernels.md: GEMV up to
-# GEMV_MAX_M tokens, the fused GEMM up to MMQ_MAX_M, dequantize + cuBLAS beyond.
+# GEMV_MAX_M tokens, the fused GEMM up to MMQ_MAX_M (Q4_K / Q6_K: the word-load GEMM of
+# kernels/gguf_kquant_mmq.py up to KQUANT_MAX_M), dequantize + cuBLAS beyond. KQUANT_MAX_M
+# is MMQ_MAX_M until examples/bench/gguf_gemm.py measures where that GEMM stops winning.
 GEMV_MAX_M = 4
 MMQ_MAX_M = 16
+KQUANT_MAX_M = 16
 MMQ_CONFIG = (16, 64, 4, 2)  # BLOCK_M, BLOCK_N, warps, stages
 DEQUANT_BLOCK_N = 8  # rows per dequantize program (one warp)
 
@@ -221,13 +225,16 @@ def gguf_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
 
 def gguf_gemm(x: torch.Tensor, qweight: torch.Tensor, qtype: int) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequant(qweight).T, choosing the path by M (as vLLM's GGUF
-    linear does): GEMV for <= GEMV_MAX_M tokens, the fused GEMM up to MMQ_MAX_M, beyond that
-    dequantize to x's dtype and use torch's dense matmul (cuBLAS)."""
+    linear does): GEMV for <= GEMV_MAX_M tokens, the fused GEMMs up to MMQ_MAX_M /
+    KQUANT_MAX_M, beyond that dequantize to x's dtype and use torch's dense matmul (cuBLAS)."""
     m = x.shape[0] if x.dim() == 2 else -1
     if 0 <= m <= GEMV_MAX_M:
         return gguf_gemv(x, qweight, qtype, block_m=next_pow2(max(m, 1)))
+    n, k, nblk = _check_weight(qweight, qtype)
+    _check_x(x, qweight, k)
+    if m <= KQUANT_MAX_M and kquant_mmq_fits(qweight, qtype):
+        return kquant_mmq(x, qweight, qtype, n, nblk)
     if m <= MMQ_MAX_M:
         return gguf_mmq(x, qweight, qtype)
-    _check_x(x, qweight, _check_weight(qweight, qtype)[1])
     return x @ gguf_dequantize(qweight, qtype, x.dtype).T
 

@@ -126,6 +126,9 @@ def test_go_example(built, child_env, model_path, greedy_text, tmp_path):
 def test_rust_example(built, child_env, model_path, greedy_text, tmp_path):
     if shutil.which("cargo") is None:
         pytest.skip("cargo is absent")
+    if subprocess.run(["cargo", "--version"], capture_output=True).returncode != 0:
+        # rustup's proxy without a toolchain (e.g. a HOME other than the one rustup set up)
+        pytest.skip("cargo has no usable Rust toolchain (`cargo --version` fails)")
     env = {**child_env, "CARGO_TARGET_DIR": str(tmp_path / "target"), "PKG_CONFIG_PATH": str(built)}
     build = _run(["cargo", "build", "--offline", "--release", "-q"], env,
                  cwd=ROOT / "examples/rust")

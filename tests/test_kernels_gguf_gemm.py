@@ -16,7 +16,9 @@ from test_kernels_common import DEVICE, gpu
 from engine.errors import InvalidArgumentError, UnsupportedError
 from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
 from engine.gguf.dequant import dequantize_rows as gguf_dequantize_ref  # the oracle, per row
+from kernels import gguf_gemm as gguf_gemm_module
 from kernels.gguf_gemm import gguf_dequantize, gguf_gemm, gguf_gemv, gguf_mmq
+from kernels.gguf_kquant_mmq import kquant_mmq
 
 TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
          GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
@@ -81,6 +83,44 @@ def test_rows_that_end_inside_a_step(qtype: GGMLType, k: int) -> None:
                     torch.float32)) <= 1e-6
 
 
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K])
+@pytest.mark.parametrize("config", [(16, 16, 4, 1), (32, 64, 4, 2)])
+def test_kquant_mmq_matches_engine(qtype: GGMLType, config: tuple) -> None:
+    # 3 super-blocks a row (Q6_K rows of 630 bytes: every other row off 4-byte alignment),
+    # 20 rows and 17 tokens: partial tiles on both sides
+    w = random_weight(qtype, 20, 768, seed=7)
+    x = torch.randn(17, 768, device=DEVICE)
+    y = kquant_mmq(x, w, qtype, 20, 3, config=config)
+    assert _rel_err(y, gguf_gemm_ref(x, w, qtype)) < 1e-5
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K])
+def test_kquant_mmq_half_rounds_only_the_weights(qtype: GGMLType) -> None:
+    # fp16 (the interpreter's bf16 dot is wrong for every kernel; bf16 runs in the GPU test)
+    w = random_weight(qtype, 16, 256, seed=8)
+    x = torch.randn(9, 256, device=DEVICE).half()
+    ref = x.float() @ gguf_dequantize_ref(w, qtype, torch.float32).half().float().T
+    assert _rel_err(kquant_mmq(x, w, qtype, 16, 1, config=(16, 16, 4, 1)), ref) < 1e-3
+
+
+def test_dispatch_takes_kquant_mmq_only_for_word_aligned_k_quants(monkeypatch) -> None:
+    calls = []
+    real = gguf_gemm_module.kquant_mmq
+    monkeypatch.setattr(gguf_gemm_module, "kquant_mmq",
+                        lambda *a, **kw: calls.append(a[2]) or real(*a, **kw))
+    x = torch.randn(9, 256, device=DEVICE)
+    w = random_weight(GGMLType.Q4_K, 16, 256, seed=9)
+    buf = torch.zeros(w.numel() + 2, dtype=torch.uint8, device=DEVICE)
+    shifted = buf[2:].view(16, 144)  # 2 bytes off the 4-byte words kquant_mmq loads
+    shifted.copy_(w)
+    for qw, qtype in ((w, GGMLType.Q4_K), (shifted, GGMLType.Q4_K),
+                      (random_weight(GGMLType.Q8_0, 16, 256), GGMLType.Q8_0)):
+        assert _rel_err(gguf_gemm(x, qw, qtype), gguf_gemm_ref(x, qw, qtype)) < 1e-5
+    assert calls == [GGMLType.Q4_K]
+    with pytest.raises(InvalidArgumentError, match="aligned to their words"):
+        kquant_mmq(x, shifted, GGMLType.Q4_K, 16, 1)
+
+
 @pytest.mark.parametrize("m", [0, 1, 5, 300])
 def test_gemm_dispatch_by_token_count(m: int) -> None:
     w = random_weight(GGMLType.Q4_K, 8, 256, seed=4)
@@ -112,7 +152,7 @@ LLAMA_SHAPES = [(14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096)]  # (N,
 @gpu
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K])
 @pytest.mark.parametrize("n,k", LLAMA_SHAPES)
-@pytest.mark.parametrize("m", [1, 4, 64, 512])
+@pytest.mark.parametrize("m", [1, 4, 16, 64, 512])
 def test_llama_shapes_bf16(qtype: GGMLType, n: int, k: int, m: int) -> None:
     w = random_weight(qtype, n, k, seed=5)
     x = torch.randn(m, k, dtype=torch.bfloat16, device=DEVICE)

@@ -8,9 +8,9 @@ CUDA-graph replays (no launch overhead) over enough distinct input copies that t
 not sit in the 50 MB L2, as a model's layers do not. Each row: time per call, bytes moved or
 FLOPs, the ratio to the H200 ceilings measured in ../shared/device/README.md (4.28 TB/s
 copy, 799 TFLOP/s bf16), and the max relative error against the reference. --sweep also
-times other launch configs of the attention, GEMV, dequantize and fused GEMM kernels
-(sections: dense qkv_rope decode prefill unified gguf gemm). Prints a table last;
-writes kernels.json to --out (default $OUT or .).
+times other launch configs of the attention and GEMV kernels (sections: dense qkv_rope
+decode prefill unified gguf); the GGUF matmuls past the GEMV are examples/bench/gguf_gemm.py.
+Prints a table last; writes kernels.json to --out (default $OUT or .).
 """
 # ruff: noqa: B023  (every lambda is timed inside the loop iteration that defines it)
 
@@ -404,40 +404,6 @@ def bench_gguf(sweep: bool) -> None:
                                                                       per_token.items()}})
 
 
-MMQ_SWEEP = [(16, 64, 4, 2), (32, 64, 4, 2), (64, 128, 4, 3), (128, 128, 8, 3), (16, 128, 4, 3)]
-
-
-def bench_gguf_gemm(sweep: bool) -> None:
-    for qtype in (GGMLType.Q4_K, GGMLType.Q8_0):
-        n, k = 2 * FF, H
-        w = random_weight(qtype, n, k)
-        deq_err = rel_err(gg.gguf_dequantize(w, qtype, BF16), gguf_dequantize_ref(w, qtype,
-                                                                                      BF16))
-        nb = 8 if qtype == GGMLType.Q8_0 else 1
-        for cfg in [None] + ([(16, nb, 2), (64, nb, 8), (8, nb, 1), (32, 2 * nb, 4),
-                              (16, 2 * nb, 4)] if sweep else []):
-            tt = gpu_time(lambda cfg=cfg: gg.gguf_dequantize(w, qtype, BF16, cfg))
-            row(f"gguf_dequantize {qtype.name}", f"{n}x{k}", tt, w.numel() + 2 * n * k,
-                err=deq_err if cfg is None else None, note=str(cfg) if cfg else "default")
-        for m in (1, 2, 4, 8, 16, 64, 256, 1024, 4096):
-            x = torch.randn(m, k, dtype=BF16, device=DEV)
-            ref = gguf_gemm_ref(x.float(), w, qtype)
-            flops = 2 * m * n * k
-            paths = {"gguf_gemm dispatch": lambda x=x: gg.gguf_gemm(x, w, qtype),
-                     "dequant+cuBLAS": lambda x=x: x @ gg.gguf_dequantize(w, qtype, BF16).T}
-            if m <= 256:
-                paths["mmq"] = lambda x=x: gg.gguf_mmq(x, w, qtype)
-            if m <= 16:
-                paths["gemv"] = lambda x=x, m=m: gg.gguf_gemv(x, w, qtype, block_m=min(4, m))
-            if sweep and 16 <= m <= 256:
-                for cfg in MMQ_SWEEP:
-                    paths[f"mmq {cfg}"] = lambda x=x, c=cfg: gg.gguf_mmq(x, w, qtype, c)
-            for path, fn in paths.items():
-                err = rel_err(fn(), ref)
-                row(f"gguf_gemm {qtype.name}", f"{n}x{k} M={m}", gpu_time(fn), w.numel(),
-                    flops, err=err, note=path)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", nargs="*", help="sections whose launch configs to sweep "
@@ -445,13 +411,13 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--only", nargs="*",
                     default=["small", "moe", "dense", "qkv_rope", "decode", "prefill", "unified",
-                             "gguf", "gemm"])
+                             "gguf"])
     args = ap.parse_args()
     torch.manual_seed(0)
     start = time.time()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"triton {__import__('triton').__version__}", flush=True)
-    sweep = {n for n in ("dense", "qkv_rope", "decode", "prefill", "unified", "gguf", "gemm")
+    sweep = {n for n in ("dense", "qkv_rope", "decode", "prefill", "unified", "gguf")
              if args.sweep is not None and (not args.sweep or n in args.sweep)}
     steps = {"small": lambda: bench_small(), "moe": lambda: bench_moe_small(),
              "dense": lambda: bench_dense("dense" in sweep),
@@ -459,8 +425,7 @@ def main() -> None:
              "decode": lambda: bench_decode("decode" in sweep),
              "prefill": lambda: bench_prefill("prefill" in sweep),
              "unified": lambda: bench_unified("unified" in sweep),
-             "gguf": lambda: bench_gguf("gguf" in sweep),
-             "gemm": lambda: bench_gguf_gemm("gemm" in sweep)}
+             "gguf": lambda: bench_gguf("gguf" in sweep)}
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d"),
             "command": " ".join(sys.argv)}

@@ -1,0 +1,105 @@
+"""Time the GGUF matmul paths past the decode GEMV on Llama-3.1-8B's linear shapes.
+
+    python examples/bench/gguf_gemm.py [--sweep] [--m 9 16 ...] [--types Q4_K ...] [--out DIR]
+
+Per type, shape (qkv, o, gate_up, down, lm_head) and token count M, every path that can run:
+the dispatch kernels/gguf_gemm.py takes (`gguf_gemm`), the word-load tile GEMM
+(kernels/gguf_kquant_mmq.py, Q4_K / Q6_K; --sweep adds KQUANT_SWEEP's configs), the byte-tile
+GEMM (`gguf_mmq`, M <= 64), dequantize + cuBLAS, and bf16 cuBLAS on the dequantized weights
+(what the bf16 model pays: the bar issue 16's offline criterion sets). Then, per type and M,
+the sum over one layer's four linears of each path: where the tile GEMM's sum drops under
+dequantize + cuBLAS is the crossover for gguf_gemm's dispatch. Times, bytes and %BW as
+examples/bench/kernels.py (CUDA-graph replays over enough weight copies to miss the L2; %BW
+counts the quantized bytes). Writes gguf_gemm.json to --out (default $OUT or .).
+"""
+# ruff: noqa: B023  (every lambda is timed inside the loop iteration that defines it)
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from engine.gguf.constants import GGMLType  # noqa: E402
+from engine.gguf.dequant import dequantize_rows  # noqa: E402
+from examples.bench.kernels import (  # noqa: E402
+    BF16,
+    DEV,
+    LLAMA_LINEARS,
+    ROWS,
+    copies,
+    gguf_gemm_ref,
+    gpu_time,
+    random_weight,
+    rel_err,
+    row,
+)
+from kernels import gguf_gemm as gg  # noqa: E402
+from kernels.gguf_kquant_mmq import KQUANT_MMQ_TYPES, kquant_config, kquant_mmq  # noqa: E402
+
+H = LLAMA_LINEARS["o"][1]
+SHAPES = dict(LLAMA_LINEARS, lm_head=(128256, H))
+KQUANT_SWEEP = [(64, 16, 4, 2), (64, 16, 8, 2), (64, 32, 4, 3), (64, 32, 8, 2), (64, 64, 4, 2),
+                (64, 64, 8, 2), (64, 64, 4, 3), (64, 128, 8, 2), (128, 64, 8, 2),
+                (128, 128, 8, 2), (64, 256, 8, 2)]
+
+
+def time_paths(qtype: GGMLType, lin: str, n: int, k: int, ms: list[int], sweep: bool) -> dict:
+    """{(path, M): seconds} for one shape; also prints and records each row."""
+    ws = [random_weight(qtype, n, k) for _ in range(copies(n * k // 2))]
+    dense = dequantize_rows(ws[0], qtype, torch.float32).to(BF16)  # [N, K]
+    nblk = ws[0].shape[1] // gg.GGML_TYPE_TRAITS[qtype][1]
+    times = {}
+    for m in ms:
+        x = torch.randn(m, k, dtype=BF16, device=DEV)
+        ref = gguf_gemm_ref(x.float(), ws[0], qtype)
+        paths = {"gguf_gemm": lambda w: gg.gguf_gemm(x, w, qtype),
+                 "dequant+cuBLAS": lambda w: x @ gg.gguf_dequantize(w, qtype, BF16).T}
+        if qtype in KQUANT_MMQ_TYPES:
+            for cfg in [kquant_config(m, qtype)] + (KQUANT_SWEEP if sweep else []):
+                paths[f"kquant_mmq {cfg}"] = lambda w, c=cfg: kquant_mmq(x, w, qtype, n, nblk, c)
+        if m <= 64:
+            paths["mmq"] = lambda w: gg.gguf_mmq(x, w, qtype)
+        for path, fn in paths.items():
+            t = gpu_time(lambda: [fn(w) for w in ws]) / len(ws)
+            times[path, m] = t
+            row(f"gguf {qtype.name}", f"{lin} {n}x{k} M={m}", t, ws[0].numel(), 2 * m * n * k,
+                err=rel_err(fn(ws[0]), ref), note=path)
+        t = gpu_time(lambda: x @ dense.T)
+        times["bf16 cuBLAS", m] = t
+        row(f"gguf {qtype.name}", f"{lin} {n}x{k} M={m}", t, dense.numel() * 2, 2 * m * n * k,
+            note="bf16 cuBLAS")
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--m", type=int, nargs="*", default=[9, 16, 32, 64, 128, 256, 512])
+    ap.add_argument("--types", nargs="*", default=["Q4_K", "Q6_K", "Q8_0"])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    layer: dict[tuple[str, str, int], float] = {}  # (type, path, M) -> sum over qkv/o/gate_up/down
+    for qtype in (GGMLType[t] for t in args.types):
+        for lin, (n, k) in SHAPES.items():
+            for (path, m), t in time_paths(qtype, lin, n, k, args.m, args.sweep).items():
+                if lin in LLAMA_LINEARS:
+                    key = (qtype.name, path, m)
+                    layer[key] = layer.get(key, 0.0) + t
+    print("\nOne layer's four linears (us), per type, path and M:")
+    for (name, path, m), t in sorted(layer.items()):
+        print(f"  {name:<5} M={m:<5} {path:<34} {t * 1e6:9.1f}")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "gguf_gemm.json").write_text(json.dumps(
+        {"rows": ROWS, "layer_us": [[*k, v * 1e6] for k, v in layer.items()]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""Q4_K / Q6_K matmul for 9 to a few hundred tokens: weight tiles decoded from word loads.
+
+The GGUF GEMM of kernels/gguf_gemm.py decodes its tiles byte by byte (kernels/gguf_tiles.py,
+~65 lane operations a weight); this one loads a super-block's quant bytes as 32-bit (Q4_K)
+or 16-bit (Q6_K: 210-byte blocks are 2-byte aligned) words and shifts all nibbles out at
+once into a tile whose flat order is K's own order, so the activations load as one
+contiguous [BLOCK_M, KP] tile: about six operations a weight. The weights are the MMA's M
+side and the tokens its N side (the "swap AB" of vLLM's small-M CUTLASS dispatch,
+csrc/quantization/cutlass_w8a8/c3x/scaled_mm_sm90_fp8_dispatch.cuh), so a batch of 16
+tokens still fills 64-row tensor-core tiles. Block layouts: llama.cpp ggml-common.h
+(block_q4_K, block_q6_K) as engine/gguf/dequant.py reads them; the role is vLLM's GGUF
+fused matmul for batches past the vector kernel (csrc/quantization/gguf/gguf_kernel.cu
+ggml_mul_mat_a8, dispatched by _fused_mul_mat_gguf), with own code.
+
+Weights are the raw GGUF bytes [N, row_bytes] uint8 as in kernels/gguf_gemm.py; the
+launcher checks them there (_check_weight) and here the word alignment.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import cdiv, check, next_pow2
+
+Q4_K, Q6_K = 12, 14
+# type -> (bytes per super-block, parts per super-block, word bytes); a part is
+# 256 / parts consecutive values of K, decoded and multiplied as one tile
+KQUANT_MMQ_TYPES: dict[int, tuple[int, int, int]] = {Q4_K: (144, 2, 4), Q6_K: (210, 4, 2)}
+
+
+@triton.jit
+def _f16_bits(h):
+    """fp32 of the fp16 whose bits are the low 16 of int32 tensor h."""
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _moved(word, at, to: tl.constexpr):
+    """int32 `word` shifted so that its bit `at` lands on bit `to` (per element; the shift
+    amounts are constants of each element's position, so this is one shift)."""
+    return tl.where(at <= to, word << tl.maximum(to - at, 0), word >> tl.maximum(at - to, 0))
+
+
+@triton.jit
+def _q4_k_part(words, n_ok, PART: tl.constexpr):
+    """Values 128 * PART .. + 127 of Q4_K super-blocks at int32 pointers `words` [BN]:
+    block_q4_K is d | dmin (word 0), scales[12] (words 1-3), qs[128] (words 4-35). Chunk c
+    of 32 qs bytes holds sub-block 2c in its low nibbles and 2c + 1 in its high ones, so
+    nibble (h, byte) of qs word (c, w8) is value 64c + 32h + 4 w8 + byte: decoded as
+    [BN, 2 c, 2 h, 8 w8, 4 byte], its flat order is K order -> [BN, 128] fp32."""
+    m = n_ok[:, None]
+    qs = tl.load(words[:, None] + 4 + 16 * PART + tl.arange(0, 16)[None, :], mask=m, other=0)
+    w0 = tl.load(words, mask=n_ok, other=0)[:, None]  # d | dmin
+    w1 = tl.load(words + 1, mask=n_ok, other=0)[:, None]  # scales bytes 0-3
+    w2 = tl.load(words + 2, mask=n_ok, other=0)[:, None]  # 4-7
+    w3 = tl.load(words + 3, mask=n_ok, other=0)[:, None]  # 8-11
+    sh = 8 * tl.arange(0, 4)[None, :]  # byte b of a word: sub-block 4 * PART + b
+    if PART == 0:  # get_scale_min_k4, j < 4
+        sc = (w1 >> sh) & 63
+        mn = (w2 >> sh) & 63
+    else:  # j >= 4: low nibbles in bytes 8-11, high two bits on top of bytes 0-7
+        sc = ((w3 >> sh) & 15) | (((w1 >> (sh + 6)) & 3) << 4)
+        mn = ((w3 >> (sh + 4)) & 15) | (((w2 >> (sh + 6)) & 3) << 4)
+    scale = _f16_bits(w0) * sc.to(tl.float32)  # [BN, 4]
+    off = _f16_bits(w0 >> 16) * mn.to(tl.float32)
+    bn: tl.constexpr = words.shape[0]
+    q = tl.reshape(qs, (bn, 2, 1, 8, 1))
+    shift = (4 * tl.arange(0, 2)[:, None] + 8 * tl.arange(0, 4)[None, :])[None, None, :, None, :]
+    # the nibble as fp32's mantissa top of 1.0: 1 + q / 16, exact, in a shift and one
+    # three-input logic op (no quarter-rate int-to-float)
+    f = ((_moved(q, shift, 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+    s16 = tl.reshape(16.0 * scale, (bn, 2, 2, 1, 1))
+    w = f * s16 - (s16 + tl.reshape(off, (bn, 2, 2, 1, 1)))  # (f - 1) * 16 * scale - off
+    return tl.reshape(w, (bn, 128))
+
+
+@triton.jit
+def _q6_k_part(halves, n_ok, PART: tl.constexpr):
+    """Values 64 * PART .. + 63 of Q6_K super-blocks at int16 pointers `halves` [BN]:
+    block_q6_K is ql[128] | qh[64] | scales[16] int8 | d fp16 (halves 0-63, 64-95, 96-103,
+    104). Value 32 g + l of half h2 (g = 2 bq + a, l = 2 hw + byte) has the low bits in
+    nibble bq of ql[64 h2 + 32 a + l] and the high two in bits 2g of qh[32 h2 + l]; this
+    part is (h2, bq) = divmod(PART, 2): [BN, 2 a, 2 hw // 8, 8 hw % 8, 2 byte] in K order,
+    one int8 scale per 16 values -> [BN, 64] fp32."""
+    H2: tl.constexpr = PART // 2
+    BQ: tl.constexpr = PART % 2
+    m = n_ok[:, None]
+    bn: tl.constexpr = halves.shape[0]
+    ql = tl.load(halves[:, None] + 32 * H2 + tl.arange(0, 32)[None, :], mask=m, other=0)
+    qh = tl.load(halves[:, None] + 64 + 16 * H2 + tl.arange(0, 16)[None, :], mask=m, other=0)
+    d = _f16_bits(tl.load(halves + 104, mask=n_ok, other=0).to(tl.int32))[:, None]
+    sc_at = (halves + 96).to(tl.pointer_type(tl.int8))[:, None] + 8 * H2 + 4 * BQ
+    sc = tl.load(sc_at + tl.arange(0, 4)[None, :], mask=m, other=0).to(tl.float32)  # [BN, 4]
+    byte = 8 * tl.arange(0, 2)[None, None, None, None, :]
+    a = tl.arange(0, 2)[None, :, None, None, None]
+    lo = tl.reshape(ql.to(tl.int32), (bn, 2, 2, 8, 1))  # ql/qh halves sign-extended:
+    hi = tl.reshape(qh.to(tl.int32), (bn, 1, 2, 8, 1))  # the masks drop bits 16+
+    bits = (_moved(lo, 4 * BQ + byte, 17) & 0x1E0000) | (
+        _moved(hi, 4 * BQ + 2 * a + byte, 21) & 0x600000)
+    f = (bits | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + q / 64, q = 6 bits [BN, 2, 2, 8, 2]
+    s64 = tl.reshape(64.0 * d * sc, (bn, 2, 2, 1, 1))
+    return tl.reshape(f * s64 - 1.5 * s64, (bn, 64))  # (q - 32) * scale
+
+
+@triton.jit
+def _kquant_mmq_kernel(
+    x_ptr, w_ptr, y_ptr, M, N, nblk, stride_xm: tl.int64, stride_w: tl.int64,  # w in words
+    stride_ym: tl.int64,
+    TYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    # program (BLOCK_N weight rows, BLOCK_M tokens): acc [BN, BM] = W [BN, K] @ x[BM, K]^T;
+    # the N index varies fastest so programs running together share the x tile in L2
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_ok = n < N
+    x_rows = x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm
+    m_ok = (offs_m < M)[None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    if TYPE == 12:
+        PARTS: tl.constexpr = 2
+        blocks = w_ptr.to(tl.pointer_type(tl.int32)) + n.to(tl.int64) * stride_w  # [BN]
+        BLOCK_WORDS: tl.constexpr = 36
+    else:
+        tl.static_assert(TYPE == 14, "Q4_K or Q6_K")
+        PARTS: tl.constexpr = 4
+        blocks = w_ptr.to(tl.pointer_type(tl.int16)) + n.to(tl.int64) * stride_w  # [BN]
+        BLOCK_WORDS: tl.constexpr = 105
+    KP: tl.constexpr = 256 // PARTS
+    for s in range(nblk):
+        for part in tl.static_range(PARTS):
+            if TYPE == 12:
+                w = _q4_k_part(blocks + s * BLOCK_WORDS, n_ok, part)
+            else:
+                w = _q6_k_part(blocks + s * BLOCK_WORDS, n_ok, part)
+            k = s * 256 + part * KP + tl.arange(0, KP)[:, None]
+            xt = tl.load(x_rows + k, mask=m_ok, other=0.0)  # [KP, BM]
+            acc = tl.dot(w.to(xt.dtype), xt, acc, input_precision=DOT_PREC)
+    y = y_ptr + offs_m.to(tl.int64)[None, :] * stride_ym + n[:, None]
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok)
+
+
+def kquant_mmq_fits(qweight: torch.Tensor, qtype: int) -> bool:
+    """Whether kquant_mmq can read these raw blocks: its types, and rows aligned to its
+    words (true for whole tensors and their row slices, which start at a block edge)."""
+    traits = KQUANT_MMQ_TYPES.get(qtype)
+    return traits is not None and qweight.data_ptr() % traits[2] == 0 and (
+        qweight.stride(0) % traits[2] == 0)
+
+
+def kquant_config(m: int, qtype: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_M, warps, stages): 64 weight rows (one warpgroup's wgmma M side), the
+    tokens rounded up to a power of two from 16 to 64; Q6_K on 8 warps, where its decode fits
+    in 160 registers (255 and spills on 4; Triton 3.9's sm_90 compile). Not yet timed."""
+    return 64, min(max(next_pow2(m), 16), 64), 8 if qtype == Q6_K else 4, 2
+
+
+def kquant_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int, nblk: int,
+               config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ dequant(qweight).T for Q4_K / Q6_K raw blocks [N, row_bytes]
+    already validated by the caller (kernels/gguf_gemm.py gguf_gemm), K = 256 * nblk."""
+    check(kquant_mmq_fits(qweight, qtype),
+          lambda: f"kquant_mmq needs Q4_K or Q6_K blocks aligned to their words, got type "
+          f"{qtype} at offset {qweight.data_ptr() % 4}, row stride {qweight.stride(0)}")
+    m = x.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return y
+    block_n, block_m, warps, stages = config or kquant_config(m, qtype)
+    _kquant_mmq_kernel[(cdiv(n, block_n), cdiv(m, block_m))](
+        x, qweight, y, m, n, nblk, x.stride(0), qweight.stride(0) // KQUANT_MMQ_TYPES[qtype][2],
+        y.stride(0), TYPE=qtype, BLOCK_N=block_n, BLOCK_M=block_m,
+        DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps,
+        num_stages=stages,
+    )
+    return y
