@@ -230,10 +230,9 @@ def gguf_gemm(x: torch.Tensor, qweight: torch.Tensor, qtype: int) -> torch.Tenso
     m = x.shape[0] if x.dim() == 2 else -1
     if 0 <= m <= GEMV_MAX_M:
         return gguf_gemv(x, qweight, qtype, block_m=next_pow2(max(m, 1)))
-    n, k, nblk = _check_weight(qweight, qtype)
-    _check_x(x, qweight, k)
+    _check_x(x, qweight, _check_weight(qweight, qtype)[1])
     if m <= KQUANT_MAX_M and kquant_mmq_fits(qweight, qtype):
-        return kquant_mmq(x, qweight, qtype, n, nblk)
+        return kquant_mmq(x, qweight, qtype)
     if m <= MMQ_MAX_M:
         return gguf_mmq(x, qweight, qtype)
     return x @ gguf_dequantize(qweight, qtype, x.dtype).T

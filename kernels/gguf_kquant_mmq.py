@@ -145,7 +145,7 @@ def kquant_mmq_fits(qweight: torch.Tensor, qtype: int) -> bool:
     """Whether kquant_mmq can read these raw blocks: its types, and rows aligned to its
     words (true for whole tensors and their row slices, which start at a block edge)."""
     traits = KQUANT_MMQ_TYPES.get(qtype)
-    return traits is not None and qweight.data_ptr() % traits[2] == 0 and (
+    return traits is not None and qweight.dim() == 2 and qweight.data_ptr() % traits[2] == 0 and (
         qweight.stride(0) % traits[2] == 0)
 
 
@@ -156,13 +156,21 @@ def kquant_config(m: int, qtype: int) -> tuple[int, int, int, int]:
     return 64, min(max(next_pow2(m), 16), 64), 8 if qtype == Q6_K else 4, 2
 
 
-def kquant_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int, nblk: int,
+def kquant_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
                config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """y [M, N] = x [M, K] @ dequant(qweight).T for Q4_K / Q6_K raw blocks [N, row_bytes]
-    already validated by the caller (kernels/gguf_gemm.py gguf_gemm), K = 256 * nblk."""
+    """y [M, N] = x [M, K] @ dequant(qweight).T for Q4_K / Q6_K raw blocks [N, row_bytes];
+    N and the block count come from qweight's own shape (CVE-2026-53923), x's float dtype
+    and device are the caller's check (kernels/gguf_gemm.py gguf_gemm)."""
     check(kquant_mmq_fits(qweight, qtype),
           lambda: f"kquant_mmq needs Q4_K or Q6_K blocks aligned to their words, got type "
           f"{qtype} at offset {qweight.data_ptr() % 4}, row stride {qweight.stride(0)}")
+    block_bytes = KQUANT_MMQ_TYPES[qtype][0]
+    n, row_bytes = qweight.shape
+    nblk = row_bytes // block_bytes
+    check(qweight.dtype == torch.uint8 and row_bytes % block_bytes == 0 and qweight.stride(1) == 1
+          and x.dim() == 2 and x.shape[1] == 256 * nblk and x.stride(1) == 1,
+          lambda: f"kquant_mmq: x {tuple(x.shape)} and {tuple(qweight.shape)} {qweight.dtype} "
+          f"rows of {block_bytes}-byte blocks do not match")
     m = x.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:

@@ -90,7 +90,7 @@ def test_kquant_mmq_matches_engine(qtype: GGMLType, config: tuple) -> None:
     # 20 rows and 17 tokens: partial tiles on both sides
     w = random_weight(qtype, 20, 768, seed=7)
     x = torch.randn(17, 768, device=DEVICE)
-    y = kquant_mmq(x, w, qtype, 20, 3, config=config)
+    y = kquant_mmq(x, w, qtype, config=config)
     assert _rel_err(y, gguf_gemm_ref(x, w, qtype)) < 1e-5
 
 
@@ -100,7 +100,7 @@ def test_kquant_mmq_half_rounds_only_the_weights(qtype: GGMLType) -> None:
     w = random_weight(qtype, 16, 256, seed=8)
     x = torch.randn(9, 256, device=DEVICE).half()
     ref = x.float() @ gguf_dequantize_ref(w, qtype, torch.float32).half().float().T
-    assert _rel_err(kquant_mmq(x, w, qtype, 16, 1, config=(16, 16, 4, 1)), ref) < 1e-3
+    assert _rel_err(kquant_mmq(x, w, qtype, config=(16, 16, 4, 1)), ref) < 1e-3
 
 
 def test_dispatch_takes_kquant_mmq_only_for_word_aligned_k_quants(monkeypatch) -> None:
@@ -118,7 +118,9 @@ def test_dispatch_takes_kquant_mmq_only_for_word_aligned_k_quants(monkeypatch) -
         assert _rel_err(gguf_gemm(x, qw, qtype), gguf_gemm_ref(x, qw, qtype)) < 1e-5
     assert calls == [GGMLType.Q4_K]
     with pytest.raises(InvalidArgumentError, match="aligned to their words"):
-        kquant_mmq(x, shifted, GGMLType.Q4_K, 16, 1)
+        kquant_mmq(x, shifted, GGMLType.Q4_K)
+    with pytest.raises(InvalidArgumentError, match="do not match"):
+        kquant_mmq(torch.randn(9, 512, device=DEVICE), w, GGMLType.Q4_K)
 
 
 @pytest.mark.parametrize("m", [0, 1, 5, 300])

@@ -54,7 +54,6 @@ def time_paths(qtype: GGMLType, lin: str, n: int, k: int, ms: list[int], sweep: 
     """{(path, M): seconds} for one shape; also prints and records each row."""
     ws = [random_weight(qtype, n, k) for _ in range(copies(n * k // 2))]
     dense = dequantize_rows(ws[0], qtype, torch.float32).to(BF16)  # [N, K]
-    nblk = ws[0].shape[1] // gg.GGML_TYPE_TRAITS[qtype][1]
     times = {}
     for m in ms:
         x = torch.randn(m, k, dtype=BF16, device=DEV)
@@ -63,7 +62,7 @@ def time_paths(qtype: GGMLType, lin: str, n: int, k: int, ms: list[int], sweep: 
                  "dequant+cuBLAS": lambda w: x @ gg.gguf_dequantize(w, qtype, BF16).T}
         if qtype in KQUANT_MMQ_TYPES:
             for cfg in [kquant_config(m, qtype)] + (KQUANT_SWEEP if sweep else []):
-                paths[f"kquant_mmq {cfg}"] = lambda w, c=cfg: kquant_mmq(x, w, qtype, n, nblk, c)
+                paths[f"kquant_mmq {cfg}"] = lambda w, c=cfg: kquant_mmq(x, w, qtype, c)
         if m <= 64:
             paths["mmq"] = lambda w: gg.gguf_mmq(x, w, qtype)
         for path, fn in paths.items():
