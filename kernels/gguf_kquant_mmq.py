@@ -163,7 +163,7 @@ def kquant_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
     and device are the caller's check (kernels/gguf_gemm.py gguf_gemm)."""
     check(kquant_mmq_fits(qweight, qtype),
           lambda: f"kquant_mmq needs Q4_K or Q6_K blocks aligned to their words, got type "
-          f"{qtype} at offset {qweight.data_ptr() % 4}, row stride {qweight.stride(0)}")
+          f"{qtype} at address {qweight.data_ptr():#x}, row stride {qweight.stride(0)}")
     block_bytes = KQUANT_MMQ_TYPES[qtype][0]
     n, row_bytes = qweight.shape
     nblk = row_bytes // block_bytes

@@ -113,12 +113,16 @@ def test_dispatch_takes_kquant_mmq_only_for_word_aligned_k_quants(monkeypatch) -
     buf = torch.zeros(w.numel() + 2, dtype=torch.uint8, device=DEVICE)
     shifted = buf[2:].view(16, 144)  # 2 bytes off the 4-byte words kquant_mmq loads
     shifted.copy_(w)
-    for qw, qtype in ((w, GGMLType.Q4_K), (shifted, GGMLType.Q4_K),
+    padded = torch.zeros(16, 146, dtype=torch.uint8, device=DEVICE)[:, :144]  # rows 146 apart
+    padded.copy_(w)
+    for qw, qtype in ((w, GGMLType.Q4_K), (shifted, GGMLType.Q4_K), (padded, GGMLType.Q4_K),
+                      (random_weight(GGMLType.Q6_K, 16, 256), GGMLType.Q6_K),
                       (random_weight(GGMLType.Q8_0, 16, 256), GGMLType.Q8_0)):
         assert _rel_err(gguf_gemm(x, qw, qtype), gguf_gemm_ref(x, qw, qtype)) < 1e-5
-    assert calls == [GGMLType.Q4_K]
-    with pytest.raises(InvalidArgumentError, match="aligned to their words"):
-        kquant_mmq(x, shifted, GGMLType.Q4_K)
+    assert calls == [GGMLType.Q4_K, GGMLType.Q6_K]
+    for bad in (shifted, padded):
+        with pytest.raises(InvalidArgumentError, match="aligned to their words"):
+            kquant_mmq(x, bad, GGMLType.Q4_K)
     with pytest.raises(InvalidArgumentError, match="do not match"):
         kquant_mmq(torch.randn(9, 512, device=DEVICE), w, GGMLType.Q4_K)
 
