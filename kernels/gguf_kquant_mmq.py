@@ -12,8 +12,8 @@ tokens still fills 64-row tensor-core tiles. Block layouts: llama.cpp ggml-commo
 fused matmul for batches past the vector kernel (csrc/quantization/gguf/gguf_kernel.cu
 ggml_mul_mat_a8, dispatched by _fused_mul_mat_gguf), with own code.
 
-Weights are the raw GGUF bytes [N, row_bytes] uint8 as in kernels/gguf_gemm.py; the
-launcher checks them there (_check_weight) and here the word alignment.
+Weights are the raw GGUF bytes [N, row_bytes] uint8 as in kernels/gguf_gemm.py; kquant_mmq
+checks their word alignment and that N, K and the block count agree with their own shape.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ import triton
 import triton.language as tl
 
 from kernels._common import cdiv, check, next_pow2
+from kernels.ggml_types import GGMLType
 
-Q4_K, Q6_K = 12, 14
-# type -> (bytes per super-block, parts per super-block, word bytes); a part is
-# 256 / parts consecutive values of K, decoded and multiplied as one tile
-KQUANT_MMQ_TYPES: dict[int, tuple[int, int, int]] = {Q4_K: (144, 2, 4), Q6_K: (210, 4, 2)}
+# type -> (bytes per super-block, bytes per word loaded)
+KQUANT_MMQ_TYPES: dict[int, tuple[int, int]] = {GGMLType.Q4_K: (144, 4), GGMLType.Q6_K: (210, 2)}
 
 
 @triton.jit
@@ -145,15 +144,15 @@ def kquant_mmq_fits(qweight: torch.Tensor, qtype: int) -> bool:
     """Whether kquant_mmq can read these raw blocks: its types, and rows aligned to its
     words (true for whole tensors and their row slices, which start at a block edge)."""
     traits = KQUANT_MMQ_TYPES.get(qtype)
-    return traits is not None and qweight.dim() == 2 and qweight.data_ptr() % traits[2] == 0 and (
-        qweight.stride(0) % traits[2] == 0)
+    return traits is not None and qweight.dim() == 2 and qweight.data_ptr() % traits[1] == 0 and (
+        qweight.stride(0) % traits[1] == 0)
 
 
 def kquant_config(m: int, qtype: int) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_M, warps, stages): 64 weight rows (one warpgroup's wgmma M side), the
     tokens rounded up to a power of two from 16 to 64; Q6_K on 8 warps, where its decode fits
     in 160 registers (255 and spills on 4; Triton 3.9's sm_90 compile). Not yet timed."""
-    return 64, min(max(next_pow2(m), 16), 64), 8 if qtype == Q6_K else 4, 2
+    return 64, min(max(next_pow2(m), 16), 64), 8 if qtype == GGMLType.Q6_K else 4, 2
 
 
 def kquant_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
@@ -177,7 +176,7 @@ def kquant_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
         return y
     block_n, block_m, warps, stages = config or kquant_config(m, qtype)
     _kquant_mmq_kernel[(cdiv(n, block_n), cdiv(m, block_m))](
-        x, qweight, y, m, n, nblk, x.stride(0), qweight.stride(0) // KQUANT_MMQ_TYPES[qtype][2],
+        x, qweight, y, m, n, nblk, x.stride(0), qweight.stride(0) // KQUANT_MMQ_TYPES[qtype][1],
         y.stride(0), TYPE=qtype, BLOCK_N=block_n, BLOCK_M=block_m,
         DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps,
         num_stages=stages,
