@@ -30,11 +30,13 @@ from kernels.gguf_tiles import TILE_TYPES, dequant_tile
 
 # Dispatch by token count M, from the H200 measurements in docs/kernels.md: GEMV up to
 # GEMV_MAX_M tokens, the fused GEMM up to MMQ_MAX_M (Q4_K / Q6_K: the word-load GEMM of
-# kernels/gguf_kquant_mmq.py up to KQUANT_MAX_M), dequantize + cuBLAS beyond. KQUANT_MAX_M
-# is MMQ_MAX_M until examples/bench/gguf_gemm.py measures where that GEMM stops winning.
+# kernels/gguf_kquant_mmq.py up to KQUANT_MAX_M, where examples/bench/gguf_gemm.py's sum
+# over a Llama-8B layer's four linears stops beating dequantize + cuBLAS on the H200:
+# Q4_K 222 vs 302 us at M = 64, 303 vs 314 at 128; Q6_K 307 vs 387 at 32, 525 vs 390 at
+# 64), dequantize + cuBLAS beyond.
 GEMV_MAX_M = 4
 MMQ_MAX_M = 16
-KQUANT_MAX_M = 16
+KQUANT_MAX_M = {GGMLType.Q4_K: 64, GGMLType.Q6_K: 32}
 MMQ_CONFIG = (16, 64, 4, 2)  # BLOCK_M, BLOCK_N, warps, stages
 DEQUANT_BLOCK_N = 8  # rows per dequantize program (one warp)
 
@@ -231,7 +233,7 @@ def gguf_gemm(x: torch.Tensor, qweight: torch.Tensor, qtype: int) -> torch.Tenso
     if 0 <= m <= GEMV_MAX_M:
         return gguf_gemv(x, qweight, qtype, block_m=next_pow2(max(m, 1)))
     _check_x(x, qweight, _check_weight(qweight, qtype)[1])
-    if m <= KQUANT_MAX_M and kquant_mmq_fits(qweight, qtype):
+    if m <= KQUANT_MAX_M.get(qtype, 0) and kquant_mmq_fits(qweight, qtype):
         return kquant_mmq(x, qweight, qtype)
     if m <= MMQ_MAX_M:
         return gguf_mmq(x, qweight, qtype)

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import cdiv, check, next_pow2
+from kernels._common import cdiv, check
 from kernels.ggml_types import GGMLType
 
 # type -> (bytes per super-block, bytes per word loaded)
@@ -106,11 +106,17 @@ def _q6_k_part(halves, n_ok, PART: tl.constexpr):
 @triton.jit
 def _kquant_mmq_kernel(
     x_ptr, w_ptr, y_ptr, M, N, nblk, stride_xm: tl.int64, stride_w: tl.int64,  # w in words
-    stride_ym: tl.int64,
+    stride_ym: tl.int64, stride_ys: tl.int64,
     TYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    # program (BLOCK_N weight rows, BLOCK_M tokens): acc [BN, BM] = W [BN, K] @ x[BM, K]^T;
-    # the N index varies fastest so programs running together share the x tile in L2
+    # program (BLOCK_N weight rows, BLOCK_M tokens, split): acc [BN, BM] = W [BN, Ks] @
+    # x[BM, Ks]^T over this split's super-blocks (splits fill the SMs where N / BN is
+    # small: Llama-8B's o and down give 64 programs for 132 SMs); a split stores its
+    # partial sums in plane program_id(2) of y (fp32 [splits, M, N], summed by the
+    # caller). The N index varies fastest so programs running together share x in L2
+    per = tl.cdiv(nblk, tl.num_programs(2))
+    s0 = tl.program_id(2) * per
+    s1 = tl.minimum(s0 + per, nblk)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_ok = n < N
@@ -127,7 +133,7 @@ def _kquant_mmq_kernel(
         blocks = w_ptr.to(tl.pointer_type(tl.int16)) + n.to(tl.int64) * stride_w  # [BN]
         BLOCK_WORDS: tl.constexpr = 105
     KP: tl.constexpr = 256 // PARTS
-    for s in range(nblk):
+    for s in range(s0, s1):
         for part in tl.static_range(PARTS):
             if TYPE == 12:
                 w = _q4_k_part(blocks + s * BLOCK_WORDS, n_ok, part)
@@ -136,7 +142,8 @@ def _kquant_mmq_kernel(
             k = s * 256 + part * KP + tl.arange(0, KP)[:, None]
             xt = tl.load(x_rows + k, mask=m_ok, other=0.0)  # [KP, BM]
             acc = tl.dot(w.to(xt.dtype), xt, acc, input_precision=DOT_PREC)
-    y = y_ptr + offs_m.to(tl.int64)[None, :] * stride_ym + n[:, None]
+    y = y_ptr + tl.program_id(2) * stride_ys + offs_m.to(tl.int64)[None, :] * stride_ym
+    y += n[:, None]
     tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok)
 
 
@@ -148,15 +155,22 @@ def kquant_mmq_fits(qweight: torch.Tensor, qtype: int) -> bool:
         qweight.stride(0) % traits[1] == 0)
 
 
-def kquant_config(m: int, qtype: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_M, warps, stages): 64 weight rows (one warpgroup's wgmma M side), the
-    tokens rounded up to a power of two from 16 to 64; Q6_K on 8 warps, where its decode fits
-    in 160 registers (255 and spills on 4; Triton 3.9's sm_90 compile). Not yet timed."""
-    return 64, min(max(next_pow2(m), 16), 64), 8 if qtype == GGMLType.Q6_K else 4, 2
+def kquant_config(m: int, n: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_N, BLOCK_M, warps, stages, splits) for M tokens and N weight rows, from the H200
+    sweep of examples/bench/gguf_gemm.py (session 17, docs/BENCHMARKS.md; Q4_K and Q6_K
+    agree): 64 weight rows (one warpgroup's wgmma M side) on 4 warps, the tokens rounded up
+    to 16, 32 or 64; grids of few programs split K, which keeps more loads in flight."""
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    programs = cdiv(n, 64) * cdiv(m, block_m)
+    if block_m == 64:
+        return (64, 64, 4, 4, 2) if programs <= 64 else (64, 64, 4, 3 if programs <= 132 else 2, 1)
+    if programs <= (512 if block_m == 16 else 132):
+        return 64, block_m, 4, 4, 4
+    return 64, block_m, 4, 2 if block_m == 16 else 3, 1
 
 
 def kquant_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
-               config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+               config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequant(qweight).T for Q4_K / Q6_K raw blocks [N, row_bytes];
     N and the block count come from qweight's own shape (CVE-2026-53923), x's float dtype
     and device are the caller's check (kernels/gguf_gemm.py gguf_gemm)."""
@@ -171,14 +185,17 @@ def kquant_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
           lambda: f"kquant_mmq: x {tuple(x.shape)} and {tuple(qweight.shape)} {qweight.dtype} "
           f"rows of {block_bytes}-byte blocks do not match")
     m = x.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    block_n, block_m, warps, stages, splits = config or kquant_config(m, n)
+    splits = max(1, min(splits, nblk))
     if m == 0 or n == 0:
-        return y
-    block_n, block_m, warps, stages = config or kquant_config(m, qtype)
-    _kquant_mmq_kernel[(cdiv(n, block_n), cdiv(m, block_m))](
-        x, qweight, y, m, n, nblk, x.stride(0), qweight.stride(0) // KQUANT_MMQ_TYPES[qtype][1],
-        y.stride(0), TYPE=qtype, BLOCK_N=block_n, BLOCK_M=block_m,
-        DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps,
-        num_stages=stages,
+        return torch.empty(m, n, dtype=x.dtype, device=x.device)
+    # partial sums [splits, M, N] fp32, added in a fixed order (no atomics: repeatable)
+    part = (torch.empty(m, n, dtype=x.dtype, device=x.device) if splits == 1 else
+            torch.empty(splits, m, n, dtype=torch.float32, device=x.device))
+    _kquant_mmq_kernel[(cdiv(n, block_n), cdiv(m, block_m), splits)](
+        x, qweight, part, m, n, nblk, x.stride(0), qweight.stride(0) // KQUANT_MMQ_TYPES[qtype][1],
+        part.stride(-2), part.stride(0) if splits > 1 else 0, TYPE=qtype, BLOCK_N=block_n,
+        BLOCK_M=block_m, DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=warps, num_stages=stages,
     )
-    return y
+    return part if splits == 1 else part.sum(0).to(x.dtype)

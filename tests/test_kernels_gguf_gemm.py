@@ -84,12 +84,16 @@ def test_rows_that_end_inside_a_step(qtype: GGMLType, k: int) -> None:
 
 
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K])
-@pytest.mark.parametrize("config", [(16, 16, 4, 1), (32, 64, 4, 2)])
-def test_kquant_mmq_matches_engine(qtype: GGMLType, config: tuple) -> None:
-    # 3 super-blocks a row (Q6_K rows of 630 bytes: every other row off 4-byte alignment),
-    # 20 rows and 17 tokens: partial tiles on both sides
-    w = random_weight(qtype, 20, 768, seed=7)
-    x = torch.randn(17, 768, device=DEVICE)
+@pytest.mark.parametrize(("config", "k"), [
+    ((16, 16, 4, 1, 1), 768), ((32, 64, 4, 2, 1), 768),
+    ((16, 16, 4, 1, 2), 768),  # split-K: planes of 2 and 1 super-blocks
+    ((16, 32, 4, 1, 4), 1280),  # 5 super-blocks in 4 splits of 2: the last plane is empty
+])
+def test_kquant_mmq_matches_engine(qtype: GGMLType, config: tuple, k: int) -> None:
+    # 3 or 5 super-blocks a row (Q6_K rows of 630 bytes: every other row off 4-byte
+    # alignment), 20 rows and 17 tokens: partial tiles on both sides
+    w = random_weight(qtype, 20, k, seed=7)
+    x = torch.randn(17, k, device=DEVICE)
     y = kquant_mmq(x, w, qtype, config=config)
     assert _rel_err(y, gguf_gemm_ref(x, w, qtype)) < 1e-5
 
@@ -100,7 +104,7 @@ def test_kquant_mmq_half_rounds_only_the_weights(qtype: GGMLType) -> None:
     w = random_weight(qtype, 16, 256, seed=8)
     x = torch.randn(9, 256, device=DEVICE).half()
     ref = x.float() @ gguf_dequantize_ref(w, qtype, torch.float32).half().float().T
-    assert _rel_err(kquant_mmq(x, w, qtype, config=(16, 16, 4, 1)), ref) < 1e-3
+    assert _rel_err(kquant_mmq(x, w, qtype, config=(16, 16, 4, 1, 2)), ref) < 1e-3
 
 
 def test_dispatch_takes_kquant_mmq_only_for_word_aligned_k_quants(monkeypatch) -> None:
@@ -120,6 +124,10 @@ def test_dispatch_takes_kquant_mmq_only_for_word_aligned_k_quants(monkeypatch) -
                       (random_weight(GGMLType.Q8_0, 16, 256), GGMLType.Q8_0)):
         assert _rel_err(gguf_gemm(x, qw, qtype), gguf_gemm_ref(x, qw, qtype)) < 1e-5
     assert calls == [GGMLType.Q4_K, GGMLType.Q6_K]
+    x40 = torch.randn(40, 256, device=DEVICE)  # past Q6_K's KQUANT_MAX_M, within Q4_K's
+    for qw, qtype in ((w, GGMLType.Q4_K), (random_weight(GGMLType.Q6_K, 16, 256), GGMLType.Q6_K)):
+        assert _rel_err(gguf_gemm(x40, qw, qtype), gguf_gemm_ref(x40, qw, qtype)) < 1e-5
+    assert calls == [GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q4_K]
     for bad in (shifted, padded):
         with pytest.raises(InvalidArgumentError, match="aligned to their words"):
             kquant_mmq(x, bad, GGMLType.Q4_K)
@@ -158,7 +166,7 @@ LLAMA_SHAPES = [(14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096)]  # (N,
 @gpu
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K])
 @pytest.mark.parametrize("n,k", LLAMA_SHAPES)
-@pytest.mark.parametrize("m", [1, 4, 16, 64, 512])
+@pytest.mark.parametrize("m", [1, 4, 16, 32, 48, 64, 512])  # 16 / 32 / 48: kquant splits
 def test_llama_shapes_bf16(qtype: GGMLType, n: int, k: int, m: int) -> None:
     w = random_weight(qtype, n, k, seed=5)
     x = torch.randn(m, k, dtype=torch.bfloat16, device=DEVICE)

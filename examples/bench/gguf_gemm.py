@@ -46,9 +46,13 @@ from kernels.gguf_kquant_mmq import KQUANT_MMQ_TYPES, kquant_config, kquant_mmq 
 
 H = LLAMA_LINEARS["o"][1]
 SHAPES = dict(LLAMA_LINEARS, lm_head=(128256, H))
-KQUANT_SWEEP = [(64, 16, 4, 2), (64, 16, 8, 2), (64, 32, 4, 3), (64, 32, 8, 2), (64, 64, 4, 2),
-                (64, 64, 8, 2), (64, 64, 4, 3), (64, 128, 8, 2), (128, 64, 8, 2),
-                (128, 128, 8, 2), (64, 256, 8, 1)]  # (64, 256, 8, 2) needs 285 KB of shared memory
+# (BLOCK_N, BLOCK_M, warps, stages, splits); session 17's first sweep had (64, 32, 4, 3) best
+# to M = 64 at ~530 GB/s: more stages, splits and 32-row tiles try for more bytes in flight
+KQUANT_SWEEP = [(64, 16, 4, 2, 1), (64, 32, 4, 3, 1), (64, 32, 4, 4, 1), (64, 32, 4, 5, 1),
+                (64, 32, 4, 3, 2), (64, 32, 4, 3, 4), (64, 32, 4, 4, 2), (64, 32, 4, 4, 4),
+                (64, 16, 4, 4, 4), (64, 32, 8, 3, 2), (64, 64, 4, 3, 1), (64, 64, 4, 4, 2),
+                (32, 32, 4, 3, 1), (32, 32, 4, 4, 2), (32, 16, 2, 4, 2), (128, 128, 8, 2, 1),
+                (128, 128, 8, 3, 1), (64, 128, 4, 3, 1)]
 
 
 def time_paths(qtype: GGMLType, lin: str, n: int, k: int, ms: list[int], sweep: bool) -> dict:
@@ -62,7 +66,7 @@ def time_paths(qtype: GGMLType, lin: str, n: int, k: int, ms: list[int], sweep: 
         paths = {"gguf_gemm": lambda w: gg.gguf_gemm(x, w, qtype),
                  "dequant+cuBLAS": lambda w: x @ gg.gguf_dequantize(w, qtype, BF16).T}
         if qtype in KQUANT_MMQ_TYPES:
-            for cfg in [kquant_config(m, qtype)] + (KQUANT_SWEEP if sweep else []):
+            for cfg in [kquant_config(m, n)] + (KQUANT_SWEEP if sweep else []):
                 paths[f"kquant_mmq {cfg}"] = lambda w, c=cfg: kquant_mmq(x, w, qtype, c)
         if m <= 64:
             paths["mmq"] = lambda w: gg.gguf_mmq(x, w, qtype)
