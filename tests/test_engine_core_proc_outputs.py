@@ -125,3 +125,32 @@ def test_dead_goes_out_after_the_last_steps_outputs(sockets):
                    else out.outputs[0].new_token_ids)
     assert got == [[2], [1], "the engine core failed",
                    ("DEAD", "the engine core failed: RuntimeError: boom")]
+
+
+def test_worker_death_with_a_stuck_loop_sends_dead_and_ends(sockets, monkeypatch):
+    """end_if_stuck (the tensor-parallel executor's failure callback in the child): a busy
+    loop held in a collective with the dead peer still gets DEAD + the reason to the front
+    end, on the output thread, and the process ends (os._exit, stood in for here)."""
+    from engine.core import engine_core_proc
+    from engine.core.engine_core_proc import DEAD, end_if_stuck, process_output_socket
+
+    class Exited(Exception):
+        pass
+
+    def exit_(code):
+        raise Exited(code)
+
+    monkeypatch.setattr(engine_core_proc, "_STUCK_GRACE_S", 0.0)
+    monkeypatch.setattr(engine_core_proc.os, "_exit", exit_)
+    ctx, push, pull, input_address, output_address = sockets
+    output_queue: queue.Queue = queue.Queue()
+    sender = threading.Thread(target=process_output_socket,
+                              args=(ctx, output_address, output_queue))
+    sender.start()
+    with pytest.raises(Exited, match="1"):
+        end_if_stuck("tensor-parallel worker pid 7 died (killed by signal SIGKILL)",
+                     output_queue, sender)
+    assert not sender.is_alive()  # its queue ended, its socket flushed
+    frames = pull.recv_multipart()
+    assert frames[0] == DEAD and MsgpackDecoder(str).decode(frames[1:]) == (
+        "the engine core failed: tensor-parallel worker pid 7 died (killed by signal SIGKILL)")

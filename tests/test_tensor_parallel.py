@@ -205,3 +205,19 @@ def test_row_parallel_shard_with_quantized_gguf_blocks_uses_them() -> None:
     layer.gguf_weight = lambda x: x[:, :4] * 2  # stands in for the quantized GEMV
     x = torch.ones(3, 8)
     assert torch.equal(layer(x), torch.full((3, 4), 2.0) + torch.arange(4.0))
+
+
+def test_monitor_calls_the_failure_callback_with_the_reason():
+    """vLLM's register_failure_callback: the monitor thread reports a worker that exits
+    outside shutdown (the engine-core child ends itself with it if its loop is stuck)."""
+    from engine.executor.multiproc_executor import MultiprocExecutor
+
+    executor = MultiprocExecutor.__new__(MultiprocExecutor)  # no process group: monitor only
+    worker = subprocess.Popen([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"])
+    worker.wait()
+    executor.workers, executor._closing, executor.dead_reason = [worker], False, None
+    reasons: list[str] = []
+    executor.register_failure_callback(reasons.append)
+    executor._monitor_workers()
+    assert reasons == [executor.dead_reason] and reasons[0] == (
+        f"tensor-parallel worker pid {worker.pid} died (killed by signal SIGKILL)")

@@ -21,7 +21,9 @@ between them: READY comes before any request is sent, and DEAD, after which the 
 reads nothing, goes out behind the last step's outputs on the same socket.
 The first message on the output socket is the handshake: READY + EngineCoreReady, or
 FAILED + EngineCoreStartupFailure (the model did not load: status and message reach
-vllm_engine_create). A failing step sends DEAD + the reason, then the process exits. Log
+vllm_engine_create). A failing step sends DEAD + the reason, then the process exits (with
+tensor parallelism, a dead worker whose collective leaves the loop waiting gets DEAD from
+the executor's failure callback instead, end_if_stuck). Log
 records of the "engine" loggers go to the front end, which re-emits them. The child exits
 when its parent does (a parent-pid watch: PR_SET_PDEATHSIG follows the parent *thread*,
 and the host thread that created the engine may end long before the host).
@@ -51,10 +53,12 @@ from engine.core.engine_core_messages import (
 )
 from engine.core.serial_utils import MsgpackDecoder, MsgpackEncoder
 from engine.errors import VllmError
+from engine.executor.multiproc_executor import MultiprocExecutor
 
 READY, FAILED, DEAD = b"READY", b"FAILED", b"DEAD"
 UTILITY_METHODS = frozenset({"make_stats", "reset_prefix_cache", "peak_memory_bytes"})
 _PARENT_POLL_S = 0.5
+_STUCK_GRACE_S = 5.0  # a worker's death to DEAD when the busy loop does not get there
 logger = logging.getLogger(__name__)
 
 
@@ -205,6 +209,19 @@ def process_output_socket(ctx: zmq.Context, address: str, output_queue: queue.Qu
     sock.close()
 
 
+def end_if_stuck(reason: str, output_queue: queue.Queue, sender: threading.Thread) -> None:
+    """A tensor-parallel worker died (the executor's failure callback, on its monitor
+    thread). The busy loop's next collective normally fails, and its DEAD goes out behind
+    the last step's outputs; a collective that instead waits for the dead peer (gloo, until
+    its timeout) would leave every stream silent, so if this process still runs after
+    _STUCK_GRACE_S, DEAD + the reason go out on the output thread and the process ends."""
+    time.sleep(_STUCK_GRACE_S)
+    output_queue.put((DEAD, f"the engine core failed: {reason}"))
+    output_queue.put(None)
+    sender.join(5)
+    os._exit(1)
+
+
 def freeze_gc_heap() -> None:
     """The start-up heap (model, KV cache, graphs) moved to the oldest generation and
     frozen, so the collector never scans it again while serving (vllm/utils/gc_utils.py
@@ -246,6 +263,9 @@ def run_engine_core(argv: list[str] | None = None) -> int:
             output_queue.put((FAILED, EngineCoreStartupFailure(status, message)))
             return 1
         proc = EngineCoreProc(core, args.input, args.output, ctx)
+        if isinstance(core.executor, MultiprocExecutor):
+            core.executor.register_failure_callback(
+                lambda reason: end_if_stuck(reason, output_queue, sender))
         freeze_gc_heap()
         output_queue.put((READY, core.ready))
         code = proc.run()

@@ -8,9 +8,12 @@ environment's python as the engine-core child is, engine/core/engine_core_utils.
 mirror its start-up and run every step on the scheduler output rank 0 broadcasts
 (engine/executor/messages.py); rank 0's sampled tokens are the step's output. Rendezvous:
 torch.distributed env:// (MASTER_ADDR, MASTER_PORT; 127.0.0.1 and a free port when unset).
-Worker death (vLLM's monitor_workers): a monitor thread logs it and records the reason;
-rank 0's next collective fails (gloo/nccl: the peer is gone) and the step raises, which the
-engine-core child turns into its DEAD path: every stream gets an error event.
+Worker death (vLLM's monitor_workers): a monitor thread logs it, records the reason and
+calls the failure callback (vLLM's register_failure_callback); rank 0's next collective
+normally fails (gloo/nccl: the peer is gone) and the step raises, which the engine-core child
+turns into its DEAD path: every stream gets an error event. A collective can also wait for
+the dead peer until its timeout (gloo, seen once on a loaded CI machine), which is what the
+engine-core child's callback covers (engine/core/engine_core_proc.py end_if_stuck).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 from engine.config import EngineConfig
@@ -57,6 +61,7 @@ class MultiprocExecutor:
     def __init__(self, config: EngineConfig, backend: str) -> None:
         self.world_size = config.tensor_parallel_size
         self.dead_reason: str | None = None
+        self.failure_callback: Callable[[str], None] | None = None
         self._closing = False
         env = dict(os.environ)
         env.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -116,8 +121,14 @@ class MultiprocExecutor:
                                        f"({describe_exit(code)})"
                     logger.error("%s", self.dead_reason)
                     self._kill_workers()  # the others' next collective would fail anyway
+                    if self.failure_callback is not None:
+                        self.failure_callback(self.dead_reason)
                     return
             time.sleep(_MONITOR_POLL_S)
+
+    def register_failure_callback(self, callback: Callable[[str], None]) -> None:
+        """callback(reason) runs on the monitor thread when a worker dies."""
+        self.failure_callback = callback
 
     # ------------------------------------------------------------- start-up and steps
 
