@@ -209,16 +209,21 @@ def process_output_socket(ctx: zmq.Context, address: str, output_queue: queue.Qu
     sock.close()
 
 
-def end_if_stuck(reason: str, output_queue: queue.Queue, sender: threading.Thread) -> None:
+def end_if_stuck(reason: str, output_queue: queue.Queue, sender: threading.Thread,
+                 ctx: zmq.Context, loop_done: threading.Event) -> None:
     """A tensor-parallel worker died (the executor's failure callback, on its monitor
     thread). The busy loop's next collective normally fails, and its DEAD goes out behind
     the last step's outputs; a collective that instead waits for the dead peer (gloo, until
-    its timeout) would leave every stream silent, so if this process still runs after
-    _STUCK_GRACE_S, DEAD + the reason go out on the output thread and the process ends."""
-    time.sleep(_STUCK_GRACE_S)
+    its timeout) would leave every stream silent, so if the loop has not ended
+    (`loop_done`) after _STUCK_GRACE_S, DEAD + the reason go out on the output thread,
+    the context is flushed (the closed socket's frames leave before the exit) and the
+    process ends."""
+    if loop_done.wait(_STUCK_GRACE_S):
+        return
     output_queue.put((DEAD, f"the engine core failed: {reason}"))
     output_queue.put(None)
     sender.join(5)
+    _flush(ctx, 1.0)  # bounded: the stuck loop's own socket stays open
     os._exit(1)
 
 
@@ -243,6 +248,7 @@ def run_engine_core(argv: list[str] | None = None) -> int:
     threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
     ctx = zmq.Context()
     output_queue: queue.Queue = queue.Queue()
+    loop_done = threading.Event()  # the busy loop returned: end_if_stuck stands down
     sender = threading.Thread(target=process_output_socket,
                               args=(ctx, args.output, output_queue), name="vllm-core-output")
     sender.start()
@@ -265,11 +271,12 @@ def run_engine_core(argv: list[str] | None = None) -> int:
         proc = EngineCoreProc(core, args.input, args.output, ctx)
         if isinstance(core.executor, MultiprocExecutor):
             core.executor.register_failure_callback(
-                lambda reason: end_if_stuck(reason, output_queue, sender))
+                lambda reason: end_if_stuck(reason, output_queue, sender, ctx, loop_done))
         freeze_gc_heap()
         output_queue.put((READY, core.ready))
         code = proc.run()
     finally:
+        loop_done.set()
         output_queue.put(None)
         sender.join(5)
         _flush(ctx)
