@@ -221,9 +221,7 @@ def end_if_stuck(reason: str, output_queue: queue.Queue, sender: threading.Threa
     if loop_done.wait(_STUCK_GRACE_S):
         return
     output_queue.put((DEAD, f"the engine core failed: {reason}"))
-    output_queue.put(None)
-    sender.join(5)
-    _flush(ctx, 1.0)  # bounded: the stuck loop's own socket stays open
+    _end_output(output_queue, sender, ctx, 1.0)  # bounded: the stuck loop's socket stays open
     os._exit(1)
 
 
@@ -277,10 +275,16 @@ def run_engine_core(argv: list[str] | None = None) -> int:
         code = proc.run()
     finally:
         loop_done.set()
-        output_queue.put(None)
-        sender.join(5)
-        _flush(ctx)
+        _end_output(output_queue, sender, ctx)
     return code
+
+
+def _end_output(output_queue: queue.Queue, sender: threading.Thread, ctx: zmq.Context,
+                timeout_s: float = 3.0) -> None:
+    """End the output thread after what it holds, then flush the context (_flush)."""
+    output_queue.put(None)
+    sender.join(5)
+    _flush(ctx, timeout_s)
 
 
 def _flush(ctx: zmq.Context, timeout_s: float = 3.0) -> None:
