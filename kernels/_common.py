@@ -5,13 +5,16 @@ the kernel before it drains, and calls pdl_wait() before it touches memory (the 
 returns once that kernel finished and flushed), then lets the next kernel launch early in
 turn. In a CUDA graph of tiny decode kernels this hides most of each launch gap.
 LIBVLLM_DISABLE_PDL=1 turns it off (A/B benchmarks); the interpreter never uses it.
+Also precompile_triton: Triton's JIT compiles of a start-up pass, on a thread pool.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import triton
@@ -87,3 +90,34 @@ def pdl_wait():
     router rows early). Triggering dependents earlier would break that."""
     tl.extra.cuda.gdc_wait()
     tl.extra.cuda.gdc_launch_dependents()
+
+
+@contextlib.contextmanager
+def precompile_triton(workers: int = 0) -> Iterator[None]:
+    """Inside, a Triton kernel launch only compiles its variant, on a pool of `workers`
+    threads (0: one per CPU, at most 32), and launches nothing: JITFunction.run as a
+    warmup under Triton's AsyncCompileMode. On exit every compile has finished and sits in
+    its kernel's cache, so the same launches after it compile nothing. Triton compiles
+    mostly outside the GIL (MLIR, LLVM, ptxas): the start-up passes over the CUDA graphs'
+    forwards (engine/worker/cudagraph.py) and the logits (engine/worker/model_runner.py)
+    compile their variants side by side, where one at a time took 135 s for a Q4_K_M
+    Llama-8B on the H200 (session 18). The tensors the skipped kernels would write keep
+    whatever they held. Nothing changes under the interpreter."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        yield
+        return
+    from triton.runtime._async_compile import AsyncCompileMode
+    from triton.runtime.jit import JITFunction
+
+    run = JITFunction.run
+
+    def compile_only(self, *args, grid, warmup, **kwargs):
+        return run(self, *args, grid=grid, warmup=True, **kwargs)
+
+    with ThreadPoolExecutor(workers or min(32, os.cpu_count() or 1)) as pool, \
+            AsyncCompileMode(pool):
+        JITFunction.run = compile_only
+        try:
+            yield
+        finally:
+            JITFunction.run = run

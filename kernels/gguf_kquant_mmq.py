@@ -103,7 +103,7 @@ def _q6_k_part(halves, n_ok, PART: tl.constexpr):
     return tl.reshape(f * s64 - 1.5 * s64, (bn, 64))  # (q - 32) * scale
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one variant for every M of a config
 def _kquant_mmq_kernel(
     x_ptr, w_ptr, y_ptr, M, N, nblk, stride_xm: tl.int64, stride_w: tl.int64,  # w in words
     stride_ym: tl.int64, stride_ys: tl.int64,

@@ -24,6 +24,7 @@ if not torch.cuda.is_available():  # as tests/test_kernels_common.py: kernels/ d
 from engine.config import EngineConfig
 from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
 from engine.gguf.dequant import dequantize
+from engine.layers.activation import SiluAndMul
 from engine.layers.linear import GGUFWeight
 from engine.llm_engine import LLMEngine
 from engine.model_loader import load_gguf_model, load_model
@@ -146,3 +147,30 @@ def test_cuda_runs_the_gguf_kernels_like_the_dense_path(gguf_path):
         h = torch.randn(3, H, device="cuda", dtype=torch.bfloat16)
         ref = dense.compute_logits(h)
         assert ((model.compute_logits(h) - ref).abs().max() / ref.abs().max()).item() < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_start_up_compiles_the_gguf_kernels_of_every_row_count(gguf_path, monkeypatch):
+    """compute_logits runs outside the CUDA graphs, and a GGUF layer picks its Triton
+    variant by row count (GEMV block rows, the fused GEMM to 16 rows): a row count first
+    seen while serving waited for Triton's JIT (session 18: a compile inside the timed
+    offline run). Start-up compiles every GGUF layer's variants
+    (engine/model_loader/gguf_quant.py precompile_gguf_kernels); past 65 rows, one path."""
+    import triton
+
+    engine = LLMEngine.from_config(EngineConfig(gguf_path, device="cuda", max_num_seqs=80,
+                                                skip_tokenizer_init=True,
+                                                kv_cache_memory_bytes=32 << 20))
+    compiled = []
+    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook",
+                        lambda **kw: compiled.append(kw["repr"]))
+    with torch.inference_mode():
+        for rows in range(1, 81):
+            engine.model_runner.model.compute_logits(
+                torch.randn(rows, H, device="cuda", dtype=torch.bfloat16))
+        down = engine.model_runner.model.model.layers[0].mlp.down_proj  # SiLU-and-mul in
+        for rows in (3, 12, 16, 40, 70):
+            down.forward_act_and_mul(torch.randn(rows, 2 * FF, device="cuda",
+                                                 dtype=torch.bfloat16), SiluAndMul())
+    assert compiled == []

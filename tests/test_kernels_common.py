@@ -22,10 +22,17 @@ ON_CUDA = torch.cuda.is_available()
 if not ON_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="kernels/ need triton (pip install triton); issue 7")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from engine.entrypoints.openai.errors import error_response  # noqa: E402
 from engine.errors import InvalidArgumentError, UnsupportedError, VllmError  # noqa: E402
-from kernels._common import check, check_float, check_same_device  # noqa: E402
+from kernels._common import (  # noqa: E402
+    check,
+    check_float,
+    check_same_device,
+    precompile_triton,
+)
 from kernels.activation import _silu_and_mul_kernel  # noqa: E402
 
 DEVICE = "cuda" if ON_CUDA else "cpu"
@@ -147,3 +154,35 @@ def test_kernel_errors_are_the_engines() -> None:
     assert bad.value.status == 1 and error_response(bad.value)[0] == 400
     assert UnsupportedError("no kernel").status == 4
     assert error_response(UnsupportedError("no kernel"))[0] == 501
+
+
+@triton.jit
+def _fill_kernel(out_ptr, n, VALUE: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, VALUE, mask=i < n)
+
+
+def test_precompile_triton_compiles_and_launches_nothing(monkeypatch) -> None:
+    """On CUDA a launch inside precompile_triton compiles its variant (on the pool) and
+    writes nothing; after it, the same launches compile nothing and run. Under the
+    interpreter the context changes nothing."""
+    from triton.runtime.jit import JITFunction
+
+    run = JITFunction.run
+    out = torch.zeros(100, device=DEVICE)  # [100]
+    compiled = []
+    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook",
+                        lambda **kw: compiled.append(kw["repr"]))
+    with precompile_triton(workers=2):
+        for value in (1.0, 2.0):
+            _fill_kernel[(4,)](out, 100, VALUE=value, BLOCK=32)
+    assert JITFunction.run is run
+    if ON_CUDA:
+        assert len(compiled) == 2 and not out.any()
+    else:
+        assert (out == 2.0).all()
+    compiled.clear()
+    for value in (1.0, 2.0):
+        _fill_kernel[(4,)](out, 100, VALUE=value, BLOCK=32)
+        assert (out == value).all()
+    assert compiled == []

@@ -14,6 +14,7 @@ ffn_down_exps all have a kernel gets a GGUFExperts holding them as [E, rows, row
 GGUFMoEMethod) and drops w13/w2. Embeddings, norms and tensors of other types load dense.
 Under tensor parallelism each rank keeps its share of the blocks (gguf_shard.py); a
 tensor whose input dim cannot be split on block boundaries loads dense, then sliced.
+Once on the GPU, precompile_gguf_kernels compiles the layers' Triton variants side by side.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from engine.errors import ModelLoadError
+from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
 from engine.gguf.reader import GGUFReader
 from engine.layers.fused_moe import FusedMoE
 from engine.layers.fused_moe.gguf_experts import GGUFExperts
@@ -125,3 +127,37 @@ def _keep_experts_quantized(name: str, module: FusedMoE, reader: GGUFReader,
     module.w13_weight = None
     module.w2_weight = None
     return set(names)
+
+
+# token counts past which no GGUF kernel picks another Triton variant (kernels/gguf_gemm.py
+# KQUANT_MAX_M: above it, dequantize + cuBLAS)
+_PRECOMPILE_ROWS = 65
+
+
+@torch.inference_mode()
+def precompile_gguf_kernels(model: nn.Module) -> None:
+    """Compile every Triton variant the model's GGUFWeights launch (GEMV block rows, the
+    fused GEMMs' configs, with and without the fused SiLU-and-mul), for 1 to
+    _PRECOMPILE_ROWS tokens, on a thread pool (kernels/_common.py precompile_triton: no
+    launch). One at a time inside the profile run and the graph capture, a Q4_K_M
+    Llama-8B's 63 compiles took 135 s on the H200 (session 18). The activations take the
+    dtype of the model's dense weights (embeddings, norms). CUDA only."""
+    from kernels._common import precompile_triton  # lazy: triton, CUDA path only
+
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    seen = set()
+    with precompile_triton():
+        for gw in model.modules():
+            if not isinstance(gw, GGUFWeight) or dtype is None:
+                continue
+            block, size = GGML_TYPE_TRAITS[GGMLType(gw.qtypes[0])]
+            k = gw.qweight0.shape[1] // size * block
+            key = (tuple(gw.qtypes), tuple(gw.sizes), k)
+            if key in seen:
+                continue
+            seen.add(key)
+            for m in range(1, _PRECOMPILE_ROWS + 1):
+                for silu_and_mul in (False, True):
+                    x = torch.zeros(m, k * (1 + silu_and_mul), dtype=dtype,
+                                    device=gw.qweight0.device)
+                    gw(x, silu_and_mul)

@@ -30,6 +30,7 @@ import torch
 from engine.core.sched_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
 from engine.errors import InvalidArgumentError
 from engine.layers.attention import Attention, AttentionMetadata
+from engine.model_loader.gguf_quant import precompile_gguf_kernels
 from engine.sample.metadata import (
     SamplingMetadata,
     build_sampling_metadata,
@@ -374,9 +375,13 @@ class ModelRunner:
     def capture_model(self, sizes: list[int]) -> float:
         """Capture CUDA graphs for `sizes` (token counts; CUDA only) in the mode they carry
         (engine/worker/cudagraph_dispatcher.py CaptureSizes; a plain list: FULL); returns
-        the capture time in s."""
+        the capture time in s. On CUDA the GGUF layers' kernels compile first, graphs or
+        not."""
         mode = getattr(sizes, "mode", CUDAGraphMode.FULL)
-        if self.device.type != "cuda" or not sizes or mode == CUDAGraphMode.NONE:
+        if self.device.type != "cuda":
+            return 0.0
+        precompile_gguf_kernels(self.model)  # GGUF layers' Triton variants, side by side
+        if not sizes or mode == CUDAGraphMode.NONE:
             return 0.0
         if self.mamba is not None and mode.mixed_mode() != CUDAGraphMode.NONE:
             mode = CUDAGraphMode.FULL_DECODE_ONLY  # GDN state metadata: decode graphs only
