@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from examples.bench import profile_run, profile_step, suite
+from examples.bench import jit_phases, profile_run, profile_step, suite
 from examples.bench.__main__ import main
 
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
@@ -51,6 +51,32 @@ def test_throughput(tiny, tmp_path, capsys):
         saved["total_output_tokens"]
     assert saved["requests_per_second"] == pytest.approx(12 / saved["elapsed_time"])
     assert "Peak GPU memory: n/a" in text and res == saved
+
+
+def test_jit_phases_reports_compiles_by_phase(tiny, capsys, monkeypatch):
+    """examples/bench/jit_phases.py: one engine, a throughput run per `prompts:seed`, the
+    Triton compiles of each phase summed by kernel (CPU: the interpreter compiles nothing;
+    the hooks are fed by hand)."""
+    import triton
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # main sets 0; restored after
+    for hook in ("jit_cache_hook", "jit_post_compile_hook"):
+        monkeypatch.setattr(triton.knobs.runtime, hook, None)
+    jit_phases.main(["3:0,2:1", "--input-len", "16", "--output-len", "3", *_engine_flags(tiny)])
+    text = capsys.readouterr().out
+    assert re.search(rf"^JIT start-up took {FLOAT}s$", text, re.M)
+    assert "JIT start-up: 0 compiles 0.0s: \n" in text
+    assert text.count("Throughput:") == 2 and "JIT run 3:0: 0 compiles" in text
+    assert "JIT run 2:1: 0 compiles" in text
+    for key, name in ((1, "m.a"), (2, "m.b"), (3, "m.a")):
+        jit_phases._pre(key=key)
+        jit_phases._post(key=key, fn=type("Info", (), {"name": name})())
+    jit_phases.report("x")
+    line = capsys.readouterr().out
+    assert re.match(rf"JIT x: 3 compiles {FLOAT}s: ", line)
+    assert re.search(rf"\ba 2/{FLOAT}s", line) and re.search(rf"\bb 1/{FLOAT}s", line)
+    jit_phases.report("y")
+    assert capsys.readouterr().out == "JIT y: 0 compiles 0.0s: \n"
 
 
 def test_latency(tiny, capsys):
