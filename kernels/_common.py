@@ -94,30 +94,34 @@ def pdl_wait():
 
 @contextlib.contextmanager
 def precompile_triton(workers: int = 0) -> Iterator[None]:
-    """Inside, a Triton kernel launch only compiles its variant, on a pool of `workers`
-    threads (0: one per CPU, at most 32), and launches nothing: JITFunction.run as a
-    warmup under Triton's AsyncCompileMode. On exit every compile has finished and sits in
-    its kernel's cache, so the same launches after it compile nothing. Triton compiles
-    mostly outside the GIL (MLIR, LLVM, ptxas): the start-up passes over the CUDA graphs'
-    forwards (engine/worker/cudagraph.py) and the logits (engine/worker/model_runner.py)
-    compile their variants side by side, where one at a time took 135 s for a Q4_K_M
-    Llama-8B on the H200 (session 18). The tensors the skipped kernels would write keep
-    whatever they held. Nothing changes under the interpreter."""
+    """Inside, a Triton kernel launch made in this context only compiles its variant, on a
+    pool of `workers` threads (0: one per CPU this process may use, at most 32), and
+    launches nothing: JITFunction.run as a warmup under Triton's AsyncCompileMode (launches
+    from other threads pass through). On exit every compile has finished and sits in its
+    kernel's cache, so the same launches after it compile nothing. Triton compiles mostly
+    outside the GIL (MLIR, LLVM, ptxas): engine/model_loader/gguf_quant.py
+    precompile_gguf_kernels compiles a Q4_K_M Llama-8B's GGUF variants side by side, where
+    one at a time took 135 s on the H200 (session 18). The tensors the skipped kernels
+    would write keep whatever they held. Nothing changes under the interpreter."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         yield
         return
-    from triton.runtime._async_compile import AsyncCompileMode
+    from triton.runtime import _async_compile
     from triton.runtime.jit import JITFunction
 
     run = JITFunction.run
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    with ThreadPoolExecutor(workers or min(32, cpus or 1)) as pool:
+        mode = _async_compile.AsyncCompileMode(pool)
 
-    def compile_only(self, *args, grid, warmup, **kwargs):
-        return run(self, *args, grid=grid, warmup=True, **kwargs)
+        def compile_only(self, *args, grid, warmup, **kwargs):
+            mine = _async_compile.active_mode.get() is mode
+            return run(self, *args, grid=grid, warmup=warmup or mine, **kwargs)
 
-    with ThreadPoolExecutor(workers or min(32, os.cpu_count() or 1)) as pool, \
-            AsyncCompileMode(pool):
         JITFunction.run = compile_only
         try:
-            yield
+            with mode:
+                yield
         finally:
             JITFunction.run = run
+            _async_compile.active_mode.set(None)  # Triton 3.6 keeps it when a compile fails

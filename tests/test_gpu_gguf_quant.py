@@ -169,8 +169,11 @@ def test_start_up_compiles_the_gguf_kernels_of_every_row_count(gguf_path, monkey
         for rows in range(1, 81):
             engine.model_runner.model.compute_logits(
                 torch.randn(rows, H, device="cuda", dtype=torch.bfloat16))
-        down = engine.model_runner.model.model.layers[0].mlp.down_proj  # SiLU-and-mul in
-        for rows in (3, 12, 16, 40, 70):
-            down.forward_act_and_mul(torch.randn(rows, 2 * FF, device="cuda",
-                                                 dtype=torch.bfloat16), SiluAndMul())
+        mlp = engine.model_runner.model.model.layers[0].mlp
+        for rows in (3, 12, 16, 40, 70):  # Q5_0 down: SiLU-and-mul, then the GEMM paths
+            mlp.down_proj.forward_act_and_mul(torch.randn(rows, 2 * FF, device="cuda",
+                                                          dtype=torch.bfloat16), SiluAndMul())
+        for rows in (1, 5, 8):  # an int8-dot type (Q4_1) with SiLU-and-mul in its q8_1 input
+            mlp.gate_up_proj.gguf_weight(torch.randn(rows, 2 * H, device="cuda",
+                                                     dtype=torch.bfloat16), True)
     assert compiled == []

@@ -157,32 +157,54 @@ def test_kernel_errors_are_the_engines() -> None:
 
 
 @triton.jit
-def _fill_kernel(out_ptr, n, VALUE: tl.constexpr, BLOCK: tl.constexpr):
+def _fill_kernel(out_ptr, n, VALUE: tl.constexpr, BLOCK: tl.constexpr, FAIL: tl.constexpr = False):
+    tl.static_assert(not FAIL, "asked to fail")
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + i, VALUE, mask=i < n)
 
 
+@pytest.mark.skipif(ON_CUDA, reason="the interpreter's case; CUDA runs the test below")
+def test_precompile_triton_changes_nothing_under_the_interpreter() -> None:
+    out = torch.zeros(100)  # [100]
+    with precompile_triton(workers=2):
+        _fill_kernel[(4,)](out, 100, VALUE=2.0, BLOCK=32)
+    assert (out == 2.0).all()
+
+
+@gpu
 def test_precompile_triton_compiles_and_launches_nothing(monkeypatch) -> None:
-    """On CUDA a launch inside precompile_triton compiles its variant (on the pool) and
-    writes nothing; after it, the same launches compile nothing and run. Under the
-    interpreter the context changes nothing."""
+    """A launch inside precompile_triton compiles its variant (on the pool) and writes
+    nothing, while another thread's launch runs; after it, the same launches compile
+    nothing and run. A compile error comes out at the exit, and leaves Triton usable."""
+    import threading
+
     from triton.runtime.jit import JITFunction
 
     run = JITFunction.run
     out = torch.zeros(100, device=DEVICE)  # [100]
+    other = torch.zeros(100, device=DEVICE)  # [100]
     compiled = []
     monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook",
                         lambda **kw: compiled.append(kw["repr"]))
     with precompile_triton(workers=2):
         for value in (1.0, 2.0):
             _fill_kernel[(4,)](out, 100, VALUE=value, BLOCK=32)
-    assert JITFunction.run is run
-    if ON_CUDA:
-        assert len(compiled) == 2 and not out.any()
-    else:
-        assert (out == 2.0).all()
+        thread = threading.Thread(
+            target=lambda: _fill_kernel[(4,)](other, 100, VALUE=3.0, BLOCK=32))
+        thread.start()
+        thread.join()
+    assert JITFunction.run is run and len(compiled) == 3
+    assert not out.any() and (other == 3.0).all()
     compiled.clear()
     for value in (1.0, 2.0):
         _fill_kernel[(4,)](out, 100, VALUE=value, BLOCK=32)
         assert (out == value).all()
     assert compiled == []
+    with pytest.raises(Exception, match="asked to fail"):
+        with precompile_triton(workers=2):
+            _fill_kernel[(4,)](out, 100, VALUE=4.0, BLOCK=32, FAIL=True)
+    assert JITFunction.run is run
+    with precompile_triton(workers=2):
+        _fill_kernel[(4,)](out, 100, VALUE=5.0, BLOCK=32)
+    _fill_kernel[(4,)](out, 100, VALUE=5.0, BLOCK=32)
+    assert (out == 5.0).all()

@@ -129,21 +129,22 @@ def _keep_experts_quantized(name: str, module: FusedMoE, reader: GGUFReader,
     return set(names)
 
 
-# token counts past which no GGUF kernel picks another Triton variant (kernels/gguf_gemm.py
-# KQUANT_MAX_M: above it, dequantize + cuBLAS)
-_PRECOMPILE_ROWS = 65
-
-
 @torch.inference_mode()
 def precompile_gguf_kernels(model: nn.Module) -> None:
-    """Compile every Triton variant the model's GGUFWeights launch (GEMV block rows, the
-    fused GEMMs' configs, with and without the fused SiLU-and-mul), for 1 to
-    _PRECOMPILE_ROWS tokens, on a thread pool (kernels/_common.py precompile_triton: no
-    launch). One at a time inside the profile run and the graph capture, a Q4_K_M
-    Llama-8B's 63 compiles took 135 s on the H200 (session 18). The activations take the
-    dtype of the model's dense weights (embeddings, norms). CUDA only."""
+    """Compile every Triton variant the model's GGUFWeights (its GGUF linear layers and LM
+    head; GGUF MoE experts compile on first use) launch: GEMV block rows, the fused GEMMs'
+    configs, with and without the fused SiLU-and-mul, for every token count up to one past
+    the last row threshold of kernels/gguf_mmvq.py and kernels/gguf_gemm.py (beyond it
+    dequantize + cuBLAS, one variant), on a thread pool (kernels/_common.py
+    precompile_triton: no launch). One at a time inside the profile run and the graph
+    capture, a Q4_K_M Llama-8B's 63 compiles took 135 s on the H200 (session 18). The
+    activations take the dtype of the model's dense weights (embeddings, norms: one dtype,
+    engine/core/engine_core_load.py). CUDA only."""
     from kernels._common import precompile_triton  # lazy: triton, CUDA path only
+    from kernels.gguf_gemm import GEMV_MAX_M, KQUANT_MAX_M, MMQ_MAX_M
+    from kernels.gguf_mmvq import MMVQ_MAX_M
 
+    rows = max(GEMV_MAX_M, MMQ_MAX_M, MMVQ_MAX_M, *KQUANT_MAX_M.values()) + 1
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     seen = set()
     with precompile_triton():
@@ -156,8 +157,10 @@ def precompile_gguf_kernels(model: nn.Module) -> None:
             if key in seen:
                 continue
             seen.add(key)
-            for m in range(1, _PRECOMPILE_ROWS + 1):
+            for m in range(1, rows + 1):
                 for silu_and_mul in (False, True):
                     x = torch.zeros(m, k * (1 + silu_and_mul), dtype=dtype,
                                     device=gw.qweight0.device)
                     gw(x, silu_and_mul)
+    if seen:
+        torch.cuda.empty_cache()  # the dequantized weights of the widest rows

@@ -7,9 +7,11 @@ hits another's prefix cache). After start-up and after each run it prints
 
     JIT <phase>: <n> compiles <s>s: <kernel> <count>/<s>s, ...
 
-from triton.knobs.runtime's jit_cache_hook / jit_post_compile_hook (a compile on a
-thread pool, kernels/_common.py precompile_triton, counts its own wall time). A compile
-inside a timed run is time the throughput figure pays. Session 18 found the GGUF offline
+from triton.knobs.runtime's jit_cache_hook / jit_post_compile_hook: a kernel's seconds run
+from the first request of each variant to its compile's end, so for a compile on a thread
+pool (kernels/_common.py precompile_triton, finished at the end of its pass) they are not
+its compile time; the count is exact. A compile inside a timed run is time the throughput
+figure pays. Session 18 found the GGUF offline
 drop with it (docs/BENCHMARKS.md). Example, the issue-16 workload:
 
     python examples/bench/jit_phases.py 1000:0 --skip-tokenizer-init --max-model-len 2048 \\
@@ -36,7 +38,7 @@ _started: dict[tuple, float] = {}
 
 
 def _pre(**kw) -> None:
-    _started[kw["key"]] = time.perf_counter()
+    _started.setdefault(kw["key"], time.perf_counter())
 
 
 def _post(**kw) -> None:
