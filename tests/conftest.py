@@ -191,6 +191,19 @@ def compile_c(built, tmp_path_factory):
     return compile_program
 
 
+@pytest.fixture
+def triton_compiles(monkeypatch):
+    """The kernels Triton compiles (or loads from its disk cache) in this process while the
+    test runs, as repr strings, from triton.knobs.runtime's jit_post_compile_hook; a test
+    clears the list where its counting starts."""
+    import triton
+
+    compiled: list[str] = []
+    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook",
+                        lambda **kw: compiled.append(kw["repr"]))
+    return compiled
+
+
 @pytest.fixture(scope="module")
 def in_process_core():
     """For modules that look inside the engine core (model runner, CUDA graphs, its memory

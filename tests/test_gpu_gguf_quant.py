@@ -151,20 +151,16 @@ def test_cuda_runs_the_gguf_kernels_like_the_dense_path(gguf_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_start_up_compiles_the_gguf_kernels_of_every_row_count(gguf_path, monkeypatch):
+def test_start_up_compiles_the_gguf_kernels_of_every_row_count(gguf_path, triton_compiles):
     """compute_logits runs outside the CUDA graphs, and a GGUF layer picks its Triton
     variant by row count (GEMV block rows, the fused GEMM to 16 rows): a row count first
     seen while serving waited for Triton's JIT (session 18: a compile inside the timed
     offline run). Start-up compiles every GGUF layer's variants
     (engine/model_loader/gguf_quant.py precompile_gguf_kernels); past 65 rows, one path."""
-    import triton
-
     engine = LLMEngine.from_config(EngineConfig(gguf_path, device="cuda", max_num_seqs=80,
                                                 skip_tokenizer_init=True,
                                                 kv_cache_memory_bytes=32 << 20))
-    compiled = []
-    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook",
-                        lambda **kw: compiled.append(kw["repr"]))
+    triton_compiles.clear()
     with torch.inference_mode():
         for rows in range(1, 81):
             engine.model_runner.model.compute_logits(
@@ -176,4 +172,4 @@ def test_start_up_compiles_the_gguf_kernels_of_every_row_count(gguf_path, monkey
         for rows in (1, 5, 8):  # an int8-dot type (Q4_1) with SiLU-and-mul in its q8_1 input
             mlp.gate_up_proj.gguf_weight(torch.randn(rows, 2 * H, device="cuda",
                                                      dtype=torch.bfloat16), True)
-    assert compiled == []
+    assert triton_compiles == []

@@ -172,7 +172,7 @@ def test_precompile_triton_changes_nothing_under_the_interpreter() -> None:
 
 
 @gpu
-def test_precompile_triton_compiles_and_launches_nothing(monkeypatch) -> None:
+def test_precompile_triton_compiles_and_launches_nothing(triton_compiles) -> None:
     """A launch inside precompile_triton compiles its variant (on the pool) and writes
     nothing, while another thread's launch runs; after it, the same launches compile
     nothing and run. A compile error comes out at the exit, and leaves Triton usable."""
@@ -183,9 +183,6 @@ def test_precompile_triton_compiles_and_launches_nothing(monkeypatch) -> None:
     run = JITFunction.run
     out = torch.zeros(100, device=DEVICE)  # [100]
     other = torch.zeros(100, device=DEVICE)  # [100]
-    compiled = []
-    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook",
-                        lambda **kw: compiled.append(kw["repr"]))
     with precompile_triton(workers=2):
         for value in (1.0, 2.0):
             _fill_kernel[(4,)](out, 100, VALUE=value, BLOCK=32)
@@ -193,13 +190,13 @@ def test_precompile_triton_compiles_and_launches_nothing(monkeypatch) -> None:
             target=lambda: _fill_kernel[(4,)](other, 100, VALUE=3.0, BLOCK=32))
         thread.start()
         thread.join()
-    assert JITFunction.run is run and len(compiled) == 3
+    assert JITFunction.run is run and len(triton_compiles) == 3
     assert not out.any() and (other == 3.0).all()
-    compiled.clear()
+    triton_compiles.clear()
     for value in (1.0, 2.0):
         _fill_kernel[(4,)](out, 100, VALUE=value, BLOCK=32)
         assert (out == value).all()
-    assert compiled == []
+    assert triton_compiles == []
     with pytest.raises(Exception, match="asked to fail"):
         with precompile_triton(workers=2):
             _fill_kernel[(4,)](out, 100, VALUE=4.0, BLOCK=32, FAIL=True)

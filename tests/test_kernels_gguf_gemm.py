@@ -177,22 +177,19 @@ def test_llama_shapes_bf16(qtype: GGMLType, n: int, k: int, m: int) -> None:
 
 @gpu
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K])
-def test_kquant_mmq_compiles_once_for_every_m_of_a_config(qtype: GGMLType, monkeypatch) -> None:
+def test_kquant_mmq_compiles_once_for_every_m_of_a_config(qtype: GGMLType,
+                                                          triton_compiles) -> None:
     """The kernel does not specialize on M (Triton would compile M = 16, 32, 48 apart from
     the M between them: a CUDA graph capture over 8-token buckets compiled twice as many
     variants, about 1.5 s each on the H200)."""
-    import triton
-
     w = random_weight(qtype, 256, 512, seed=7)
     config = (64, 16, 4, 2, 1)
     kquant_mmq(torch.randn(9, 512, dtype=torch.bfloat16, device=DEVICE), w, qtype, config)
-    compiled = []
-    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook",
-                        lambda **kw: compiled.append(kw["repr"]))
+    triton_compiles.clear()
     for m in (1, 15, 16, 32, 33):
         x = torch.randn(m, 512, dtype=torch.bfloat16, device=DEVICE)
         assert _rel_err(kquant_mmq(x, w, qtype, config), gguf_gemm_ref(x.float(), w, qtype)) < 2e-2
-    assert compiled == []
+    assert triton_compiles == []
 
 
 @gpu

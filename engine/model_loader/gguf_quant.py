@@ -146,10 +146,12 @@ def precompile_gguf_kernels(model: nn.Module) -> None:
 
     rows = max(GEMV_MAX_M, MMQ_MAX_M, MMVQ_MAX_M, *KQUANT_MAX_M.values()) + 1
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    if dtype is None:  # no dense weight, no activation dtype to compile for
+        return
     seen = set()
     with precompile_triton():
         for gw in model.modules():
-            if not isinstance(gw, GGUFWeight) or dtype is None:
+            if not isinstance(gw, GGUFWeight):
                 continue
             block, size = GGML_TYPE_TRAITS[GGMLType(gw.qtypes[0])]
             k = gw.qweight0.shape[1] // size * block

@@ -25,8 +25,9 @@ import copy
 import os
 import sys
 import time
+from pathlib import Path
 
-sys.path.insert(0, os.getcwd())  # run from the repository root
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import triton  # noqa: E402
 
