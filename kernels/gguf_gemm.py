@@ -25,7 +25,12 @@ import triton.language as tl
 from kernels._common import cdiv, check, check_float, check_same_device, next_pow2
 from kernels.errors import UnsupportedError
 from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
-from kernels.gguf_kquant_mmq import kquant_mmq, kquant_mmq_fits
+from kernels.gguf_kquant_mmq import (
+    KQUANT_DEQUANT_CONFIGS,
+    kquant_dequantize,
+    kquant_mmq,
+    kquant_mmq_fits,
+)
 from kernels.gguf_tiles import TILE_TYPES, dequant_tile
 
 # Dispatch by token count M, from the H200 measurements in docs/kernels.md: GEMV up to
@@ -172,8 +177,11 @@ def gguf_dequantize(
     qweight: torch.Tensor, qtype: int, dtype: torch.dtype = torch.float16,
     config: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
-    """Raw blocks [N, row_bytes] uint8 -> dense [N, K] `dtype`."""
+    """Raw blocks [N, row_bytes] uint8 -> dense [N, K] `dtype` (word-aligned Q6_K without a
+    config: kernels/gguf_kquant_mmq.py's word-load decode, faster there on the H200)."""
     n, k, nblk = _check_weight(qweight, qtype)
+    if config is None and qtype in KQUANT_DEQUANT_CONFIGS and kquant_mmq_fits(qweight, qtype):
+        return kquant_dequantize(qweight, qtype, dtype)
     out = torch.empty(n, k, dtype=dtype, device=qweight.device)
     if n == 0 or k == 0:
         return out

@@ -1,4 +1,4 @@
-"""Q4_K / Q6_K matmul for 9 to a few hundred tokens: weight tiles decoded from word loads.
+"""Q4_K / Q6_K matmul for 9 to a few hundred tokens, and dequantize: tiles decoded from words.
 
 The GGUF GEMM of kernels/gguf_gemm.py decodes its tiles byte by byte (kernels/gguf_tiles.py,
 ~65 lane operations a weight); this one loads a super-block's quant bytes as 32-bit (Q4_K)
@@ -27,6 +27,11 @@ from kernels.ggml_types import GGMLType
 
 # type -> (bytes per super-block, bytes per word loaded)
 KQUANT_MMQ_TYPES: dict[int, tuple[int, int]] = {GGMLType.Q4_K: (144, 4), GGMLType.Q6_K: (210, 2)}
+# type -> kquant_dequantize's (BLOCK_N rows, super-blocks, warps), where it beats the byte-tile
+# dequantize of kernels/gguf_gemm.py on the H200 (examples/bench/gguf_gemm.py --dequant-sweep,
+# session 19: a Llama-8B layer's four linears, Q6_K 193 vs 255 us; Q4_K's best 172 vs 171,
+# so Q4_K keeps the byte tiles)
+KQUANT_DEQUANT_CONFIGS: dict[int, tuple[int, int, int]] = {GGMLType.Q6_K: (4, 4, 1)}
 
 
 @triton.jit
@@ -147,6 +152,37 @@ def _kquant_mmq_kernel(
     tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok)
 
 
+@triton.jit
+def _kquant_dequantize_kernel(
+    w_ptr, out_ptr, N, nblk, stride_w: tl.int64, stride_out: tl.int64,  # w in words
+    TYPE: tl.constexpr, BLOCK_N: tl.constexpr, SB: tl.constexpr,
+):
+    # program (BLOCK_N weight rows, SB super-blocks): raw blocks -> out [N, 256 * nblk], the
+    # tiles decoded as _kquant_mmq_kernel decodes them, stored in K order
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    out_rows = out_ptr + n.to(tl.int64)[:, None] * stride_out
+    if TYPE == 12:
+        PARTS: tl.constexpr = 2
+        blocks = w_ptr.to(tl.pointer_type(tl.int32)) + n.to(tl.int64) * stride_w  # [BN]
+        BLOCK_WORDS: tl.constexpr = 36
+    else:
+        tl.static_assert(TYPE == 14, "Q4_K or Q6_K")
+        PARTS: tl.constexpr = 4
+        blocks = w_ptr.to(tl.pointer_type(tl.int16)) + n.to(tl.int64) * stride_w  # [BN]
+        BLOCK_WORDS: tl.constexpr = 105
+    KP: tl.constexpr = 256 // PARTS
+    for i in tl.static_range(SB):
+        s = tl.program_id(1) * SB + i
+        ok = n < tl.where(s < nblk, N, 0)  # rows of a block past the row's end: none
+        for part in tl.static_range(PARTS):
+            if TYPE == 12:
+                w = _q4_k_part(blocks + s * BLOCK_WORDS, ok, part)  # [BN, KP] fp32
+            else:
+                w = _q6_k_part(blocks + s * BLOCK_WORDS, ok, part)
+            k = s * 256 + part * KP + tl.arange(0, KP)
+            tl.store(out_rows + k[None, :], w.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+
+
 def kquant_mmq_fits(qweight: torch.Tensor, qtype: int) -> bool:
     """Whether kquant_mmq can read these raw blocks: its types, and rows aligned to its
     words (true for whole tensors and their row slices, which start at a block edge)."""
@@ -199,3 +235,22 @@ def kquant_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
         num_warps=warps, num_stages=stages,
     )
     return part if splits == 1 else part.sum(0).to(x.dtype)
+
+
+def kquant_dequantize(qweight: torch.Tensor, qtype: int, dtype: torch.dtype,
+                      config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """Q4_K / Q6_K raw blocks [N, row_bytes] -> dense [N, K] `dtype`, decoded from word loads
+    as kquant_mmq decodes them (the dequantize of dequantize + cuBLAS, kernels/gguf_gemm.py).
+    config = (BLOCK_N rows, super-blocks, warps) a program; the caller checks the blocks
+    (gguf_dequantize) and kquant_mmq_fits."""
+    n, row_bytes = qweight.shape
+    nblk = row_bytes // KQUANT_MMQ_TYPES[qtype][0]
+    out = torch.empty(n, 256 * nblk, dtype=dtype, device=qweight.device)
+    if n == 0 or nblk == 0:
+        return out
+    block_n, sb, warps = config or KQUANT_DEQUANT_CONFIGS.get(qtype, (16, 1, 2))
+    _kquant_dequantize_kernel[(cdiv(n, block_n), cdiv(nblk, sb))](
+        qweight, out, n, nblk, qweight.stride(0) // KQUANT_MMQ_TYPES[qtype][1], out.stride(0),
+        TYPE=qtype, BLOCK_N=block_n, SB=sb, num_warps=warps,
+    )
+    return out

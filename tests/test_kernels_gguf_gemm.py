@@ -18,7 +18,7 @@ from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
 from engine.gguf.dequant import dequantize_rows as gguf_dequantize_ref  # the oracle, per row
 from kernels import gguf_gemm as gguf_gemm_module
 from kernels.gguf_gemm import gguf_dequantize, gguf_gemm, gguf_gemv, gguf_mmq
-from kernels.gguf_kquant_mmq import kquant_mmq
+from kernels.gguf_kquant_mmq import kquant_dequantize, kquant_mmq
 
 TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
          GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
@@ -96,6 +96,33 @@ def test_kquant_mmq_matches_engine(qtype: GGMLType, config: tuple, k: int) -> No
     x = torch.randn(17, k, device=DEVICE)
     y = kquant_mmq(x, w, qtype, config=config)
     assert _rel_err(y, gguf_gemm_ref(x, w, qtype)) < 1e-5
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K])
+@pytest.mark.parametrize("config", [(8, 1, 1), (16, 2, 2), (32, 4, 4)])  # rows, blocks, warps
+def test_kquant_dequantize_matches_engine(qtype: GGMLType, config: tuple) -> None:
+    # 20 rows of 3 super-blocks: partial row tiles, and block groups of 2 / 4 that end past
+    # the row (a store past it would land in the next row: the whole tensor is compared)
+    w = random_weight(qtype, 20, 768, seed=10)
+    out = kquant_dequantize(w, qtype, torch.float32, config)
+    assert out.shape == (20, 768)
+    assert _rel_err(out, gguf_dequantize_ref(w, qtype, torch.float32)) <= 1e-6
+
+
+def test_dequantize_takes_the_word_loads_for_aligned_q6_k(monkeypatch) -> None:
+    calls = []
+    real = gguf_gemm_module.kquant_dequantize
+    monkeypatch.setattr(gguf_gemm_module, "kquant_dequantize",
+                        lambda *a, **kw: calls.append(a[1]) or real(*a, **kw))
+    w = random_weight(GGMLType.Q4_K, 16, 256, seed=11)
+    padded = torch.zeros(16, 146, dtype=torch.uint8, device=DEVICE)[:, :144]  # rows 146 apart
+    padded.copy_(w)
+    for qw, qtype in ((w, GGMLType.Q4_K), (padded, GGMLType.Q4_K),
+                      (random_weight(GGMLType.Q6_K, 16, 256), GGMLType.Q6_K),
+                      (random_weight(GGMLType.Q5_K, 16, 256), GGMLType.Q5_K)):
+        ref = gguf_dequantize_ref(qw, qtype, torch.float32)
+        assert _rel_err(gguf_dequantize(qw, qtype, torch.float32), ref) <= 1e-6
+    assert calls == [GGMLType.Q6_K]  # Q4_K: the byte tiles, faster on the H200
 
 
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K])

@@ -1,16 +1,19 @@
 """Time the GGUF matmul paths past the decode GEMV on Llama-3.1-8B's linear shapes.
 
-    python examples/bench/gguf_gemm.py [--sweep] [--m 9 16 ...] [--types Q4_K ...] [--out DIR]
+    python examples/bench/gguf_gemm.py [--sweep] [--dequant-sweep] [--m 9 16 ...]
+        [--types Q4_K ...] [--out DIR]
 
 Per type, shape (qkv, o, gate_up, down, lm_head) and token count M, every path that can run:
 the dispatch kernels/gguf_gemm.py takes (`gguf_gemm`), the word-load tile GEMM
 (kernels/gguf_kquant_mmq.py, Q4_K / Q6_K; --sweep adds KQUANT_SWEEP's configs), the byte-tile
 GEMM (`gguf_mmq`, M <= 64), dequantize + cuBLAS, and bf16 cuBLAS on the dequantized weights
-(what the bf16 model pays: the bar issue 16's offline criterion sets). Then, per type and M,
-the sum over one layer's four linears of each path: where the tile GEMM's sum drops under
-dequantize + cuBLAS is the crossover for gguf_gemm's dispatch. Times, bytes and %BW as
-examples/bench/kernels.py (CUDA-graph replays over enough weight copies to miss the L2; %BW
-counts the quantized bytes). Writes gguf_gemm.json to --out (default $OUT or .).
+(what the bf16 model pays: the bar issue 16's offline criterion sets); and dequantize alone
+(M = 0: the byte-tile kernel against kquant_dequantize; --dequant-sweep adds DEQUANT_SWEEP's
+configs). Then, per type and M, the sum over one layer's four linears of each path: where the
+tile GEMM's sum drops under dequantize + cuBLAS is the crossover for gguf_gemm's dispatch.
+Times, bytes and %BW as examples/bench/kernels.py (CUDA-graph replays over enough weight
+copies to miss the L2; %BW counts the quantized bytes, plus the bf16 written for dequantize
+alone). Writes gguf_gemm.json to --out (default $OUT or .).
 """
 # ruff: noqa: B023  (every lambda is timed inside the loop iteration that defines it)
 
@@ -42,7 +45,13 @@ from examples.bench.kernels import (  # noqa: E402
     row,
 )
 from kernels import gguf_gemm as gg  # noqa: E402
-from kernels.gguf_kquant_mmq import KQUANT_MMQ_TYPES, kquant_config, kquant_mmq  # noqa: E402
+from kernels.gguf_kquant_mmq import (  # noqa: E402
+    KQUANT_DEQUANT_CONFIGS,
+    KQUANT_MMQ_TYPES,
+    kquant_config,
+    kquant_dequantize,
+    kquant_mmq,
+)
 
 H = LLAMA_LINEARS["o"][1]
 SHAPES = dict(LLAMA_LINEARS, lm_head=(128256, H))
@@ -53,13 +62,36 @@ KQUANT_SWEEP = [(64, 16, 4, 2, 1), (64, 32, 4, 3, 1), (64, 32, 4, 4, 1), (64, 32
                 (64, 16, 4, 4, 4), (64, 32, 8, 3, 2), (64, 64, 4, 3, 1), (64, 64, 4, 4, 2),
                 (32, 32, 4, 3, 1), (32, 32, 4, 4, 2), (32, 16, 2, 4, 2), (128, 128, 8, 2, 1),
                 (128, 128, 8, 3, 1), (64, 128, 4, 3, 1)]
+# kquant_dequantize (BLOCK_N rows, super-blocks, warps) a program
+DEQUANT_SWEEP = [(8, 1, 1), (8, 2, 2), (16, 1, 2), (16, 2, 4), (16, 4, 4), (32, 1, 4),
+                 (32, 2, 4), (32, 2, 8), (64, 1, 4), (64, 1, 8), (16, 16, 4), (4, 4, 1)]
 
 
-def time_paths(qtype: GGMLType, lin: str, n: int, k: int, ms: list[int], sweep: bool) -> dict:
+def time_dequantize(qtype: GGMLType, lin: str, ws: list, dense: torch.Tensor, sweep: bool,
+                    times: dict) -> None:
+    """Dequantize alone (M = 0 in `times`): the byte-tile kernel of gguf_gemm.py against
+    kquant_dequantize's configs; bytes moved = the blocks read + the bf16 written."""
+    n, k = dense.shape
+    paths = {"dequant tiles": lambda w: gg.gguf_dequantize(w, qtype, BF16, (gg.DEQUANT_BLOCK_N,
+                                                                          1, 1))}
+    if qtype in KQUANT_MMQ_TYPES:
+        default = KQUANT_DEQUANT_CONFIGS.get(qtype, (16, 1, 2))
+        for cfg in [default] + (DEQUANT_SWEEP if sweep else []):
+            paths[f"dequant words {cfg}"] = lambda w, c=cfg: kquant_dequantize(w, qtype, BF16, c)
+    for path, fn in paths.items():
+        t = gpu_time(lambda: [fn(w) for w in ws]) / len(ws)
+        times[path, 0] = t
+        row(f"gguf {qtype.name}", f"{lin} {n}x{k} dequantize", t, ws[0].numel() + 2 * n * k,
+            err=rel_err(fn(ws[0]), dense), note=path)
+
+
+def time_paths(qtype: GGMLType, lin: str, n: int, k: int, ms: list[int], sweep: bool,
+               dequant_sweep: bool) -> dict:
     """{(path, M): seconds} for one shape; also prints and records each row."""
     ws = [random_weight(qtype, n, k) for _ in range(copies(n * k // 2))]
     dense = dequantize_rows(ws[0], qtype, torch.float32).to(BF16)  # [N, K]
     times = {}
+    time_dequantize(qtype, lin, ws, dense, dequant_sweep, times)
     for m in ms:
         x = torch.randn(m, k, dtype=BF16, device=DEV)
         ref = gguf_gemm_ref(x.float(), ws[0], qtype)
@@ -89,6 +121,7 @@ def time_paths(qtype: GGMLType, lin: str, n: int, k: int, ms: list[int], sweep: 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--dequant-sweep", action="store_true")
     ap.add_argument("--m", type=int, nargs="*", default=[9, 16, 32, 64, 128, 256, 512])
     ap.add_argument("--types", nargs="*", default=["Q4_K", "Q6_K", "Q8_0"])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -98,7 +131,8 @@ def main() -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     for qtype in (GGMLType[t] for t in args.types):
         for lin, (n, k) in SHAPES.items():
-            for (path, m), t in time_paths(qtype, lin, n, k, args.m, args.sweep).items():
+            times = time_paths(qtype, lin, n, k, args.m, args.sweep, args.dequant_sweep)
+            for (path, m), t in times.items():
                 if lin in LLAMA_LINEARS:
                     key = (qtype.name, path, m)
                     layer[key] = layer.get(key, 0.0) + t
