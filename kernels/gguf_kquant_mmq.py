@@ -108,6 +108,29 @@ def _q6_k_part(halves, n_ok, PART: tl.constexpr):
     return tl.reshape(f * s64 - 1.5 * s64, (bn, 64))  # (q - 32) * scale
 
 
+@triton.jit
+def _kquant_rows(w_ptr, n, stride_w, TYPE: tl.constexpr):
+    """Pointers [BN] to weight rows n of raw Q4_K (int32 words) / Q6_K (int16 halves) blocks;
+    stride_w is in those words."""
+    if TYPE == 12:
+        rows = w_ptr.to(tl.pointer_type(tl.int32)) + n.to(tl.int64) * stride_w
+    else:
+        tl.static_assert(TYPE == 14, "Q4_K or Q6_K")
+        rows = w_ptr.to(tl.pointer_type(tl.int16)) + n.to(tl.int64) * stride_w
+    return rows
+
+
+@triton.jit
+def _kquant_part(rows, s, n_ok, TYPE: tl.constexpr, PART: tl.constexpr):
+    """Part PART of super-block s of `rows` (_kquant_rows): [BN, 128] fp32 for Q4_K (parts
+    0-1), [BN, 64] for Q6_K (parts 0-3), in K order."""
+    if TYPE == 12:
+        w = _q4_k_part(rows + s * 36, n_ok, PART)
+    else:
+        w = _q6_k_part(rows + s * 105, n_ok, PART)
+    return w
+
+
 @triton.jit(do_not_specialize=["M"])  # one variant for every M of a config
 def _kquant_mmq_kernel(
     x_ptr, w_ptr, y_ptr, M, N, nblk, stride_xm: tl.int64, stride_w: tl.int64,  # w in words
@@ -128,22 +151,12 @@ def _kquant_mmq_kernel(
     x_rows = x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm
     m_ok = (offs_m < M)[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    if TYPE == 12:
-        PARTS: tl.constexpr = 2
-        blocks = w_ptr.to(tl.pointer_type(tl.int32)) + n.to(tl.int64) * stride_w  # [BN]
-        BLOCK_WORDS: tl.constexpr = 36
-    else:
-        tl.static_assert(TYPE == 14, "Q4_K or Q6_K")
-        PARTS: tl.constexpr = 4
-        blocks = w_ptr.to(tl.pointer_type(tl.int16)) + n.to(tl.int64) * stride_w  # [BN]
-        BLOCK_WORDS: tl.constexpr = 105
+    rows = _kquant_rows(w_ptr, n, stride_w, TYPE)  # [BN]
+    PARTS: tl.constexpr = 2 if TYPE == 12 else 4
     KP: tl.constexpr = 256 // PARTS
     for s in range(s0, s1):
         for part in tl.static_range(PARTS):
-            if TYPE == 12:
-                w = _q4_k_part(blocks + s * BLOCK_WORDS, n_ok, part)
-            else:
-                w = _q6_k_part(blocks + s * BLOCK_WORDS, n_ok, part)
+            w = _kquant_part(rows, s, n_ok, TYPE, part)  # [BN, KP] fp32
             k = s * 256 + part * KP + tl.arange(0, KP)[:, None]
             xt = tl.load(x_rows + k, mask=m_ok, other=0.0)  # [KP, BM]
             acc = tl.dot(w.to(xt.dtype), xt, acc, input_precision=DOT_PREC)
@@ -161,24 +174,14 @@ def _kquant_dequantize_kernel(
     # tiles decoded as _kquant_mmq_kernel decodes them, stored in K order
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     out_rows = out_ptr + n.to(tl.int64)[:, None] * stride_out
-    if TYPE == 12:
-        PARTS: tl.constexpr = 2
-        blocks = w_ptr.to(tl.pointer_type(tl.int32)) + n.to(tl.int64) * stride_w  # [BN]
-        BLOCK_WORDS: tl.constexpr = 36
-    else:
-        tl.static_assert(TYPE == 14, "Q4_K or Q6_K")
-        PARTS: tl.constexpr = 4
-        blocks = w_ptr.to(tl.pointer_type(tl.int16)) + n.to(tl.int64) * stride_w  # [BN]
-        BLOCK_WORDS: tl.constexpr = 105
+    rows = _kquant_rows(w_ptr, n, stride_w, TYPE)  # [BN]
+    PARTS: tl.constexpr = 2 if TYPE == 12 else 4
     KP: tl.constexpr = 256 // PARTS
     for i in tl.static_range(SB):
         s = tl.program_id(1) * SB + i
         ok = n < tl.where(s < nblk, N, 0)  # rows of a block past the row's end: none
         for part in tl.static_range(PARTS):
-            if TYPE == 12:
-                w = _q4_k_part(blocks + s * BLOCK_WORDS, ok, part)  # [BN, KP] fp32
-            else:
-                w = _q6_k_part(blocks + s * BLOCK_WORDS, ok, part)
+            w = _kquant_part(rows, s, ok, TYPE, part)  # [BN, KP] fp32
             k = s * 256 + part * KP + tl.arange(0, KP)
             tl.store(out_rows + k[None, :], w.to(out_ptr.dtype.element_ty), mask=ok[:, None])
 
