@@ -1,11 +1,13 @@
 """Time the int8-dot GGUF decode GEMV (kernels/gguf_mmvq.py) on Llama-3.1-8B's linear shapes.
 
-    python examples/bench/gguf_mmvq.py [--sweep] [--m 1 2 4 8] [--types Q4_K ...] [--out DIR]
+    python examples/bench/gguf_mmvq.py [--sweep [--configs R,B,W,L ...]] [--m 1 2 4 8]
+        [--types Q4_K ...] [--out DIR]
 
 Per type (Q4_0 Q4_1 Q8_0 Q4_K Q5_K Q6_K), shape (qkv, o, gate_up, down, lm_head, v) and M: the
 whole op (quantize_q8_1 + GEMV), the GEMV alone with the default config and, with --sweep,
-the other configs of CONFIGS (M = 1 only). Times, bytes and %BW as examples/bench/kernels.py
-(CUDA-graph replays over enough weight copies to miss the L2; %BW counts the quantized bytes).
+the other configs of CONFIGS or --configs (M = 1 only). Times, bytes and %BW as
+examples/bench/kernels.py (CUDA-graph replays over enough weight copies to miss the L2; %BW
+counts the quantized bytes).
 The error is against the fp32 dequantized reference (int8 activations: ~1e-2). Writes
 gguf_mmvq.json to --out (default $OUT or .).
 """
@@ -46,7 +48,9 @@ _LEGACY = [(1, 8, 1), (1, 16, 1), (1, 32, 1), (1, 64, 1), (2, 32, 1), (1, 32, 2)
 _LANES_K = [(2, 4, 1, 1), (1, 8, 1, 1), (4, 2, 1, 1), (8, 1, 1, 1), (4, 4, 1, 1), (2, 8, 1, 1),
             (8, 2, 1, 1), (4, 4, 2, 1), (8, 2, 2, 1), (16, 1, 2, 1), (8, 4, 2, 1), (16, 2, 4, 1),
             (1, 16, 1, 1), (1, 16, 2, 1), (1, 32, 4, 1), (2, 16, 4, 1),
-            (2, 4, 1, 2), (1, 8, 1, 2), (4, 4, 1, 2), (1, 16, 2, 2)]  # 2: weights past L1
+            (2, 4, 1, 2), (1, 8, 1, 2), (4, 4, 1, 2), (1, 16, 2, 2),  # 2: weights past L1
+            (2, 4, 1, 3), (4, 4, 1, 3), (1, 8, 1, 3), (2, 8, 1, 3), (4, 2, 1, 3), (2, 2, 1, 3),
+            (1, 4, 1, 3)]  # 3: a step's weights loaded one step ahead
 _LANES_LEGACY = [(1, 32, 1, 1), (2, 16, 1, 1), (4, 8, 1, 1), (1, 64, 1, 1), (2, 32, 1, 1),
                  (4, 16, 1, 1), (8, 8, 1, 1), (1, 64, 2, 1), (2, 32, 2, 1), (1, 128, 2, 1),
                  (1, 128, 4, 1), (8, 16, 2, 1), (1, 32, 1, 2), (1, 64, 1, 2), (2, 32, 1, 2),
@@ -67,6 +71,8 @@ CONFIGS = {  # (rows per program, blocks per step, warps[, layout]) tried by --s
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--configs", nargs="*", default=None,
+                    help="with --sweep, these instead of CONFIGS: rows,blocks,warps,layout")
     ap.add_argument("--m", type=int, nargs="*", default=[1, 2, 4, 8])
     ap.add_argument("--types", nargs="*", default=[t.name for t in TYPES])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -80,7 +86,8 @@ def main() -> None:
             nbytes = ws[0].numel()
             for m in args.m:
                 x = torch.randn(m, k, dtype=BF16, device=DEV)
-                err = rel_err(gguf_mmvq(x, ws[0], qtype), gguf_gemm_ref(x, ws[0], qtype))
+                ref = gguf_gemm_ref(x, ws[0], qtype)
+                err = rel_err(gguf_mmvq(x, ws[0], qtype), ref)
                 t = gpu_time(lambda: [gguf_mmvq(x, w, qtype) for w in ws]) / len(ws)
                 row(f"mmvq {qtype.name}", f"{lin} {n}x{k} M={m}", t, nbytes, err=err,
                     note="quantize + GEMV")
@@ -88,11 +95,14 @@ def main() -> None:
                     per_token[qtype.name] += t * PER_TOKEN.get(lin, 32)
                 xq8 = quantize_q8_1(x)
                 out = torch.empty(m, n, dtype=BF16, device=DEV)
-                configs = [None] + (CONFIGS[qtype] if args.sweep and m == 1 else [])
+                sweep = CONFIGS[qtype] if args.configs is None else [
+                    tuple(int(v) for v in c.split(",")) for c in args.configs]
+                configs = [None] + (sweep if args.sweep and m == 1 else [])
                 for cfg in configs:
                     t = gpu_time(lambda: [gguf_mmvq_q8_1(xq8, w, qtype, out, cfg)
                                           for w in ws]) / len(ws)
-                    row(f"mmvq {qtype.name} GEMV", f"{lin} {n}x{k} M={m}", t, nbytes,
+                    err = rel_err(gguf_mmvq_q8_1(xq8, ws[0], qtype, out, cfg), ref)
+                    row(f"mmvq {qtype.name} GEMV", f"{lin} {n}x{k} M={m}", t, nbytes, err=err,
                         note=str(cfg) if cfg else f"default {mmvq_config(qtype, n)}")
     for name, t in per_token.items():
         print(f"  Llama-3.1-8B {name} linear layers (32 x qkv+o+gate_up+down, quantize + "
