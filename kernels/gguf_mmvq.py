@@ -23,7 +23,8 @@ vllm-gguf-plugin, and sgl-kernel ships the same op), in Triton with own code:
 Types: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K (MMVQ_TYPES). Layouts of the work (config[3]):
 0, the steps below (two lanes a sub-block; blocks of 2-byte alignment read as 16-bit
 halves); 1, the default, kernels/gguf_mmvq_lanes.py (a lane per sub-block, aligned words;
-docs/kernels.md has the SASS of both); 2, layout 1 with the weights read past L1. The
+docs/kernels.md has the SASS of both); 2, layout 1 with the weights read past L1; 3, layout 1
+with a K-quant step's weights loaded one step ahead (the other types run layout 1). The
 error is the int8 rounding of the activations (about 1e-2 relative, what llama.cpp and
 vLLM accept); with activations that are small integers (d = 1) the result equals the fp32
 reference. Under TRITON_INTERPRET the dp4a is emulated with shifts (the interpreter runs

@@ -18,6 +18,8 @@ that shape so that Triton gives them one layout.
   funnel-shifted by the block's phase; low 4 and high 2 bits are dotted in place.
 - Q8_0, Q4_0, Q4_1 (U = 1): a lane per block, Q8_0 and Q4_0 through the same funnel.
 Same math as llama.cpp's vec_dot_*_q8_1 (vLLM csrc/quantization/gguf/vecdotq.cuh).
+The K-quant steps are a load and a math half (`*_lane_load`, `*_lane_math`) so that
+LAYOUT = 3 can load step k + 1's weight words before step k's math.
 """
 
 from __future__ import annotations
