@@ -48,39 +48,36 @@ def _moved(word, at, to: tl.constexpr):
 
 
 @triton.jit
-def _q4_k_part(words, n_ok, PART: tl.constexpr, C: tl.constexpr):
-    """Values 64 C PART .. + 64 C - 1 (C = 1 or 2 chunks) of Q4_K super-blocks at int32
-    pointers `words` [BN]: block_q4_K is d | dmin (word 0), scales[12] (words 1-3), qs[128]
-    (words 4-35). Chunk c of 32 qs bytes holds sub-block 2c in its low nibbles and 2c + 1 in
-    its high ones, so nibble (h, byte) of qs word (c, w8) is value 64c + 32h + 4 w8 + byte:
-    decoded as [BN, C c, 2 h, 8 w8, 4 byte], its flat order is K order -> [BN, 64 C] fp32."""
+def _q4_k_part(words, n_ok, PART: tl.constexpr):
+    """Values 128 * PART .. + 127 of Q4_K super-blocks at int32 pointers `words` [BN]:
+    block_q4_K is d | dmin (word 0), scales[12] (words 1-3), qs[128] (words 4-35). Chunk c
+    of 32 qs bytes holds sub-block 2c in its low nibbles and 2c + 1 in its high ones, so
+    nibble (h, byte) of qs word (c, w8) is value 64c + 32h + 4 w8 + byte: decoded as
+    [BN, 2 c, 2 h, 8 w8, 4 byte], its flat order is K order -> [BN, 128] fp32."""
     m = n_ok[:, None]
-    qs = tl.load(words[:, None] + 4 + 8 * C * PART + tl.arange(0, 8 * C)[None, :], mask=m,
-                 other=0)
+    qs = tl.load(words[:, None] + 4 + 16 * PART + tl.arange(0, 16)[None, :], mask=m, other=0)
     w0 = tl.load(words, mask=n_ok, other=0)[:, None]  # d | dmin
     w1 = tl.load(words + 1, mask=n_ok, other=0)[:, None]  # scales bytes 0-3
     w2 = tl.load(words + 2, mask=n_ok, other=0)[:, None]  # 4-7
     w3 = tl.load(words + 3, mask=n_ok, other=0)[:, None]  # 8-11
-    HIGH: tl.constexpr = C * PART >= 2  # sub-blocks 4-7
-    # byte b of a word: sub-block 4 HIGH + b, for this part's 2 C sub-blocks
-    sh = 8 * ((C * PART) % 2 * 2 + tl.arange(0, 2 * C))[None, :]
-    if not HIGH:  # get_scale_min_k4, j < 4
+    sh = 8 * tl.arange(0, 4)[None, :]  # byte b of a word: sub-block 4 * PART + b
+    if PART == 0:  # get_scale_min_k4, j < 4
         sc = (w1 >> sh) & 63
         mn = (w2 >> sh) & 63
     else:  # j >= 4: low nibbles in bytes 8-11, high two bits on top of bytes 0-7
         sc = ((w3 >> sh) & 15) | (((w1 >> (sh + 6)) & 3) << 4)
         mn = ((w3 >> (sh + 4)) & 15) | (((w2 >> (sh + 6)) & 3) << 4)
-    scale = _f16_bits(w0) * sc.to(tl.float32)  # [BN, 2 C]
+    scale = _f16_bits(w0) * sc.to(tl.float32)  # [BN, 4]
     off = _f16_bits(w0 >> 16) * mn.to(tl.float32)
     bn: tl.constexpr = words.shape[0]
-    q = tl.reshape(qs, (bn, C, 1, 8, 1))
+    q = tl.reshape(qs, (bn, 2, 1, 8, 1))
     shift = (4 * tl.arange(0, 2)[:, None] + 8 * tl.arange(0, 4)[None, :])[None, None, :, None, :]
     # the nibble as fp32's mantissa top of 1.0: 1 + q / 16, exact, in a shift and one
     # three-input logic op (no quarter-rate int-to-float)
     f = ((_moved(q, shift, 19) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
-    s16 = tl.reshape(16.0 * scale, (bn, C, 2, 1, 1))
-    w = f * s16 - (s16 + tl.reshape(off, (bn, C, 2, 1, 1)))  # (f - 1) * 16 * scale - off
-    return tl.reshape(w, (bn, 64 * C))
+    s16 = tl.reshape(16.0 * scale, (bn, 2, 2, 1, 1))
+    w = f * s16 - (s16 + tl.reshape(off, (bn, 2, 2, 1, 1)))  # (f - 1) * 16 * scale - off
+    return tl.reshape(w, (bn, 128))
 
 
 @triton.jit
@@ -124,13 +121,12 @@ def _kquant_rows(w_ptr, n, stride_w, TYPE: tl.constexpr):
 
 
 @triton.jit
-def _kquant_part(rows, s, n_ok, TYPE: tl.constexpr, PART: tl.constexpr, KP: tl.constexpr):
-    """Values KP PART .. + KP - 1 of super-block s of `rows` (_kquant_rows), in K order:
-    [BN, KP] fp32 (Q4_K: KP 64 or 128; Q6_K: 64)."""
+def _kquant_part(rows, s, n_ok, TYPE: tl.constexpr, PART: tl.constexpr):
+    """Part PART of super-block s of `rows` (_kquant_rows): [BN, 128] fp32 for Q4_K (parts
+    0-1), [BN, 64] for Q6_K (parts 0-3), in K order."""
     if TYPE == 12:
-        w = _q4_k_part(rows + s * 36, n_ok, PART, KP // 64)
+        w = _q4_k_part(rows + s * 36, n_ok, PART)
     else:
-        tl.static_assert(KP == 64, "Q6_K parts are 64 values")
         w = _q6_k_part(rows + s * 105, n_ok, PART)
     return w
 
@@ -139,8 +135,7 @@ def _kquant_part(rows, s, n_ok, TYPE: tl.constexpr, PART: tl.constexpr, KP: tl.c
 def _kquant_mmq_kernel(
     x_ptr, w_ptr, y_ptr, M, N, nblk, stride_xm: tl.int64, stride_w: tl.int64,  # w in words
     stride_ym: tl.int64, stride_ys: tl.int64,
-    TYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, KP: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    TYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     # program (BLOCK_N weight rows, BLOCK_M tokens, split): acc [BN, BM] = W [BN, Ks] @
     # x[BM, Ks]^T over this split's super-blocks (splits fill the SMs where N / BN is
@@ -157,9 +152,11 @@ def _kquant_mmq_kernel(
     m_ok = (offs_m < M)[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     rows = _kquant_rows(w_ptr, n, stride_w, TYPE)  # [BN]
+    PARTS: tl.constexpr = 2 if TYPE == 12 else 4
+    KP: tl.constexpr = 256 // PARTS
     for s in range(s0, s1):
-        for part in tl.static_range(256 // KP):
-            w = _kquant_part(rows, s, n_ok, TYPE, part, KP)  # [BN, KP] fp32
+        for part in tl.static_range(PARTS):
+            w = _kquant_part(rows, s, n_ok, TYPE, part)  # [BN, KP] fp32
             k = s * 256 + part * KP + tl.arange(0, KP)[:, None]
             xt = tl.load(x_rows + k, mask=m_ok, other=0.0)  # [KP, BM]
             acc = tl.dot(w.to(xt.dtype), xt, acc, input_precision=DOT_PREC)
@@ -178,12 +175,13 @@ def _kquant_dequantize_kernel(
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     out_rows = out_ptr + n.to(tl.int64)[:, None] * stride_out
     rows = _kquant_rows(w_ptr, n, stride_w, TYPE)  # [BN]
-    KP: tl.constexpr = 128 if TYPE == 12 else 64
+    PARTS: tl.constexpr = 2 if TYPE == 12 else 4
+    KP: tl.constexpr = 256 // PARTS
     for i in tl.static_range(SB):
         s = tl.program_id(1) * SB + i
         ok = n < tl.where(s < nblk, N, 0)  # rows of a block past the row's end: none
-        for part in tl.static_range(256 // KP):
-            w = _kquant_part(rows, s, ok, TYPE, part, KP)  # [BN, KP] fp32
+        for part in tl.static_range(PARTS):
+            w = _kquant_part(rows, s, ok, TYPE, part)  # [BN, KP] fp32
             k = s * 256 + part * KP + tl.arange(0, KP)
             tl.store(out_rows + k[None, :], w.to(out_ptr.dtype.element_ty), mask=ok[:, None])
 
@@ -196,25 +194,22 @@ def kquant_mmq_fits(qweight: torch.Tensor, qtype: int) -> bool:
         qweight.stride(0) % traits[1] == 0)
 
 
-def kquant_config(m: int, n: int) -> tuple[int, int, int, int, int, int]:
-    """(BLOCK_N, BLOCK_M, warps, stages, splits, KP) for M tokens and N weight rows, from the
-    H200 sweep of examples/bench/gguf_gemm.py (session 17, docs/BENCHMARKS.md; Q4_K and Q6_K
+def kquant_config(m: int, n: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_N, BLOCK_M, warps, stages, splits) for M tokens and N weight rows, from the H200
+    sweep of examples/bench/gguf_gemm.py (session 17, docs/BENCHMARKS.md; Q4_K and Q6_K
     agree): 64 weight rows (one warpgroup's wgmma M side) on 4 warps, the tokens rounded up
-    to 16, 32 or 64; grids of few programs split K, which keeps more loads in flight. KP:
-    the Q4_K values decoded for one dot (128 or 64: half the decode's live registers; Q6_K
-    always decodes 64)."""
+    to 16, 32 or 64; grids of few programs split K, which keeps more loads in flight."""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     programs = cdiv(n, 64) * cdiv(m, block_m)
     if block_m == 64:
-        return ((64, 64, 4, 4, 2, 128) if programs <= 64 else
-                (64, 64, 4, 3 if programs <= 132 else 2, 1, 128))
+        return (64, 64, 4, 4, 2) if programs <= 64 else (64, 64, 4, 3 if programs <= 132 else 2, 1)
     if programs <= (512 if block_m == 16 else 132):
-        return 64, block_m, 4, 4, 4, 128
-    return 64, block_m, 4, 2 if block_m == 16 else 3, 1, 128
+        return 64, block_m, 4, 4, 4
+    return 64, block_m, 4, 2 if block_m == 16 else 3, 1
 
 
 def kquant_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
-               config: tuple[int, int, int, int, int, int] | None = None) -> torch.Tensor:
+               config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequant(qweight).T for Q4_K / Q6_K raw blocks [N, row_bytes];
     N and the block count come from qweight's own shape (CVE-2026-53923), x's float dtype
     and device are the caller's check (kernels/gguf_gemm.py gguf_gemm)."""
@@ -229,7 +224,7 @@ def kquant_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
           lambda: f"kquant_mmq: x {tuple(x.shape)} and {tuple(qweight.shape)} {qweight.dtype} "
           f"rows of {block_bytes}-byte blocks do not match")
     m = x.shape[0]
-    block_n, block_m, warps, stages, splits, kp = config or kquant_config(m, n)
+    block_n, block_m, warps, stages, splits = config or kquant_config(m, n)
     splits = max(1, min(splits, nblk))
     if m == 0 or n == 0:
         return torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -239,8 +234,7 @@ def kquant_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
     _kquant_mmq_kernel[(cdiv(n, block_n), cdiv(m, block_m), splits)](
         x, qweight, part, m, n, nblk, x.stride(0), qweight.stride(0) // KQUANT_MMQ_TYPES[qtype][1],
         part.stride(-2), part.stride(0) if splits > 1 else 0, TYPE=qtype, BLOCK_N=block_n,
-        BLOCK_M=block_m, KP=kp if qtype == GGMLType.Q4_K else 64,
-        DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
+        BLOCK_M=block_m, DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=warps, num_stages=stages,
     )
     return part if splits == 1 else part.sum(0).to(x.dtype)

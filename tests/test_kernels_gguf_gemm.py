@@ -85,9 +85,9 @@ def test_rows_that_end_inside_a_step(qtype: GGMLType, k: int) -> None:
 
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K])
 @pytest.mark.parametrize(("config", "k"), [
-    ((16, 16, 4, 1, 1, 128), 768), ((32, 64, 4, 2, 1, 64), 768),  # KP: Q4_K values a dot
-    ((16, 16, 4, 1, 2, 64), 768),  # split-K: planes of 2 and 1 super-blocks
-    ((16, 32, 4, 1, 4, 128), 1280),  # 5 super-blocks in 4 splits of 2: the last plane is empty
+    ((16, 16, 4, 1, 1), 768), ((32, 64, 4, 2, 1), 768),
+    ((16, 16, 4, 1, 2), 768),  # split-K: planes of 2 and 1 super-blocks
+    ((16, 32, 4, 1, 4), 1280),  # 5 super-blocks in 4 splits of 2: the last plane is empty
 ])
 def test_kquant_mmq_matches_engine(qtype: GGMLType, config: tuple, k: int) -> None:
     # 3 or 5 super-blocks a row (Q6_K rows of 630 bytes: every other row off 4-byte
@@ -131,7 +131,7 @@ def test_kquant_mmq_half_rounds_only_the_weights(qtype: GGMLType) -> None:
     w = random_weight(qtype, 16, 256, seed=8)
     x = torch.randn(9, 256, device=DEVICE).half()
     ref = x.float() @ gguf_dequantize_ref(w, qtype, torch.float32).half().float().T
-    assert _rel_err(kquant_mmq(x, w, qtype, config=(16, 16, 4, 1, 2, 128)), ref) < 1e-3
+    assert _rel_err(kquant_mmq(x, w, qtype, config=(16, 16, 4, 1, 2)), ref) < 1e-3
 
 
 def test_dispatch_takes_kquant_mmq_only_for_word_aligned_k_quants(monkeypatch) -> None:
@@ -210,7 +210,7 @@ def test_kquant_mmq_compiles_once_for_every_m_of_a_config(qtype: GGMLType,
     the M between them: a CUDA graph capture over 8-token buckets compiled twice as many
     variants, about 1.5 s each on the H200)."""
     w = random_weight(qtype, 256, 512, seed=7)
-    config = (64, 16, 4, 2, 1, 128)
+    config = (64, 16, 4, 2, 1)
     kquant_mmq(torch.randn(9, 512, dtype=torch.bfloat16, device=DEVICE), w, qtype, config)
     triton_compiles.clear()
     for m in (1, 15, 16, 32, 33):

@@ -55,16 +55,13 @@ from kernels.gguf_kquant_mmq import (  # noqa: E402
 
 H = LLAMA_LINEARS["o"][1]
 SHAPES = dict(LLAMA_LINEARS, lm_head=(128256, H))
-# (BLOCK_N, BLOCK_M, warps, stages, splits, KP); session 17's sweep chose kquant_config's
-# (KP 128); KP 64 halves the Q4_K decode's live registers (Triton 3.6 sm_90: 254 -> 137 at
-# (64, 16, 4, 2), spills 616 -> 40 bytes at (64, 64, 4, 3)): its variants of those configs,
-# and wider token tiles that decode the weights once for up to 256 tokens
-KQUANT_SWEEP = [(64, 16, 4, 4, 4, 64), (64, 16, 4, 2, 1, 64), (64, 16, 4, 3, 1, 64),
-                (64, 32, 4, 4, 4, 64), (64, 32, 4, 3, 1, 64), (64, 32, 4, 4, 1, 64),
-                (64, 64, 4, 4, 2, 64), (64, 64, 4, 3, 1, 64), (64, 64, 4, 2, 1, 64),
-                (64, 64, 4, 4, 1, 64), (64, 128, 4, 3, 1, 64), (128, 128, 8, 3, 1, 64),
-                (64, 256, 4, 2, 1, 64), (128, 256, 8, 2, 1, 64), (64, 32, 4, 6, 1, 64),
-                (64, 16, 4, 6, 2, 64)]
+# (BLOCK_N, BLOCK_M, warps, stages, splits); session 17's first sweep had (64, 32, 4, 3) best
+# to M = 64 at ~530 GB/s: more stages, splits and 32-row tiles try for more bytes in flight
+KQUANT_SWEEP = [(64, 16, 4, 2, 1), (64, 32, 4, 3, 1), (64, 32, 4, 4, 1), (64, 32, 4, 5, 1),
+                (64, 32, 4, 3, 2), (64, 32, 4, 3, 4), (64, 32, 4, 4, 2), (64, 32, 4, 4, 4),
+                (64, 16, 4, 4, 4), (64, 32, 8, 3, 2), (64, 64, 4, 3, 1), (64, 64, 4, 4, 2),
+                (32, 32, 4, 3, 1), (32, 32, 4, 4, 2), (32, 16, 2, 4, 2), (128, 128, 8, 2, 1),
+                (128, 128, 8, 3, 1), (64, 128, 4, 3, 1)]
 # kquant_dequantize (BLOCK_N rows, super-blocks, warps) a program
 DEQUANT_SWEEP = [(8, 1, 1), (8, 2, 2), (16, 1, 2), (16, 2, 4), (16, 4, 4), (32, 1, 4),
                  (32, 2, 4), (32, 2, 8), (64, 1, 4), (64, 1, 8), (16, 16, 4), (4, 4, 1)]
