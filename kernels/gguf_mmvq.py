@@ -23,8 +23,7 @@ vllm-gguf-plugin, and sgl-kernel ships the same op), in Triton with own code:
 Types: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K (MMVQ_TYPES). Layouts of the work (config[3]):
 0, the steps below (two lanes a sub-block; blocks of 2-byte alignment read as 16-bit
 halves); 1, the default, kernels/gguf_mmvq_lanes.py (a lane per sub-block, aligned words;
-docs/kernels.md has the SASS of both); 2, layout 1 with the weights read past L1; 3, layout 1
-with a K-quant step's weights loaded one step ahead (the other types run layout 1). The
+docs/kernels.md has the SASS of both); 2, layout 1 with the weights read past L1. The
 error is the int8 rounding of the activations (about 1e-2 relative, what llama.cpp and
 vLLM accept); with activations that are small integers (d = 1) the result equals the fp32
 reference. Under TRITON_INTERPRET the dp4a is emulated with shifts (the interpreter runs
@@ -44,12 +43,8 @@ from kernels._common import cdiv, check, check_float, check_same_device, pdl_lau
 from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
 from kernels.gguf_mmvq_lanes import (
     dp4a_emulated,
-    kquant_lane_load,
-    kquant_lane_math,
     kquant_lane_step,
     legacy_lane_step,
-    q6k_lane_load,
-    q6k_lane_math,
     q6k_lane_step,
 )
 from kernels.gguf_tiles import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
@@ -287,10 +282,9 @@ def _legacy_step(acc, rows, x, blk0, nblk, n_mask, M, BLOCK_M: tl.constexpr, NB:
 @triton.jit
 def _lane_loop(acc, w_ptr, xq_ptr, xd_ptr, xs_ptr, x, n, N, nblk, stride_w, M, TYPE: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, NB: tl.constexpr,
-               STREAM: tl.constexpr, PREFETCH: tl.constexpr, ASM: tl.constexpr):
-    # LAYOUT 1, 2, 3 (kernels/gguf_mmvq_lanes.py; 2 streams the weights past L1, 3 loads a
-    # K-quant step's weights one step ahead): whole steps unmasked, then the partial one;
-    # rows past N re-read row N - 1 (outputs not stored)
+               STREAM: tl.constexpr, ASM: tl.constexpr):
+    # LAYOUT 1, 2 (kernels/gguf_mmvq_lanes.py; 2 streams the weights past L1): whole steps
+    # unmasked, then the partial one; rows past N re-read row N - 1 (outputs not stored)
     sq, sd, ss = x[3], x[4], x[5]
     nfull = nblk // NB
     rows = tl.minimum(n, N - 1).to(tl.int64)[:, None, None, None] * stride_w  # bytes
@@ -305,44 +299,21 @@ def _lane_loop(acc, w_ptr, xq_ptr, xd_ptr, xs_ptr, x, n, N, nblk, stride_w, M, T
             acc = legacy_lane_step(acc, wrow, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, nfull,
                                    nblk, M, BLOCK_N, NB, BLOCK_M, TYPE, True, STREAM, ASM)
     elif TYPE == 14:
-        if PREFETCH:  # step k + 1's words are loaded before step k's math
-            w = q6k_lane_load(wrow, rph, 0, nblk, NB, True, False)  # masked: nfull may be 0
-            for k in range(0, nfull - 1):
-                cur = w
-                w = q6k_lane_load(wrow, rph, k + 1, nblk, NB, False, False)
-                acc = q6k_lane_math(acc, *cur, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk,
-                                    M, BLOCK_N, NB, BLOCK_M, False, ASM)
-            if nfull > 0:
-                acc = q6k_lane_math(acc, *w, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, nfull - 1,
-                                    nblk, M, BLOCK_N, NB, BLOCK_M, False, ASM)
-        else:
-            for k in range(0, nfull):
-                acc = q6k_lane_step(acc, wrow, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk,
-                                    M, BLOCK_N, NB, BLOCK_M, False, STREAM, ASM)
+        for k in range(0, nfull):
+            acc = q6k_lane_step(acc, wrow, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk, M,
+                                BLOCK_N, NB, BLOCK_M, False, STREAM, ASM)
         if nfull * NB < nblk:
             acc = q6k_lane_step(acc, wrow, rph, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, nfull, nblk,
                                 M, BLOCK_N, NB, BLOCK_M, True, STREAM, ASM)
     else:
         SIZE: tl.constexpr = 44 if TYPE == 13 else 36  # 32-bit words
-        QH: tl.constexpr = TYPE == 13
         wb = w32 + (rows // 4) + tl.arange(0, NB)[None, :, None, None] * SIZE  # [BN, NB, 1, 1]
-        if PREFETCH:
-            w = kquant_lane_load(wb, 0, nblk, NB, QH, True, False)
-            for k in range(0, nfull - 1):
-                cur = w
-                w = kquant_lane_load(wb, k + 1, nblk, NB, QH, False, False)
-                acc = kquant_lane_math(acc, *cur, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk,
-                                       M, BLOCK_N, NB, BLOCK_M, QH, False, ASM)
-            if nfull > 0:
-                acc = kquant_lane_math(acc, *w, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, nfull - 1,
-                                       nblk, M, BLOCK_N, NB, BLOCK_M, QH, False, ASM)
-        else:
-            for k in range(0, nfull):
-                acc = kquant_lane_step(acc, wb, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk, M,
-                                       BLOCK_N, NB, BLOCK_M, QH, False, STREAM, ASM)
+        for k in range(0, nfull):
+            acc = kquant_lane_step(acc, wb, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, k, nblk, M,
+                                   BLOCK_N, NB, BLOCK_M, TYPE == 13, False, STREAM, ASM)
         if nfull * NB < nblk:
             acc = kquant_lane_step(acc, wb, xq_ptr, xd_ptr, xs_ptr, sq, sd, ss, nfull, nblk, M,
-                                   BLOCK_N, NB, BLOCK_M, QH, True, STREAM, ASM)
+                                   BLOCK_N, NB, BLOCK_M, TYPE == 13, True, STREAM, ASM)
     return acc
 
 
@@ -372,7 +343,7 @@ def _mmvq_kernel(
         acc = tl.zeros([BLOCK_N, NB, 1], dtype=tl.float32)
     if LAYOUT >= 1:
         acc = _lane_loop(acc, w_ptr, xq_ptr, xd_ptr, xs_ptr, x, n, N, nblk, stride_w, M, TYPE,
-                         BLOCK_N, BLOCK_M, NB, LAYOUT == 2, LAYOUT == 3, ASM)
+                         BLOCK_N, BLOCK_M, NB, LAYOUT == 2, ASM)
     else:
         for blk0 in range(0, nblk, NB):
             if TYPE == 14:

@@ -18,8 +18,6 @@ that shape so that Triton gives them one layout.
   funnel-shifted by the block's phase; low 4 and high 2 bits are dotted in place.
 - Q8_0, Q4_0, Q4_1 (U = 1): a lane per block, Q8_0 and Q4_0 through the same funnel.
 Same math as llama.cpp's vec_dot_*_q8_1 (vLLM csrc/quantization/gguf/vecdotq.cuh).
-The K-quant steps are a load and a math half (`*_lane_load`, `*_lane_math`) so that
-LAYOUT = 3 can load step k + 1's weight words before step k's math.
 """
 
 from __future__ import annotations
@@ -127,41 +125,17 @@ def kquant_lane_step(acc, wb, xq, xd, xs, sq, sd, ss, k, nblk, M, BN: tl.constex
     # wb [BN, NB, 1, 1]: int32 pointers to the block starts of step 0; k: the step; xq, xd,
     # xs: token 0's q8_1 rows, sq, sd, ss their row strides -> acc [BN, NB, 4] (one token)
     # or [BN, BLOCK_M]
-    w0, w1, hdr, q0, q1 = kquant_lane_load(wb, k, nblk, NB, HAS_QH, MASK, STREAM)
-    return kquant_lane_math(acc, w0, w1, hdr, q0, q1, xq, xd, xs, sq, sd, ss, k, nblk, M, BN,
-                            NB, BLOCK_M, HAS_QH, MASK, ASM)
-
-
-@triton.jit
-def kquant_lane_load(wb, k, nblk, NB: tl.constexpr, HAS_QH: tl.constexpr, MASK: tl.constexpr,
-                     STREAM: tl.constexpr):
-    """The weight words of step k (kquant_lane_step): qs words 0..3 and 4..7 of each unit
-    [BN, NB, 4, 4], the header (d | dmin, scales) and, with HAS_QH, qh (else the header
-    again, unused)."""
     SIZE: tl.constexpr = 44 if HAS_QH else 36  # words
     QS: tl.constexpr = 12 if HAS_QH else 4
     c = tl.arange(0, 4)[None, None, :, None]
     e = tl.arange(0, 4)[None, None, None, :]
-    m = k * NB + tl.arange(0, NB)[None, :, None, None] < nblk  # [1, NB, 1, 1]
-    blk = wb + k * (NB * SIZE)  # int32 pointers [BN, NB, 1, 1]
-    wp = blk + QS + 8 * c + e  # [BN, NB, 4, 4]
-    hdr = wload(blk + e + 0 * c, m, MASK, STREAM)
-    q0, q1 = hdr, hdr
-    if HAS_QH:
-        q0 = wload(blk + 4 + e + 0 * c, m, MASK, STREAM)
-        q1 = wload(blk + 8 + e + 0 * c, m, MASK, STREAM)
-    return wload(wp, m, MASK, STREAM), wload(wp + 4, m, MASK, STREAM), hdr, q0, q1
-
-
-@triton.jit
-def kquant_lane_math(acc, w0, w1, hdr, q0, q1, xq, xd, xs, sq, sd, ss, k, nblk, M,
-                     BN: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr,
-                     HAS_QH: tl.constexpr, MASK: tl.constexpr, ASM: tl.constexpr):
-    """kquant_lane_step on step k's words (kquant_lane_load)."""
-    c = tl.arange(0, 4)[None, None, :, None]
-    e = tl.arange(0, 4)[None, None, None, :]
     s = k * NB + tl.arange(0, NB)[None, :, None, None]  # [1, NB, 1, 1] block index
     m = s < nblk
+    blk = wb + k * (NB * SIZE)  # int32 pointers [BN, NB, 1, 1]
+    wp = blk + QS + 8 * c + e  # [BN, NB, 4, 4]
+    w0 = wload(wp, m, MASK, STREAM)  # words 0..3 of unit c
+    w1 = wload(wp + 4, m, MASK, STREAM)  # words 4..7
+    hdr = wload(blk + e + 0 * c, m, MASK, STREAM)
     h0, a, b, cc = split4(hdr, BN, NB, 4)  # d | dmin, scales 0..3, 4..7, 8..11
     d = f16_lo(h0)  # [BN, NB, 4]
     dmin = f16_lo(h0 >> 16)
@@ -178,6 +152,8 @@ def kquant_lane_math(acc, w0, w1, hdr, q0, q1, xq, xd, xs, sq, sd, ss, k, nblk, 
     lo0, lo1 = w0 & 0x0F0F0F0F, w1 & 0x0F0F0F0F
     hi0, hi1 = w0 & HI4, w1 & HI4
     if HAS_QH:  # the fifth bits, in place: bit 2c (low nibbles) and 2c + 1 (high) of qh
+        q0 = wload(blk + 4 + e + 0 * c, m, MASK, STREAM)
+        q1 = wload(blk + 8 + e + 0 * c, m, MASK, STREAM)
         bit = 0x01010101 << (2 * c)
         f_lo = 16.0 / (1 << (2 * c3)).to(tl.float32)  # dot of (bit << 2c) -> 16x the dot
         f_hi = f_lo * 0.5 * 16.0  # high nibbles are 16x, the bit sits at 2c + 1
@@ -223,23 +199,9 @@ def words5(p, m, sh, BN: tl.constexpr, NB: tl.constexpr, U: tl.constexpr, MASK: 
     word at or below them, sh [BN, NB, U or 1] their start's bit in it (0, 16, or 32 for
     the next word) -> four [BN, NB, U]. Reads 5 aligned words (the fifth: one load, its 4
     copies are one)."""
-    w, w4 = words5_load(p, m, MASK, STREAM)
-    return words5_funnel(w, w4, sh, BN, NB, U, ASM)
-
-
-@triton.jit
-def words5_load(p, m, MASK: tl.constexpr, STREAM: tl.constexpr):
-    """words5's loads: the 4 aligned words at p [BN, NB, U, 4] and the fifth (4 copies)."""
     e = tl.arange(0, 4)[None, None, None, :]
-    return wload(p + e, m, MASK, STREAM), wload(p + 4 + 0 * e, m, MASK, STREAM)
-
-
-@triton.jit
-def words5_funnel(w, w4, sh, BN: tl.constexpr, NB: tl.constexpr, U: tl.constexpr,
-                  ASM: tl.constexpr):
-    """words5's shifts of its loads (words5_load) -> four [BN, NB, U]."""
-    w0, w1, w2, w3 = split4(w, BN, NB, U)
-    w4, _, _, _ = split4(w4, BN, NB, U)
+    w0, w1, w2, w3 = split4(wload(p + e, m, MASK, STREAM), BN, NB, U)
+    w4, _, _, _ = split4(wload(p + 4 + 0 * e, m, MASK, STREAM), BN, NB, U)
     return (funnel(w0, w1, sh, ASM), funnel(w1, w2, sh, ASM), funnel(w2, w3, sh, ASM),
             funnel(w3, w4, sh, ASM))
 
@@ -255,47 +217,21 @@ def q6k_lane_step(acc, wrow, rph, xq, xd, xs, sq, sd, ss, k, nblk, M, BN: tl.con
     # w = d sc (q - 32). Read as aligned words shifted by the block's phase (funnel).
     # wrow [BN, 1, 1, 1] int32 pointers to the aligned word at or below each row's start,
     # rph [BN, 1, 1, 1] that start's byte offset from it (0 or 2) -> acc as kquant_lane_step
-    la, la4, ra, ra4, qa, qa4, tw, dw = q6k_lane_load(wrow, rph, k, nblk, NB, MASK, STREAM)
-    return q6k_lane_math(acc, la, la4, ra, ra4, qa, qa4, tw, dw, rph, xq, xd, xs, sq, sd, ss,
-                         k, nblk, M, BN, NB, BLOCK_M, MASK, ASM)
-
-
-@triton.jit
-def q6k_lane_load(wrow, rph, k, nblk, NB: tl.constexpr, MASK: tl.constexpr,
-                  STREAM: tl.constexpr):
-    """The aligned words of step k (q6k_lane_step), before their funnel shifts: ql of
-    g = 0, 2 (low, high nibbles), ql of g = 1, 3 and qh (words5_load each), the words of
-    scales 8 h2 .. 8 h2 + 7 and the word of d."""
     u = tl.arange(0, 4)[None, None, :, None]
     e = tl.arange(0, 4)[None, None, None, :]
     h2, j = u % 2, u // 2  # (u // 2, u % 2 would make the sums' loads contiguous in u)
     s = k * NB + tl.arange(0, NB)[None, :, None, None]  # [1, NB, 1, 1]
     m = s < nblk
-    wp = wrow + ((rph + s * 210) >> 2)  # [BN, NB, 1, 1] the aligned word at the block start
-    la, la4 = words5_load(wp + 16 * h2 + 4 * j, m, MASK, STREAM)
-    ra, ra4 = words5_load(wp + 16 * h2 + 8 + 4 * j, m, MASK, STREAM)
-    qa, qa4 = words5_load(wp + 32 + 8 * h2 + 4 * j, m, MASK, STREAM)
-    tw = wload(wp + 48 + 2 * h2 + tl.minimum(e, 2), m, MASK, STREAM)
-    return la, la4, ra, ra4, qa, qa4, tw, wload(wp + 52 + 0 * (u + e), m, MASK, STREAM)
-
-
-@triton.jit
-def q6k_lane_math(acc, la, la4, ra, ra4, qa, qa4, tw, dw, rph, xq, xd, xs, sq, sd, ss, k, nblk,
-                  M, BN: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr,
-                  MASK: tl.constexpr, ASM: tl.constexpr):
-    """q6k_lane_step on step k's words (q6k_lane_load)."""
-    u = tl.arange(0, 4)[None, None, :, None]
-    e = tl.arange(0, 4)[None, None, None, :]
-    h2, j = u % 2, u // 2
-    s = k * NB + tl.arange(0, NB)[None, :, None, None]  # [1, NB, 1, 1]
-    m = s < nblk
-    sh = tl.reshape(((rph + s * 210) & 2) * 8, (BN, NB, 1))  # the block's phase, in bits
-    l0, l1, l2, l3 = words5_funnel(la, la4, sh, BN, NB, 4, ASM)
-    r0, r1, r2, r3 = words5_funnel(ra, ra4, sh, BN, NB, 4, ASM)
-    q0, q1, q2, q3 = words5_funnel(qa, qa4, sh, BN, NB, 4, ASM)
+    b = rph + s * 210  # [BN, NB, 1, 1] block start, bytes from wrow
+    wp = wrow + (b >> 2)  # [BN, NB, 1, 1]
+    sh = tl.reshape((b & 2) * 8, (BN, NB, 1))
+    # ql words of g = 0, 2 (low, high nibbles), of g = 1, 3, and qh
+    l0, l1, l2, l3 = words5(wp + 16 * h2 + 4 * j, m, sh, BN, NB, 4, MASK, STREAM, ASM)
+    r0, r1, r2, r3 = words5(wp + 16 * h2 + 8 + 4 * j, m, sh, BN, NB, 4, MASK, STREAM, ASM)
+    q0, q1, q2, q3 = words5(wp + 32 + 8 * h2 + 4 * j, m, sh, BN, NB, 4, MASK, STREAM, ASM)
     # scales 8 h2 .. 8 h2 + 7 in the aligned words t0 t1 t2; d in word 52
-    t0, t1, t2, _ = split4(tw, BN, NB, 4)
-    dw, _, _, _ = split4(dw, BN, NB, 4)
+    t0, t1, t2, _ = split4(wload(wp + 48 + 2 * h2 + tl.minimum(e, 2), m, MASK, STREAM), BN, NB, 4)
+    dw, _, _, _ = split4(wload(wp + 52 + 0 * (u + e), m, MASK, STREAM), BN, NB, 4)
     d = f16_lo(dw >> sh)  # [BN, NB, 4]
     j3 = tl.arange(0, 4)[None, None, :] // 2
     k0 = sh // 8 + j3  # byte of scales[8 h2 + j] in t0:t1

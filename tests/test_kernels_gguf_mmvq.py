@@ -226,35 +226,6 @@ def test_mmvq_default_configs_exact_on_integer_activations(qtype: GGMLType, k: i
     assert _rel_err(gguf_mmvq(x, w, qtype, config=config), ref) < 1e-5
 
 
-@pytest.mark.parametrize("qtype,nb", [(GGMLType.Q4_K, 4), (GGMLType.Q5_K, 2),
-                                       (GGMLType.Q6_K, 2), (GGMLType.Q8_0, 32)])
-@pytest.mark.parametrize("blocks", [1, 2, 7])
-def test_mmvq_prefetch_layout_equals_layout_1(qtype: GGMLType, nb: int, blocks: int) -> None:
-    """Layout 3 loads a K-quant step's weights one step ahead (kernels/gguf_mmvq.py
-    _lane_loop): the same math in the same order as layout 1, so the same bits, with no
-    whole step (a masked one only), whole steps alone, and whole steps then a masked one;
-    Q8_0 runs layout 1's steps. Exact against the reference on integer activations."""
-    block = 32 if qtype == GGMLType.Q8_0 else 256
-    k = blocks * block * (nb // 2 if qtype == GGMLType.Q8_0 else 1)
-    w = random_weight(qtype, 5, k, seed=blocks)
-    x = _integer_x(1, k, seed=blocks)
-    got = gguf_mmvq(x, w, qtype, config=(2, nb, 1, 3))
-    assert torch.equal(got, gguf_mmvq(x, w, qtype, config=(2, nb, 1, 1)))
-    assert _rel_err(got, gguf_gemm_ref(x.double().float(), w, qtype)) < 1e-5
-
-
-_PREFETCH_M3 = "layout 3 runs layout 1's token loop (BLOCK_M = 4) on its words (issue 16)"
-
-
-@pytest.mark.parametrize("qtype", [cuda_only(GGMLType.Q4_K, why=_PREFETCH_M3),
-                                   cuda_only(GGMLType.Q6_K, why=_PREFETCH_M3)])
-def test_mmvq_prefetch_layout_several_tokens(qtype: GGMLType) -> None:
-    w = random_weight(qtype, 9, 256 * 5, seed=3)
-    x = _integer_x(3, 256 * 5, seed=3)
-    assert torch.equal(gguf_mmvq(x, w, qtype, config=(4, 2, 1, 3)),
-                       gguf_mmvq(x, w, qtype, config=(4, 2, 1, 1)))
-
-
 def test_mmvq_q6_k_weight_view_off_4_byte_alignment() -> None:
     """Layout 1 reads Q6_K's 2-byte aligned blocks as aligned words; a weight view that
     starts 2 bytes into a word goes through layout 0, same result."""
