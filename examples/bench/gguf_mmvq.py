@@ -5,11 +5,11 @@
 
 Per type (Q4_0 Q4_1 Q8_0 Q4_K Q5_K Q6_K), shape (qkv, o, gate_up, down, lm_head, v) and M: the
 whole op (quantize_q8_1 + GEMV), the GEMV alone with the default config and, with --sweep,
-the other configs of CONFIGS or --configs (M = 1 only). Times, bytes and %BW as
-examples/bench/kernels.py (CUDA-graph replays over enough weight copies to miss the L2; %BW
-counts the quantized bytes).
-The error is against the fp32 dequantized reference (int8 activations: ~1e-2). Writes
-gguf_mmvq.json to --out (default $OUT or .).
+the other configs of CONFIGS or --configs (M = 1 only); and per shape the time torch's sum
+takes to read the same bytes (a streaming reference for a layer of that size). Times, bytes
+and %BW as examples/bench/kernels.py (CUDA-graph replays over enough weight copies to miss
+the L2; %BW counts the quantized bytes). The error is against the fp32 dequantized
+reference (int8 activations: ~1e-2). Writes gguf_mmvq.json to --out (default $OUT or .).
 """
 # ruff: noqa: B023  (every lambda is timed inside the loop iteration that defines it)
 
@@ -82,6 +82,9 @@ def main() -> None:
         for lin, (n, k) in SHAPES.items():
             ws = [random_weight(qtype, n, k) for _ in range(copies(n * k // 2))]
             nbytes = ws[0].numel()
+            t = gpu_time(lambda: [w.view(torch.int32).sum(dtype=torch.int32) for w in ws])
+            row(f"mmvq {qtype.name} read", f"{lin} {n}x{k}", t / len(ws), nbytes,
+                note="the same bytes read by torch's sum (streaming reference)")
             for m in args.m:
                 x = torch.randn(m, k, dtype=BF16, device=DEV)
                 ref = gguf_gemm_ref(x, ws[0], qtype)
