@@ -46,7 +46,6 @@ from examples.bench.kernels import (  # noqa: E402
 )
 from kernels import gguf_gemm as gg  # noqa: E402
 from kernels.gguf_kquant_mmq import (  # noqa: E402
-    KQUANT_DEQUANT_CONFIGS,
     KQUANT_MMQ_TYPES,
     kquant_config,
     kquant_dequantize,
@@ -75,9 +74,9 @@ def time_dequantize(qtype: GGMLType, lin: str, ws: list, dense: torch.Tensor, sw
     paths = {"dequant tiles": lambda w: gg.gguf_dequantize(w, qtype, BF16, (gg.DEQUANT_BLOCK_N,
                                                                           1, 1))}
     if qtype in KQUANT_MMQ_TYPES:
-        default = KQUANT_DEQUANT_CONFIGS.get(qtype, (16, 1, 2))
-        for cfg in [default] + (DEQUANT_SWEEP if sweep else []):
-            paths[f"dequant words {cfg}"] = lambda w, c=cfg: kquant_dequantize(w, qtype, BF16, c)
+        for cfg in [None] + (DEQUANT_SWEEP if sweep else []):
+            paths[f"dequant words {cfg or 'default'}"] = \
+                lambda w, c=cfg: kquant_dequantize(w, qtype, BF16, c)
     for path, fn in paths.items():
         t = gpu_time(lambda: [fn(w) for w in ws]) / len(ws)
         times[path, 0] = t

@@ -77,6 +77,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     per_token: dict[str, float] = {}
+    sweep = [tuple(int(v) for v in c.split(",")) for c in args.configs or []]  # --configs
     for qtype in (GGMLType[t] for t in args.types):
         per_token[qtype.name] = 0.0
         for lin, (n, k) in SHAPES.items():
@@ -96,9 +97,7 @@ def main() -> None:
                     per_token[qtype.name] += t * PER_TOKEN.get(lin, 32)
                 xq8 = quantize_q8_1(x)
                 out = torch.empty(m, n, dtype=BF16, device=DEV)
-                sweep = CONFIGS[qtype] if args.configs is None else [
-                    tuple(int(v) for v in c.split(",")) for c in args.configs]
-                configs = [None] + (sweep if args.sweep and m == 1 else [])
+                configs = [None] + (sweep or CONFIGS[qtype] if args.sweep and m == 1 else [])
                 for cfg in configs:
                     t = gpu_time(lambda: [gguf_mmvq_q8_1(xq8, w, qtype, out, cfg)
                                           for w in ws]) / len(ws)
