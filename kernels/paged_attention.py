@@ -40,29 +40,38 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _tile_rows(bt_ptr, kv_off, t, seq_len, stride_block, stride_slot,
-               BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):
+               BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, MASKED: tl.constexpr = True):
     """KV tile t of a request: key positions kpos [TILE_N], kmask (kpos < seq_len) and
-    the keys' cache row offsets [TILE_N] int64 (bt_ptr: the request's block-table row)."""
+    the keys' cache row offsets [TILE_N] int64 (bt_ptr: the request's block-table row).
+    MASKED False: the caller knows the whole tile lies before seq_len (no load mask)."""
     kpos = t * TILE_N + tl.arange(0, TILE_N)
     kmask = kpos < seq_len
-    blk = tl.load(bt_ptr + kpos // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
+    if MASKED:
+        blk = tl.load(bt_ptr + kpos // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
+    else:
+        blk = tl.load(bt_ptr + kpos // BLOCK_SIZE).to(tl.int64)
     return kpos, kmask, blk * stride_block + (kpos % BLOCK_SIZE) * stride_slot + kv_off
 
 
 @triton.jit
 def _attend_tile(q, acc, m_i, l_i, k, v, kpos, kmask, qpos, qk_scale, window,
-                 CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PREC: tl.constexpr):
+                 CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PREC: tl.constexpr,
+                 MASKED: tl.constexpr = True):
     """One online-softmax step of q [BLOCK_M, HEAD_PAD] over a loaded tile k, v
-    [TILE_N, HEAD_PAD] at positions kpos (kmask: the valid keys) -> (acc, m_i, l_i)."""
+    [TILE_N, HEAD_PAD] at positions kpos (kmask: the valid keys) -> (acc, m_i, l_i).
+    MASKED False: every row sees every key of the tile (no mask, every score finite)."""
     s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * qk_scale
-    mask = kmask[None, :]
-    if CAUSAL:
-        mask = mask & (kpos[None, :] <= qpos[:, None])
-    if USE_WINDOW:
-        mask = mask & (kpos[None, :] > qpos[:, None] - window)
-    s = tl.where(mask, s, float("-inf"))  # [BLOCK_M, TILE_N]
+    if MASKED:
+        mask = kmask[None, :]
+        if CAUSAL:
+            mask = mask & (kpos[None, :] <= qpos[:, None])
+        if USE_WINDOW:
+            mask = mask & (kpos[None, :] > qpos[:, None] - window)
+        s = tl.where(mask, s, float("-inf"))  # [BLOCK_M, TILE_N]
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
+    m_safe = m_new
+    if MASKED:
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
@@ -76,21 +85,26 @@ def _attend_tiles(
     stride_block, stride_slot, qk_scale, head_size, window,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PREC: tl.constexpr,
+    MASKED: tl.constexpr = True,
 ):
     """Online softmax of q [BLOCK_M, HEAD_PAD] over KV tiles [t_begin, t_end) of TILE_N keys.
 
     acc [BLOCK_M, HEAD_PAD], m_i / l_i [BLOCK_M] (base-2 running max / sum), all fp32.
     qpos [BLOCK_M]: each row's position; with USE_WINDOW a row sees keys > qpos - window.
+    MASKED False: the caller knows every row sees every key of these tiles (the tiles
+    before the diagonal of a causal block): no key, causal or window mask.
     """
     d = tl.arange(0, HEAD_PAD)
     for t in range(t_begin, t_end):
         kpos, kmask, row = _tile_rows(bt_ptr, kv_off, t, seq_len, stride_block, stride_slot,
-                                      BLOCK_SIZE, TILE_N)
-        ld_mask = kmask[:, None] & (d[None, :] < head_size)
+                                      BLOCK_SIZE, TILE_N, MASKED)
+        ld_mask = d[None, :] < head_size
+        if MASKED:
+            ld_mask = kmask[:, None] & ld_mask
         k = tl.load(k_ptr + row[:, None] + d[None, :], mask=ld_mask, other=0.0)  # [TILE_N, HP]
         v = tl.load(v_ptr + row[:, None] + d[None, :], mask=ld_mask, other=0.0)
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, kpos, kmask, qpos, qk_scale,
-                                     window, CAUSAL, USE_WINDOW, DOT_PREC)
+                                     window, CAUSAL, USE_WINDOW, DOT_PREC, MASKED)
     return acc, m_i, l_i
 
 
@@ -219,14 +233,23 @@ def _paged_attention_prefill_kernel(
         per_seg = tl.cdiv(tl.maximum(t_end - t_begin, 0), num_segments)
         t_begin = t_begin + seg * per_seg
         t_end = tl.minimum(t_begin + per_seg, t_end)
+    # tiles before t_full hold only keys at or before the block's first row: no mask
+    # (a sliding window masks from the other end: every tile goes masked)
+    t_full = t_begin
+    if not USE_WINDOW:
+        t_full = tl.minimum(tl.maximum((ctx + local * BLOCK_Q + 1) // TILE_N, t_begin), t_end)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    bt_row = bt_ptr + req.to(tl.int64) * stride_bt
     acc, m_i, l_i = _attend_tiles(
-        q, acc, m_i, l_i, k_ptr, v_ptr, bt_ptr + req.to(tl.int64) * stride_bt,
-        kvh * stride_head, ctx + tok, seq_len, t_begin, t_end, stride_block,
-        stride_slot, qk_scale, head_size, window, BLOCK_SIZE, TILE_N, HEAD_PAD, True,
-        USE_WINDOW, DOT_PREC)
+        q, acc, m_i, l_i, k_ptr, v_ptr, bt_row, kvh * stride_head, ctx + tok, seq_len,
+        t_begin, t_full, stride_block, stride_slot, qk_scale, head_size, window,
+        BLOCK_SIZE, TILE_N, HEAD_PAD, True, USE_WINDOW, DOT_PREC, False)
+    acc, m_i, l_i = _attend_tiles(
+        q, acc, m_i, l_i, k_ptr, v_ptr, bt_row, kvh * stride_head, ctx + tok, seq_len,
+        t_full, t_end, stride_block, stride_slot, qk_scale, head_size, window,
+        BLOCK_SIZE, TILE_N, HEAD_PAD, True, USE_WINDOW, DOT_PREC)
     if SPLIT:  # partials (empty: m -inf, l 0): acc [T, nq, segs, HEAD_PAD], (m, l) [.., 2]
         ph = (row * num_q_heads + heads) * num_segments + seg  # [BLOCK_M]
         tl.store(part_acc_ptr + ph[:, None] * HEAD_PAD + d[None, :], acc, mask=rmask[:, None])
