@@ -203,10 +203,8 @@ def _paged_attention_prefill_kernel(
     if USE_PDL:  # the kernel before wrote this one's inputs
         pdl_wait()
     # program (q block, kv head[, segment]): BLOCK_Q query tokens x `group` heads = the rows
-    # of one tile, over all its KV tiles or (SPLIT) one segment of them. Last q block first:
-    # a request's later blocks see more keys, so the longest programs start in the first
-    # waves and the short ones fill the tail (FlashAttention's causal order)
-    q_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    # of one tile, over all its KV tiles or (SPLIT) one segment of them
+    q_block = tl.program_id(0)
     kvh = tl.program_id(1)
     req = _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q)
     q_start = tl.load(qsl_ptr + req)
