@@ -6,7 +6,8 @@ triton_unified_attention.py (varlen queries found by a binary search
 over query_start_loc in q-block units, GQA query heads packed into the rows of one tile,
 causal over a cached prefix, and its 3D variant: kernel_unified_attention_3d splits each
 program's KV tiles into segments when the 2D grid leaves SMs idle, reduce_segments merges
-them). Own code; the layout and metadata are the engine's
+them). Like FlashAttention's causal loop, a program runs the KV tiles before its q block's
+diagonal without masks and masks only the rest. Own code; the layout and metadata are the engine's
 (engine/layers/attention.py): kv_cache [2, num_blocks, block_size, num_kv_heads, head_size],
 block_table [num_reqs, max_blocks] int32, seq_lens [num_reqs] (context incl. this step's
 tokens), query_start_loc [num_reqs + 1]; query token j of request i sits at position
