@@ -33,6 +33,26 @@ def _interpret_kernels_without_cuda() -> None:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        _interpret_without_dead_overflow_checks()
+
+
+def _interpret_without_dead_overflow_checks() -> None:
+    """The interpreter runs with debug off, where every device_assert returns at once
+    (triton.language.semantic device_assert); its integer-overflow sanitizer still builds
+    each check (the int64 op and both bounds) for every int add, sub and mul, then hands it
+    to that no-op assert: about half the time of an index-heavy kernel (a GGUF GEMV here:
+    13.7 s -> 6.1 s). Off while debug is off, nothing that runs changes."""
+    import dataclasses
+
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # no triton: the kernel tests skip
+        return
+    options = getattr(getattr(interpreter, "interpreter_builder", None), "options", None)
+    if options is not None and not options.debug and getattr(options, "sanitize_overflow", False):
+        interpreter.interpreter_builder.options = dataclasses.replace(
+            options, sanitize_overflow=False)
 
 
 _interpret_kernels_without_cuda()
@@ -88,14 +108,32 @@ def pytest_xdist_auto_num_workers(config) -> int:
 
 # Modules run together as one unit of work (on one worker, one after another): "timing",
 # those that assert wall-clock bounds (a render budget, a GIL gap, an abort within 1 s, a
-# case within 5 s, a death noticed within 5 s), so that no two of them run at once;
+# case within 5 s, a death noticed within 5 s), so that no two of them run at once, and the
+# other users of hf_test_tokenizer beside test_chat_template, so that one worker loads it;
 # "hf_test_model", the users of that session fixture, so that one worker loads it.
 SHARED_UNITS = {
     "timing": ("test_chat_template", "test_hostile_prompt_limits", "test_hostile_server",
-               "test_gguf_fuzz", "test_capi_engine_core", "test_engine_core_proc"),
+               "test_gguf_fuzz", "test_capi_engine_core", "test_engine_core_proc",
+               "test_tokenizer", "test_tokenizer_hf_dir"),
     "hf_test_model": ("test_generate_parity", "test_sampling_e2e"),
 }
 UNIT_OF_MODULE = {m: unit for unit, modules in SHARED_UNITS.items() for m in modules}
+# About the seconds a scope (a module or unit) takes on the 2-core machine with two workers,
+# for those over ~10 s: an idle worker takes the longest scope left, so that the run ends on
+# short ones and both workers finish together (longest processing time first; xdist hands
+# them out by test count). Other scopes count 0.05 s a test.
+SCOPE_SECONDS = {
+    "hf_test_model": 115, "test_openai_structured": 111, "test_kernels_gguf_mmvq": 82,
+    "timing": 80, "test_kernels_fused_moe_gemv": 80, "test_kernels_cudagraph_runner": 76,
+    "test_kernels_paged_attention": 75, "test_examples": 65, "test_cli": 59,
+    "test_tensor_parallel": 48, "test_async_scheduling": 48, "test_hybrid_gdn_engine": 44,
+    "test_layers_qkv_rope_fold": 41, "test_kernels_gguf_gemm": 40,
+    "test_kernels_gemv_rope_cache": 38, "test_capi_threads": 36, "test_server": 33,
+    "test_kernels_moe_align": 29, "test_kernels_chunk_gated_delta_rule": 28,
+    "test_capi_async_llm": 28, "test_kernels_fused_moe": 27, "test_openai_api": 27,
+    "test_tokenizer_spm": 26, "test_install_relocatable": 26, "test_capi": 25,
+    "test_kernels_gemv": 25,
+}
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -109,6 +147,13 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             return UNIT_OF_MODULE.get(Path(module).stem, module)
+
+        def _assign_work_unit(self, node) -> None:
+            def seconds(scope: str) -> float:
+                return SCOPE_SECONDS.get(Path(scope).stem, 0.05 * len(self.workqueue[scope]))
+
+            self.workqueue.move_to_end(max(self.workqueue, key=seconds), last=False)
+            super()._assign_work_unit(node)
 
     return ModuleScheduling(config, log)
 
@@ -134,12 +179,22 @@ def hf_test_tokenizer(model_path):
 
 @pytest.fixture(scope="session")
 def hf_test_model(model_path):
+    """transformers parses the GGUF's metadata with the gguf package twice (the config, then
+    the tensors: ~8 s each for a 49k-token vocabulary) and builds the tensor-name map of
+    every layer again for each of its ~400 modules (~9 s): both are memoized while it loads,
+    the same parse and the same maps, so the model is the one from_pretrained gives."""
+    import functools
+
     import torch
 
     transformers = pytest.importorskip("transformers")
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(model_path), gguf_file=os.path.basename(model_path),
-        dtype=torch.float32).eval()
+    gguf = pytest.importorskip("gguf")  # transformers' GGUF loader
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("GGUFReader", "get_tensor_name_map"):
+            patch.setattr(gguf, name, functools.cache(getattr(gguf, name)))
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(model_path), gguf_file=os.path.basename(model_path),
+            dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="session")

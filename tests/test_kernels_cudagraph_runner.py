@@ -99,24 +99,25 @@ def _close(a, b):
                 assert tok in pos_a and abs(pos_a[tok].logprob - lp.logprob) < 1e-3
 
 
-# Each scenario and each scheduling mode once (three interpreted engine runs a case): the
-# other pairs, prefix-cache-async among them, run as real CUDA graphs in
+# Each scenario, each scheduling mode and each graph mode once (two interpreted engine runs
+# a case: eager, then graphed): the default FULL_AND_PIECEWISE (decode graphs and mixed
+# ones) with the shared prefix, FULL (every step a mixed graph, decodes padded) under
+# preemption. The other pairs, prefix-cache-async among them, run as real CUDA graphs in
 # tests/test_gpu_model_runner.py's test_mixed_steps_under_graphs_equal_eager.
-@pytest.mark.parametrize("num_blocks,max_tokens,async_scheduling", [
-    (64, None, False),
-    (10, 10, True),  # 9 usable blocks, 12 needed: preemption
+@pytest.mark.parametrize("num_blocks,max_tokens,async_scheduling,mode", [
+    (64, None, False, CUDAGraphMode.FULL_AND_PIECEWISE),
+    (10, 10, True, CUDAGraphMode.FULL),  # 9 usable blocks, 12 needed: preemption
 ], ids=["prefix-cache-sync", "preemption-async"])
-def test_graphed_steps_equal_eager(llama_dir, num_blocks, max_tokens, async_scheduling):
+def test_graphed_steps_equal_eager(llama_dir, num_blocks, max_tokens, async_scheduling, mode):
     args = (async_scheduling, num_blocks, max_tokens)
     eager = run(llama_dir, None, *args)
-    full = run(llama_dir, CUDAGraphMode.FULL, *args)
-    # the default: decode graphs (FULL_DECODE_ONLY's routine) and mixed graphs (FULL's)
-    both = run(llama_dir, CUDAGraphMode.FULL_AND_PIECEWISE, *args)
-    assert any(not d.uniform and d.num_tokens == 16 for d in full[3])  # prefill chunks
-    assert any(not d.uniform and d.num_tokens < 8 for d in full[3])  # decodes, padded
-    assert {d.uniform for d in both[3]} == {True, False}
-    assert (eager[4] > 0) == (max_tokens is not None) == (full[4] > 0)
-    for got in (full, both):
-        assert got[0] == eager[0]
-        _close(got[1], eager[1])
-        _close(got[2], eager[2])
+    got = run(llama_dir, mode, *args)
+    assert any(not d.uniform and d.num_tokens == 16 for d in got[3])  # prefill chunks
+    if mode == CUDAGraphMode.FULL:
+        assert any(not d.uniform and d.num_tokens < 8 for d in got[3])  # decodes, padded
+    else:  # decode graphs (FULL_DECODE_ONLY's routine) and mixed graphs (FULL's)
+        assert {d.uniform for d in got[3]} == {True, False}
+    assert (eager[4] > 0) == (max_tokens is not None) == (got[4] > 0)
+    assert got[0] == eager[0]
+    _close(got[1], eager[1])
+    _close(got[2], eager[2])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_kernels_common import DEVICE, ON_CUDA, assert_close, gpu
+from test_kernels_common import DEVICE, ON_CUDA, assert_close, cuda_only, gpu
 
 import kernels.gemv
 from engine.errors import InvalidArgumentError
@@ -52,7 +52,10 @@ def test_dense_gemv_matches_fp32_linear(n: int, k: int, dtype: torch.dtype, bias
     assert_close(y, dense_gemv_ref(x, w, b))
 
 
-@pytest.mark.parametrize("n,k", [(1, 64), (37, 64), (300, 1100)])  # N = 1: a constexpr on CUDA
+# N = 1: a constexpr on CUDA; K = 1100: one masked step of the default 2048 values. 300
+# outputs (one a program, 900 programs with the plain GEMV below) only on CUDA (issue 17)
+@pytest.mark.parametrize("n,k", [(1, 64), (37, 64), (37, 1100), cuda_only(
+    300, 1100, why="(37, 1100): the same one-output programs and masked step, fewer of them")])
 # not bf16 under the interpreter: it truncates the rounded SiLU where torch rounds to even
 @pytest.mark.parametrize("dtype", ALL_DTYPES if ON_CUDA else ALL_DTYPES[:2])
 @pytest.mark.parametrize("bias", [False, True])

@@ -30,10 +30,12 @@ from kernels.gguf_mmvq import (
 
 TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K,
          GGMLType.Q6_K]
-# Weight rows of the exact checks: a partial last row block for each BLOCK_N of 2, 4 and 8
-# (13 = 8 + 5 = 3 * 4 + 1) and at least two programs; Q6_K's odd rows start 2 bytes into a
-# word. The interpreter's time is about proportional to the programs run.
-ROWS = 13
+# Weight rows of the exact checks: BLOCK_N + 1, two programs, the last one partial for a
+# BLOCK_N of 2, 4 and 8 (its rows past N masked, or re-reading row N - 1); Q6_K's odd rows
+# start 2 bytes into a word. The interpreter's time is about proportional to the programs
+# run (13 rows, a partial block for every BLOCK_N at once, took up to 13 programs).
+def rows_for(block_n: int) -> int:
+    return block_n + 1
 
 
 def _unpack(xq: torch.Tensor) -> torch.Tensor:
@@ -78,10 +80,11 @@ def test_quantize_q8_1_matches_reference(silu: bool) -> None:
         "test_mmvq_default_configs_exact_on_integer_activations (issue 16)")
     for t in TYPES for m in (1, 3)] + [(GGMLType.Q4_K, MMVQ_MAX_M)])
 def test_mmvq_exact_on_integer_activations(qtype: GGMLType, m: int) -> None:
-    """3 super-blocks / 24 blocks a row (not a whole number of steps), ROWS rows (a partial
-    row block), M tokens padded to a power of two (the same code for every M per type)."""
+    """3 super-blocks / 24 blocks a row (not a whole number of steps), rows_for the default
+    config's BLOCK_N (a partial row block), M tokens padded to a power of two (the same code
+    for every M per type)."""
     k = 768
-    w = random_weight(qtype, ROWS, k, seed=int(qtype))
+    w = random_weight(qtype, rows_for(mmvq_config(qtype, 1)[0]), k, seed=int(qtype))
     x = _integer_x(m, k, seed=m)
     ref = gguf_gemm_ref(x.double().float(), w, qtype)
     assert _rel_err(gguf_mmvq(x, w, qtype), ref) < 1e-5
@@ -200,10 +203,10 @@ def test_mmvq_layouts_exact_on_integer_activations(qtype: GGMLType, config: tupl
     same reading weights past L1) and
     step shape the bench sweeps: 3 super-blocks / 24 blocks a row (whole steps, then a
     masked one, or a masked one only; Q6_K's 630-byte rows alternate 4-byte phases, Q8_0
-    and Q4_0 blocks alternate within a row), ROWS rows (the last program's rows past N
-    re-read row N - 1)."""
+    and Q4_0 blocks alternate within a row), rows_for BLOCK_N (the last program's rows past
+    N re-read row N - 1)."""
     k = 768
-    w = random_weight(qtype, ROWS, k, seed=int(qtype))
+    w = random_weight(qtype, rows_for(config[0]), k, seed=int(qtype))
     x = _integer_x(m, k, seed=m)
     ref = gguf_gemm_ref(x.double().float(), w, qtype)
     assert _rel_err(gguf_mmvq(x, w, qtype, config=config), ref) < 1e-5

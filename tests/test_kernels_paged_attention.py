@@ -16,7 +16,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from test_kernels_common import DEVICE, ON_CUDA, gpu
+from test_kernels_common import DEVICE, ON_CUDA, cuda_only, gpu
 
 import kernels.decode_attention as da
 import kernels.paged_attention as pa
@@ -106,9 +106,15 @@ def test_decode_splits_beyond_the_tiles(num_splits, window, monkeypatch) -> None
     _close(out, ref * torch.sigmoid(gate), dtype)
 
 
+# A graph's split count (64: batch-1 decode on the H200) replayed at a short context; under
+# the interpreter 8 splits, as many more than the (at most 3) tiles: the same kernel paths at
+# an eighth of the programs (the reduce's 64 split lanes: test_decode_splits_beyond_the_tiles)
+MANY_SPLITS = 64 if ON_CUDA else 8
+
+
 @pytest.mark.parametrize("kv_len", [0, 1, 16, 17, 40])
 @pytest.mark.parametrize("num_splits,window,hd", [
-    (1, None, 32), (3, None, 40), (64, 6, 32), (64, 20, 40), (1, 20, 32),
+    (1, None, 32), (3, None, 40), (MANY_SPLITS, 6, 32), (MANY_SPLITS, 20, 40), (1, 20, 32),
 ])  # hd 40 pads to 64 lanes; window 20 over 40 keys spreads over two splits
 def test_decode_one_row(kv_len, num_splits, window, hd, monkeypatch) -> None:
     """A one-row launch (batch-1 decode) loads its first tile's older keys before the PDL
@@ -225,10 +231,23 @@ def test_output_gate_must_match_q() -> None:
 SEGMENT_SEQS = [[(1, 100), (6, 37), (33, 33)], [(1, 17), (1, 0), (2, 48)]]
 
 
-@pytest.mark.parametrize("num_segments", [1, 3, 8])
-@pytest.mark.parametrize("seq_lens", SEGMENT_SEQS)
-@pytest.mark.parametrize("nq,nkv", NUM_HEADS)
-@pytest.mark.parametrize("window", [None, 7])
+# Under the interpreter half of the product (issue 17): each head pair with each segment count
+# on both sequence sets, one with the window and one without, the (set, window) pairs
+# alternating, so that every (set, window) pair also meets every head pair and segment count.
+SEGMENT_CASES = [
+    (num_segments, seq_lens, nq, nkv, window)
+    if (i ^ (window is not None)) == (h + j) % 2 else cuda_only(
+        num_segments, seq_lens, nq, nkv, window, why="this head pair and segment count on "
+        "the other (sequence set, window) pairs; every pair with them on other cases")
+    for j, num_segments in enumerate([1, 3, 8]) for i, seq_lens in enumerate(SEGMENT_SEQS)
+    for h, (nq, nkv) in enumerate(NUM_HEADS) for window in [None, 7]]
+SEGMENT_IDS = [f"{window}-{nq}-{nkv}-seq_lens{i}-{num_segments}"
+               for num_segments in [1, 3, 8] for i in range(len(SEGMENT_SEQS))
+               for nq, nkv in NUM_HEADS for window in [None, 7]]
+
+
+@pytest.mark.parametrize("num_segments,seq_lens,nq,nkv,window", SEGMENT_CASES,
+                         ids=SEGMENT_IDS)
 def test_prefill_segments_match_engine(num_segments, seq_lens, nq, nkv, window) -> None:
     """KV split into segments (vLLM's 3D kernel) + reduce equals the engine's attention; 8
     segments over at most 3 tiles leave some empty, the window starts them mid-sequence."""
