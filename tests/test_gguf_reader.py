@@ -260,6 +260,13 @@ MALFORMED = {
     "huge string array": (build([kv("k", ARR, arr(STR, 2**40))]), "metadata limit"),
     "array past end": (build([kv("k", ARR, arr(U32, 1000))]), "cannot fit"),
     "string array past end": (build([kv("k", ARR, arr(STR, 1000))]), "cannot fit"),
+    "string array, bad utf-8 second": (build([kv("k", ARR, arr(STR, 2, s("a") + s(b"\xc3")))]),
+                                       "'k' is not valid UTF-8"),
+    "string array, huge second": (
+        build([kv("k", ARR, arr(STR, 2, s("a") + struct.pack("<Q", HUGE)))]), "exceeds the limit"),
+    "string array, second past end": (
+        build([kv("k", ARR, arr(STR, 2, s("a") + struct.pack("<Q", 1000) + b"abcdefgh"))]),
+        "truncated: 'k' needs 1000 bytes"),
     "arrays over the element limit": (
         build([kv("a", ARR, arr(U8, 2**21, bytes(2**21))), kv("b", ARR, arr(U8, 2**21 + 1))]),
         "metadata limit",

@@ -161,9 +161,30 @@ class _Parser:
                 f"{self.left} bytes left",
                 at,
             )
-        if etype in (GGUFValueType.STRING, GGUFValueType.ARRAY):
-            return [self.value(etype, what, depth) for _ in range(count)]
+        if etype == GGUFValueType.STRING:
+            return self.string_array(count, what)
+        if etype == GGUFValueType.ARRAY:
+            return [self.array(what, depth + 1) for _ in range(count)]
         return self.numeric_array(etype, count, what)
+
+    def string_array(self, count: int, what: str) -> list[str]:
+        """count strings as string() reads them, in one loop (a vocabulary holds 49k-262k);
+        a string that string() would refuse is read by it, for its error."""
+        buf, pos, size, out = self.buf, self.pos, self.size, []
+        for _ in range(count):
+            n = _U64.unpack_from(buf, pos)[0] if size - pos >= 8 else -1
+            start = pos + 8
+            try:
+                if not 0 <= n <= min(MAX_STRING_BYTES, size - start):
+                    raise ValueError
+                out.append(str(buf[start : start + n], "utf-8"))
+            except ValueError:  # UnicodeDecodeError is one
+                self.pos = pos
+                self.string(what)
+                raise AssertionError("string() accepted what string_array refused") from None
+            pos = start + n
+        self.pos = pos
+        return out
 
     def numeric_array(self, etype: GGUFValueType, count: int, what: str) -> list:
         if count == 0:

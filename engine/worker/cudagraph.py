@@ -39,10 +39,6 @@ class CudaGraphs:
         self.capture_time_s = 0.0
         self.pool_bytes = 0  # device memory the graphs' pool holds after capture
 
-    @property
-    def descs(self) -> list[BatchDescriptor]:
-        return sorted(self._graphs, key=lambda d: (d.num_tokens, d.uniform))
-
     @torch.inference_mode()
     def capture(self, forward: Callable[[BatchDescriptor], torch.Tensor]) -> None:
         """forward(desc) runs the model over the first desc.num_tokens rows of the
