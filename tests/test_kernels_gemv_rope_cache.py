@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels_common import DEVICE, ON_CUDA, assert_close, gpu
+from test_kernels_common import DEVICE, ON_CUDA, assert_close, cuda_only, gpu
 
 from engine.errors import InvalidArgumentError
 from engine.layers.rotary_embedding import RotaryEmbedding
@@ -72,8 +72,13 @@ def _untouched_but_slot(cache: torch.Tensor, before: torch.Tensor, slot: int) ->
     assert torch.equal(cache[keep], before[keep])
 
 
-@pytest.mark.parametrize("hs", [16, 32, 64])
-@pytest.mark.parametrize("k", [64, 1100])  # EVEN_K; full 512-wide steps + a masked tail
+_HS64_K1100 = ("hs 32 at K 1100 (the same steps and masked tail, half the programs a head) "
+               "and test_equals_the_kernel_pair_bit_for_bit's hs 64 at K 1100")
+
+
+@pytest.mark.parametrize("hs,k", [  # K: EVEN_K; full 512-wide steps + a masked tail
+    (16, 64), (16, 1100), (32, 64), (32, 1100), (64, 64),
+    cuda_only(64, 1100, why=_HS64_K1100)])
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("bias", [False, True])
 def test_qkv_gemv_rope_cache_matches_unfused(hs: int, k: int, dtype: torch.dtype,
@@ -87,8 +92,14 @@ def test_qkv_gemv_rope_cache_matches_unfused(hs: int, k: int, dtype: torch.dtype
     assert not torch.equal(cache[:, 1, 1], before[:, 1, 1])  # slot 5 written
 
 
-@pytest.mark.parametrize("dtype", ALL_DTYPES)
-@pytest.mark.parametrize("k,bias", [(64, False), (100, True), (1100, True)])
+_PAIR_K1100 = ("the float32 K = 1100 case (the same steps; the dtype changes only the "
+               "epilogue's rounding, which K = 64 and K = 100 check in every dtype)")
+
+
+@pytest.mark.parametrize("k,bias,dtype", [
+    *[(k, b, d) for k, b in [(64, False), (100, True)] for d in ALL_DTYPES],
+    (1100, True, torch.float32),
+    *[cuda_only(1100, True, d, why=_PAIR_K1100) for d in ALL_DTYPES[1:]]])
 def test_equals_the_kernel_pair_bit_for_bit(k: int, bias: bool, dtype: torch.dtype) -> None:
     """dense_gemv then rotary_embedding_and_cache (the launches it replaces), same BK. On
     CUDA an fp32 GEMV's sum order follows its warp count, which gemv_config picks by shape:
@@ -130,8 +141,9 @@ def test_first_and_last_position_and_slot(pos: int, slot: int) -> None:
 @pytest.mark.parametrize("config", [(2, 64, 1, 1), (4, 32, 2, 1), (16, 256, 4, 2),
                                     (32, 128, 8, 3)])
 def test_launch_config_override(config) -> None:
-    """A sweep's config computes the same (BN / 2 pairs dividing head_size / 2 = 16)."""
-    args = _inputs(4, 2, 32, 300, torch.float32, True)
+    """A sweep's config computes the same (BN / 2 pairs dividing head_size / 2 = 16); K
+    140: whole BK steps, then a masked one (BK 256: the masked one only)."""
+    args = _inputs(4, 2, 32, 140, torch.float32, True)
     q, cache, want_q, want_cache, _ = _run_both(args, config)
     assert_close(q, want_q)
     assert_close(cache, want_cache)

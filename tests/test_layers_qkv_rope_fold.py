@@ -101,7 +101,10 @@ def test_one_token_decode_with_the_fold_equals_without(name, monkeypatch, calls)
     torch.manual_seed(1)
     caches0 = [torch.randn(2, 4, BS, NKV, HD, device=DEVICE) for _ in model.model.layers]
     logits, caches = {}, {}
-    for path in ("torch", "unfused", "folded"):
+    # Qwen3 and Gemma 3 never fold: with the fold on they take the unfused path (the call
+    # counts show it), so a run with LIBVLLM_DISABLE_QKV_ROPE_FOLD=1 would repeat it
+    paths = ("torch", "unfused", "folded") if FOLDS[name] else ("torch", "folded")
+    for path in paths:
         if path != "torch":
             _kernel_path(monkeypatch, fold=path == "folded")
         caches[path] = [c.clone() for c in caches0]
@@ -112,9 +115,11 @@ def test_one_token_decode_with_the_fold_equals_without(name, monkeypatch, calls)
         assert calls["rope"] == [(1, NQ, HD)] * layers * (path != "torch" and not folded)
         calls["fold"].clear()
         calls["rope"].clear()
-    assert torch.equal(logits["folded"], logits["unfused"])
-    for folded, unfused, plain in zip(caches["folded"], caches["unfused"], caches["torch"]):
-        assert torch.equal(folded, unfused)
+    if FOLDS[name]:
+        assert torch.equal(logits["folded"], logits["unfused"])
+        for folded, unfused in zip(caches["folded"], caches["unfused"]):
+            assert torch.equal(folded, unfused)
+    for folded, plain in zip(caches["folded"], caches["torch"]):
         assert_close(folded, plain)
     assert_close(logits["folded"], logits["torch"], atol=1e-4, rtol=1e-4)
 
@@ -152,12 +157,14 @@ def test_forward_qkv_folds_one_token_only(dtype, bias, monkeypatch, calls) -> No
         x = torch.randn(len(positions), 64, device=DEVICE).to(dtype)
         md = decode_metadata(positions, BS)
         folded = _forward_qkv(attn, qkv, rope, x, positions, md, monkeypatch=monkeypatch)
+        if len(positions) == 2:  # never folds (the calls below): fold off, the same path
+            continue
         unfused = _forward_qkv(attn, qkv, rope, x, positions, md, fold=False,
                                monkeypatch=monkeypatch)
         assert torch.equal(folded[0], unfused[0])
         assert torch.equal(folded[1], unfused[1])
     assert calls["fold"] == [(1, 64)]  # two tokens: the qkv GEMM, then rotary_cache
-    assert calls["rope"] == [(1, NQ, HD), (2, NQ, HD), (2, NQ, HD)]
+    assert calls["rope"] == [(1, NQ, HD), (2, NQ, HD)]
 
 
 def test_forward_qkv_falls_back(monkeypatch, calls) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import pytest
@@ -34,10 +35,10 @@ pytestmark = pytest.mark.slow
 PERSON = {
     "type": "object",
     "properties": {
-        "name": {"type": "string", "maxLength": 16},
+        "name": {"type": "string", "maxLength": 10},
         "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "skills": {"type": "array", "items": {"type": "string", "maxLength": 12},
-                   "maxItems": 3},
+        "skills": {"type": "array", "items": {"type": "string", "maxLength": 8},
+                   "maxItems": 2},
     },
     "required": ["name", "age", "skills"],
     "additionalProperties": False,
@@ -84,6 +85,15 @@ def ok(client, body, endpoint="/v1/chat/completions"):
     return out
 
 
+def ok_together(client, *bodies, endpoint="/v1/chat/completions"):
+    """ok() for each body, the requests in flight at once (one thread each): they share the
+    engine's steps, so the batch costs its longest request instead of the sum."""
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        futures = [pool.submit(ok, client, *(b if isinstance(b, tuple) else (b, endpoint)))
+                   for b in bodies]
+        return [f.result() for f in futures]
+
+
 def streamed_choices(chunks) -> dict[int, dict]:
     """Per choice index: joined content, tool-call deltas by tool index, finish_reason."""
     choices: dict[int, dict] = {}
@@ -98,14 +108,23 @@ def streamed_choices(chunks) -> dict[int, dict]:
     return choices
 
 
-@pytest.mark.parametrize("stream,seed", [(False, 0), (True, 10)], ids=["full", "streamed"])
-def test_json_schema_holds_on_20_sampled_runs(client, stream, seed):
+@pytest.fixture(scope="module")
+def sampled_persons(client):
+    """The two requests of the test below (streamed with seed 10, not with seed 0), in
+    flight together: 20 choices in one batch, at the cost of the longest."""
+    bodies = [{"messages": ASK, "n": 10, "seed": seed, "temperature": 1.0, "max_tokens": 200,
+               "stream": stream, "response_format": {
+                   "type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}}
+              for stream, seed in ((False, 0), (True, 10))]
+    full, streamed = ok_together(client, *bodies)
+    return {False: full, True: streamed}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["full", "streamed"])
+def test_json_schema_holds_on_20_sampled_runs(sampled_persons, stream):
     """10 choices a request, streamed and not, other seeds (choice i samples with seed + i):
     20 different sampled runs in all, each at the cost of its longest choice."""
-    out = ok(client, {"messages": ASK, "n": 10, "seed": seed, "temperature": 1.0,
-                      "max_tokens": 200, "stream": stream, "response_format": {
-                          "type": "json_schema",
-                          "json_schema": {"name": "person", "schema": PERSON}}})
+    out = sampled_persons[stream]
     texts = [c["content"] for c in streamed_choices(out).values()] if stream else \
         [c["message"]["content"] for c in out["choices"]]
     assert len(texts) == 10
@@ -117,47 +136,48 @@ def test_json_schema_holds_on_20_sampled_runs(client, stream, seed):
 def test_choice_regex_and_grammar_chat(client):
     choices = ["Python", "Java", "JavaScript", "C++", "C#", "PHP", "TypeScript", "Ruby"]
     msgs = [{"role": "user", "content": "The best language for type-safe systems is"}]
-    first = ok(client, {"messages": msgs, "temperature": 0.7, "seed": 1, "max_tokens": 10,
-                        "structured_outputs": {"choice": choices}})
-    assert first["choices"][0]["message"]["content"] in choices
     ip = r"((25[0-5]|(2[0-4]|1\d|[1-9]|)\d)\.){3}(25[0-5]|(2[0-4]|1\d|[1-9]|)\d)"
-    out = ok(client, {"messages": [{"role": "user", "content": "Give an example IP address"}],
-                      "max_tokens": 20, "seed": 2, "structured_outputs": {"regex": ip}})
-    assert re.fullmatch(ip, out["choices"][0]["message"]["content"])
-    out = ok(client, {"messages": [{"role": "user", "content": "Is the sky blue?"}],
-                      "max_tokens": 40, "seed": 3,
-                      "structured_outputs": {"grammar": ANSWER_GBNF}})
-    assert re.fullmatch(ANSWER_RE, out["choices"][0]["message"]["content"])
     # llama.cpp's json.gbnf (guidance: xgrammar rejects its `ws ::= |`), strings capped
     bounded = LLAMA_CPP_STYLE_JSON_GBNF.replace(')* "\\"" ws', '){0,12} "\\"" ws')
     assert bounded != LLAMA_CPP_STYLE_JSON_GBNF
-    out = ok(client, {"messages": ASK, "max_tokens": 200, "temperature": 0,
-                      "structured_outputs": {"grammar": bounded}})
-    assert isinstance(json.loads(out["choices"][0]["message"]["content"]), dict)
+    first, ip_out, answer, json_out = ok_together(
+        client,
+        {"messages": msgs, "temperature": 0.7, "seed": 1, "max_tokens": 10,
+         "structured_outputs": {"choice": choices}},
+        {"messages": [{"role": "user", "content": "Give an example IP address"}],
+         "max_tokens": 20, "seed": 2, "structured_outputs": {"regex": ip}},
+        {"messages": [{"role": "user", "content": "Is the sky blue?"}],
+         "max_tokens": 40, "seed": 3, "structured_outputs": {"grammar": ANSWER_GBNF}},
+        {"messages": ASK, "max_tokens": 200, "temperature": 0,
+         "structured_outputs": {"grammar": bounded}})
+    assert first["choices"][0]["message"]["content"] in choices
+    assert re.fullmatch(ip, ip_out["choices"][0]["message"]["content"])
+    assert re.fullmatch(ANSWER_RE, answer["choices"][0]["message"]["content"])
+    assert isinstance(json.loads(json_out["choices"][0]["message"]["content"]), dict)
 
 
 def test_choice_logprobs_and_json_object_and_completions(client):
-    out = ok(client, {"messages": ASK, "max_tokens": 10, "logprobs": True, "top_logprobs": 5,
-                      "structured_outputs": {"choice": ["yes", "no"]}})
-    assert all(t["logprob"] >= -9999.0
-               for t in out["choices"][0]["logprobs"]["content"][0]["top_logprobs"])
-    out = ok(client, {"messages": [{"role": "user", "content": 'what is 1+1? respond with '
-                                    'a JSON object, the format is {"result": 2}'}],
-                      "max_tokens": 60, "temperature": 0,
-                      "response_format": {"type": "json_object"}})
-    assert isinstance(json.loads(out["choices"][0]["message"]["content"]), dict)
-    out = ok(client, {"prompt": "The colour of the sky is", "max_tokens": 5,
-                      "structured_outputs": {"choice": ["blue", "green"]}}, "/v1/completions")
-    assert out["choices"][0]["text"] in ("blue", "green")
     tag = {"type": "structural_tag", "format": {"type": "sequence", "elements": [
         {"type": "const_string", "value": "Answer: "},
         {"type": "json_schema", "json_schema": {"type": "object", "properties": {
             "ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}}]}}
-    out = ok(client, {"messages": ASK, "max_tokens": 40, "temperature": 0,
-                      "response_format": tag})
-    head, _, rest = out["choices"][0]["message"]["content"].partition("Answer: ")
+    out, obj, completion, tagged, text = ok_together(
+        client,
+        {"messages": ASK, "max_tokens": 10, "logprobs": True, "top_logprobs": 5,
+         "structured_outputs": {"choice": ["yes", "no"]}},
+        {"messages": [{"role": "user", "content": 'what is 1+1? respond with '
+                       'a JSON object, the format is {"result": 2}'}],
+         "max_tokens": 60, "temperature": 0, "response_format": {"type": "json_object"}},
+        ({"prompt": "The colour of the sky is", "max_tokens": 5,
+          "structured_outputs": {"choice": ["blue", "green"]}}, "/v1/completions"),
+        {"messages": ASK, "max_tokens": 40, "temperature": 0, "response_format": tag},
+        {"messages": ASK, "max_tokens": 5, "response_format": {"type": "text"}})
+    assert all(t["logprob"] >= -9999.0
+               for t in out["choices"][0]["logprobs"]["content"][0]["top_logprobs"])
+    assert isinstance(json.loads(obj["choices"][0]["message"]["content"]), dict)
+    assert completion["choices"][0]["text"] in ("blue", "green")
+    head, _, rest = tagged["choices"][0]["message"]["content"].partition("Answer: ")
     assert head == "" and isinstance(json.loads(rest)["ok"], bool)
-    text = ok(client, {"messages": ASK, "max_tokens": 5, "response_format": {"type": "text"}})
     assert text["choices"][0]["message"]["content"]
     assert "completion_tokens_details" not in text["usage"]  # no reasoning parser
 
@@ -208,11 +228,22 @@ def test_a_grammar_failing_after_validation_fails_only_its_request(client, monke
     assert stats["request_success"]["error"] >= 1
 
 
+@pytest.fixture(scope="module")
+def required_tool_calls(client):
+    """The request of the test below, streamed and not, and the one of
+    test_named_tool_choice_finishes_with_stop, all three in flight together."""
+    named = {"messages": WEATHER, "tools": TOOLS, "temperature": 0, "max_tokens": 60,
+             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    full, streamed, named_out = ok_together(client, *(
+        {"messages": WEATHER, "tools": TOOLS, "tool_choice": "required",
+         "parallel_tool_calls": False, "temperature": 0, "max_tokens": 80, "stream": stream}
+        for stream in (False, True)), named)
+    return {False: full, True: streamed, "named": named_out}
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["full", "streamed"])
-def test_required_tool_choice_calls_a_tool(client, stream):
-    out = ok(client, {"messages": WEATHER, "tools": TOOLS, "tool_choice": "required",
-                      "parallel_tool_calls": False, "temperature": 0, "max_tokens": 80,
-                      "stream": stream})
+def test_required_tool_choice_calls_a_tool(required_tool_calls, stream):
+    out = required_tool_calls[stream]
     if stream:
         choice = streamed_choices(out)[0]
         (deltas,) = choice["calls"].values()  # parallel_tool_calls false: one call
@@ -233,9 +264,8 @@ def test_required_tool_choice_calls_a_tool(client, stream):
     assert finish == "tool_calls"
 
 
-def test_named_tool_choice_finishes_with_stop(client):
-    out = ok(client, {"messages": WEATHER, "tools": TOOLS, "temperature": 0, "max_tokens": 60,
-                      "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+def test_named_tool_choice_finishes_with_stop(required_tool_calls):
+    out = required_tool_calls["named"]
     choice = out["choices"][0]
     (tool_call,) = choice["message"]["tool_calls"]
     assert tool_call["function"]["name"] == "get_weather" and choice["finish_reason"] == "stop"
@@ -248,9 +278,9 @@ def test_auto_and_none_and_the_server_flags(client):
     content with finish_reason from the engine; none: tools rendered, nothing parsed.
     online_renderer.py: without a parser (vLLM makes none unless --enable-auto-tool-choice)
     auto, required and named are refused by name."""
-    for choice in ("auto", "none"):
-        out = ok(client, {"messages": WEATHER, "tools": TOOLS, "tool_choice": choice,
-                          "max_tokens": 4, "temperature": 0})
+    for out in ok_together(client, *({"messages": WEATHER, "tools": TOOLS, "tool_choice": c,
+                                      "max_tokens": 4, "temperature": 0}
+                                     for c in ("auto", "none"))):
         message = out["choices"][0]["message"]
         assert "tool_calls" not in message and message["content"]
         assert out["choices"][0]["finish_reason"] == "length"

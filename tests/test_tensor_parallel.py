@@ -13,6 +13,7 @@ every stream an error event, no hang.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -31,10 +32,18 @@ from engine.exceptions import EngineDeadError
 from engine.executor.multiproc_executor import get_open_port
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from tests.test_models_parity import make_hf_model, make_prompts, write_gguf_twin
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 12
+
+
+def _parity():
+    """tests.test_models_parity (make_hf_model, make_prompts, write_gguf_twin), imported on
+    first use: it imports transformers, which the launched ranks of
+    test_external_launcher_ranks_equal_tp1 (they import this module for _generate) need not
+    load."""
+    import tests.test_models_parity as parity
+    return parity
 
 
 def _engine(path: str, tp: int, mp: bool = False, **kw) -> LLMEngine:
@@ -66,18 +75,36 @@ def _generate(path: str, tp: int, prompts: list[list[int]], temperature: float =
         engine.shutdown()
 
 
+@functools.cache
+def _tp1_greedy(path: str, prompts: str) -> list[list[int]]:
+    """The TP=1 oracle, computed once a model and prompts (json) for the tests that share
+    the model: the same engine on the same requests gives the same greedy tokens."""
+    return _generate(path, 1, json.loads(prompts))
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory) -> str:
+    """make_hf_model("qwen3") (seeded: the same weights each call) saved once for the module;
+    no test writes to it."""
+    path = tmp_path_factory.mktemp("qwen3")
+    _parity().make_hf_model("qwen3").save_pretrained(path)
+    return str(path)
+
+
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral",
                                         "gemma3", "gguf"])
 def model_dir(request, tmp_path_factory):
     name = request.param
+    if name == "qwen3":
+        return request.getfixturevalue("qwen3_dir")
     path = tmp_path_factory.mktemp(name)
     if name == "gguf":
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(gguf.GGUFWriter, "add_tensor", _add_q8_0(gguf.GGUFWriter.add_tensor))
-            write_gguf_twin(make_hf_model("llama"), "llama", path / "tiny.gguf")
+            _parity().write_gguf_twin(_parity().make_hf_model("llama"), "llama", path / "tiny.gguf")
         return str(path / "tiny.gguf")
     overrides = {"num_key_value_heads": 1} if name == "llama" else {}  # kv replication
-    make_hf_model(name, **overrides).save_pretrained(path)
+    _parity().make_hf_model(name, **overrides).save_pretrained(path)
     return str(path)
 
 
@@ -92,21 +119,20 @@ def _add_q8_0(add_tensor):
 
 
 def test_tp2_greedy_tokens_equal_tp1(model_dir):
-    prompts = make_prompts(300)
-    want = _generate(model_dir, 1, prompts)
+    prompts = _parity().make_prompts(300)
+    want = _tp1_greedy(model_dir, json.dumps(prompts))
     got = _generate(model_dir, 2, prompts)
     assert got == want and all(len(t) == MAX_TOKENS for t in got)
     assert not torch.distributed.is_initialized()  # the engine left the group
 
 
-def test_tp2_random_sampling_equals_tp1(tmp_path):
+def test_tp2_random_sampling_equals_tp1(qwen3_dir):
     """Unseeded sampling: the worker draws what rank 0 draws, so its next inputs (its own
     sampled tokens) match rank 0's; a mismatch would corrupt its KV shard, then rank 0's
     logits."""
-    make_hf_model("qwen3").save_pretrained(tmp_path)
-    prompts = make_prompts(300)
-    want = _generate(str(tmp_path), 1, prompts, temperature=1.0)
-    assert _generate(str(tmp_path), 2, prompts, temperature=1.0) == want
+    prompts = _parity().make_prompts(300)
+    want = _generate(qwen3_dir, 1, prompts, temperature=1.0)
+    assert _generate(qwen3_dir, 2, prompts, temperature=1.0) == want
 
 
 _LAUNCHED_RANK = """
@@ -117,43 +143,40 @@ print(json.dumps(_generate(sys.argv[1], 2, json.loads(sys.argv[2]),
 """
 
 
-def test_external_launcher_ranks_equal_tp1(tmp_path):
+def test_external_launcher_ranks_equal_tp1(qwen3_dir):
     """Every rank started by the launcher (here: two plain processes with torchrun's
     variables) runs its own engine on the same requests and gets the TP=1 tokens."""
-    make_hf_model("qwen3").save_pretrained(tmp_path)
-    prompts = make_prompts(300)
+    prompts = _parity().make_prompts(300)
     env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(get_open_port()), "PYTHONPATH": os.getcwd()}
-    procs = [subprocess.Popen([sys.executable, "-c", _LAUNCHED_RANK, str(tmp_path),
+    procs = [subprocess.Popen([sys.executable, "-c", _LAUNCHED_RANK, qwen3_dir,
                                json.dumps(prompts)], env={**env, "RANK": str(r)},
                               stdout=subprocess.PIPE) for r in range(2)]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
-    want = _generate(str(tmp_path), 1, prompts)
+    want = _tp1_greedy(qwen3_dir, json.dumps(prompts))
     assert [json.loads(o.decode().splitlines()[-1]) for o in outs] == [want, want]
 
 
-def test_indivisible_heads_are_refused(tmp_path):
-    make_hf_model("qwen3").save_pretrained(tmp_path)  # 4 heads
+def test_indivisible_heads_are_refused(qwen3_dir):  # 4 heads
     with pytest.raises(InvalidArgumentError, match="tensor_parallel_size 3"):
-        _engine(str(tmp_path), 3)
+        _engine(qwen3_dir, 3)
     with pytest.raises(InvalidArgumentError, match="tensor_parallel_size"):
-        EngineConfig(str(tmp_path), tensor_parallel_size=0)
+        EngineConfig(qwen3_dir, tensor_parallel_size=0)
 
 
-def test_worker_that_cannot_start_fails_engine_creation(tmp_path, monkeypatch):
-    make_hf_model("qwen3").save_pretrained(tmp_path)
+def test_worker_that_cannot_start_fails_engine_creation(qwen3_dir, monkeypatch):
     monkeypatch.setenv("LIBVLLM_PYTHON", "/bin/false")  # the workers' interpreter
     start = time.monotonic()
     with pytest.raises(VllmError, match="tensor parallel start-up failed.*exit code 1"):
-        _engine(str(tmp_path), 2)
+        _engine(qwen3_dir, 2)
     assert time.monotonic() - start < 30 and not torch.distributed.is_initialized()
 
 
 def test_killed_worker_ends_every_stream(tmp_path):
     # 4,000 tokens a stream: generation must outlast the kill (with 100, a loaded CI machine
     # delivered the first output after the engine had finished every stream)
-    make_hf_model("qwen3", max_position_embeddings=4096).save_pretrained(tmp_path)
+    _parity().make_hf_model("qwen3", max_position_embeddings=4096).save_pretrained(tmp_path)
     engine = _engine(str(tmp_path), 2, mp=True, max_model_len=4096)
     loop = AsyncLLM(engine)
     try:
