@@ -16,7 +16,6 @@ import os
 from dataclasses import dataclass
 
 import llguidance
-import llguidance.torch as llguidance_torch
 import torch
 
 from engine.errors import InvalidArgumentError
@@ -230,8 +229,13 @@ class GuidanceGrammar(StructuredOutputGrammar):
             self.check_error()
 
     def fill_bitmask(self, bitmask: torch.Tensor, idx: int) -> None:
-        # A stopped or failed matcher yields the EOS-only mask.
-        llguidance_torch.fill_next_token_bitmask(self.ll_matcher, bitmask, idx)
+        # A stopped or failed matcher yields the EOS-only mask. bitmask [rows, vocab / 32]
+        # int32 on the CPU; llguidance writes row idx in place, as llguidance.torch's
+        # fill_next_token_bitmask has it do (that module is not imported: its torch.compile
+        # decorator loads torch._dynamo and torch._inductor, ~6 s of CPU at the first request)
+        row = bitmask[idx]
+        assert bitmask.dtype == torch.int32 and row.is_cpu and row.is_contiguous()
+        self.ll_matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
         self.check_error()
 
     def is_terminated(self) -> bool:
