@@ -180,8 +180,8 @@ class _Parser:
                 out.append(str(buf[start : start + n], "utf-8"))
             except ValueError:  # UnicodeDecodeError is one
                 self.pos = pos
-                self.string(what)
-                raise AssertionError("string() accepted what string_array refused") from None
+                self.string(what)  # raises this string's ModelLoadError
+                raise
             pos = start + n
         self.pos = pos
         return out
