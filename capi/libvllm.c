@@ -151,7 +151,6 @@ static void write_defaults(void *dst, size_t size, void *defaults, size_t full) 
 VLLM_API void vllm_engine_params_init(vllm_engine_params *params, size_t size) {
     vllm_engine_params d;
     memset(&d, 0, sizeof d);
-    d.max_num_seqs = 256;
     d.block_size = 16;
     d.enable_prefix_caching = 1;
     d.enable_chunked_prefill = 1;

@@ -27,7 +27,7 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     max_model_len: int = 0  # 0: the model's context length
-    max_num_seqs: int = 256
+    max_num_seqs: int = 0  # 0: vLLM's default for the device (default_max_num_seqs)
     max_num_batched_tokens: int = 0  # 0: derived (vLLM: 8192 when chunked prefill is on)
     block_size: int = 16
     kv_cache_memory_bytes: int = 0  # 0: derived from device memory (overrides the fraction)
@@ -53,7 +53,7 @@ class EngineConfig:
     # VLLM_ENABLE_V1_MULTIPROCESSING); None: that env var, else on with CUDA, off on CPU
     multiprocessing: bool | None = None
     cudagraph_capture_sizes: list[int] | None = None  # None: vLLM's ladder (below)
-    max_cudagraph_capture_size: int | None = None  # None: min(2 * max_num_seqs, 512)
+    max_cudagraph_capture_size: int | None = None  # None: min(2 * max_num_seqs, 1024)
     # vLLM --tensor-parallel-size: ranks the weights are sharded over, one process each
     # (engine/executor/multiproc_executor.py; docs/tensor_parallel.md)
     tensor_parallel_size: int = 1
@@ -97,8 +97,8 @@ class EngineConfig:
             raise InvalidArgumentError("distributed_executor_backend must be mp or "
                                        f"external_launcher, got "
                                        f"{self.distributed_executor_backend!r}")
-        if self.max_num_seqs < 1:
-            raise InvalidArgumentError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_seqs < 0:
+            raise InvalidArgumentError(f"max_num_seqs must be >= 0, got {self.max_num_seqs}")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise InvalidArgumentError(
                 f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
@@ -168,3 +168,13 @@ class EngineConfig:
             raise InvalidArgumentError(
                 f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) cannot "
                 f"be greater than the max_model_len ({max_model_len}).")
+
+
+def default_max_num_seqs(device_name: str, device_memory: int, hybrid: bool) -> int:
+    """vLLM's get_batch_defaults (vllm/engine/arg_utils.py): 1024 requests on a GPU of at
+    least 70 GiB that is not an A100 (H100, H200), else 256 (the CPU too). A hybrid GDN
+    model keeps 256: every seat holds a recurrent-state slot, and on the H200 256 slots of
+    Qwen3.5-27B already leave no memory for KV blocks (docs/BENCHMARKS.md, session 6)."""
+    if hybrid or device_memory < 70 << 30 or "a100" in device_name.lower():
+        return 256
+    return 1024

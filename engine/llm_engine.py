@@ -54,6 +54,7 @@ class LLMEngine:
         ready = engine_core.ready
         # what the core resolved at start-up (vLLM's handshake fills the config too)
         config.max_num_batched_tokens = ready.max_num_batched_tokens
+        config.max_num_seqs = ready.max_num_seqs
         config.async_scheduling = ready.async_scheduling
         self.max_model_len = ready.max_model_len
         self.cudagraph_capture_time_s = ready.cudagraph_capture_time_s

@@ -122,6 +122,8 @@ def test_profile_run(tiny, tmp_path, concurrency, steps, buckets):
     assert res["requests_per_second"] > 0 and "kernels" not in res  # no --profile
     assert res["steps"] == steps
     assert [(row["tokens_le"], row["steps"]) for row in res["step_table"]] == buckets
+    assert res["max_running"] == (concurrency or 5) and res["num_preemptions"] == 0
+    assert res["num_gpu_blocks"] > 0
     name = f"profile_run-c{concurrency}-inproc.json"
     assert json.loads((tmp_path / name).read_text()) == res
 

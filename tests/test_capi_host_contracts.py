@@ -6,7 +6,7 @@ last event was pulled. (The SIGINT and thread-safety comments: test_capi_host_ru
 test_capi_threads.py.)
 
 A Python host drives build/libvllm.so through cffi's ABI mode in a child process.
-Oracle: the header's comments; vLLM's defaults (max_num_seqs 256, block_size 16).
+Oracle: the header's comments; vLLM's defaults (block_size 16).
 """
 
 from __future__ import annotations

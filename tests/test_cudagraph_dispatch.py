@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, default_max_num_seqs
 from engine.errors import InvalidArgumentError
 from engine.worker.cudagraph_dispatcher import (
     BatchDescriptor,
@@ -103,6 +103,10 @@ def test_capture_sizes_as_vllm_derives_them():
     assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[-3:] == [480, 496, 512]
     assert 248 in sizes and 256 in sizes and 272 in sizes and 264 not in sizes
     assert len(sizes) == 3 + 31 + 17
+    # max_num_seqs 1024 (vLLM's H200 default): ceiling 1024 here (vLLM: 512; the
+    # dispatcher's _DEFAULT_MAX_GRAPH_SIZE says why), decode graphs to max_num_seqs
+    sizes = cudagraph_capture_sizes(1024, 8192)
+    assert sizes[-3:] == [992, 1008, 1024] and len(sizes) == 3 + 31 + 49
     # max_num_seqs 64: ceiling 128; max_num_seqs itself is on the ladder
     assert cudagraph_capture_sizes(64, 8192) == [1, 2, 4, *range(8, 129, 8)]
     assert cudagraph_capture_sizes(20, 8192) == [1, 2, 4, 8, 16, 20, 24, 32, 40]
@@ -113,6 +117,22 @@ def test_capture_sizes_as_vllm_derives_them():
     assert cudagraph_capture_sizes(256, 8192, max_size=40) == [1, 2, 4, 8, 16, 24, 32, 40]
     with pytest.raises(InvalidArgumentError, match="consistent"):
         cudagraph_capture_sizes(256, 8192, [1, 8], max_size=16)
+
+
+@pytest.mark.parametrize("name, memory, hybrid, seqs", [
+    ("NVIDIA H200", 140 << 30, False, 1024), ("NVIDIA H100 80GB HBM3", 80 << 30, False, 1024),
+    ("NVIDIA A100-SXM4-80GB", 80 << 30, False, 256), ("NVIDIA L4", 23 << 30, False, 256),
+    ("cpu", 0, False, 256), ("NVIDIA H200", 140 << 30, True, 256),
+], ids=["h200", "h100", "a100", "l4", "cpu", "h200-hybrid"])
+def test_default_max_num_seqs(name, memory, hybrid, seqs):
+    """vLLM's get_batch_defaults: 1024 requests on >= 70 GiB GPUs other than the A100."""
+    assert default_max_num_seqs(name, memory, hybrid) == seqs
+
+
+def test_engine_config_max_num_seqs_checked():
+    assert EngineConfig("m").max_num_seqs == 0  # derived by the engine core
+    with pytest.raises(InvalidArgumentError, match="max_num_seqs must be >= 0, got -1"):
+        EngineConfig("m", max_num_seqs=-1)
 
 
 def test_engine_config_capture_sizes_and_mode():

@@ -25,7 +25,7 @@ from collections import deque
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, default_max_num_seqs
 from engine.core.async_scheduler import AsyncScheduler
 from engine.core.engine_core_load import load_model_and_tokenizer, resolve_device
 from engine.core.engine_core_messages import (
@@ -64,6 +64,13 @@ from engine.worker.torch_threads import set_torch_threads_for_runtime
 _CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
 
 
+def _default_max_num_seqs(device: torch.device, arch: ModelArchConfig) -> int:
+    props = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
+    return default_max_num_seqs(props.name if props else "cpu",
+                                props.total_memory if props else 0,
+                                num_attention_layers(arch) < arch.num_hidden_layers)
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig, model: torch.nn.Module, arch: ModelArchConfig,
                  tokenizer: Tokenizer | None, device: torch.device, dtype: torch.dtype,
@@ -80,6 +87,8 @@ class EngineCore:
             raise InvalidArgumentError(
                 f"max_model_len ({self.max_model_len}) is greater than the model's context "
                 f"length ({arch.max_position_embeddings})")
+        if not config.max_num_seqs:
+            config.max_num_seqs = _default_max_num_seqs(device, arch)
         if not config.max_num_batched_tokens:
             config.max_num_batched_tokens = 8192 if config.enable_chunked_prefill else max(
                 self.max_model_len, 2048)
@@ -89,7 +98,7 @@ class EngineCore:
             max_num_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len)
         if executor is not None:  # the workers build their runners (and profile on CUDA)
             executor.init_workers(self.max_model_len, config.max_num_batched_tokens,
-                                  device.type == "cuda" and not config.kv_cache_memory_bytes)
+                                  config.max_num_seqs, device.type == "cuda" and not config.kv_cache_memory_bytes)
         self.num_gpu_blocks = self._num_kv_blocks(arch, dtype)
         if executor is not None:
             executor.initialize_kv_cache(self.num_gpu_blocks)
@@ -120,7 +129,7 @@ class EngineCore:
             architecture=arch.architecture, name=arch.name, vocab_size=arch.vocab_size,
             max_model_len=self.max_model_len, num_gpu_blocks=self.num_gpu_blocks,
             max_num_batched_tokens=config.max_num_batched_tokens,
-            async_scheduling=config.async_scheduling,
+            max_num_seqs=config.max_num_seqs, async_scheduling=config.async_scheduling,
             cudagraph_capture_time_s=self.cudagraph_capture_time_s,
             default_sampling_params=get_diff_sampling_param(arch.generation_config),
             memory_profile=dict(self.model_runner.memory_profile))

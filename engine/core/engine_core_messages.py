@@ -88,6 +88,7 @@ class EngineCoreReady(msgspec.Struct, array_like=True, gc=False):
     max_model_len: int
     num_gpu_blocks: int
     max_num_batched_tokens: int  # resolved
+    max_num_seqs: int  # resolved
     async_scheduling: bool  # resolved
     cudagraph_capture_time_s: float
     default_sampling_params: dict  # the model's generation_config.json defaults

@@ -47,7 +47,7 @@ class ExternalLauncherExecutor:
         self.dead_reason: str | None = None
 
     def init_workers(self, max_model_len: int, max_num_batched_tokens: int,
-                     profile: bool) -> None:
+                     max_num_seqs: int, profile: bool) -> None:
         pass
 
     def initialize_kv_cache(self, num_gpu_blocks: int) -> None:

@@ -22,6 +22,7 @@ _INLINE = 1 << 62  # every buffer inline: the message is one byte string
 class WorkerInit:
     max_model_len: int
     max_num_batched_tokens: int
+    max_num_seqs: int
     profile: bool  # CUDA without kv_cache_memory_bytes: run determine_available_memory
 
 

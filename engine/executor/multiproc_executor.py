@@ -133,8 +133,9 @@ class MultiprocExecutor:
     # ------------------------------------------------------------- start-up and steps
 
     def init_workers(self, max_model_len: int, max_num_batched_tokens: int,
-                     profile: bool) -> None:
-        messages.send(messages.WorkerInit(max_model_len, max_num_batched_tokens, profile))
+                     max_num_seqs: int, profile: bool) -> None:
+        messages.send(messages.WorkerInit(max_model_len, max_num_batched_tokens, max_num_seqs,
+                                          profile))
 
     def initialize_kv_cache(self, num_gpu_blocks: int) -> None:
         messages.send(num_gpu_blocks)

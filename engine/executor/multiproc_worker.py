@@ -47,7 +47,8 @@ def run_worker(config: EngineConfig, rank: int, backend: str) -> None:
     if device.type == "cuda":
         set_torch_threads_for_runtime(config.n_threads)
     init = messages.recv(messages.WorkerInit)
-    config.max_num_batched_tokens = init.max_num_batched_tokens  # as rank 0 derived it
+    config.max_num_batched_tokens = init.max_num_batched_tokens  # as rank 0 derived them
+    config.max_num_seqs = init.max_num_seqs
     runner = ModelRunner(model, None, device, config.block_size,
                          max_num_reqs=config.max_num_seqs,
                          max_num_tokens=init.max_num_batched_tokens,

@@ -32,7 +32,11 @@ logger = logging.getLogger(__name__)
 
 # vLLM's default (VLLM_COMPILE -O2): decode graphs on the decode kernel + mixed graphs
 DEFAULT_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"
-_DEFAULT_MAX_GRAPH_SIZE = 512  # vLLM's default ceiling (1024 on data-center Blackwell)
+# vLLM's ceiling is 512 (1024 on data-center Blackwell): its steps past it still run
+# Inductor-compiled code, ours Python-launched kernels. At vLLM's H200 default of 1024
+# requests, Qwen3-30B-A3B decode steps of 513 to 1024 tokens took 105.6 ms eager against
+# 41.6 graphed (1000 x (1024, 128): 32.05 vs 42.03 req/s; docs/BENCHMARKS.md session 23)
+_DEFAULT_MAX_GRAPH_SIZE = 1024
 
 
 class CUDAGraphMode(enum.Enum):
@@ -78,7 +82,7 @@ def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
                             sizes: list[int] | None = None,
                             max_size: int | None = None) -> list[int]:
     """Token counts to capture, ascending (VllmConfig._set_cudagraph_sizes, no speculative
-    decoding): the default ceiling is min(2 * max_num_seqs, 512), capped at
+    decoding): the default ceiling is min(2 * max_num_seqs, 1024), capped at
     max_num_batched_tokens; the ladder is [1, 2, 4] + range(8, 256, 8) +
     range(256, max + 1, 16), plus max_num_batched_tokens and max_num_seqs where they fit.
     Given sizes are deduplicated and cut at max_num_batched_tokens; a given max_size that

@@ -39,19 +39,22 @@ def family(name: str) -> str:
     return next((fam for fam, keys in _FAMILIES if any(k in low for k in keys)), "other")
 
 
-def record_steps(engine) -> list[int]:
-    """Scheduled tokens of every step, appended as the in-process scheduler plans it."""
+def record_steps(engine) -> tuple[list[int], list[int]]:
+    """Scheduled tokens and running requests of every step, appended as the in-process
+    scheduler plans it."""
     tokens: list[int] = []
+    running: list[int] = []
     scheduler = engine.engine_core.engine_core.scheduler
     schedule = scheduler.schedule
 
     def recording_schedule(*a, **kw):
         out = schedule(*a, **kw)
         tokens.append(out.total_num_scheduled_tokens)
+        running.append(len(scheduler.running))
         return out
 
     scheduler.schedule = recording_schedule
-    return tokens
+    return tokens, running
 
 
 def closed_loop(engine, prompts: list[list[int]], params, concurrency: int, tag: str
@@ -106,7 +109,7 @@ def run(engine, args: argparse.Namespace) -> dict:
     prompts = rng.integers(10000, size=(args.num_prompts + warm, args.input_len)).tolist()
     closed_loop(engine, prompts[args.num_prompts:], params, args.max_concurrency, "warm-")
     prompts = prompts[: args.num_prompts]
-    tokens = record_steps(engine) if not engine.is_multiprocess else []
+    tokens, running = record_steps(engine) if not engine.is_multiprocess else ([], [])
     prof = None
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
@@ -120,6 +123,11 @@ def run(engine, args: argparse.Namespace) -> dict:
     wall = time.perf_counter() - start
     res = {"requests_per_second": args.num_prompts / wall, "wall_s": wall,
            "steps": len(walls), "step_table": step_table(tokens, walls)}
+    if not engine.is_multiprocess:  # how full the batch ran and what preemption cost
+        scheduler = engine.engine_core.engine_core.scheduler
+        res.update(num_preemptions=scheduler.num_preemptions,
+                   num_gpu_blocks=scheduler.kv_cache_manager.block_pool.num_gpu_blocks,
+                   max_running=max(running, default=0))
     if prof is not None:
         prof.__exit__(None, None, None)
         res["kernels"] = kernel_table(kernel_spans(prof), wall)
