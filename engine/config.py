@@ -27,8 +27,8 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     max_model_len: int = 0  # 0: the model's context length
-    max_num_seqs: int = 0  # 0: vLLM's default for the device (default_max_num_seqs)
-    max_num_batched_tokens: int = 0  # 0: derived (vLLM: 8192 when chunked prefill is on)
+    max_num_seqs: int = 0  # 0: vLLM's default for the device (batch_defaults)
+    max_num_batched_tokens: int = 0  # 0: batch_defaults with chunked prefill
     block_size: int = 16
     kv_cache_memory_bytes: int = 0  # 0: derived from device memory (overrides the fraction)
     gpu_memory_utilization: float = 0.9  # fraction of the GPU this engine may use (vLLM)
@@ -170,11 +170,14 @@ class EngineConfig:
                 f"be greater than the max_model_len ({max_model_len}).")
 
 
-def default_max_num_seqs(device_name: str, device_memory: int, hybrid: bool) -> int:
-    """vLLM's get_batch_defaults (vllm/engine/arg_utils.py): 1024 requests on a GPU of at
-    least 70 GiB that is not an A100 (H100, H200), else 256 (the CPU too). A hybrid GDN
-    model keeps 256: every seat holds a recurrent-state slot, and on the H200 256 slots of
-    Qwen3.5-27B already leave no memory for KV blocks (docs/BENCHMARKS.md, session 6)."""
+def batch_defaults(device_name: str, device_memory: int, hybrid: bool) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens with chunked prefill): vLLM's
+    get_batch_defaults for its LLM class (vllm/engine/arg_utils.py): (1024, 16384) on a
+    GPU of at least 70 GiB that is not an A100 (H100, H200), else (256, 8192), the CPU
+    too (`vllm serve` takes 8192 tokens on the large GPUs: examples/server passes it). A
+    hybrid GDN model keeps (256, 8192): every seat holds a recurrent-state slot, and on
+    the H200 256 slots of Qwen3.5-27B already leave no memory for KV blocks
+    (docs/BENCHMARKS.md, session 6)."""
     if hybrid or device_memory < 70 << 30 or "a100" in device_name.lower():
-        return 256
-    return 1024
+        return 256, 8192
+    return 1024, 16384

@@ -147,7 +147,9 @@ typedef struct vllm_engine_params {
     int32_t max_num_seqs;            /* max requests in one batch; default (0): vLLM's,
                                         1024 on a GPU of >= 70 GiB (not an A100), else
                                         256 (CPU, hybrid GDN models) */
-    int32_t max_num_batched_tokens;  /* token budget of one step; 0: derived */
+    int32_t max_num_batched_tokens;  /* token budget of one step; 0: vLLM's LLM class,
+                                        16384 on those GPUs, else 8192 (without
+                                        chunked prefill: the context length) */
     int32_t block_size;              /* KV cache block size in tokens; default (0) 16 */
     int32_t enable_prefix_caching;   /* reuse KV blocks of shared prefixes; default 1 */
     int64_t kv_cache_memory_bytes;   /* KV cache size; 0: derived from device memory */

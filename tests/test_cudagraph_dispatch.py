@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.config import EngineConfig, default_max_num_seqs
+from engine.config import EngineConfig, batch_defaults
 from engine.errors import InvalidArgumentError
 from engine.worker.cudagraph_dispatcher import (
     BatchDescriptor,
@@ -124,9 +124,10 @@ def test_capture_sizes_as_vllm_derives_them():
     ("NVIDIA A100-SXM4-80GB", 80 << 30, False, 256), ("NVIDIA L4", 23 << 30, False, 256),
     ("cpu", 0, False, 256), ("NVIDIA H200", 140 << 30, True, 256),
 ], ids=["h200", "h100", "a100", "l4", "cpu", "h200-hybrid"])
-def test_default_max_num_seqs(name, memory, hybrid, seqs):
-    """vLLM's get_batch_defaults: 1024 requests on >= 70 GiB GPUs other than the A100."""
-    assert default_max_num_seqs(name, memory, hybrid) == seqs
+def test_batch_defaults(name, memory, hybrid, seqs):
+    """vLLM's get_batch_defaults (LLM class): 1024 requests and 16,384 tokens a step on
+    >= 70 GiB GPUs other than the A100, else 256 and 8,192."""
+    assert batch_defaults(name, memory, hybrid) == (seqs, 16384 if seqs == 1024 else 8192)
 
 
 def test_engine_config_max_num_seqs_checked():

@@ -25,7 +25,7 @@ from collections import deque
 
 import torch
 
-from engine.config import EngineConfig, default_max_num_seqs
+from engine.config import EngineConfig, batch_defaults
 from engine.core.async_scheduler import AsyncScheduler
 from engine.core.engine_core_load import load_model_and_tokenizer, resolve_device
 from engine.core.engine_core_messages import (
@@ -64,11 +64,10 @@ from engine.worker.torch_threads import set_torch_threads_for_runtime
 _CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
 
 
-def _default_max_num_seqs(device: torch.device, arch: ModelArchConfig) -> int:
+def _batch_defaults(device: torch.device, arch: ModelArchConfig) -> tuple[int, int]:
     props = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
-    return default_max_num_seqs(props.name if props else "cpu",
-                                props.total_memory if props else 0,
-                                num_attention_layers(arch) < arch.num_hidden_layers)
+    return batch_defaults(props.name if props else "cpu", props.total_memory if props else 0,
+                          num_attention_layers(arch) < arch.num_hidden_layers)
 
 
 class EngineCore:
@@ -87,10 +86,10 @@ class EngineCore:
             raise InvalidArgumentError(
                 f"max_model_len ({self.max_model_len}) is greater than the model's context "
                 f"length ({arch.max_position_embeddings})")
-        if not config.max_num_seqs:
-            config.max_num_seqs = _default_max_num_seqs(device, arch)
+        seqs, tokens = _batch_defaults(device, arch)
+        config.max_num_seqs = config.max_num_seqs or seqs
         if not config.max_num_batched_tokens:
-            config.max_num_batched_tokens = 8192 if config.enable_chunked_prefill else max(
+            config.max_num_batched_tokens = tokens if config.enable_chunked_prefill else max(
                 self.max_model_len, 2048)
         config.verify_max_model_len(self.max_model_len)  # vLLM's SchedulerConfig checks
         self.model_runner = ModelRunner(
