@@ -97,7 +97,8 @@ class EngineCore:
             max_num_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len)
         if executor is not None:  # the workers build their runners (and profile on CUDA)
             executor.init_workers(self.max_model_len, config.max_num_batched_tokens,
-                                  config.max_num_seqs, device.type == "cuda" and not config.kv_cache_memory_bytes)
+                                  config.max_num_seqs,
+                                  device.type == "cuda" and not config.kv_cache_memory_bytes)
         self.num_gpu_blocks = self._num_kv_blocks(arch, dtype)
         if executor is not None:
             executor.initialize_kv_cache(self.num_gpu_blocks)
