@@ -97,8 +97,10 @@ def test_config_rejects_bad_values(field, value):
 def test_cudagraph_capture_ladder_is_vllms():
     """In tokens, derived from max_num_seqs as vLLM's _set_cudagraph_sizes (more cases in
     tests/test_cudagraph_dispatch.py)."""
-    sizes = EngineConfig("m", max_num_seqs=512).cudagraph_batch_sizes()
+    sizes = EngineConfig("m", max_num_seqs=256).cudagraph_batch_sizes()
     assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[-3:] == [480, 496, 512]
+    # ceiling 2 x 512 (vLLM: 512 on Hopper; engine/worker/cudagraph_dispatcher.py)
+    assert EngineConfig("m", max_num_seqs=512).cudagraph_batch_sizes()[-2:] == [1008, 1024]
     assert 248 in sizes and 256 in sizes and 272 in sizes and 264 not in sizes
     assert EngineConfig("m", max_num_seqs=8).cudagraph_batch_sizes() == [1, 2, 4, 8, 16]
     assert EngineConfig("m", cudagraph_capture_sizes=[4, 1, 4, 99999]).cudagraph_batch_sizes() \
