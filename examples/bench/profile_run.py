@@ -39,12 +39,11 @@ def family(name: str) -> str:
     return next((fam for fam, keys in _FAMILIES if any(k in low for k in keys)), "other")
 
 
-def record_steps(engine) -> tuple[list[int], list[int]]:
+def record_steps(scheduler) -> tuple[list[int], list[int]]:
     """Scheduled tokens and running requests of every step, appended as the in-process
     scheduler plans it."""
     tokens: list[int] = []
     running: list[int] = []
-    scheduler = engine.engine_core.engine_core.scheduler
     schedule = scheduler.schedule
 
     def recording_schedule(*a, **kw):
@@ -109,7 +108,9 @@ def run(engine, args: argparse.Namespace) -> dict:
     prompts = rng.integers(10000, size=(args.num_prompts + warm, args.input_len)).tolist()
     closed_loop(engine, prompts[args.num_prompts:], params, args.max_concurrency, "warm-")
     prompts = prompts[: args.num_prompts]
-    tokens, running = record_steps(engine) if not engine.is_multiprocess else ([], [])
+    scheduler = None if engine.is_multiprocess else engine.engine_core.engine_core.scheduler
+    tokens, running = record_steps(scheduler) if scheduler is not None else ([], [])
+    preempted = scheduler.num_preemptions if scheduler is not None else 0  # the warm-up's
     prof = None
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
@@ -123,9 +124,8 @@ def run(engine, args: argparse.Namespace) -> dict:
     wall = time.perf_counter() - start
     res = {"requests_per_second": args.num_prompts / wall, "wall_s": wall,
            "steps": len(walls), "step_table": step_table(tokens, walls)}
-    if not engine.is_multiprocess:  # how full the batch ran and what preemption cost
-        scheduler = engine.engine_core.engine_core.scheduler
-        res.update(num_preemptions=scheduler.num_preemptions,
+    if scheduler is not None:  # how full the batch ran and what preemption cost
+        res.update(num_preemptions=scheduler.num_preemptions - preempted,
                    num_gpu_blocks=scheduler.kv_cache_manager.block_pool.num_gpu_blocks,
                    max_running=max(running, default=0))
     if prof is not None:
