@@ -36,7 +36,7 @@ from engine.core.engine_core_messages import (
 )
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.kv_cache_utils import get_num_kv_blocks
-from engine.core.mamba_spec import mamba_state_bytes, num_attention_layers
+from engine.core.mamba_spec import mamba_state_bytes, num_attention_layers, num_gdn_layers
 from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
 from engine.distributed.parallel_state import device_backend
@@ -67,7 +67,7 @@ _CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
 def _batch_defaults(device: torch.device, arch: ModelArchConfig) -> tuple[int, int]:
     props = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
     return batch_defaults(props.name if props else "cpu", props.total_memory if props else 0,
-                          num_attention_layers(arch) < arch.num_hidden_layers)
+                          num_gdn_layers(arch) > 0)
 
 
 class EngineCore:
