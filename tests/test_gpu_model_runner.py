@@ -352,3 +352,45 @@ def check_mixed_close(ids_got: list[int], ids_want: list[int], lp_got, lp_want) 
         if a != b:
             assert a in lp_want[i] and b in lp_got[i], (i, a, b)
             return
+
+
+def forget_triton_variants() -> None:
+    """Empty the in-memory variant caches of every kernels/ Triton function, so the next
+    launch of each asks for a compile again (or a load from Triton's disk cache) however
+    many tests of this process ran before."""
+    import sys
+
+    from triton.runtime.jit import JITFunction
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("kernels."):
+            for obj in vars(module).values():
+                if isinstance(obj, JITFunction):
+                    obj.device_caches.clear()
+
+
+def test_start_up_compiles_every_triton_variant_side_by_side(hf_dir, monkeypatch):
+    """The profile passes and the graph capture (engine/worker/gpu_worker.py,
+    engine/worker/cudagraph.py) ask for every Triton variant from their precompile pass
+    (kernels/_common.py precompile_triton, a manual warm-up on its thread pool), none from a
+    launch that waits for its compile: Llama, Qwen3 and Qwen3-MoE, FULL_AND_PIECEWISE."""
+    import triton
+
+    from engine.worker.gpu_worker import determine_available_memory
+
+    _, path, _ = hf_dir
+    waited: list[str] = []
+
+    def hook(**kw) -> None:
+        if not kw.get("is_manual_warmup"):
+            waited.append(kw["repr"])
+
+    forget_triton_variants()
+    monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", hook)
+    engine = LLMEngine.from_config(EngineConfig(
+        path, device="cuda", dtype="bfloat16", skip_tokenizer_init=True, max_num_seqs=8,
+        max_model_len=512, kv_cache_memory_bytes=32 << 20))  # no profile run: capture only
+    assert engine.model_runner.cudagraphs is not None and waited == []
+    runner = engine.model_runner
+    determine_available_memory(runner, runner.max_num_tokens, 0.9)  # both profile passes
+    assert waited == []

@@ -11,7 +11,10 @@ and slot -1 (no KV write); request rows past it have no tokens. Logits and sampl
 outside the graph. Captures run as vLLM's do: gc collected once and frozen
 (vllm/utils/gc_utils.py freeze_gc_for_cudagraph_capture), and torch.cuda.graph's emptying
 of the allocator caches as it enters patched out (CUDAGraphWrapper's gc_disable), so each
-capture does not free and re-allocate the warm-up's memory.
+capture does not free and re-allocate the warm-up's memory. Before the warm-ups, one pass
+over every descriptor compiles the Triton variants they launch side by side
+(kernels/_common.py precompile_triton: its launches only compile), so the warm-ups compile
+nothing: one at a time, Llama-8B's start-up compiles took ~13 s on the H200 (session 23).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from unittest import mock
 import torch
 
 from engine.worker.cudagraph_dispatcher import BatchDescriptor, CudagraphDispatcher
+from kernels._common import precompile_triton
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +48,10 @@ class CudaGraphs:
         """forward(desc) runs the model over the first desc.num_tokens rows of the
         persistent buffers (set to padding values by it) and returns hidden states."""
         start = time.perf_counter()
+        descs = self.dispatcher.capture_descs()
+        with precompile_triton():  # the warm-ups' Triton variants, side by side
+            for desc in descs:
+                forward(desc)
         # torch.cuda.graph empties the allocator's cache as it enters; emptied first here
         # too, so the blocks it releases do not count against the pool (the Qwen3.5-35B-A3B
         # start-up on the H200 reported -14.4 GiB)
@@ -51,7 +59,7 @@ class CudaGraphs:
         before = torch.cuda.memory_reserved()
         pool = torch.cuda.graph_pool_handle()
         with _bulk_capture():
-            for desc in self.dispatcher.capture_descs():
+            for desc in descs:
                 for _ in range(_WARMUP_RUNS):
                     forward(desc)
                 torch.cuda.synchronize()

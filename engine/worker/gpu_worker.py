@@ -15,7 +15,9 @@ the smaller graphs reuse it) plus every graph's output, which stays: the profile
 that forward (vLLM's default capture sizes, engine/worker/cudagraph_dispatcher.py) and
 counts it with the outputs of all default sizes, as vLLM's profiling estimates its
 graphs' memory. The pool measured after capture is
-kept beside it (model_runner.memory_profile["cudagraph_pool"]).
+kept beside it (model_runner.memory_profile["cudagraph_pool"]). Both profile passes run
+once first with their Triton launches only compiling, side by side (kernels/_common.py
+precompile_triton), so the measured passes compile nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 
 from engine.worker.cudagraph_dispatcher import cudagraph_capture_sizes
 from engine.worker.model_runner import ModelRunner
+from kernels._common import precompile_triton
 
 logger = logging.getLogger(__name__)
 
@@ -36,14 +39,17 @@ def determine_available_memory(runner: ModelRunner, num_tokens: int,
                                gpu_memory_utilization: float) -> int:
     """Bytes left for the KV cache (may be <= 0: the caller reports it)."""
     device = runner.device
+    sizes = cudagraph_capture_sizes(runner.max_num_reqs, num_tokens)
+    with precompile_triton():  # the two passes' Triton variants, side by side
+        runner.profile_run(num_tokens)
+        runner.profile_run(sizes[-1], sample=False)
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     runner.profile_run(num_tokens)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device)
-    cudagraph = _cudagraph_estimate(runner, cudagraph_capture_sizes(runner.max_num_reqs,
-                                                                    num_tokens))
+    cudagraph = _cudagraph_estimate(runner, sizes)
     free, total = torch.cuda.mem_get_info(device)
     non_torch = max(0, total - free - torch.cuda.memory_reserved(device))
     torch.cuda.empty_cache()
