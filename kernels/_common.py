@@ -101,7 +101,10 @@ def precompile_triton(workers: int = 0) -> Iterator[None]:
     kernel's cache, so the same launches after it compile nothing. Triton compiles mostly
     outside the GIL (MLIR, LLVM, ptxas): engine/model_loader/gguf_quant.py
     precompile_gguf_kernels compiles a Q4_K_M Llama-8B's GGUF variants side by side, where
-    one at a time took 135 s on the H200 (session 18). The tensors the skipped kernels
+    one at a time took 135 s on the H200 (session 18). Each variant's pending compile is
+    kept in its kernel's cache as it is submitted (Triton 3.6 keeps it only in the mode, so
+    every later launch of the variant hashed the kernel's source again: 12,522 hashes,
+    ~10 s, in a Llama-8B graph capture pass, session 24). The tensors the skipped kernels
     would write keep whatever they held. Nothing changes under the interpreter."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         yield
@@ -109,7 +112,7 @@ def precompile_triton(workers: int = 0) -> Iterator[None]:
     from triton.runtime import _async_compile
     from triton.runtime.jit import JITFunction
 
-    run = JITFunction.run
+    run, do_compile = JITFunction.run, JITFunction._do_compile
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     with ThreadPoolExecutor(workers or min(32, cpus or 1)) as pool:
         mode = _async_compile.AsyncCompileMode(pool)
@@ -118,10 +121,23 @@ def precompile_triton(workers: int = 0) -> Iterator[None]:
             mine = _async_compile.active_mode.get() is mode
             return run(self, *args, grid=grid, warmup=warmup or mine, **kwargs)
 
-        JITFunction.run = compile_only
+        kept: list[tuple[dict, object, object]] = []  # (kernel cache, key, FutureKernel)
+
+        def compile_kept(self, key, signature, device, *args, **kwargs):
+            kernel = do_compile(self, key, signature, device, *args, **kwargs)
+            cache = self.device_caches[device][0]
+            if kernel is not None and _async_compile.active_mode.get() is mode \
+                    and cache.setdefault(key, kernel) is kernel:
+                kept.append((cache, key, kernel))
+            return kernel
+
+        JITFunction.run, JITFunction._do_compile = compile_only, compile_kept
         try:
             with mode:
                 yield
         finally:
-            JITFunction.run = run
+            JITFunction.run, JITFunction._do_compile = run, do_compile
             _async_compile.active_mode.set(None)  # Triton 3.6 keeps it when a compile fails
+            for cache, key, kernel in kept:  # a compile that failed leaves no placeholder
+                if cache.get(key) is kernel:
+                    del cache[key]

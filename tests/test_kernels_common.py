@@ -197,11 +197,31 @@ def test_precompile_triton_compiles_and_launches_nothing(triton_compiles) -> Non
         _fill_kernel[(4,)](out, 100, VALUE=value, BLOCK=32)
         assert (out == value).all()
     assert triton_compiles == []
-    with pytest.raises(Exception, match="asked to fail"):
-        with precompile_triton(workers=2):
-            _fill_kernel[(4,)](out, 100, VALUE=4.0, BLOCK=32, FAIL=True)
+    for _ in range(2):  # a failed compile leaves nothing behind: the second one fails too
+        with pytest.raises(Exception, match="asked to fail"):
+            with precompile_triton(workers=2):
+                _fill_kernel[(4,)](out, 100, VALUE=4.0, BLOCK=32, FAIL=True)
     assert JITFunction.run is run
     with precompile_triton(workers=2):
         _fill_kernel[(4,)](out, 100, VALUE=5.0, BLOCK=32)
     _fill_kernel[(4,)](out, 100, VALUE=5.0, BLOCK=32)
     assert (out == 5.0).all()
+
+
+@gpu
+def test_precompile_triton_asks_for_a_variant_once(monkeypatch) -> None:
+    """Inside precompile_triton the pending compile stays in the kernel's cache, so launching
+    one variant again does not go back to Triton's compile path (where Triton 3.6 hashed
+    the kernel's source for every launch: ~10 s over a Llama-8B capture pass)."""
+    import triton
+
+    asked: list[str] = []
+    monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook",
+                        lambda **kw: asked.append(kw["repr"]) and None)
+    out = torch.zeros(100, device=DEVICE)  # [100]
+    with precompile_triton(workers=2):
+        for _ in range(3):
+            _fill_kernel[(4,)](out, 100, VALUE=6.0, BLOCK=64)
+    assert len(asked) == 1 and not out.any()
+    _fill_kernel[(4,)](out, 100, VALUE=6.0, BLOCK=64)
+    assert len(asked) == 1 and (out == 6.0).all()

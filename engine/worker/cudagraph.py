@@ -1,9 +1,10 @@
 """Full CUDA graphs of the model's forward pass, one per BatchDescriptor of the dispatcher.
 
 Mirrors vllm/v1/worker/gpu_model_runner.py (capture_model / _capture_cudagraphs /
-_dummy_run: largest first into one shared memory pool, one warm-up run each, the capture
-time logged) and vllm/compilation/cuda_graph.py (CUDAGraphWrapper: replay the graph of
-the dispatched key). A graph reads the runner's persistent device buffers (input ids,
+_dummy_run: largest first into one shared memory pool, cudagraph_num_of_warmups eager runs
+each (vllm/config/compilation.py: 0), the capture time logged) and
+vllm/compilation/cuda_graph.py (CUDAGraphWrapper: replay the graph of the dispatched key).
+A graph reads the runner's persistent device buffers (input ids,
 positions, slot mapping, query start locations, sequence lengths, block table), so a step
 only fills those buffers and replays. Padding (engine/worker/model_runner.py): tokens
 past the step's own go to one padding request row with seq_len 0 (attention yields zeros)
@@ -11,10 +12,12 @@ and slot -1 (no KV write); request rows past it have no tokens. Logits and sampl
 outside the graph. Captures run as vLLM's do: gc collected once and frozen
 (vllm/utils/gc_utils.py freeze_gc_for_cudagraph_capture), and torch.cuda.graph's emptying
 of the allocator caches as it enters patched out (CUDAGraphWrapper's gc_disable), so each
-capture does not free and re-allocate the warm-up's memory. Before the warm-ups, one pass
-over every descriptor compiles the Triton variants they launch side by side
-(kernels/_common.py precompile_triton: its launches only compile), so the warm-ups compile
-nothing: one at a time, Llama-8B's start-up compiles took ~13 s on the H200 (session 23).
+capture does not free and re-allocate the memory of the runs before it. Before the
+captures, one pass over every descriptor runs the forward with its Triton launches only
+compiling, side by side (kernels/_common.py precompile_triton): the captures compile
+nothing, and what the forward sets up lazily in Python or torch (handles, caches) is set up
+outside them. Inside one eager warm-up each, one compile at a time, Llama-8B's cold
+capture took 20.7 s on the H200 (docs/BENCHMARKS.md, session 24).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from kernels._common import precompile_triton
 
 logger = logging.getLogger(__name__)
 
-_WARMUP_RUNS = 1  # vLLM's cudagraph_num_of_warmups: Triton JIT and cuBLAS handles
+_WARMUP_RUNS = 0  # vLLM's cudagraph_num_of_warmups default; the compile pass sets up
 
 
 class CudaGraphs:
@@ -49,7 +52,7 @@ class CudaGraphs:
         persistent buffers (set to padding values by it) and returns hidden states."""
         start = time.perf_counter()
         descs = self.dispatcher.capture_descs()
-        with precompile_triton():  # the warm-ups' Triton variants, side by side
+        with precompile_triton():  # every capture's Triton variants, side by side
             for desc in descs:
                 forward(desc)
         # torch.cuda.graph empties the allocator's cache as it enters; emptied first here
