@@ -28,7 +28,7 @@ _COMPUTE_TYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16,
                   torch.float32: tl.float32}
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["EM", "num_valid_tokens"])  # bounds, masks: any token count
 def fused_moe_kernel(
     a_ptr, b_ptr, c_ptr, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr,
     num_tokens_post_padded_ptr,

@@ -26,7 +26,7 @@ _BLOCK_T = 512
 TRITON_MAX_PAIRS = 8192
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["numel"])  # a bound and a value: one variant for every M
 def _moe_align_block_size_kernel(
     topk_ids_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_pad_ptr, numel, num_experts,
     BLOCK_SIZE: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK_T: tl.constexpr,

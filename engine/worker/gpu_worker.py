@@ -17,7 +17,8 @@ counts it with the outputs of all default sizes, as vLLM's profiling estimates i
 graphs' memory. The pool measured after capture is
 kept beside it (model_runner.memory_profile["cudagraph_pool"]). Both profile passes run
 once first with their Triton launches only compiling, side by side (kernels/_common.py
-precompile_triton), so the measured passes compile nothing.
+precompile_triton), so the measured passes compile nothing; beside them, forwards at the
+token counts of the model's tuned fused-MoE configs compile the variants eager steps reach.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import logging
 
 import torch
 
+from engine.layers.fused_moe.config import get_config_dtype_str, get_moe_configs
+from engine.layers.fused_moe.layer import FusedMoE
 from engine.worker.cudagraph_dispatcher import cudagraph_capture_sizes
 from engine.worker.model_runner import ModelRunner
 from kernels._common import precompile_triton
@@ -42,7 +45,8 @@ def determine_available_memory(runner: ModelRunner, num_tokens: int,
     sizes = cudagraph_capture_sizes(runner.max_num_reqs, num_tokens)
     with precompile_triton():  # the two passes' Triton variants, side by side
         runner.profile_run(num_tokens)
-        runner.profile_run(sizes[-1], sample=False)
+        for n in (*_moe_config_token_counts(runner.model, num_tokens), sizes[-1]):
+            runner.profile_run(n, sample=False)
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
@@ -61,6 +65,21 @@ def determine_available_memory(runner: ModelRunner, num_tokens: int,
                 gpu_memory_utilization, peak / _GIB, non_torch / _GIB, cudagraph / _GIB,
                 available / _GIB)
     return available
+
+
+def _moe_config_token_counts(model: torch.nn.Module, num_tokens: int) -> list[int]:
+    """The token counts below num_tokens that key a tuned fused-MoE config of the model's
+    layers (engine/layers/fused_moe/config.py): each picks its own Triton variant (block
+    sizes, GROUP_SIZE_M), which an eager step of a count near it would otherwise compile
+    mid-run (Qwen3-30B-A3B on the H200: 1,793 to 6,144 tokens take the GROUP_SIZE_M 16
+    config, which neither the profile run nor a graph reaches)."""
+    counts = set()
+    for layer in model.modules():
+        if isinstance(layer, FusedMoE) and layer.w13_weight is not None:
+            table = get_moe_configs(layer.num_experts, layer.intermediate_size,
+                                    get_config_dtype_str(layer.w13_weight.dtype))
+            counts |= {m for m in table or () if m < num_tokens}
+    return sorted(counts)
 
 
 def _cudagraph_estimate(runner: ModelRunner, sizes: list[int]) -> int:
