@@ -176,3 +176,20 @@ def test_latency_decode_rate_needs_one_prefill_step(tiny, capsys):
                 *_engine_flags(tiny)])
     assert res["decode_tokens_per_second"] is None  # 48 prompt tokens need two steps
     assert "Avg decode throughput" not in capsys.readouterr().out
+
+
+def test_startup_phases_times_the_engine_core(tiny, capsys):
+    """examples/bench/startup_phases.py: `startup`'s phases plus the engine core's load (CPU:
+    no memory profile, no graphs, the interpreter compiles nothing); its patches undone."""
+    from engine.core import engine_core
+    from examples.bench import startup_phases
+
+    init = engine_core.EngineCore.__init__
+    res = startup_phases.main(["--input-len", "8", "--graph-warmups", "2",
+                               *_engine_flags(tiny)])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("STARTUP ") and json.loads(line[8:]) == res
+    assert 0 < res["load"] <= res["engine_init_time"] + res["import_time"] + 0.01
+    assert res["compiles"] == {"pool": 0, "waited": 0}
+    assert "capture_model" in res and not {"profile", "precompile_capture"} & set(res)
+    assert engine_core.EngineCore.__init__ is init
