@@ -67,21 +67,32 @@ def test_pool_bytes_counts_the_graphs_not_the_emptied_cache(monkeypatch):
 
 
 def test_captures_keep_the_cache_and_gc_frozen(monkeypatch):
-    """The warm-up's cached blocks survive each capture's entry (no free / re-malloc per
-    graph); the cache is emptied once before and once after; gc is off while capturing and
-    restored after."""
+    """A compile-only pass over every graph's forward comes first (kernels/_common.py
+    precompile_triton), then the captures without eager warm-ups (vLLM's
+    cudagraph_num_of_warmups 0). The pass's cached blocks are emptied once before the
+    captures, then each capture's survive the next capture's entry (no free / re-malloc per
+    graph); the cache is emptied once more after; gc is off while capturing and restored
+    after."""
     fake = _fake_cuda(monkeypatch)
     seen = []
+    compiling = []
+
+    @contextlib.contextmanager
+    def precompile():
+        compiling.append(True)
+        yield
+        compiling.pop()
 
     def forward(desc):
-        fake.cached += 5  # a warm-up or capture run caches some blocks
-        seen.append((fake.cached, gc.isenabled()))
+        fake.cached += 5  # a compile-only or capture run caches some blocks
+        seen.append((desc.num_tokens, fake.cached, gc.isenabled(), bool(compiling)))
         return torch.zeros(desc.num_tokens, 4)
 
+    monkeypatch.setattr(cudagraph, "precompile_triton", precompile)
     graphs = cudagraph.CudaGraphs(_Dispatcher())
     graphs.capture(forward)
-    assert [c for c, _ in seen] == [5, 10, 15, 20]  # never emptied between captures
-    assert not any(enabled for _, enabled in seen)
+    assert seen == [(2, 45, True, True), (1, 50, True, True),  # the compile-only pass
+                    (2, 5, False, False), (1, 10, False, False)]  # captures, one each
     assert gc.isenabled()
     assert fake.flushes == 2 and fake.cached == 0
     assert graphs.pool_bytes == 20
