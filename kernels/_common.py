@@ -5,7 +5,9 @@ the kernel before it drains, and calls pdl_wait() before it touches memory (the 
 returns once that kernel finished and flushed), then lets the next kernel launch early in
 turn. In a CUDA graph of tiny decode kernels this hides most of each launch gap.
 LIBVLLM_DISABLE_PDL=1 turns it off (A/B benchmarks); the interpreter never uses it.
-Also precompile_triton: Triton's JIT compiles of a start-up pass, on a thread pool.
+Also precompile_triton: Triton's JIT compiles of a start-up pass, on a thread pool, and
+compiling(): whether this thread's launches only compile (a launcher whose output torch
+ops read as indices gives them valid values then).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import functools
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 
 import torch
 import triton
@@ -92,6 +95,17 @@ def pdl_wait():
     tl.extra.cuda.gdc_launch_dependents()
 
 
+_COMPILING: ContextVar[bool] = ContextVar("libvllm_compiling", default=False)
+
+
+def compiling() -> bool:
+    """Whether Triton launches from this thread only compile (inside precompile_triton, off
+    the interpreter): their outputs keep whatever memory held, so a launcher whose integer
+    output torch ops use as indices (kernels/moe_topk_softmax.py's expert ids, read by the
+    torch alignment past its pair limit and the torch experts) zero-fills it first."""
+    return _COMPILING.get()
+
+
 @contextlib.contextmanager
 def precompile_triton(workers: int = 0) -> Iterator[None]:
     """Inside, a Triton kernel launch made in this context only compiles its variant, on a
@@ -132,10 +146,12 @@ def precompile_triton(workers: int = 0) -> Iterator[None]:
             return kernel
 
         JITFunction.run, JITFunction._do_compile = compile_only, compile_kept
+        token = _COMPILING.set(True)
         try:
             with mode:
                 yield
         finally:
+            _COMPILING.reset(token)
             JITFunction.run, JITFunction._do_compile = run, do_compile
             _async_compile.active_mode.set(None)  # Triton 3.6 keeps it when a compile fails
             for cache, key, kernel in kept:  # a compile that failed leaves no placeholder

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check, check_float, pdl_launch, pdl_wait
+from kernels._common import check, check_float, compiling, pdl_launch, pdl_wait
 
 MAX_EXPERTS = 4096
 
@@ -109,7 +109,8 @@ def topk_softmax(gating_output: torch.Tensor, topk: int, renormalize: bool
           f"top-{topk} of {e} experts is out of range (E <= {MAX_EXPERTS})")
     dev = gating_output.device
     weights = torch.empty(m, topk, dtype=torch.float32, device=dev)
-    ids = torch.empty(m, topk, dtype=torch.int32, device=dev)
+    # compile-only (start-up): the launch is skipped and torch ops may index with the ids
+    ids = (torch.zeros if compiling() else torch.empty)(m, topk, dtype=torch.int32, device=dev)
     if m == 0:
         return weights, ids
     block_e = triton.next_power_of_2(e)

@@ -181,10 +181,14 @@ def test_latency_decode_rate_needs_one_prefill_step(tiny, capsys):
 def test_startup_phases_times_the_engine_core(tiny, capsys):
     """examples/bench/startup_phases.py: `startup`'s phases plus the engine core's load (CPU:
     no memory profile, no graphs, the interpreter compiles nothing); its patches undone."""
+    import os
+
     from engine.core import engine_core
+    from engine.worker import cudagraph
     from examples.bench import startup_phases
 
-    init = engine_core.EngineCore.__init__
+    init, warmups = engine_core.EngineCore.__init__, cudagraph._WARMUP_RUNS
+    env = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
     res = startup_phases.main(["--input-len", "8", "--graph-warmups", "2",
                                *_engine_flags(tiny)])
     line = capsys.readouterr().out.strip().splitlines()[-1]
@@ -192,4 +196,5 @@ def test_startup_phases_times_the_engine_core(tiny, capsys):
     assert 0 < res["load"] <= res["engine_init_time"] + res["import_time"] + 0.01
     assert res["compiles"] == {"pool": 0, "waited": 0}
     assert "capture_model" in res and not {"profile", "precompile_capture"} & set(res)
-    assert engine_core.EngineCore.__init__ is init
+    assert engine_core.EngineCore.__init__ is init and cudagraph._WARMUP_RUNS == warmups
+    assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == env

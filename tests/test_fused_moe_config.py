@@ -122,23 +122,27 @@ def test_tuned_file_nearest_m_and_folder_order(tmp_path, monkeypatch) -> None:
         get_moe_configs.cache_clear()
 
 
-def test_start_up_compiles_at_every_tuned_token_count(tmp_path, monkeypatch) -> None:
-    """engine/worker/gpu_worker.py drives a compile-only forward at each token count that
-    keys a tuned config of the model's MoE layers (below the step budget): bf16 layers of
-    the tuned shape only, none for a dense model or without a file."""
+def test_start_up_compiles_a_forward_per_moe_config(tmp_path, monkeypatch) -> None:
+    """engine/worker/gpu_worker.py drives a compile-only forward at the first token count of
+    each launch config the model's MoE layers pick below the step budget: a tuned table's
+    nearest-key runs (ties go to the smaller key), the default's M ranges without a file,
+    none for a dense model."""
     from engine.worker.gpu_worker import _moe_config_token_counts
 
     monkeypatch.setattr(config, "get_device_name", lambda: "TEST_GPU")
     monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
     get_moe_configs.cache_clear()
-    cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
-           "num_warps": 4, "num_stages": 3}
-    (tmp_path / "E=6,N=40,device_name=TEST_GPU.json").write_text(
-        json.dumps({str(m): cfg for m in (1, 64, 1536, 4096)}))
+    tuned = {str(m): {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": n, "BLOCK_SIZE_K": 64,
+                      "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3}
+             for m, n in ((1, 32), (64, 64), (1536, 128), (4096, 256))}
+    (tmp_path / "E=6,N=40,device_name=TEST_GPU.json").write_text(json.dumps(tuned))
     try:
         moe = torch.nn.Sequential(FusedMoE(6, 2, 24, 40), FusedMoE(6, 2, 24, 40))
-        assert _moe_config_token_counts(moe.to(torch.bfloat16), 4096) == [1, 64, 1536]
-        assert _moe_config_token_counts(moe.float(), 4096) == []  # fp32: no file
+        assert _moe_config_token_counts(moe.to(torch.bfloat16), 4096) == [1, 33, 801, 2817]
+        assert _moe_config_token_counts(moe.to(torch.bfloat16), 800) == [1, 33]
+        default = [m for m in range(1, 4096) if m == 1 or get_default_config(
+            m, 6, 40, 24, 2, "float32") != get_default_config(m - 1, 6, 40, 24, 2, "float32")]
+        assert _moe_config_token_counts(moe.float(), 4096) == default and len(default) > 1
         assert _moe_config_token_counts(torch.nn.Linear(4, 4), 4096) == []
     finally:
         get_moe_configs.cache_clear()

@@ -31,6 +31,7 @@ from kernels._common import (  # noqa: E402
     check,
     check_float,
     check_same_device,
+    compiling,
     precompile_triton,
 )
 from kernels.activation import _silu_and_mul_kernel  # noqa: E402
@@ -167,6 +168,7 @@ def _fill_kernel(out_ptr, n, VALUE: tl.constexpr, BLOCK: tl.constexpr, FAIL: tl.
 def test_precompile_triton_changes_nothing_under_the_interpreter() -> None:
     out = torch.zeros(100)  # [100]
     with precompile_triton(workers=2):
+        assert not compiling()  # the interpreter's launches run
         _fill_kernel[(4,)](out, 100, VALUE=2.0, BLOCK=32)
     assert (out == 2.0).all()
 
@@ -225,3 +227,33 @@ def test_precompile_triton_asks_for_a_variant_once(monkeypatch) -> None:
     assert len(asked) == 1 and not out.any()
     _fill_kernel[(4,)](out, 100, VALUE=6.0, BLOCK=64)
     assert len(asked) == 1 and (out == 6.0).all()
+
+
+@gpu
+def test_compile_only_expert_ids_are_valid_indices() -> None:
+    """Inside precompile_triton the top-k launch is skipped, so its ids are zero-filled
+    (compiling()): the torch alignment past its pair limit (16,384 pairs here, a 2,048-token
+    step of a top-8 model) and the torch experts index with them. Memory the allocator
+    hands back is filled with out-of-range ids first, so skipped memory would show."""
+    import threading
+
+    from kernels.moe_align_block_size import moe_align_block_size
+    from kernels.moe_topk_softmax import topk_softmax
+
+    garbage = torch.full((2048, 8), 1 << 30, dtype=torch.int32, device=DEVICE)
+    del garbage  # its block goes back to the cache, where torch.empty finds it
+    logits = torch.randn(2048, 128, device=DEVICE)  # [M, E]
+    seen = []
+    with precompile_triton(workers=2):
+        _, ids = topk_softmax(logits, 8, True)
+        thread = threading.Thread(target=lambda: seen.append(compiling()))
+        thread.start()
+        thread.join()
+        assert compiling() and seen == [False]
+        assert (ids == 0).all()
+        sorted_ids, _, post_pad = moe_align_block_size(ids, 64, 128)
+        assert post_pad.item() == 16384 and sorted_ids[:16384].sort().values.tolist() == \
+            list(range(16384))
+    assert not compiling()
+    _, ids = topk_softmax(logits, 8, True)
+    assert ids.max().item() < 128 and (ids != 0).any()

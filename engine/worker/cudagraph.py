@@ -15,9 +15,10 @@ of the allocator caches as it enters patched out (CUDAGraphWrapper's gc_disable)
 capture does not free and re-allocate the memory of the runs before it. Before the
 captures, one pass over every descriptor runs the forward with its Triton launches only
 compiling, side by side (kernels/_common.py precompile_triton): the captures compile
-nothing, and what the forward sets up lazily in Python or torch (handles, caches) is set up
-outside them. Inside one eager warm-up each, one compile at a time, Llama-8B's cold
-capture took 20.7 s on the H200 (docs/BENCHMARKS.md, session 24).
+nothing (a new variant's module still loads at its first launch, inside its capture, as in
+vLLM's captures without warm-ups), and what the forward sets up lazily in Python or torch
+(handles, caches) is set up outside them. Inside one eager warm-up each, one compile at a
+time, Llama-8B's cold capture took 20.7 s on the H200 (docs/BENCHMARKS.md, session 24).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from kernels._common import precompile_triton
 
 logger = logging.getLogger(__name__)
 
-_WARMUP_RUNS = 0  # vLLM's cudagraph_num_of_warmups default; the compile pass sets up
+_WARMUP_RUNS = 0  # vLLM's cudagraph_num_of_warmups default (the compile pass runs first)
 
 
 class CudaGraphs:

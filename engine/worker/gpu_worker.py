@@ -17,8 +17,8 @@ counts it with the outputs of all default sizes, as vLLM's profiling estimates i
 graphs' memory. The pool measured after capture is
 kept beside it (model_runner.memory_profile["cudagraph_pool"]). Both profile passes run
 once first with their Triton launches only compiling, side by side (kernels/_common.py
-precompile_triton), so the measured passes compile nothing; beside them, forwards at the
-token counts of the model's tuned fused-MoE configs compile the variants eager steps reach.
+precompile_triton), so the measured passes compile nothing; beside them, a forward at a
+token count of each fused-MoE launch config compiles the variants eager steps reach.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import logging
 
 import torch
 
-from engine.layers.fused_moe.config import get_config_dtype_str, get_moe_configs
+from engine.layers.fused_moe.config import get_config_dtype_str, try_get_optimal_moe_config
 from engine.layers.fused_moe.layer import FusedMoE
 from engine.worker.cudagraph_dispatcher import cudagraph_capture_sizes
 from engine.worker.model_runner import ModelRunner
@@ -68,17 +68,24 @@ def determine_available_memory(runner: ModelRunner, num_tokens: int,
 
 
 def _moe_config_token_counts(model: torch.nn.Module, num_tokens: int) -> list[int]:
-    """The token counts below num_tokens that key a tuned fused-MoE config of the model's
-    layers (engine/layers/fused_moe/config.py): each picks its own Triton variant (block
-    sizes, GROUP_SIZE_M), which an eager step of a count near it would otherwise compile
-    mid-run (Qwen3-30B-A3B on the H200: 1,793 to 6,144 tokens take the GROUP_SIZE_M 16
-    config, which neither the profile run nor a graph reaches)."""
+    """The first token count below num_tokens of each fused-MoE launch config the model's
+    layers pick (engine/layers/fused_moe/config.py try_get_optimal_moe_config: a tuned
+    table's nearest key, else the default's M ranges). Each config is its own Triton
+    variant (block sizes, GROUP_SIZE_M), which an eager step of such a count would
+    otherwise compile mid-run (Qwen3-30B-A3B on the H200: 1,793 to 6,144 tokens take a
+    GROUP_SIZE_M 16 config that neither the profile run nor a graph reaches)."""
+    shapes = {(tuple(layer.w13_weight.shape), tuple(layer.w2_weight.shape), layer.top_k,
+               get_config_dtype_str(layer.w13_weight.dtype))
+              for layer in model.modules()
+              if isinstance(layer, FusedMoE) and layer.w13_weight is not None}
     counts = set()
-    for layer in model.modules():
-        if isinstance(layer, FusedMoE) and layer.w13_weight is not None:
-            table = get_moe_configs(layer.num_experts, layer.intermediate_size,
-                                    get_config_dtype_str(layer.w13_weight.dtype))
-            counts |= {m for m in table or () if m < num_tokens}
+    for w1, w2, top_k, dtype in shapes:
+        seen = set()
+        for m in range(1, num_tokens):
+            config = tuple(sorted(try_get_optimal_moe_config(w1, w2, top_k, dtype, m).items()))
+            if config not in seen:
+                seen.add(config)
+                counts.add(m)
     return sorted(counts)
 
 

@@ -62,14 +62,15 @@ def _timed_context(name: str, cm):
     @contextlib.contextmanager
     def inner(*args, **kwargs):
         start = time.perf_counter()
-        with cm(*args, **kwargs):
-            yield
-        phases[name] = phases.get(name, 0.0) + time.perf_counter() - start
+        try:
+            with cm(*args, **kwargs):
+                yield
+        finally:
+            phases[name] = phases.get(name, 0.0) + time.perf_counter() - start
     return inner
 
 
 def main(argv: list[str]) -> dict:
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     parser = argparse.ArgumentParser()
     parser.add_argument("--graph-warmups", type=int, default=None)
     startup.add_cli_args(parser)
@@ -95,13 +96,19 @@ def main(argv: list[str]) -> dict:
     if args.graph_warmups is not None:
         patches.append((cudagraph, "_WARMUP_RUNS", args.graph_warmups))
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    multiprocessing = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
     try:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         for obj, name, value in patches:
             setattr(obj, name, value)
         _, result = startup.timed_start(args, args.input_len)
     finally:
         for obj, name, value in saved:
             setattr(obj, name, value)
+        if multiprocessing is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = multiprocessing
     result = {k: round(v, 2) for k, v in {**result, **phases}.items()}
     result["compiles"] = dict(compiles)
     print("STARTUP", json.dumps(result), flush=True)
