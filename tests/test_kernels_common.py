@@ -240,8 +240,9 @@ def test_compile_only_expert_ids_are_valid_indices() -> None:
     from kernels.moe_align_block_size import moe_align_block_size
     from kernels.moe_topk_softmax import topk_softmax
 
-    garbage = torch.full((2048, 8), 1 << 30, dtype=torch.int32, device=DEVICE)
-    del garbage  # its block goes back to the cache, where torch.empty finds it
+    garbage = [torch.full((2048, 8), 1 << 30, dtype=torch.int32, device=DEVICE)
+               for _ in range(2)]  # the sizes of topk_softmax's weights and ids
+    del garbage  # their blocks go back to the cache, where torch.empty finds them
     logits = torch.randn(2048, 128, device=DEVICE)  # [M, E]
     seen = []
     with precompile_triton(workers=2):
