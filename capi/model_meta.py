@@ -7,9 +7,9 @@ Read by the front end, once per engine: the key/values of the GGUF file
 (engine/gguf/reader.py; tensor infos give the parameter count) or the config.json and
 safetensors headers (JSON only, no tensor data) of a Hugging Face directory. The KV
 capacity is the core's block count (EngineCoreReady.num_gpu_blocks, as vLLM's
-num_gpu_blocks) times block_size. Device and dtype follow the core's rule
-(engine/core/engine_core_load.py load_model_and_tokenizer): a "cuda" or available
-CUDA device, dtype the configured one else bfloat16 on CUDA, float32 on CPU.
+num_gpu_blocks) times block_size. Device and dtype are what the core resolved
+(EngineCoreReady.device / dtype): a "cuda" or available CUDA device, dtype the
+configured one else bfloat16 on CUDA, float32 on CPU.
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from _libvllm import ffi
 
 from capi.plumbing import copy_out, engines, export, text
-from engine.core.engine_core_load import resolve_device
 from engine.errors import InvalidArgumentError, NotFoundError
 from engine.gguf.reader import GGUFReader
-from engine.model_loader import resolve_model_path
+from engine.model_source import resolve_model_path
 
 
 @dataclass
@@ -74,9 +73,7 @@ def _meta(record) -> ModelMeta:
         else:
             kind, path = resolve_model_path(config.model)
             kv, n_params, n_layers = _gguf(path) if kind == "gguf" else _hf(path, False)
-        device = resolve_device(config).type
-        dtype = config.dtype if config.dtype != "auto" else (
-            "bfloat16" if device == "cuda" else "float32")
+        device, dtype = engine.engine_core.ready.device, engine.engine_core.ready.dtype
         template = None if engine.tokenizer is None else engine.tokenizer.chat_template
         eog = sorted({engine.model_info.eos_token_id, *engine.default_sampling_params.get(
             "stop_token_ids", [])} - {-1})

@@ -139,15 +139,24 @@ def test_rust_example(built, child_env, model_path, greedy_text, tmp_path):
     assert re.search(r"\n\[\d+ tokens, finish=(stop|length)\]\n$", run.stdout), run.stdout
 
 
-@pytest.mark.parametrize("torch_first", [False, True], ids=["plain", "torch-imported-first"])
-def test_python_ctypes_example(built, child_env, model_path, greedy_text, torch_first):
+# The host: plain; one that runs torch when it loads the library; one where torch cannot be
+# imported at all, with the engine core in a child (which imports torch itself).
+_HOSTS = {"plain": ("", {}),
+          "torch-imported-first": ("import torch; ", {}),
+          "torch-blocked-core-in-child": ("sys.modules['torch'] = None; ",
+                                          {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})}
+
+
+@pytest.mark.parametrize("host", list(_HOSTS))
+def test_python_ctypes_example(built, child_env, model_path, greedy_text, host):
     script = ROOT / "examples/python/generate.py"
+    prelude, env = _HOSTS[host]
     cmd = [sys.executable, script, model_path, PROMPT]
-    if torch_first:  # the host already runs torch when it loads the library
-        code = ("import runpy, sys, torch; sys.path.insert(0, sys.argv[1]); "
-                "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')")
-        cmd[1:1] = ["-c", code, script.parent]
-    run = _run(cmd, child_env)
+    if prelude:
+        cmd[1:1] = ["-c", f"import runpy, sys; {prelude}sys.path.insert(0, sys.argv[1]); "
+                    "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')",
+                    script.parent]
+    run = _run(cmd, {**child_env, **env})
     assert run.returncode == 0, run.stdout + run.stderr
     assert _streamed_text(run.stdout) == greedy_text
     assert "Traceback" not in run.stderr

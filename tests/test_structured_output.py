@@ -27,7 +27,6 @@ from engine.structured_output import (
     StructuredOutputRequest,
     StructuredOutputsConfig,
     StructuredOutputsParams,
-    apply_grammar_bitmask,
 )
 from engine.structured_output.backend_guidance import (
     GuidanceBackend,
@@ -44,7 +43,11 @@ from engine.structured_output.params import (
     STRUCTURAL_TAG_WRAPPER_NESTING,
 )
 from engine.structured_output.response_format import structured_outputs_from_response_format
-from engine.structured_output.utils import choice_as_grammar, compile_regex_with_timeout
+from engine.structured_output.utils import (
+    apply_grammar_bitmask,
+    choice_as_grammar,
+    compile_regex_with_timeout,
+)
 from engine.structured_output.validation import validate_structured_outputs
 from engine.tokenizer import Tokenizer
 

@@ -27,8 +27,8 @@ from engine.structured_output import (
     StructuredOutputManager,
     StructuredOutputRequest,
     StructuredOutputsParams,
-    apply_grammar_bitmask,
 )
+from engine.structured_output.utils import apply_grammar_bitmask
 from engine.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow

@@ -6,15 +6,19 @@ Every client has the same surface: `ready` (what the core reported at start-up),
 add_request, abort_requests, get_output (one step's EngineCoreOutputs), the utility calls
 make_stats and reset_prefix_cache, wakeup and shutdown. The in-process client runs a
 core step inside get_output; callers serialize its use (LLMEngine's owner holds a lock).
-Mode selection (vLLM's VLLM_ENABLE_V1_MULTIPROCESSING) is `use_multiprocessing`.
+Mode selection (vLLM's VLLM_ENABLE_V1_MULTIPROCESSING) is `use_multiprocessing`. The
+front end of a child core imports no torch (.agents/specs/torch-free-front-end.md): the
+in-process client's core and the mode's device check (engine/platforms.py) are imported
+or run only where needed.
 """
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
+from engine import platforms
 from engine.config import EngineConfig
-from engine.core.engine_core import EngineCore
 from engine.core.engine_core_messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -24,13 +28,17 @@ from engine.core.engine_core_messages import (
 from engine.errors import InvalidArgumentError
 from engine.tokenizer import Tokenizer
 
+if TYPE_CHECKING:
+    from engine.core.engine_core import EngineCore
+
 ENV_MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
-def use_multiprocessing(config: EngineConfig, device_type: str) -> bool:
+def use_multiprocessing(config: EngineConfig) -> bool:
     """config.multiprocessing if set, else VLLM_ENABLE_V1_MULTIPROCESSING if set, else
     on with CUDA and off on CPU (measured equal on CPU, where the child only costs a
-    second torch import and weights copy: docs/architecture.md, "Process model")."""
+    second torch import and weights copy: docs/architecture.md, "Process model"). The
+    device here is config.device, "auto" being CUDA when NVML reports a GPU."""
     if config.multiprocessing is not None:
         return config.multiprocessing
     env = os.environ.get(ENV_MULTIPROCESSING, "").strip()
@@ -38,7 +46,9 @@ def use_multiprocessing(config: EngineConfig, device_type: str) -> bool:
         if env not in ("0", "1"):
             raise InvalidArgumentError(f"{ENV_MULTIPROCESSING} must be 0 or 1, got {env!r}")
         return env == "1"
-    return device_type == "cuda"
+    if config.device == "auto":
+        return platforms.cuda_platform_available()
+    return config.device == "cuda"
 
 
 class EngineCoreClient:
@@ -50,10 +60,9 @@ class EngineCoreClient:
     @staticmethod
     def make_client(config: EngineConfig) -> tuple[EngineCoreClient, Tokenizer | None]:
         """The client for config's mode, and the front end's tokenizer."""
-        from engine.core.engine_core_load import load_tokenizer, resolve_device
-
-        if use_multiprocessing(config, resolve_device(config).type):
+        if use_multiprocessing(config):
             from engine.core.core_client_mp import SyncMPClient
+            from engine.model_source import load_tokenizer
 
             client = SyncMPClient(config)
             try:
@@ -61,6 +70,8 @@ class EngineCoreClient:
             except BaseException:
                 client.shutdown()
                 raise
+        from engine.core.engine_core import EngineCore
+
         core, tokenizer = EngineCore.from_config(config)
         return InprocClient(core), tokenizer
 

@@ -35,8 +35,10 @@ from engine.core.engine_core_messages import (
     EngineCoreStartupFailure,
     error_from_wire,
 )
-from engine.core.engine_core_proc import DEAD, FAILED, READY
 from engine.core.engine_core_utils import (
+    DEAD,
+    FAILED,
+    READY,
     CoreProcess,
     describe_exit,
     ipc_addresses,

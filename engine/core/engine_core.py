@@ -132,7 +132,8 @@ class EngineCore:
             max_num_seqs=config.max_num_seqs, async_scheduling=config.async_scheduling,
             cudagraph_capture_time_s=self.cudagraph_capture_time_s,
             default_sampling_params=get_diff_sampling_param(arch.generation_config),
-            memory_profile=dict(self.model_runner.memory_profile))
+            memory_profile=dict(self.model_runner.memory_profile),
+            device=device.type, dtype=str(dtype).removeprefix("torch."))
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, Tokenizer | None]:

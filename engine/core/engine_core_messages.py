@@ -93,6 +93,8 @@ class EngineCoreReady(msgspec.Struct, array_like=True, gc=False):
     cudagraph_capture_time_s: float
     default_sampling_params: dict  # the model's generation_config.json defaults
     memory_profile: dict  # bytes, gpu_worker's profile run and the graph pool (CUDA)
+    device: str  # "cuda" | "cpu", as the core resolved config.device
+    dtype: str  # "bfloat16" | "float16" | "float32", as the core resolved config.dtype
 
 
 class EngineCoreStartupFailure(msgspec.Struct, array_like=True, gc=False):

@@ -51,11 +51,11 @@ from engine.core.engine_core_messages import (
     EngineCoreStartupFailure,
     UtilityOutput,
 )
+from engine.core.engine_core_utils import DEAD, FAILED, READY
 from engine.core.serial_utils import MsgpackDecoder, MsgpackEncoder
 from engine.errors import VllmError
 from engine.executor.multiproc_executor import MultiprocExecutor
 
-READY, FAILED, DEAD = b"READY", b"FAILED", b"DEAD"
 UTILITY_METHODS = frozenset({"make_stats", "reset_prefix_cache", "peak_memory_bytes"})
 _PARENT_POLL_S = 0.5
 _STUCK_GRACE_S = 5.0  # a worker's death to DEAD when the busy loop does not get there

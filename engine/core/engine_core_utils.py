@@ -25,6 +25,8 @@ from engine.config import EngineConfig
 from engine.errors import VllmError
 
 ENV_PYTHON = "LIBVLLM_PYTHON"
+# the first frame of the child's messages on the output socket (engine_core_proc.py)
+READY, FAILED, DEAD = b"READY", b"FAILED", b"DEAD"
 
 
 @dataclasses.dataclass

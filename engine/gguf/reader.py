@@ -9,8 +9,11 @@ ends, in table order, so no two tensors overlap and no byte is unaccounted for. 
 the Python objects a header can ask for (tensors, keys, array elements in all), whatever the
 file size. The file is memory-mapped, never read whole; tensor data is handed out as
 zero-copy views of the mapping. Any malformed input raises
-ModelLoadError("<path>: <what> at offset N").
+ModelLoadError("<path>: <what> at offset N"). Reading metadata imports no torch (a front end
+loads its tokenizer from here: .agents/specs/torch-free-front-end.md); load_tensor does.
 """
+
+from __future__ import annotations
 
 import math
 import mmap
@@ -19,9 +22,9 @@ import stat
 import struct
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from engine.errors import ModelLoadError, UnsupportedError
 from engine.gguf.constants import (
@@ -36,7 +39,9 @@ from engine.gguf.constants import (
     GGMLType,
     GGUFValueType,
 )
-from engine.gguf.dequant import SUPPORTED_TYPES, dequantize
+
+if TYPE_CHECKING:
+    import torch
 
 SUPPORTED_VERSIONS = (2, 3)
 MAX_STRING_BYTES = 1 << 26
@@ -352,7 +357,7 @@ class GGUFReader:
             self.close()
             raise
 
-    def __enter__(self) -> "GGUFReader":
+    def __enter__(self) -> GGUFReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -382,9 +387,14 @@ class GGUFReader:
         return np.frombuffer(self._mm, dtype=np.uint8, count=info.nbytes, offset=info.offset)
 
     def load_tensor(
-        self, name: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+        self, name: str, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
     ) -> torch.Tensor:
-        """The tensor dequantized to `dtype` on `device`, shaped `shape`, in fresh memory."""
+        """The tensor dequantized to `dtype` (fp32 if None) on `device`, shaped `shape`, in
+        fresh memory."""
+        import torch
+
+        from engine.gguf.dequant import SUPPORTED_TYPES, dequantize
+
         info = self._info(name)
         if info.ggml_type not in SUPPORTED_TYPES:
             raise UnsupportedError(
@@ -398,4 +408,5 @@ class GGUFReader:
                 self._mm, dtype=torch.uint8, count=info.nbytes, offset=info.offset
             )  # [nbytes] uint8
         raw = raw.to(device)
-        return dequantize(raw, info.ggml_type, info.n_elements, dtype).view(info.shape)
+        return dequantize(raw, info.ggml_type, info.n_elements,
+                          dtype or torch.float32).view(info.shape)

@@ -1,11 +1,12 @@
 """Model loading: resolve a path, read a GGUF file or a Hugging Face directory, build the
 model and load its weights.
 
-Mirrors vllm/model_executor/model_loader/__init__.py (get_model_loader / load_model):
-a path is a .gguf file (or a directory holding exactly one), else a directory with
-config.json and safetensors files. Before any parameter memory is allocated, the model
-is built on the meta device and its parameter count checked against the elements the
-checkpoint actually holds, so a hostile config cannot ask for a giant allocation.
+Mirrors vllm/model_executor/model_loader/__init__.py (get_model_loader / load_model): a
+path is a .gguf file (or a directory holding exactly one), else a directory with
+config.json and safetensors files (engine/model_source.py resolve_model_path). Before
+any parameter memory is allocated, the model is built on the meta device and its
+parameter count checked against the elements the checkpoint actually holds, so a hostile
+config cannot ask for a giant allocation.
 load_format "dummy" (vLLM's DummyModelLoader, engine/model_loader/dummy_loader.py) reads
 config.json only and fills random weights on the target device. On CUDA, a GGUF file's
 quantized linear weights stay quantized (engine/model_loader/gguf_quant.py), under tensor
@@ -25,24 +26,9 @@ from engine.model_loader import gguf_hybrid, gguf_loader
 from engine.model_loader.dummy_loader import load_dummy_model
 from engine.model_loader.gguf_quant import keep_gguf_quantized
 from engine.model_loader.safetensors_loader import load_hf_model
+from engine.model_source import resolve_model_path
 from engine.models.config import ModelArchConfig
 from engine.models.registry import resolve_model_cls
-
-
-def resolve_model_path(path: str) -> tuple[str, str]:
-    """("gguf", file) or ("hf", directory) for `path`."""
-    if not os.path.exists(path):
-        raise ModelLoadError(f"model path does not exist: {path}")
-    if os.path.isfile(path):
-        return "gguf", path
-    ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
-    if len(ggufs) == 1:
-        return "gguf", os.path.join(path, ggufs[0])
-    if len(ggufs) > 1:
-        raise ModelLoadError(f"{path}: several .gguf files, pass one of them: {ggufs}")
-    if os.path.isfile(os.path.join(path, "config.json")):
-        return "hf", path
-    raise ModelLoadError(f"{path}: no model found (expected a .gguf file or config.json)")
 
 
 def build_model(cls: type[nn.Module], cfg: ModelArchConfig, checkpoint_numel: int

@@ -1,15 +1,18 @@
 """Sampler outputs: the sampler-side part of vllm/v1/outputs.py.
 
-LogprobsTensors stay on the logits' device; LogprobsLists are their host copy, made
-once per step at the end of ModelRunner.execute_model. Column 0 of every row is the
-sampled (or, for prompt logprobs, the actual next prompt) token, then the top-k.
+LogprobsTensors stay on the logits' device; LogprobsLists are their host copy, made once
+per step at the end of ModelRunner.execute_model. The front end imports the lists only,
+so torch is imported where tensors are joined (.agents/specs/torch-free-front-end.md).
+Column 0 of every row is the sampled (or, for prompt logprobs, the actual next prompt)
+token, then the top-k.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class LogprobsTensors(NamedTuple):
@@ -19,6 +22,8 @@ class LogprobsTensors(NamedTuple):
 
     @staticmethod
     def cat(parts: list[LogprobsTensors]) -> LogprobsTensors:
+        import torch
+
         return LogprobsTensors(*(torch.cat(t) for t in zip(*parts, strict=True)))
 
     def tolists(self, cu_num_generated_tokens: list[int] | None = None) -> LogprobsLists:

@@ -9,8 +9,11 @@ bitmasks having the same packed layout.
 
 Per step (see .agents/specs/structured-output.md):
     bitmask = manager.grammar_bitmask(so_requests)        # int32 [n, ceil(V/32)], CPU
-    apply_grammar_bitmask(logits, bitmask, rows)          # before sampling
+    apply_grammar_bitmask(logits, bitmask, rows)          # before sampling (utils.py)
     ok = manager.accept_tokens(so_request, [token_id])    # after sampling
+
+The package imports no torch (the front end reaches params.py through it:
+.agents/specs/torch-free-front-end.md); the bitmask does, when first built.
 """
 
 from __future__ import annotations
@@ -20,16 +23,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-import torch
-
 from engine.errors import InvalidArgumentError, VllmError
 from engine.structured_output.backend_types import StructuredOutputBackend
 from engine.structured_output.config import StructuredOutputsConfig
 from engine.structured_output.params import StructuredOutputsParams
 from engine.structured_output.request import StructuredOutputRequest
-from engine.structured_output.utils import apply_grammar_bitmask
 
 if TYPE_CHECKING:
+    import torch
+
     from engine.reasoning import ReasoningParser
 
 __all__ = [
@@ -37,7 +39,6 @@ __all__ = [
     "StructuredOutputRequest",
     "StructuredOutputsConfig",
     "StructuredOutputsParams",
-    "apply_grammar_bitmask",
 ]
 
 
@@ -124,6 +125,8 @@ class StructuredOutputManager:
 
     def grammar_bitmask(self, requests: list[StructuredOutputRequest]) -> torch.Tensor:
         """One int32 row per request (grammars must be ready): allowed next tokens."""
+        import torch
+
         words = (self.vocab_size + 31) // 32
         bitmask = torch.full((len(requests), words), -1, dtype=torch.int32)
         for row, request in enumerate(requests):
