@@ -5,7 +5,10 @@ The front end chooses the engine-core mode with it (engine/core/core_client.py):
 core on CUDA, in process on the CPU. The core itself resolves its device with torch
 (engine/core/engine_core_load.py resolve_device), so a GPU that NVML reports but torch
 cannot use (a CPU-only torch build, CUDA_VISIBLE_DEVICES="") gives a child core on the
-CPU. NVML (libnvidia-ml.so.1) ships with every NVIDIA driver; no package is needed.
+CPU. NVML (libnvidia-ml.so.1) ships with every NVIDIA driver; no package is needed. Where
+it cannot be loaded (no driver, or a container given the driver's compute libraries only)
+torch answers, as before this module: a CPU machine imports torch for its in-process core
+anyway.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ def cuda_platform_available() -> bool:
     """True when the NVIDIA driver reports at least one GPU."""
     try:
         nvml = _load_nvml()
-    except OSError:  # no driver on this machine
-        return False
+    except OSError:
+        import torch
+
+        return torch.cuda.is_available()
     if nvml.nvmlInit_v2() != 0:
         return False
     try:

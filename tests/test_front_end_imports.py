@@ -134,12 +134,16 @@ def test_cuda_platform_from_nvml(monkeypatch, init_status, count, want):
     assert nvml.shutdowns == (init_status == 0)
 
 
-def test_no_nvml_library_means_no_cuda(monkeypatch):
+@pytest.mark.parametrize("cuda", [False, True])
+def test_without_nvml_torch_answers(monkeypatch, cuda):
+    import torch
+
     def missing(name):
         raise OSError(f"{name}: cannot open shared object file")
 
     monkeypatch.setattr(ctypes, "CDLL", missing)
-    assert platforms.cuda_platform_available() is False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert platforms.cuda_platform_available() is cuda
 
 
 def test_cuda_requested_without_cuda_is_refused_by_the_core(model_path):

@@ -2,9 +2,9 @@
 
 Mirrors the subset of vllm/engine/arg_utils.py (EngineArgs.add_cli_args) that
 engine.config.EngineConfig has. The engine (and torch, where it runs in this process) is
-imported only when the engine is built, so `startup` can time those imports. Helpers shared by the offline benchmarks:
-building the engine, running a list of token-id requests to completion (vLLM's
-LLM.generate), and the peak GPU memory line.
+imported only when the engine is built, so `startup` can time those imports. Helpers
+shared by the offline benchmarks: building the engine, running a list of token-id
+requests to completion (vLLM's LLM.generate), and the peak GPU memory line.
 """
 
 from __future__ import annotations
