@@ -6,12 +6,15 @@ the token counts are what the workload asks for."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import re
+from pathlib import Path
 
 import pytest
 
-from examples.bench import jit_phases, profile_run, profile_step, suite
+from examples.bench import jit_phases, profile_run, profile_step, startup, suite
 from examples.bench.__main__ import main
 
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
@@ -128,14 +131,48 @@ def test_profile_run(tiny, tmp_path, concurrency, steps, buckets):
     assert json.loads((tmp_path / name).read_text()) == res
 
 
-def test_startup(tiny, capsys):
-    res = main(["startup", *_engine_flags(tiny)])
+def test_startup_cold_and_warm(tiny, tmp_path, capsys):
+    """vllm bench startup (tests/benchmarks/test_bench_startup.py runs the command; here
+    with few iterations): each iteration a fresh process, vLLM's keys and lines."""
+    out = tmp_path / "startup.json"
+    res = main(["startup", "--num-iters-cold", "2", "--num-iters-warmup", "0",
+                "--num-iters-warm", "1", "--output-json", str(out), *_engine_flags(tiny)])
     text = capsys.readouterr().out
-    assert res["total_startup_time"] == pytest.approx(
-        res["import_time"] + res["engine_init_time"] + res["first_token_time"])
-    assert re.search(rf"^Startup time: {FLOAT} seconds$", text, re.M)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(res))
+    for phase, n in (("cold", 2), ("warm", 1)):
+        totals = res[f"{phase}_startup_times"]
+        assert len(totals) == n and all(t > 0 for t in totals)
+        assert res[f"avg_{phase}_startup_time"] == pytest.approx(sum(totals) / n)
+        for i, total in enumerate(totals):  # the phases of every iteration add up
+            assert total == pytest.approx(sum(res[f"{phase}_{m}_times"][i] for m in (
+                "import", "engine_init", "first_token")))
+        assert res[f"{phase}_cudagraph_capture_times"] == [0.0] * n  # no graphs on CPU
+        percentiles = list(res[f"{phase}_startup_percentiles"].values())
+        assert list(res[f"{phase}_startup_percentiles"]) == [10, 25, 50, 75, 90, 99]
+        assert percentiles == sorted(percentiles)
+    assert re.search(rf"^COLD STARTUP:\nAvg startup time: {FLOAT} seconds$", text, re.M)
+    assert re.search(rf"^WARM STARTUP:\nAvg startup time: {FLOAT} seconds$", text, re.M)
+    assert re.search(rf"^  50%: {FLOAT} seconds$", text, re.M)
 
 
+def test_cold_startup_gives_an_empty_triton_cache_of_its_own(monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/users/cache")
+    with startup.cold_startup() as first:
+        assert os.environ["TRITON_CACHE_DIR"] == first and os.listdir(first) == []
+        (Path(first) / "kernel.cubin").write_bytes(b"compiled")
+    assert not os.path.exists(first) and os.environ["TRITON_CACHE_DIR"] == "/users/cache"
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    with startup.cold_startup() as second:
+        assert second != first and os.listdir(second) == []
+    assert "TRITON_CACHE_DIR" not in os.environ
+
+
+def test_startup_iteration_failure_is_reported(tmp_path):
+    parser = argparse.ArgumentParser()
+    startup.add_cli_args(parser)
+    args = parser.parse_args(["--model", str(tmp_path / "absent"), "--device", "cpu"])
+    with pytest.raises(RuntimeError, match="(?s)startup iteration failed.*does not exist"):
+        startup.run_iteration(args)
 def test_suite_step_and_table(tiny, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(suite, "MODELS", tiny.parent)
     monkeypatch.setattr(suite, "COMMON", [*suite.COMMON, "--device", "cpu", "--dtype", "float32"])

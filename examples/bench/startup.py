@@ -1,8 +1,8 @@
-"""`python -m examples.bench startup`: start-up to the first token, in this process.
+"""`python -m examples.bench startup`: cold and warm start-up to the first token, as
+vllm/benchmarks/startup.py (`vllm bench startup`).
 
-vllm/benchmarks/startup.py times LLM construction (weights, compile, CUDA-graph capture)
-in fresh subprocesses. Ours times one fresh process (run it as its own command) in
-phases, from before `import torch` to the first sampled token of a one-token request:
+Each iteration is a fresh python process (vLLM: a spawned process), timed in phases from
+before the engine's import to the first sampled token of a one-token request:
 
     Import time:        the engine modules a host imports (engine.llm_engine; with the
                         core in a child process, as on CUDA, torch is not among them)
@@ -12,26 +12,58 @@ phases, from before `import torch` to the first sampled token of a one-token req
                         --input-len prompt comes back
     Startup time:       the sum (what a user waits for the first token)
 
---output-json writes those four numbers (seconds).
+vLLM times LLM construction only, its core in process; ours keeps the engine's default
+mode and the imports and first token in the total (issue 13's start-up row). Cold
+iterations run with an empty Triton cache of their own (vLLM: a fresh VLLM_CACHE_ROOT and
+inductor cache; Triton's is the compile cache this engine has), then --num-iters-warmup
+iterations fill the default cache and --num-iters-warm iterations use it. Printed and
+written (--output-json) with vLLM's keys: avg_<phase>_<metric>_time, <phase>_<metric>_times,
+<phase>_<metric>_percentiles, for the metrics startup, import, engine_init, first_token
+and cudagraph_capture.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
+
+import numpy as np
 
 from examples.bench import engine_args
 
-PHASES = (("import_time", "Import time"), ("engine_init_time", "Engine init time"),
-          ("first_token_time", "First token time"), ("total_startup_time", "Startup time"))
+PERCENTAGES = [10, 25, 50, 75, 90, 99]
+# (iteration key, metric name in the result keys, printed name), vLLM's MetricDesc
+METRICS = (("total_startup_time", "startup", "startup time"),
+           ("import_time", "import", "import time"),
+           ("engine_init_time", "engine_init", "engine init time"),
+           ("first_token_time", "first_token", "first token time"),
+           ("cudagraph_capture_time", "cudagraph_capture", "CUDA graph capture time"))
+_RESULT = "STARTUP_ITERATION "  # the line an iteration's process prints its times on
+
+
+def add_start_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of one timed start (also examples/bench/startup_phases.py's)."""
+    parser.add_argument("--input-len", type=int, default=32)
+    engine_args.add_engine_args(parser)
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--input-len", type=int, default=32)
+    parser.add_argument("--num-iters-cold", type=int, default=3,
+                        help="Number of cold startup iterations.")
+    parser.add_argument("--num-iters-warmup", type=int, default=1,
+                        help="Number of warmup iterations before benchmarking warm startups.")
+    parser.add_argument("--num-iters-warm", type=int, default=3,
+                        help="Number of warm startup iterations.")
     parser.add_argument("--output-json", default=None,
                         help="Path to save the startup time results in JSON format.")
-    engine_args.add_engine_args(parser)
+    add_start_args(parser)
 
 
 def timed_start(args: argparse.Namespace, input_len: int = 32) -> tuple[object, dict]:
@@ -46,13 +78,88 @@ def timed_start(args: argparse.Namespace, input_len: int = 32) -> tuple[object, 
     engine_args.generate(engine, [prompt], [engine_args.sampling_params(1)], "startup")
     t3 = time.perf_counter()
     return engine, {"import_time": t1 - t0, "engine_init_time": t2 - t1,
-                    "first_token_time": t3 - t2, "total_startup_time": t3 - t0}
+                    "first_token_time": t3 - t2, "total_startup_time": t3 - t0,
+                    "cudagraph_capture_time": engine.cudagraph_capture_time_s}
+
+
+@contextlib.contextmanager
+def cold_startup():
+    """An empty Triton cache directory of its own for what runs inside (vLLM's
+    cold_startup), removed afterwards; the previous TRITON_CACHE_DIR comes back."""
+    saved = os.environ.get("TRITON_CACHE_DIR")
+    cache = tempfile.mkdtemp(prefix="libvllm_startup_bench_cold_")
+    try:
+        os.environ["TRITON_CACHE_DIR"] = cache
+        yield cache
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+        if saved is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = saved
+
+
+def run_iteration(args: argparse.Namespace) -> dict:
+    """One start in a fresh python process (this environment); its phase times."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    code = "from examples.bench import startup; startup.iteration_main()"
+    run = subprocess.run([sys.executable, "-c", code], input=json.dumps(vars(args)),
+                         capture_output=True, text=True, env=env)
+    lines = [line for line in run.stdout.splitlines() if line.startswith(_RESULT)]
+    if run.returncode != 0 or not lines:
+        raise RuntimeError(f"startup iteration failed (exit {run.returncode}):\n{run.stderr}")
+    return json.loads(lines[-1].removeprefix(_RESULT))
+
+
+def iteration_main() -> None:
+    """The iteration's process: flags as JSON on stdin, times on one stdout line."""
+    args = argparse.Namespace(**json.load(sys.stdin))
+    engine, times = timed_start(args, args.input_len)
+    engine.shutdown()
+    print(_RESULT + json.dumps(times), flush=True)
+
+
+def summarize(phase: str, iterations: list[dict]) -> dict:
+    """vLLM's result keys for every metric of one phase ("cold" / "warm")."""
+    results: dict = {}
+    for key, metric, _ in METRICS:
+        values = [it[key] for it in iterations]
+        name = f"{phase}_{metric}"
+        results[f"avg_{name}_time"] = float(np.mean(values))
+        results[f"{name}_times"] = values
+        results[f"{name}_percentiles"] = dict(zip(
+            PERCENTAGES, np.percentile(values, PERCENTAGES).tolist(), strict=True))
+    return results
+
+
+def _print_phase(title: str, phase: str, results: dict) -> None:
+    print(f"\n{title}:")
+    for _, metric, display in METRICS:
+        print(f"Avg {display}: {results[f'avg_{phase}_{metric}_time']:.2f} seconds")
+    print("Startup time percentiles:")
+    for pct, value in results[f"{phase}_startup_percentiles"].items():
+        print(f"  {pct}%: {value:.2f} seconds")
 
 
 def main(args: argparse.Namespace) -> dict:
-    _, results = timed_start(args, args.input_len)
-    for key, name in PHASES:
-        print(f"{name}: {results[key]:.2f} seconds")
+    cold, warm = [], []
+    for i in range(args.num_iters_cold):
+        print(f"Cold startup iteration {i + 1}/{args.num_iters_cold}", flush=True)
+        with cold_startup():
+            cold.append(run_iteration(args))
+    for i in range(args.num_iters_warmup):
+        print(f"Warmup iteration {i + 1}/{args.num_iters_warmup}", flush=True)
+        run_iteration(args)
+    for i in range(args.num_iters_warm):
+        print(f"Warm startup iteration {i + 1}/{args.num_iters_warm}", flush=True)
+        warm.append(run_iteration(args))
+    results = {**(summarize("cold", cold) if cold else {}),
+               **(summarize("warm", warm) if warm else {})}
+    print("\n" + "=" * 60 + "\nSTARTUP TIME BENCHMARK RESULTS\n" + "=" * 60)
+    for title, phase, its in (("COLD STARTUP", "cold", cold), ("WARM STARTUP", "warm", warm)):
+        if its:
+            _print_phase(title, phase, results)
+    print("=" * 60)
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(results, f, indent=4)

@@ -73,7 +73,7 @@ def _timed_context(name: str, cm):
 def main(argv: list[str]) -> dict:
     parser = argparse.ArgumentParser()
     parser.add_argument("--graph-warmups", type=int, default=None)
-    startup.add_cli_args(parser)
+    startup.add_start_args(parser)
     args = parser.parse_args(argv)
     phases.clear()
     compiles.update(pool=0, waited=0)
