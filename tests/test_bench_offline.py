@@ -173,6 +173,13 @@ def test_startup_iteration_failure_is_reported(tmp_path):
     args = parser.parse_args(["--model", str(tmp_path / "absent"), "--device", "cpu"])
     with pytest.raises(RuntimeError, match="(?s)startup iteration failed.*does not exist"):
         startup.run_iteration(args)
+    args.iteration_timeout = 0.01
+    with pytest.raises(RuntimeError, match="startup iteration took over 0.01 s"):
+        startup.run_iteration(args)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--num-iters-cold", "-1"])
+
+
 def test_suite_step_and_table(tiny, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(suite, "MODELS", tiny.parent)
     monkeypatch.setattr(suite, "COMMON", [*suite.COMMON, "--device", "cpu", "--dtype", "float32"])

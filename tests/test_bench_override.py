@@ -69,3 +69,5 @@ def test_commands_run_in_process() -> None:
         "--no-multiprocessing") == 1
     with pytest.raises(SystemExit, match="drop --multiprocessing"):
         override.in_process(["latency", "--multiprocessing"])
+    with pytest.raises(SystemExit, match="fresh process"):
+        override.in_process(["startup", "--no-multiprocessing"])

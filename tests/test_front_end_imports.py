@@ -49,8 +49,9 @@ def _summaries(engine: LLMEngine) -> dict:
 
 
 def _front_end(model: str) -> dict:
-    """In the child: a front end on device "auto" with its core in a child of its own."""
-    engine = LLMEngine.from_config(EngineConfig(model, max_model_len=256, multiprocessing=True))
+    """In the child: a front end with its core in a child of its own."""
+    engine = LLMEngine.from_config(EngineConfig(model, device="cpu", max_model_len=256,
+                                                multiprocessing=True))
     try:
         ready, info = engine.engine_core.ready, engine.model_info
         return {"multiprocess": engine.is_multiprocess, "torch": sys.modules["torch"],

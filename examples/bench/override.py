@@ -1,5 +1,6 @@
-"""`python -m examples.bench.override <latency|throughput|startup> [flags]`: an examples.bench
-command with kernel launch configs replaced from the environment, for end-to-end sweeps.
+"""`python -m examples.bench.override <latency|throughput> [flags]`: an examples.bench
+command with kernel launch configs replaced from the environment, for end-to-end sweeps
+(not `startup`, whose iterations run in fresh processes).
 
 A kernel sweep (examples/bench/kernels.py --sweep, benchmark_moe.py --gemv-sweep) times one
 kernel alone, its weights often warm in L2; a decode step streams every layer's weights from
@@ -69,6 +70,9 @@ def apply(env: Mapping[str, str]) -> None:
 
 def in_process(argv: list[str]) -> list[str]:
     """argv with --no-multiprocessing (a --multiprocessing request is an error here)."""
+    if argv[:1] == ["startup"]:
+        raise SystemExit("override: startup runs each iteration in a fresh process, which "
+                         "would not see the replaced configs; use latency or throughput")
     if "--multiprocessing" in argv:
         raise SystemExit("override: the replaced configs live in this process; "
                          "drop --multiprocessing")

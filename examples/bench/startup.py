@@ -34,8 +34,6 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 from examples.bench import engine_args
 
 PERCENTAGES = [10, 25, 50, 75, 90, 99]
@@ -54,13 +52,22 @@ def add_start_args(parser: argparse.ArgumentParser) -> None:
     engine_args.add_engine_args(parser)
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--num-iters-cold", type=int, default=3,
+    parser.add_argument("--num-iters-cold", type=_count, default=3,
                         help="Number of cold startup iterations.")
-    parser.add_argument("--num-iters-warmup", type=int, default=1,
+    parser.add_argument("--num-iters-warmup", type=_count, default=1,
                         help="Number of warmup iterations before benchmarking warm startups.")
-    parser.add_argument("--num-iters-warm", type=int, default=3,
+    parser.add_argument("--num-iters-warm", type=_count, default=3,
                         help="Number of warm startup iterations.")
+    parser.add_argument("--iteration-timeout", type=float, default=1800.0,
+                        help="Seconds one iteration may take before the benchmark fails.")
     parser.add_argument("--output-json", default=None,
                         help="Path to save the startup time results in JSON format.")
     add_start_args(parser)
@@ -103,11 +110,18 @@ def run_iteration(args: argparse.Namespace) -> dict:
     """One start in a fresh python process (this environment); its phase times."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     code = "from examples.bench import startup; startup.iteration_main()"
-    run = subprocess.run([sys.executable, "-c", code], input=json.dumps(vars(args)),
-                         capture_output=True, text=True, env=env)
+    try:
+        run = subprocess.run([sys.executable, "-c", code], input=json.dumps(vars(args)),
+                             capture_output=True, text=True, env=env,
+                             timeout=args.iteration_timeout)
+    except subprocess.TimeoutExpired as e:  # its captured output is bytes, whatever `text`
+        output = b"\n".join(o for o in (e.stdout, e.stderr) if o)
+        raise RuntimeError(f"startup iteration took over {args.iteration_timeout} s:\n"
+                           f"{output.decode(errors='replace')}") from None
     lines = [line for line in run.stdout.splitlines() if line.startswith(_RESULT)]
     if run.returncode != 0 or not lines:
-        raise RuntimeError(f"startup iteration failed (exit {run.returncode}):\n{run.stderr}")
+        raise RuntimeError(f"startup iteration failed (exit {run.returncode}):\n"
+                           f"{run.stdout}\n{run.stderr}")
     return json.loads(lines[-1].removeprefix(_RESULT))
 
 
@@ -121,6 +135,8 @@ def iteration_main() -> None:
 
 def summarize(phase: str, iterations: list[dict]) -> dict:
     """vLLM's result keys for every metric of one phase ("cold" / "warm")."""
+    import numpy as np  # not at the top: an iteration's process times its imports
+
     results: dict = {}
     for key, metric, _ in METRICS:
         values = [it[key] for it in iterations]

@@ -1,9 +1,9 @@
-"""`python examples/bench/startup_phases.py [--graph-warmups N] [startup flags]`: where the
+"""`python examples/bench/startup_phases.py [--graph-warmups N] [start flags]`: where the
 start-up to the first token goes, in process (the engine core in this process, so the
 timers and Triton's hooks see it; VLLM_ENABLE_V1_MULTIPROCESSING=0).
 
-Runs `examples.bench startup` (examples/bench/startup.py) with timers around the engine
-core's phases and prints one line
+Runs one timed start of `examples.bench startup` (examples/bench/startup.py timed_start)
+in this process, with timers around the engine core's phases, and prints one line
 
     STARTUP {"engine_init_time": ..., "load": ..., "profile": ..., "precompile_profile": ...,
              "capture_model": ..., "precompile_capture": ..., "compiles": {...}, ...}
