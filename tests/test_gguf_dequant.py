@@ -2,6 +2,9 @@
 
 Oracle: gguf.quants.dequantize (the gguf package's numpy port of ggml-quants.c) on the same
 bytes; for Q8_K, which that package lacks, the ggml formula y = d * q written out in numpy.
+The IQ*, TQ* and MXFP4 types are dequantized by gguf.quants itself: blocks built by hand
+from llama.cpp's ggml-common.h tables (kvalues_iq4nl, kvalues_mxfp4, iq2xxs_grid[0], the
+ternary digits) check their values independently of it.
 Inputs: values quantized by gguf.quants.quantize where the package can quantize the type, and
 random block bytes (all bit patterns) with finite fp16 scale fields for every type. The type
 table is checked against gguf.GGML_QUANT_SIZES.
@@ -15,7 +18,7 @@ import torch
 from engine.errors import InvalidArgumentError, UnsupportedError
 from engine.gguf import dequant
 from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
-from engine.gguf.dequant import SUPPORTED_TYPES, dequantize, dequantize_rows
+from engine.gguf.dequant import GGUF_PY_TYPES, SUPPORTED_TYPES, dequantize, dequantize_rows
 
 # Byte offsets of the fp16 scale fields inside one block, per quantized type.
 FP16_FIELDS = {
@@ -29,7 +32,21 @@ FP16_FIELDS = {
     GGMLType.Q4_K: (0, 2),
     GGMLType.Q5_K: (0, 2),
     GGMLType.Q6_K: (208,),
+    GGMLType.IQ2_XXS: (0,),
+    GGMLType.IQ2_XS: (0,),
+    GGMLType.IQ2_S: (0,),
+    GGMLType.IQ3_XXS: (0,),
+    GGMLType.IQ3_S: (0,),
+    GGMLType.IQ1_S: (0,),
+    GGMLType.IQ4_NL: (0,),
+    GGMLType.IQ4_XS: (0,),
+    GGMLType.TQ1_0: (52,),
+    GGMLType.TQ2_0: (64,),
 }
+# GGUF_PY_TYPES are dequantized by gguf.quants itself: the random-bytes comparison checks
+# their wiring only; the hand-built blocks below check their values from ggml-common.h.
+KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+KVALUES_MXFP4 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)  # e2m1, doubled
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 QUANTIZABLE = (
     GGMLType.F16,
@@ -65,7 +82,9 @@ def reference(raw: np.ndarray, ggml_type: GGMLType) -> np.ndarray:
         d = blocks[:, 0:4].copy().view(np.float32)  # [n, 1]
         q = blocks[:, 4:260].copy().view(np.int8).astype(np.float32)  # [n, 256]
         return (d * q).reshape(-1)
-    return gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(ggml_type))).reshape(-1)
+    with np.errstate(all="ignore"):  # random IQ1_M scales may overflow, as in ggml
+        return gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(ggml_type))
+                                      ).reshape(-1)
 
 
 def ours(raw: np.ndarray, ggml_type: GGMLType, n_elements: int) -> np.ndarray:
@@ -142,7 +161,70 @@ def test_result_does_not_alias_input():
     assert raw.view(torch.float32).tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
-@pytest.mark.parametrize("ggml_type", [GGMLType.IQ2_XXS, GGMLType.Q8_1, GGMLType.I32, 999])
+def _block(*fields: bytes) -> np.ndarray:
+    return np.frombuffer(b"".join(fields), dtype=np.uint8).copy()
+
+
+def _f16(x: float) -> bytes:
+    return np.float16(x).tobytes()
+
+
+def test_iq4_nl_block_by_hand():
+    """dequantize_row_iq4_nl: y[j] = d kvalues[qs[j] & 15], y[j + 16] = d kvalues[qs[j] >> 4]."""
+    qs = bytes(j | (15 - j) << 4 for j in range(16))
+    got = ours(_block(_f16(0.5), qs), GGMLType.IQ4_NL, 32)
+    want = [0.5 * KVALUES_IQ4NL[j] for j in range(16)] + \
+        [0.5 * KVALUES_IQ4NL[15 - j] for j in range(16)]
+    assert got.tolist() == want
+
+
+def test_mxfp4_block_by_hand():
+    """dequantize_row_mxfp4: d = GGML_E8M0_TO_FP32_HALF(e) = 2^(e - 128) for e >= 2."""
+    qs = bytes(j | (15 - j) << 4 for j in range(16))
+    got = ours(_block(bytes([130]), qs), GGMLType.MXFP4, 32)
+    assert got.tolist() == [4.0 * KVALUES_MXFP4[j] for j in range(16)] + \
+        [4.0 * KVALUES_MXFP4[15 - j] for j in range(16)]
+
+
+def test_iq4_xs_block_by_hand():
+    """dequantize_row_iq4_xs: sub-block ib's scale ls = 4 low bits of scales_l[ib / 2]
+    (nibble ib % 2) | 2 bits of scales_h << 4, dl = d * (ls - 32)."""
+    scales_h = np.uint16(0b01 << 2 * 7).tobytes()  # sub-block 7: +16
+    raw = _block(_f16(1.0), scales_h, bytes([0x21] * 4), bytes([0x98] * 128))
+    got = ours(raw, GGMLType.IQ4_XS, 256).reshape(8, 32)
+    for ib in range(8):
+        dl = (1 if ib % 2 == 0 else 2) + (16 if ib == 7 else 0) - 32
+        assert got[ib].tolist() == [dl * KVALUES_IQ4NL[8]] * 16 + [dl * KVALUES_IQ4NL[9]] * 16
+
+
+def test_ternary_blocks_by_hand():
+    """TQ2_0: 2-bit digits q, y = (q - 1) d, bit pair l of byte j*32 + m -> y[j*128 + l*32 + m];
+    TQ1_0: all-zero base-3 digits are -1 (y = -d)."""
+    got = ours(_block(bytes([0b11100100] * 64), _f16(0.5)), GGMLType.TQ2_0, 256)
+    assert got.tolist() == ([-0.5] * 32 + [0.0] * 32 + [0.5] * 32 + [1.0] * 32) * 2
+    got = ours(_block(bytes(48 + 4), _f16(2.0)), GGMLType.TQ1_0, 256)
+    assert got.tolist() == [-2.0] * 256
+
+
+def test_iq2_xxs_zero_block_by_hand():
+    """iq2xxs_grid[0] is eight 8s, ksigns_iq2xs[0] no sign, scale nibble 0:
+    y = d * (0.5 + 0) * 0.25 * 8 = d for all 256 values."""
+    assert ours(_block(_f16(3.0), bytes(64)), GGMLType.IQ2_XXS, 256).tolist() == [3.0] * 256
+
+
+@pytest.mark.parametrize("ggml_type", GGUF_PY_TYPES, ids=lambda t: t.name)
+def test_gguf_py_types_keep_device_dtype_and_chunks(ggml_type, monkeypatch):
+    block_size = GGML_TYPE_TRAITS[ggml_type].block_size
+    monkeypatch.setattr(dequant, "_CHUNK_ELEMENTS", 2 * block_size)  # 2 blocks a chunk
+    raw = random_blocks(ggml_type, 5, seed=ggml_type)
+    want = torch.from_numpy(reference(raw, ggml_type)).to(torch.bfloat16)
+    got = dequantize(torch.from_numpy(raw), ggml_type, 5 * block_size, torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and got.device == torch.device("cpu")
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("ggml_type", [GGMLType.NVFP4, GGMLType.Q1_0, GGMLType.Q8_1,
+                                       GGMLType.I32, 999])
 def test_unsupported_type(ggml_type):
     with pytest.raises(UnsupportedError, match="not supported"):
         dequantize(torch.zeros(1024, dtype=torch.uint8), ggml_type, 256)

@@ -187,7 +187,7 @@ def test_tensor_info_and_errors_on_lookup(tmp_path):
         r.load_tensor("x")
 
 
-@pytest.mark.parametrize("ggml_type", [QT.IQ2_XXS, QT.Q8_1, QT.I32, QT.TQ2_0])
+@pytest.mark.parametrize("ggml_type", [QT.NVFP4, QT.Q8_1, QT.I32, QT.Q1_0])
 def test_unimplemented_type_parses_but_load_is_unsupported(tmp_path, ggml_type):
     block, size = gguf.GGML_QUANT_SIZES[ggml_type]
     content = build(tensors=[tinfo("blk.0.x", [block], int(ggml_type))], data=bytes(size))

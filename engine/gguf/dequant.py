@@ -4,11 +4,16 @@ Mirrors the dequantize_row_* functions of llama.cpp ggml/src/ggml-quants.c. Each
 the raw bytes viewed as [n_blocks, type_size] uint8 and returns [n_blocks, block_size] float32,
 vectorized over blocks: fields are byte slices, packed bits are unpacked with shifts and masks,
 and the float arithmetic is done in the same order as the reference so results are bit-exact
-with gguf.quants.dequantize (the gguf package's numpy port of ggml-quants.c).
+with gguf.quants.dequantize (the gguf package's numpy port of ggml-quants.c). The
+importance-matrix, ternary and MXFP4 types (GGUF_PY_TYPES), which have no GGUF kernel here and
+are only dequantized at load, go through gguf.quants itself on the host
+(.agents/specs/gguf-iq-dequant.md).
 """
 
 from collections.abc import Callable
 
+import gguf.quants
+import numpy as np
 import torch
 
 from engine.errors import InvalidArgumentError, UnsupportedError
@@ -192,6 +197,23 @@ _KERNELS: dict[GGMLType, Callable[[torch.Tensor], torch.Tensor]] = {
     GGMLType.Q8_K: _q8_k,
 }
 
+GGUF_PY_TYPES = (GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS,
+                 GGMLType.IQ3_S, GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.IQ4_NL,
+                 GGMLType.IQ4_XS, GGMLType.TQ1_0, GGMLType.TQ2_0, GGMLType.MXFP4)
+
+
+def _gguf_py(ggml_type: GGMLType) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A kernel over gguf.quants.dequantize: blocks to the host and back as float32."""
+    qtype = gguf.GGMLQuantizationType(int(ggml_type))
+
+    def kernel(blocks: torch.Tensor) -> torch.Tensor:
+        with np.errstate(all="ignore"):  # inf / NaN scales give inf / NaN, as in ggml
+            out = gguf.quants.dequantize(blocks.cpu().numpy(), qtype)  # [n, block_size]
+        return torch.from_numpy(out).to(blocks.device)
+    return kernel
+
+
+_KERNELS.update({t: _gguf_py(t) for t in GGUF_PY_TYPES})
 SUPPORTED_TYPES: frozenset[int] = frozenset(_KERNELS)
 
 
