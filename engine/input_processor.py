@@ -53,7 +53,7 @@ class InputProcessor:
                 raise InvalidArgumentError(
                     f"min_tokens must be less than or equal to max_tokens={sp.max_tokens}, "
                     f"got {sp.min_tokens}.")
-        sp.update_from_generation_config(self.eos_token_id)
+        sp.update_from_generation_config(self.ready.generation_config, self.eos_token_id)
         if self.tokenizer is not None:
             sp.update_from_tokenizer(self.tokenizer)
         if sp.structured_outputs is not None:  # vLLM's _validate_structured_output

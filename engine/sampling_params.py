@@ -186,11 +186,22 @@ class SamplingParams:
             if any(not 0 <= t < vocab_size for t in self.allowed_token_ids):
                 raise InvalidArgumentError("allowed_token_ids contains out-of-vocab token id!")
 
-    def update_from_generation_config(self, eos_token_id: int | None) -> None:
+    def update_from_generation_config(self, generation_config: dict,
+                                      eos_token_id: int | None = None) -> None:
+        """The tokenizer's eos, and generation_config.json's eos_token_id (an int or a list)
+        as stop ids but for that eos (vLLM: Llama 3 Instruct lists <|eot_id|> there)."""
         if not self.ignore_eos:
             self._eos_token_id = eos_token_id
         if eos_token_id is not None:  # min_tokens also masks eos
             self._all_stop_token_ids.add(eos_token_id)
+        if (eos_ids := generation_config.get("eos_token_id")) is not None:
+            eos_ids = {eos_ids} if isinstance(eos_ids, int) else set(eos_ids)
+            eos_ids.discard(eos_token_id)  # stopped on by the eos check itself
+            if eos_ids:
+                self._all_stop_token_ids.update(eos_ids)
+                if not self.ignore_eos:
+                    eos_ids.update(self.stop_token_ids)
+                    self.stop_token_ids = list(eos_ids)
 
     def update_from_tokenizer(self, tokenizer) -> None:
         """Bad words -> token id sequences, each word with and without a leading space

@@ -80,6 +80,22 @@ def test_dummy_engine_through_the_abi(api, tmp_path):
         lib.vllm_engine_free(e)
 
 
+def test_model_info_eog_lists_the_generation_config_eos_ids(api, tmp_path):
+    """vllm_model_info.eog_token_ids: "EOS and the model's generation_config stop tokens"
+    (vllm.h), here generation_config.json's eos_token_id list (no tokenizer, so no EOS)."""
+    path = write_config(tmp_path, "LlamaForCausalLM")
+    (Path(path) / "generation_config.json").write_text(json.dumps({"eos_token_id": [9, 3]}))
+    ffi, lib = api.ffi, api.lib
+    e = api.create(path, load_format="dummy", skip_tokenizer_init=1, device="cpu")
+    try:
+        info = ffi.new("vllm_model_info *", {"struct_size": ffi.sizeof("vllm_model_info")})
+        api.ok(lib.vllm_engine_model_info(e, info))
+        assert info.eos_token_id == -1
+        assert list(info.eog_token_ids[0:info.n_eog_token_ids]) == [3, 9]
+    finally:
+        lib.vllm_engine_free(e)
+
+
 @pytest.mark.parametrize("async_scheduling", [1, -1, 0])
 def test_async_scheduling_gives_the_same_tokens(api, tmp_path, async_scheduling):
     path = write_config(tmp_path, "LlamaForCausalLM")

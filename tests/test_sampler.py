@@ -101,7 +101,7 @@ def test_min_tokens_blocks_stop_ids():
 def test_min_tokens_from_params_until_reached():
     # upstream MinTokensLogitsProcessor: stop ids (and eos) masked while output < min_tokens
     sp = SamplingParams(min_tokens=2, stop_token_ids=[5])
-    sp.update_from_generation_config(eos_token_id=3)
+    sp.update_from_generation_config({}, eos_token_id=3)
     md = build_sampling_metadata([sp, sp], [[1, 9], [1, 9, 9, 9]], [1, 1], {}, VOCAB, CPU)
     assert md.min_tokens == {0: {3, 5}}  # row 1 already has 3 output tokens
 

@@ -147,10 +147,25 @@ def test_from_optional_converts_and_clamps_logit_bias():
 def test_engine_side_updates_and_clone():
     sp = SamplingParams(stop_token_ids=[7], ignore_eos=True)
     clone = sp.clone()
-    clone.update_from_generation_config(eos_token_id=2)
+    clone.update_from_generation_config({}, eos_token_id=2)
     assert clone.eos_token_id is None  # ignore_eos keeps eos out of the stop check
     assert clone.all_stop_token_ids == {2, 7}  # ... but min_tokens still masks it
     assert sp.all_stop_token_ids == {7}  # the caller's object is untouched
+
+
+@pytest.mark.parametrize("eos, ignore_eos, want_stop_ids, want_all", [
+    ([2, 5, 9], False, {5, 7, 9}, {2, 5, 7, 9}),  # the primary eos stays out of the list
+    (5, False, {5, 7}, {2, 5, 7}),  # an int as well as a list
+    ([2, 5], True, {7}, {2, 5, 7}),  # ignore_eos: not stops, still masked by min_tokens
+    (None, False, {7}, {2, 7}),
+])
+def test_generation_config_eos_ids_become_stop_ids(eos, ignore_eos, want_stop_ids, want_all):
+    """vllm/sampling_params.py update_from_generation_config: generation_config.json's
+    eos_token_id (int or list) joins stop_token_ids, all but the tokenizer's eos."""
+    sp = SamplingParams(stop_token_ids=[7], ignore_eos=ignore_eos)
+    sp.update_from_generation_config({} if eos is None else {"eos_token_id": eos}, 2)
+    assert set(sp.stop_token_ids) == want_stop_ids and sp.all_stop_token_ids == want_all
+    assert sp.eos_token_id == (None if ignore_eos else 2)
 
 
 @pytest.fixture(scope="module")

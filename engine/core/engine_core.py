@@ -133,7 +133,8 @@ class EngineCore:
             cudagraph_capture_time_s=self.cudagraph_capture_time_s,
             default_sampling_params=get_diff_sampling_param(arch.generation_config),
             memory_profile=dict(self.model_runner.memory_profile),
-            device=device.type, dtype=str(dtype).removeprefix("torch."))
+            device=device.type, dtype=str(dtype).removeprefix("torch."),
+            generation_config=dict(arch.generation_config))
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, Tokenizer | None]:

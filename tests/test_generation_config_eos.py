@@ -1,0 +1,67 @@
+"""generation_config.json's eos_token_id list stops generation (vllm/sampling_params.py
+update_from_generation_config, called by vLLM's input processor with the model's
+generation config): Llama 3 Instruct directories list <|eom_id|> and <|eot_id|> there.
+
+Oracle: the model's own greedy tokens without the file; with it, the run ends at the first
+listed token (finish_reason "stop", stop_reason that id), in process and with the core in a
+child; ignore_eos keeps generating.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
+transformers = pytest.importorskip("transformers")
+
+PROMPT = [1, 17, 42, 99, 5]
+TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   vocab_size=128, max_position_embeddings=128)
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("llama")
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
+    return d
+
+
+def _run(model_dir, multiprocessing: bool, **sp) -> tuple[list[int], str, object]:
+    engine = LLMEngine.from_config(EngineConfig(
+        str(model_dir), device="cpu", max_model_len=64, skip_tokenizer_init=True,
+        multiprocessing=multiprocessing))
+    try:
+        engine.add_request("r", PROMPT, SamplingParams(temperature=0, max_tokens=TOKENS, **sp))
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    c = out.outputs[0]
+                    return list(c.token_ids), c.finish_reason, c.stop_reason
+    finally:
+        engine.shutdown()
+    raise AssertionError("the request did not finish")
+
+
+@pytest.mark.parametrize("multiprocessing", [False, True], ids=["in-process", "child-core"])
+def test_generation_config_eos_ids_stop_generation(model_dir, multiprocessing):
+    path = model_dir / "generation_config.json"
+    path.unlink(missing_ok=True)
+    greedy, reason, _ = _run(model_dir, multiprocessing)
+    assert (len(greedy), reason) == (TOKENS, "length")
+    k = next(i for i in range(2, TOKENS) if greedy[i] not in greedy[:i])
+    unused = next(t for t in range(128) if t not in greedy)
+    try:
+        path.write_text(json.dumps({"eos_token_id": [unused, greedy[k]]}))
+        assert _run(model_dir, multiprocessing) == (greedy[:k + 1], "stop", greedy[k])
+        assert _run(model_dir, multiprocessing, ignore_eos=True) == (greedy, "length", None)
+    finally:
+        path.unlink()
