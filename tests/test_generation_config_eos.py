@@ -1,6 +1,7 @@
 """generation_config.json's eos_token_id list stops generation (vllm/sampling_params.py
 update_from_generation_config, called by vLLM's input processor with the model's
-generation config): Llama 3 Instruct directories list <|eom_id|> and <|eot_id|> there.
+generation config): Llama 3 Instruct directories list <|eom_id|> and <|eot_id|> there. A
+GGUF's eot / eom ids do the same (llama.cpp's end-of-generation set).
 
 Oracle: the model's own greedy tokens without the file; with it, the run ends at the first
 listed token (finish_reason "stop", stop_reason that id), in process and with the core in a
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import json
 
+import gguf
 import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.errors import ModelLoadError
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
@@ -65,3 +68,35 @@ def test_generation_config_eos_ids_stop_generation(model_dir, multiprocessing):
         assert _run(model_dir, multiprocessing, ignore_eos=True) == (greedy, "length", None)
     finally:
         path.unlink()
+
+
+def _gguf_with(tmp_path, name: str, **token_ids) -> str:
+    """The tiny Llama as a GGUF twin (no vocabulary) with tokenizer.ggml.<kind>_token_id
+    keys for `token_ids` (eos / eot / eom)."""
+    from tests.test_models_parity import make_hf_model, write_gguf_twin
+
+    path = tmp_path / name
+    write_header = gguf.GGUFWriter.write_header_to_file
+
+    def header(self, *args, **kw):
+        for kind, token_id in token_ids.items():
+            self.add_uint32(f"tokenizer.ggml.{kind}_token_id", token_id)
+        return write_header(self, *args, **kw)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(gguf.GGUFWriter, "write_header_to_file", header)
+        write_gguf_twin(make_hf_model("llama"), "llama", path)
+    return str(path)
+
+
+def test_gguf_end_of_turn_ids_stop_generation(tmp_path):
+    """llama.cpp ends generation on every end-of-generation id of the file (llama-vocab.cpp
+    special_eog_ids: eos, eot, eom); so does a GGUF here, through the same stop ids."""
+    greedy, reason, _ = _run(_gguf_with(tmp_path, "plain.gguf"), False)
+    assert (len(greedy), reason) == (TOKENS, "length")
+    k = next(i for i in range(2, TOKENS) if greedy[i] not in greedy[:i])
+    unused = next(t for t in range(64) if t not in greedy)
+    path = _gguf_with(tmp_path, "eot.gguf", eot=greedy[k], eom=unused)
+    assert _run(path, False) == (greedy[:k + 1], "stop", greedy[k])
+    with pytest.raises(ModelLoadError, match="tokenizer.ggml.eom_token_id"):
+        _run(_gguf_with(tmp_path, "bad.gguf", eom=1 << 30), False)

@@ -72,6 +72,7 @@ def load_gguf_model(path: str, keep_quantized: bool = False
     reader = GGUFReader(path)
     try:
         cfg = gguf_loader.arch_config_from_gguf(reader)
+        cfg.generation_config = gguf_loader.generation_config(reader.metadata, cfg.vocab_size)
         cls, _ = resolve_model_cls(list(cfg.architectures))
         model = build_model(cls, cfg, gguf_loader.checkpoint_numel(reader))
         keep_quantized &= cfg.architecture not in gguf_hybrid.HYBRID_GGUF_ARCHITECTURES

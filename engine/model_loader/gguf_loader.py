@@ -69,6 +69,17 @@ def _get(md: dict, key: str, kind: type, default=None, lo: float = 1, hi: float 
     return v
 
 
+def generation_config(md: dict, vocab_size: int) -> dict:
+    """{"eos_token_id": [...]} of the file's end-of-generation ids (eos, eot, eom: llama.cpp
+    llama-vocab.cpp special_eog_ids, without its token-text guesses) when it names more
+    than eos; the front end adds them to each request's stop ids as vLLM does with
+    generation_config.json (engine/sampling_params.py update_from_generation_config)."""
+    ids = {_get(md, f"tokenizer.ggml.{kind}_token_id", int, lo=0, hi=vocab_size - 1)
+           for kind in ("eos", "eot", "eom") if f"tokenizer.ggml.{kind}_token_id" in md}
+    eos = md.get("tokenizer.ggml.eos_token_id")
+    return {"eos_token_id": sorted(ids)} if ids - {eos} else {}
+
+
 def arch_config_from_gguf(reader: GGUFReader) -> ModelArchConfig:
     md = reader.metadata
     arch = md.get("general.architecture")
