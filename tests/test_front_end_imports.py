@@ -32,7 +32,7 @@ PROMPTS = {"a": "The capital of France is", "b": "Hello, my name is"}
 # A child python runs _front_end with torch unimportable (None in sys.modules).
 _CHILD = ("import json, sys; sys.modules['torch'] = None; sys.path.insert(0, sys.argv[2]); "
           "from test_front_end_imports import _front_end; "
-          "print(json.dumps(_front_end(sys.argv[1])))")
+          "print(json.dumps(_front_end(*sys.argv[1:2], *sys.argv[3:])))")
 
 
 def _summaries(engine: LLMEngine) -> dict:
@@ -48,10 +48,12 @@ def _summaries(engine: LLMEngine) -> dict:
                   len(o.prompt_logprobs)] for rid, o in done.items()}
 
 
-def _front_end(model: str) -> dict:
-    """In the child: a front end with its core in a child of its own."""
-    engine = LLMEngine.from_config(EngineConfig(model, device="cpu", max_model_len=256,
-                                                multiprocessing=True))
+def _front_end(model: str, device: str = "cpu") -> dict:
+    """In the child: a front end with its core in a child of its own (on "auto", the mode
+    NVML chooses)."""
+    engine = LLMEngine.from_config(EngineConfig(
+        model, device=device, max_model_len=256,
+        multiprocessing=True if device == "cpu" else None))
     try:
         ready, info = engine.engine_core.ready, engine.model_info
         return {"multiprocess": engine.is_multiprocess, "torch": sys.modules["torch"],
@@ -84,6 +86,22 @@ def test_child_core_front_end_runs_without_torch(model_path, child_env):
         assert g[:4] == w[:4]
         assert g[4] == pytest.approx(w[4], abs=1e-4)
         assert g[5] == w[5] > 0
+
+
+@pytest.mark.gpu
+def test_cuda_front_end_chooses_a_child_core_without_torch(model_path, child_env):
+    """On a GPU machine the default mode comes from NVML, in a front end without torch;
+    the child core runs on CUDA in bf16."""
+    if not platforms.cuda_platform_available():  # here, not at import: _CHILD imports us
+        pytest.skip("needs a CUDA device")
+    env = {k: v for k, v in child_env.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    run = subprocess.run([sys.executable, "-c", _CHILD, model_path, str(Path(__file__).parent),
+                          "auto"], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["multiprocess"] and got["torch"] is None
+    assert (got["device"], got["dtype"]) == ("cuda", "bfloat16")
+    assert all(out[2] in ("stop", "length") and out[5] > 0 for out in got["out"].values())
 
 
 @pytest.mark.parametrize("multiprocessing,env,device,cuda,want", [
