@@ -40,6 +40,9 @@ class RequestState:
             tokenizer, request.prompt_token_ids, sp)
         self.logprobs_processor = LogprobsProcessor(tokenizer, sp.logprobs, sp.prompt_logprobs)
         self.sent_tokens = 0
+        # DELTA outputs every stream_interval new tokens, the first and the last at once
+        # (vLLM clamps it up to the engine's --stream-interval, whose default 1 runs here)
+        self.stream_interval = sp.stream_interval or 1
         self.num_cached_tokens = 0  # the core's prefix-cache hit length, once scheduled
 
     @property
@@ -50,6 +53,10 @@ class RequestState:
                             num_cached: int) -> RequestOutput | None:
         finished = finish_reason is not None
         if self.output_kind == RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        if self.output_kind == RequestOutputKind.DELTA and not finished and self.sent_tokens \
+                and len(self.detokenizer.output_token_ids) - self.sent_tokens \
+                < self.stream_interval:
             return None
         completion = self._new_completion_output(finish_reason, stop_reason)
         if self.output_kind == RequestOutputKind.DELTA and not finished \

@@ -58,6 +58,7 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    stream_interval: int | None = None  # DELTA outputs every N new tokens (None: each step)
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
@@ -143,6 +144,8 @@ class SamplingParams:
             raise err(f"seed must fit in 64 bits, got {self.seed}.")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise err(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        if self.stream_interval is not None and self.stream_interval < 1:
+            raise err(f"stream_interval must be at least 1, got {self.stream_interval}.")
         if self.min_tokens < 0:
             raise err(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
@@ -259,7 +262,7 @@ class SamplingParams:
 # ---------------------------------------------------------------- type checks
 
 _INTS = ("n", "top_k", "min_tokens")
-_OPT_INTS = ("seed", "max_tokens")
+_OPT_INTS = ("seed", "max_tokens", "stream_interval")
 _FLOATS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
            "top_p", "min_p")
 _BOOLS = ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
