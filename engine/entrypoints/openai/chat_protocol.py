@@ -80,7 +80,9 @@ class ChatCompletionRequest(OpenAIBaseModel):
     top_p: float | None = None
     tools: list[ToolParam] | None = None
     tool_choice: str | dict[str, Any] | None = "none"
-    reasoning_effort: str | None = None
+    # vLLM's ReasoningEffort (vllm/renderers/params.py); handed to the chat template
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh",
+                              "max"] | None = None
     thinking_token_budget: int | None = None
     include_reasoning: bool = True
     parallel_tool_calls: bool | None = True

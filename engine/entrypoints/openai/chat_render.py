@@ -2,7 +2,9 @@
 
 Mirrors vllm/renderers/online_renderer.py (validate_chat_template: a template sent with the
 request is refused without --trust-request-chat-template, which this server does not
-have; chat_template_kwargs are passed to the template) and transformers'
+have; chat_template_kwargs are passed to the template, with `documents`, `reasoning_effort`
+and the `enable_thinking` it implies added as ChatCompletionRequest.build_chat_params of
+vllm/entrypoints/openai/chat_completion/protocol.py does) and transformers'
 apply_chat_template(continue_final_message=True) (cut after the last message's content).
 Call with the engine client's lock held.
 """
@@ -32,6 +34,11 @@ def render_prompt(engine, request) -> str:
         raise VLLMValidationError(_NO_TEMPLATE)
     for reserved in ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"):
         kwargs.pop(reserved, None)
+    effort = getattr(request, "reasoning_effort", None)
+    if effort is not None and "enable_thinking" not in kwargs:  # opt-in templates (Gemma 4)
+        kwargs["enable_thinking"] = effort != "none"
+    kwargs.update({k: v for k, v in (("documents", getattr(request, "documents", None)),
+                                     ("reasoning_effort", effort)) if v is not None})
     text = render_chat_template(
         tok.chat_template, request.messages, add_generation_prompt=request.add_generation_prompt,
         bos_token=tok.bos_token or "", eos_token=tok.eos_token or "",

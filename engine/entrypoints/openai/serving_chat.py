@@ -39,8 +39,7 @@ from engine.entrypoints.openai.serving_engine import (
 from engine.structured_output.response_format import structured_outputs_from_response_format
 from engine.tool_parsers.protocol import DeltaMessage
 
-_UNSUPPORTED = {"use_beam_search": False,
-                "reasoning_effort": None, "documents": None, "mm_processor_kwargs": None,
+_UNSUPPORTED = {"use_beam_search": False, "mm_processor_kwargs": None,
                 "media_io_kwargs": None, "priority": 0, "cache_salt": None,
                 "kv_transfer_params": None}
 _REQUEST_NAMES = {"logprobs": "top_logprobs", "extra_args": "vllm_xargs"}
