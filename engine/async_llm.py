@@ -157,14 +157,16 @@ class AsyncLLM:
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     on_output: OutputCallback | None = None,
-                    reasoning_parser_kwargs: dict | None = None) -> RequestStream:
+                    reasoning_parser_kwargs: dict | None = None, priority: int = 0,
+                    cache_salt: str | None = None) -> RequestStream:
         """Queues a request. on_output (optional) receives every output, or the error
-        that ended the request, on the loop thread instead of the stream's get()."""
+        that ended the request, on the loop thread instead of the stream's get().
+        priority and cache_salt as LLMEngine.add_request."""
         params.output_kind = RequestOutputKind.DELTA
         stream = RequestStream(request_id, self.abort, on_output)
         with self.lock:
             self._check_open()
-            self.engine.add_request(request_id, prompt, params,
+            self.engine.add_request(request_id, prompt, params, priority, cache_salt,
                                     reasoning_parser_kwargs=reasoning_parser_kwargs)
             self._streams[request_id] = stream
             self._wakeup.notify()

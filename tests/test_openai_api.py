@@ -47,11 +47,12 @@ class Spy:
     """The client, recording the SamplingParams of every request it is given."""
 
     def __init__(self, client):
-        self._client, self.params = client, []
+        self._client, self.params, self.kwargs = client, [], []
         self.engine, self.lock = client.engine, client.lock
 
     def add_request(self, request_id, prompt, params, **kwargs):
         self.params.append(params)
+        self.kwargs.append(kwargs)
         return self._client.add_request(request_id, prompt, params, **kwargs)
 
 
@@ -273,6 +274,19 @@ def test_unsupported_fields_are_refused(client, endpoint, field, value):
     error = err(client, endpoint, {**base, field: value})
     assert error["message"] == f"`{field}` is not supported yet by this server."
     assert error["param"] == field
+
+
+@pytest.mark.parametrize("endpoint, base", [("/v1/completions", {"prompt": "Hi"}),
+                                            ("/v1/chat/completions", {"messages": HELLO})])
+def test_priority_and_cache_salt_reach_the_engine(client, endpoint, base):
+    """vLLM's request fields priority and cache_salt (refused before as unsupported) go
+    with every engine request of the call, n children included."""
+    spy = Spy(client)
+    ok(spy, endpoint, {**base, "max_tokens": 2, "n": 2, "temperature": 1.0, "priority": -3,
+                       "cache_salt": "tenant-a"})
+    assert [(k["priority"], k["cache_salt"]) for k in spy.kwargs] == [(-3, "tenant-a")] * 2
+    ok(spy, endpoint, {**base, "max_tokens": 2})
+    assert (spy.kwargs[-1]["priority"], spy.kwargs[-1]["cache_salt"]) == (0, None)
 
 
 def test_sampling_fields_follow_the_engine(client):

@@ -50,7 +50,8 @@ class ScriptedClient:
                 model="scripted", reasoning_parser="qwen3", tool_call_parser="hermes",
                 enable_auto_tool_choice=True))
 
-    def add_request(self, request_id, prompt, params, reasoning_parser_kwargs=None):
+    def add_request(self, request_id, prompt, params, reasoning_parser_kwargs=None,
+                    priority=0, cache_salt=None):
         self.reasoning_kwargs.append(reasoning_parser_kwargs)
         tok = self.engine.tokenizer
         ids = tok.encode(self.script, add_special_tokens=False)

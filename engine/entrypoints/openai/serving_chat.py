@@ -40,8 +40,7 @@ from engine.structured_output.response_format import structured_outputs_from_res
 from engine.tool_parsers.protocol import DeltaMessage
 
 _UNSUPPORTED = {"use_beam_search": False, "mm_processor_kwargs": None,
-                "media_io_kwargs": None, "priority": 0, "cache_salt": None,
-                "kv_transfer_params": None}
+                "media_io_kwargs": None, "kv_transfer_params": None}
 _REQUEST_NAMES = {"logprobs": "top_logprobs", "extra_args": "vllm_xargs"}
 
 
@@ -81,7 +80,8 @@ class ChatJob:
         sampling = build_sampling_params(values, _REQUEST_NAMES, ctx.default_sampling)
         self.merged = ctx.submit(self.id, [self.prompt_ids], [sampling],
                                  reasoning_parser_kwargs={
-                                     "chat_template_kwargs": request.chat_template_kwargs or {}})
+                                     "chat_template_kwargs": request.chat_template_kwargs or {}},
+                                 priority=request.priority, cache_salt=request.cache_salt)
 
     def new_parser(self) -> ChatParser:
         """A parser for one choice (they keep streaming state)."""

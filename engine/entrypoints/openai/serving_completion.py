@@ -31,7 +31,6 @@ from engine.structured_output.response_format import structured_outputs_from_res
 
 # Fields whose feature this engine does not have yet: any non-default value is a 400.
 _UNSUPPORTED = {"use_beam_search": False, "suffix": None, "prompt_embeds": None,
-                "priority": 0, "cache_salt": None,
                 "kv_transfer_params": None}
 _REQUEST_NAMES = {"extra_args": "vllm_xargs"}
 
@@ -66,7 +65,8 @@ class CompletionJob:
             request, 1 if echo_only else ctx.get_max_tokens(request.max_tokens, len(ids))),
             "structured_outputs": structured_outputs},
             _REQUEST_NAMES, ctx.default_sampling) for ids in self.prompts]
-        self.merged = ctx.submit(self.id, self.prompts, samplings)
+        self.merged = ctx.submit(self.id, self.prompts, samplings, priority=request.priority,
+                                 cache_salt=request.cache_salt)
         self.prompt_texts = self._prompt_texts(tok) if request.echo else []
 
     def _prompt_texts(self, tok) -> list[str]:

@@ -98,9 +98,11 @@ class ServingContext:
         return model_max if fallback is None else min(model_max, fallback)
 
     def submit(self, base_id: str, prompts: list[list[int]], samplings: list[dict[str, Any]],
-               reasoning_parser_kwargs: dict | None = None) -> MergedStream:
+               reasoning_parser_kwargs: dict | None = None, priority: int = 0,
+               cache_salt: str | None = None) -> MergedStream:
         """One engine request per (prompt, choice); choice index = prompt_idx * n + i.
-        samplings[p]: the SamplingParams keyword arguments of prompt p."""
+        samplings[p]: the SamplingParams keyword arguments of prompt p; priority and
+        cache_salt (validated by the request model) are the request's."""
         streams, salt = [], secrets.token_hex(4)
         try:
             for p, (ids, sampling) in enumerate(zip(prompts, samplings)):
@@ -110,7 +112,8 @@ class ServingContext:
                     child = SamplingParams.from_optional(**{**sampling, "n": 1, "seed": seed})
                     stream = self.client.add_request(
                         f"{base_id}-{p}-{i}-{salt}", ids, child,
-                        reasoning_parser_kwargs=reasoning_parser_kwargs)
+                        reasoning_parser_kwargs=reasoning_parser_kwargs, priority=priority,
+                        cache_salt=cache_salt)
                     streams.append((p * n + i, p, stream))
         except BaseException:
             for _, _, stream in streams:
