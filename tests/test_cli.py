@@ -26,6 +26,10 @@ FLAGS = [
     "--temperature",
     "--top-p",
     "--top-k",
+    "--min-p",
+    "--repeat-penalty",
+    "--presence-penalty",
+    "--frequency-penalty",
     "--seed",
     "--max-model-len",
     "-t",
@@ -91,6 +95,39 @@ def test_generate_streams_a_completion(cli, model_path):
     assert run.stdout.strip()
     stats = STATS.findall(run.stderr)
     assert len(stats) == 1 and "completion tokens: 4," in stats[0], run.stderr
+
+
+def test_penalties_and_min_p_reach_the_engine(cli, model_path):
+    """llama.cpp's flag names (--repeat-penalty, --presence-penalty, --frequency-penalty,
+    --min-p) as vLLM's SamplingParams: greedy text equal to the engine's with the same
+    values (oracle: LLMEngine), and different from the text without them."""
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    prompt = "one two three one two three one two three one two"
+    penalties = {"repetition_penalty": 1.8, "presence_penalty": 0.8, "frequency_penalty": 0.6,
+                 "min_p": 0.05}
+    engine = LLMEngine.from_config(EngineConfig(model_path, device="cpu", max_model_len=256))
+    try:
+        want = {}
+        for name, extra in (("plain", {}), ("penalised", penalties)):
+            engine.add_request(name, prompt, SamplingParams(temperature=0, max_tokens=10,
+                                                            **extra))
+        while engine.has_unfinished_requests():
+            want.update({o.request_id: o.outputs[0].text for o in engine.step() if o.finished})
+    finally:
+        engine.shutdown()
+    assert want["plain"] != want["penalised"]
+    run = cli("generate", "-m", model_path, "-p", prompt, "-n", "10", "--repeat-penalty",
+              "1.8", "--presence-penalty", "0.8", "--frequency-penalty", "0.6", "--min-p",
+              "0.05")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.rstrip("\n") == want["penalised"]
+    run = cli("chat", "-m", model_path, "-p", "Hi", "--min-p", "2")
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-1] == (
+        "vllm-cli: error: min_p must be in [0, 1], got 2.0.")
 
 
 def test_help_lists_every_flag(cli):

@@ -43,6 +43,15 @@ static const char usage_text[] =
     "      --top-p P            keep the smallest token set whose probability is >= P,\n"
     "                           in (0, 1] (default 1)\n"
     "      --top-k K            keep the K most likely tokens; 0 is off (default 0)\n"
+    "      --min-p P            drop tokens less likely than P times the most likely one,\n"
+    "                           in [0, 1]; 0 is off (default 0)\n"
+    "      --repeat-penalty R   divide (multiply when negative) the logits of tokens seen in\n"
+    "                           the prompt or the answer by R; 1 is off (default 1)\n"
+    "      --presence-penalty P subtract P from the logits of tokens the answer has used,\n"
+    "                           in [-2, 2] (default 0)\n"
+    "      --frequency-penalty F\n"
+    "                           subtract F times each token's count in the answer so far,\n"
+    "                           in [-2, 2] (default 0)\n"
     "      --seed N             sampling seed (default: random)\n"
     "      --max-model-len N    context length in tokens (default 2048)\n"
     "  -t, --threads N          CPU threads for tensor work; 0 is one per core (default 0)\n"
@@ -64,6 +73,10 @@ typedef struct {
     double temperature;
     double top_p;
     long top_k;
+    double min_p;
+    double repeat_penalty;
+    double presence_penalty;
+    double frequency_penalty;
     long long seed;
     int has_seed;
     long max_model_len;
@@ -155,6 +168,7 @@ static void buffer_json_string(buffer *b, const char *s) {
 
 typedef enum {
     OPT_MODEL, OPT_PROMPT, OPT_SYSTEM, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_TOP_K,
+    OPT_MIN_P, OPT_REPEAT_PENALTY, OPT_PRESENCE_PENALTY, OPT_FREQUENCY_PENALTY,
     OPT_SEED, OPT_MAX_MODEL_LEN, OPT_THREADS, OPT_GRAMMAR, OPT_GRAMMAR_FILE, OPT_JSON_SCHEMA
 } option_id;
 
@@ -169,6 +183,10 @@ static const struct {
     {NULL, "--temperature", "--temp", OPT_TEMPERATURE},
     {NULL, "--top-p", NULL, OPT_TOP_P},
     {NULL, "--top-k", NULL, OPT_TOP_K},
+    {NULL, "--min-p", NULL, OPT_MIN_P},
+    {NULL, "--repeat-penalty", NULL, OPT_REPEAT_PENALTY},
+    {NULL, "--presence-penalty", NULL, OPT_PRESENCE_PENALTY},
+    {NULL, "--frequency-penalty", NULL, OPT_FREQUENCY_PENALTY},
     {NULL, "--seed", NULL, OPT_SEED},
     {NULL, "--max-model-len", NULL, OPT_MAX_MODEL_LEN},
     {"-t", "--threads", NULL, OPT_THREADS},
@@ -217,6 +235,10 @@ static int set_option(options *o, option_id id, const char *value) {
     case OPT_JSON_SCHEMA: o->json_schema = value; return 0;
     case OPT_TEMPERATURE: return parse_number(value, &o->temperature);
     case OPT_TOP_P: return parse_number(value, &o->top_p);
+    case OPT_MIN_P: return parse_number(value, &o->min_p);
+    case OPT_REPEAT_PENALTY: return parse_number(value, &o->repeat_penalty);
+    case OPT_PRESENCE_PENALTY: return parse_number(value, &o->presence_penalty);
+    case OPT_FREQUENCY_PENALTY: return parse_number(value, &o->frequency_penalty);
     case OPT_SEED:
         o->has_seed = 1;
         return parse_integer(value, INT64_MIN, INT64_MAX, &o->seed);
@@ -246,6 +268,7 @@ static int parse_args(int argc, char **argv, options *o) {
     memset(o, 0, sizeof *o);
     o->max_tokens = 256;
     o->top_p = 1.0;
+    o->repeat_penalty = 1.0;
     o->max_model_len = 2048;
     for (i = 1; i < argc; i++) {
         char name[64];
@@ -302,6 +325,10 @@ static vllm_sampling_params sampling_params(const options *o) {
     sp.temperature = (float)o->temperature;
     sp.top_p = (float)o->top_p;
     sp.top_k = (int32_t)o->top_k;
+    sp.min_p = (float)o->min_p;
+    sp.repetition_penalty = (float)o->repeat_penalty;
+    sp.presence_penalty = (float)o->presence_penalty;
+    sp.frequency_penalty = (float)o->frequency_penalty;
     sp.seed = (int64_t)o->seed;
     sp.has_seed = o->has_seed;
     sp.grammar = o->grammar;
