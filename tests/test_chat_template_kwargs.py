@@ -18,6 +18,7 @@ import pytest
 
 from engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
 from engine.entrypoints.openai.chat_render import render_prompt
+from engine.entrypoints.openai.protocol import TokenizeChatRequest
 
 TEMPLATE = ("{{ reasoning_effort }}|{{ enable_thinking }}|"
             "{{ documents|map(attribute='title')|join(',') if documents else 'none' }}|"
@@ -51,3 +52,12 @@ def test_unknown_reasoning_effort_is_refused():
     with pytest.raises(ValueError, match="Input should be"):
         ChatCompletionRequest.model_validate({"model": "m", "messages": HELLO,
                                               "reasoning_effort": "extra_high"})
+
+
+def test_chat_tokenize_requests_carry_none_of_them():
+    """vLLM's tokenize request has neither field: extra keys of its body stay out of the
+    template (its chat_template_kwargs still reach it)."""
+    request = TokenizeChatRequest.model_validate({
+        "messages": HELLO, "reasoning_effort": {"x": 1}, "documents": "not-a-list",
+        "chat_template_kwargs": {"extra": 2}})
+    assert render_prompt(ENGINE, request) == "||none|2"

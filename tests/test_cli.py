@@ -124,10 +124,19 @@ def test_penalties_and_min_p_reach_the_engine(cli, model_path):
               "0.05")
     assert run.returncode == 0, run.stderr
     assert run.stdout.rstrip("\n") == want["penalised"]
-    run = cli("chat", "-m", model_path, "-p", "Hi", "--min-p", "2")
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--min-p", "2", "min_p must be in [0, 1], got 2.0."),
+    ("--presence-penalty", "3", "presence_penalty must be in [-2, 2], got 3.0."),
+    ("--frequency-penalty", "-3", "frequency_penalty must be in [-2, 2], got -3.0."),
+    ("--repeat-penalty", "0", "repetition_penalty must be greater than zero, got 0.0."),
+])
+def test_each_sampling_flag_reaches_its_field(cli, model_path, flag, value, message):
+    """Each flag lands in its own vllm_sampling_params field: the engine's message names it."""
+    run = cli("chat", "-m", model_path, "-p", "Hi", flag, value)
     assert run.returncode == 1
-    assert run.stderr.strip().splitlines()[-1] == (
-        "vllm-cli: error: min_p must be in [0, 1], got 2.0.")
+    assert run.stderr.strip().splitlines()[-1] == f"vllm-cli: error: {message}"
 
 
 def test_help_lists_every_flag(cli):

@@ -70,6 +70,21 @@ def test_generation_config_eos_ids_stop_generation(model_dir, multiprocessing):
         path.unlink()
 
 
+def test_only_the_eos_ids_cross_to_the_front_end(model_dir):
+    """The rest of generation_config.json is arbitrary JSON (an int past 64 bits would stop
+    the child core's msgpack before READY); a huge eos id is a load error."""
+    path = model_dir / "generation_config.json"
+    try:
+        path.write_text(json.dumps({"eos_token_id": [127], "vendor_field": 2**70}))
+        tokens, _, _ = _run(model_dir, True)
+        assert len(tokens) >= 1
+        path.write_text(json.dumps({"eos_token_id": [2**40]}))
+        with pytest.raises(ModelLoadError, match="eos_token_id"):
+            _run(model_dir, False)
+    finally:
+        path.unlink()
+
+
 def _gguf_with(tmp_path, name: str, **token_ids) -> str:
     """The tiny Llama as a GGUF twin (no vocabulary) with tokenizer.ggml.<kind>_token_id
     keys for `token_ids` (eos / eot / eom)."""
@@ -97,6 +112,8 @@ def test_gguf_end_of_turn_ids_stop_generation(tmp_path):
     k = next(i for i in range(2, TOKENS) if greedy[i] not in greedy[:i])
     unused = next(t for t in range(64) if t not in greedy)
     path = _gguf_with(tmp_path, "eot.gguf", eot=greedy[k], eom=unused)
+    assert _run(path, False) == (greedy[:k + 1], "stop", greedy[k])
+    path = _gguf_with(tmp_path, "eos.gguf", eos=greedy[k])  # no tokenizer: eos alone stops
     assert _run(path, False) == (greedy[:k + 1], "stop", greedy[k])
     with pytest.raises(ModelLoadError, match="tokenizer.ggml.eom_token_id"):
         _run(_gguf_with(tmp_path, "bad.gguf", eom=1 << 30), False)

@@ -190,6 +190,18 @@ def test_thinking_disabled_is_all_content(tokenizer):
     assert client.reasoning_kwargs == [{"chat_template_kwargs": {"enable_thinking": False}}]
 
 
+def test_reasoning_effort_none_disables_thinking_for_the_parsers(tokenizer):
+    """reasoning_effort "none" renders with enable_thinking=false (vLLM's build_chat_params),
+    and the front-end parser and the engine's reasoning gate get the same kwargs (vLLM's
+    merged chat template kwargs): the answer is content, not reasoning."""
+    client = ScriptedClient(tokenizer, "Hello! How can I help?")
+    out = chat(client, False, reasoning_effort="none")
+    assert out["message"]["content"] == "Hello! How can I help?"
+    assert out["message"]["reasoning"] is None
+    assert client.reasoning_kwargs == [{"chat_template_kwargs": {
+        "enable_thinking": False, "reasoning_effort": "none"}}]
+
+
 def test_tool_choice_none_leaves_markup_as_content(tokenizer):
     client = ScriptedClient(tokenizer, REASONED_CALLS)
     out = chat(client, False, tools=TOOLS, tool_choice="none")

@@ -134,7 +134,8 @@ class EngineCore:
             default_sampling_params=get_diff_sampling_param(arch.generation_config),
             memory_profile=dict(self.model_runner.memory_profile),
             device=device.type, dtype=str(dtype).removeprefix("torch."),
-            generation_config=dict(arch.generation_config))
+            generation_config={k: v for k, v in arch.generation_config.items()
+                               if k == "eos_token_id"})
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, Tokenizer | None]:

@@ -95,7 +95,9 @@ class EngineCoreReady(msgspec.Struct, array_like=True, gc=False):
     memory_profile: dict  # bytes, gpu_worker's profile run and the graph pool (CUDA)
     device: str  # "cuda" | "cpu", as the core resolved config.device
     dtype: str  # "bfloat16" | "float16" | "float32", as the core resolved config.dtype
-    generation_config: dict  # generation_config.json as read (engine/model_loader/hf_config.py)
+    # the validated eos_token_id of generation_config.json (or a GGUF's end-of-generation
+    # ids) only: the file's other keys are arbitrary JSON, which msgpack may not encode
+    generation_config: dict
 
 
 class EngineCoreStartupFailure(msgspec.Struct, array_like=True, gc=False):

@@ -207,9 +207,11 @@ def _gguf_py(ggml_type: GGMLType) -> Callable[[torch.Tensor], torch.Tensor]:
     qtype = gguf.GGMLQuantizationType(int(ggml_type))
 
     def kernel(blocks: torch.Tensor) -> torch.Tensor:
+        # one row of all the blocks: gguf.quants loops in Python over groups of 16 rows
+        raw = blocks.cpu().numpy().reshape(1, -1)  # [1, n * type_size]
         with np.errstate(all="ignore"):  # inf / NaN scales give inf / NaN, as in ggml
-            out = gguf.quants.dequantize(blocks.cpu().numpy(), qtype)  # [n, block_size]
-        return torch.from_numpy(out).to(blocks.device)
+            out = gguf.quants.dequantize(raw, qtype)  # [1, n * block_size]
+        return torch.from_numpy(out).view(blocks.shape[0], -1).to(blocks.device)
     return kernel
 
 

@@ -71,13 +71,13 @@ def _get(md: dict, key: str, kind: type, default=None, lo: float = 1, hi: float 
 
 def generation_config(md: dict, vocab_size: int) -> dict:
     """{"eos_token_id": [...]} of the file's end-of-generation ids (eos, eot, eom: llama.cpp
-    llama-vocab.cpp special_eog_ids, without its token-text guesses) when it names more
-    than eos; the front end adds them to each request's stop ids as vLLM does with
-    generation_config.json (engine/sampling_params.py update_from_generation_config)."""
+    llama-vocab.cpp special_eog_ids, without its token-text guesses), {} when it names
+    none; the front end adds them to each request's stop ids as vLLM does with
+    generation_config.json (engine/sampling_params.py update_from_generation_config), the
+    tokenizer's own eos aside."""
     ids = {_get(md, f"tokenizer.ggml.{kind}_token_id", int, lo=0, hi=vocab_size - 1)
            for kind in ("eos", "eot", "eom") if f"tokenizer.ggml.{kind}_token_id" in md}
-    eos = md.get("tokenizer.ggml.eos_token_id")
-    return {"eos_token_id": sorted(ids)} if ids - {eos} else {}
+    return {"eos_token_id": sorted(ids)} if ids else {}
 
 
 def arch_config_from_gguf(reader: GGUFReader) -> ModelArchConfig:

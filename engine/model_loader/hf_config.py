@@ -261,6 +261,6 @@ def read_generation_config(model_dir: str) -> dict:
     eos = gen.get("eos_token_id")
     ids = eos if isinstance(eos, list) else [eos]
     if eos is not None and (len(ids) > 1024 or any(
-            not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in ids)):
+            not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < 1 << 31 for i in ids)):
         raise ModelLoadError(f"{path}: eos_token_id={eos!r} is invalid")
     return gen

@@ -15,6 +15,7 @@ content: named / required from the JSON that structured outputs forced, auto by 
 
 from __future__ import annotations
 
+from engine.entrypoints.openai.chat_render import chat_template_kwargs
 from engine.entrypoints.openai.errors import VLLMValidationError
 from engine.structured_output.params import StructuredOutputsParams
 from engine.tool_parsers.protocol import DeltaMessage, ToolCall
@@ -44,7 +45,7 @@ class ChatParser:
     def __init__(self, tokenizer, request, tool_parser_cls, reasoning_parser_cls,
                  enable_auto_tools: bool) -> None:
         self.request = request
-        kwargs = {"chat_template_kwargs": request.chat_template_kwargs or {}}
+        kwargs = {"chat_template_kwargs": chat_template_kwargs(request)}
         self.reasoner = reasoning_parser_cls(tokenizer, **kwargs) \
             if reasoning_parser_cls is not None else None
         self.tool_parser = tool_parser_cls(tokenizer, request.tools) \

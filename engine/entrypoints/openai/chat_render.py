@@ -12,6 +12,7 @@ Call with the engine client's lock held.
 from __future__ import annotations
 
 from engine.chat_template import render_chat_template
+from engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
 from engine.entrypoints.openai.errors import VLLMValidationError
 
 _NO_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you "
@@ -21,10 +22,26 @@ _UNTRUSTED = ("Chat template is passed with request, but --trust-request-chat-te
               "set. Refused request with untrusted chat template.")
 
 
+def chat_template_kwargs(request) -> dict:
+    """The request's chat_template_kwargs with what build_chat_params adds for a chat
+    completion: `documents`, `reasoning_effort` and the `enable_thinking` it implies (the
+    reasoning parsers read the same dict; a chat-tokenize request has none of these fields,
+    whatever extra keys its body carries)."""
+    kwargs = dict(request.chat_template_kwargs or {})
+    if not isinstance(request, ChatCompletionRequest):
+        return kwargs
+    effort = request.reasoning_effort
+    if effort is not None and "enable_thinking" not in kwargs:  # opt-in templates (Gemma 4)
+        kwargs["enable_thinking"] = effort != "none"
+    kwargs.update({k: v for k, v in (("documents", request.documents),
+                                     ("reasoning_effort", effort)) if v is not None})
+    return kwargs
+
+
 def render_prompt(engine, request) -> str:
     """The prompt text of a chat or chat-tokenize request (the caller tokenizes it, outside
     the engine's lock: engine/entrypoints/openai/prompt_limits.py)."""
-    kwargs = dict(request.chat_template_kwargs or {})
+    kwargs = chat_template_kwargs(request)
     if request.chat_template is not None or kwargs.get("chat_template") is not None:
         raise VLLMValidationError(_UNTRUSTED)
     if not request.messages:  # transformers' apply_chat_template, which vLLM calls
@@ -34,11 +51,6 @@ def render_prompt(engine, request) -> str:
         raise VLLMValidationError(_NO_TEMPLATE)
     for reserved in ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"):
         kwargs.pop(reserved, None)
-    effort = getattr(request, "reasoning_effort", None)
-    if effort is not None and "enable_thinking" not in kwargs:  # opt-in templates (Gemma 4)
-        kwargs["enable_thinking"] = effort != "none"
-    kwargs.update({k: v for k, v in (("documents", getattr(request, "documents", None)),
-                                     ("reasoning_effort", effort)) if v is not None})
     text = render_chat_template(
         tok.chat_template, request.messages, add_generation_prompt=request.add_generation_prompt,
         bos_token=tok.bos_token or "", eos_token=tok.eos_token or "",

@@ -27,7 +27,7 @@ from engine.entrypoints.openai.chat_protocol import (
     ChatCompletionStreamResponse,
     ChatMessage,
 )
-from engine.entrypoints.openai.chat_render import render_prompt
+from engine.entrypoints.openai.chat_render import chat_template_kwargs, render_prompt
 from engine.entrypoints.openai.logprobs import chat_logprobs
 from engine.entrypoints.openai.prompt_limits import encode_prompt
 from engine.entrypoints.openai.protocol import CompletionTokenUsageInfo, UsageInfo
@@ -80,7 +80,7 @@ class ChatJob:
         sampling = build_sampling_params(values, _REQUEST_NAMES, ctx.default_sampling)
         self.merged = ctx.submit(self.id, [self.prompt_ids], [sampling],
                                  reasoning_parser_kwargs={
-                                     "chat_template_kwargs": request.chat_template_kwargs or {}},
+                                     "chat_template_kwargs": chat_template_kwargs(request)},
                                  priority=request.priority, cache_salt=request.cache_salt)
 
     def new_parser(self) -> ChatParser:
