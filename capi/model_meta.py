@@ -75,9 +75,8 @@ def _meta(record) -> ModelMeta:
             kv, n_params, n_layers = _gguf(path) if kind == "gguf" else _hf(path, False)
         device, dtype = engine.engine_core.ready.device, engine.engine_core.ready.dtype
         template = None if engine.tokenizer is None else engine.tokenizer.chat_template
-        eos = engine.engine_core.ready.generation_config.get("eos_token_id")
-        eog = sorted({engine.model_info.eos_token_id, *engine.default_sampling_params.get(
-            "stop_token_ids", []), *([eos] if isinstance(eos, int) else eos or [])} - {-1})
+        eog = sorted({engine.model_info.eos_token_id, *engine.engine_core.ready.eos_token_ids}
+                     - {-1})
         cdata = {"device": ffi.new("char[]", device.encode()),
                  "dtype": ffi.new("char[]", dtype.encode()),
                  "chat_template": ffi.NULL if template is None else ffi.new(

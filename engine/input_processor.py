@@ -25,6 +25,7 @@ class InputProcessor:
         self.ready = ready
         self.tokenizer = tokenizer
         self.max_model_len = ready.max_model_len
+        self.generation_config = {"eos_token_id": ready.eos_token_ids}  # vLLM's argument
         self.so_config = None if tokenizer is None else StructuredOutputsConfig(
             backend=config.structured_outputs_backend, reasoning_parser=config.reasoning_parser)
 
@@ -53,7 +54,7 @@ class InputProcessor:
                 raise InvalidArgumentError(
                     f"min_tokens must be less than or equal to max_tokens={sp.max_tokens}, "
                     f"got {sp.min_tokens}.")
-        sp.update_from_generation_config(self.ready.generation_config, self.eos_token_id)
+        sp.update_from_generation_config(self.generation_config, self.eos_token_id)
         if self.tokenizer is not None:
             sp.update_from_tokenizer(self.tokenizer)
         if sp.structured_outputs is not None:  # vLLM's _validate_structured_output

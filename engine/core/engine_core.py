@@ -134,8 +134,7 @@ class EngineCore:
             default_sampling_params=get_diff_sampling_param(arch.generation_config),
             memory_profile=dict(self.model_runner.memory_profile),
             device=device.type, dtype=str(dtype).removeprefix("torch."),
-            generation_config={k: v for k, v in arch.generation_config.items()
-                               if k == "eos_token_id"})
+            eos_token_ids=_eos_token_ids(arch.generation_config))
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, Tokenizer | None]:
@@ -283,6 +282,13 @@ def _engine_core_outputs(results: list[tuple[Request, list[int]]],
             runner_out.prompt_logprobs_dict.get(req.request_id), req.get_finished_reason(),
             req.stop_reason, req.num_cached_tokens, error))
     return outputs
+
+
+def _eos_token_ids(generation_config: dict) -> list[int]:
+    """generation_config.json's eos_token_id (an int or a list; validated by the loader) or
+    a GGUF's end-of-generation ids, as a list."""
+    eos = generation_config.get("eos_token_id")
+    return [eos] if isinstance(eos, int) else list(eos or [])
 
 
 def _structured_output_manager(config: EngineConfig, tokenizer: Tokenizer,

@@ -95,9 +95,9 @@ class EngineCoreReady(msgspec.Struct, array_like=True, gc=False):
     memory_profile: dict  # bytes, gpu_worker's profile run and the graph pool (CUDA)
     device: str  # "cuda" | "cpu", as the core resolved config.device
     dtype: str  # "bfloat16" | "float16" | "float32", as the core resolved config.dtype
-    # the validated eos_token_id of generation_config.json (or a GGUF's end-of-generation
-    # ids) only: the file's other keys are arbitrary JSON, which msgpack may not encode
-    generation_config: dict
+    # generation_config.json's eos_token_id (or a GGUF's end-of-generation ids) as a list:
+    # only these cross, the file's other keys being arbitrary JSON msgpack may not encode
+    eos_token_ids: list[int]
 
 
 class EngineCoreStartupFailure(msgspec.Struct, array_like=True, gc=False):

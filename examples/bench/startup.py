@@ -36,7 +36,6 @@ import time
 
 from examples.bench import engine_args
 
-PERCENTAGES = [10, 25, 50, 75, 90, 99]
 # (iteration key, metric name in the result keys, printed name), vLLM's MetricDesc
 METRICS = (("total_startup_time", "startup", "startup time"),
            ("import_time", "import", "import time"),
@@ -136,6 +135,8 @@ def iteration_main() -> None:
 def summarize(phase: str, iterations: list[dict]) -> dict:
     """vLLM's result keys for every metric of one phase ("cold" / "warm")."""
     import numpy as np  # not at the top: an iteration's process times its imports
+
+    from examples.bench.latency import PERCENTAGES
 
     results: dict = {}
     for key, metric, _ in METRICS:
