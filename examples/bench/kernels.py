@@ -180,7 +180,9 @@ def bench_small() -> None:
 
 
 def bench_dense(sweep: bool) -> None:
-    """cuBLAS bf16 GEMV/GEMM (F.linear) at decode batch sizes on Llama-3.1-8B's weights, and
+    """cuBLAS bf16 GEMV/GEMM (F.linear) on Llama-3.1-8B's weights at decode batch sizes and at
+    the token counts of offline steps (a 1,024-request decode step, a 16,384-token prefill
+    step: what docs/BENCHMARKS.md's GEMM share of 1000 x (1024, 128) is made of), and
     at M=1 kernels/gemv.py dense_gemv (what the layers run for one row on CUDA; the gate_up
     projection with SiLU-and-mul in its epilogue, as the MLP runs it). --sweep dense also times the
     GEMV's other launch configs (BN, BK, num_warps, num_stages)."""
@@ -188,7 +190,7 @@ def bench_dense(sweep: bool) -> None:
               "down": (H, FF, False), "lm_head": (128256, H, False)}
     for name, (n, k, silu) in shapes.items():
         ws = [torch.randn(n, k, dtype=BF16, device=DEV) for _ in range(copies(n * k * 2))]
-        for m in (1, 8, 32):
+        for m in (1, 8, 32, 256, 1024) + ((16384,) if name != "lm_head" else ()):
             x = torch.randn(m, k, dtype=BF16, device=DEV)
             err = rel_err(torch.nn.functional.linear(x, ws[0]), x.float() @ ws[0].float().T)
             tt = gpu_time(lambda: [torch.nn.functional.linear(x, w) for w in ws])
