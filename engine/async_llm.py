@@ -73,7 +73,7 @@ class StatsCollector:
 
     def snapshot(self, engine: LLMEngine) -> dict:
         """Gauges as of now, counters since the engine started."""
-        cumulative = engine.get_stats()  # engine/metrics.py EngineStats, gauges refreshed
+        cumulative = engine.get_stats()  # engine/stats_aggregator.py EngineStats, gauges refreshed
         return {
             "num_requests_running": cumulative.num_running_reqs,
             "num_requests_waiting": cumulative.num_waiting_reqs,

@@ -23,12 +23,12 @@ from engine.core.core_client import EngineCoreClient, InprocClient
 from engine.core.engine_core_messages import EngineCoreOutputs, EngineCoreRequest
 from engine.errors import InvalidArgumentError, NotFoundError
 from engine.input_processor import InputProcessor
-from engine.metrics import EngineStats, StatsAggregator
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
 from engine.parallel_sampling import ParentRequest
 from engine.request import validate_cache_salt
 from engine.sampling_params import SamplingParams
+from engine.stats_aggregator import EngineStats, StatsAggregator
 from engine.tokenizer import Tokenizer
 
 

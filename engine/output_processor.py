@@ -19,7 +19,7 @@ from engine.core.engine_core_messages import (
     error_from_wire,
 )
 from engine.detokenizer import IncrementalDetokenizer
-from engine.logprobs import LogprobsProcessor
+from engine.logprobs_processor import LogprobsProcessor
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.parallel_sampling import ParentRequest
 from engine.sampling_params import RequestOutputKind

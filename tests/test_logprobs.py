@@ -17,7 +17,8 @@ import torch
 
 from engine.core.engine_core_messages import EngineCoreOutput
 from engine.gguf.reader import GGUFReader
-from engine.logprobs import Logprob, LogprobsProcessor, append_logprobs_for_next_position
+from engine.logprobs import Logprob, append_logprobs_for_next_position
+from engine.logprobs_processor import LogprobsProcessor
 from engine.output_processor import OutputProcessor
 from engine.request import Request, RequestStatus
 from engine.sample.metadata import build_sampling_metadata

@@ -25,9 +25,9 @@ from engine.core.sched_output import CachedRequestData, ModelRunnerOutput, Sched
 from engine.core.sched_utils import check_stop
 from engine.core.scheduler import Scheduler
 from engine.errors import InvalidArgumentError, OutOfResourcesError
-from engine.metrics import StatsAggregator
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
+from engine.stats_aggregator import StatsAggregator
 
 EOS_TOKEN_ID = 50256
 

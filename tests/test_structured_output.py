@@ -38,7 +38,7 @@ from engine.structured_output.backend_xgrammar import (
     has_xgrammar_unsupported_json_features,
     validate_xgrammar_grammar,
 )
-from engine.structured_output.params import (
+from engine.structured_output.json_nesting import (
     MAX_STRUCTURED_OUTPUT_JSON_NESTING,
     STRUCTURAL_TAG_WRAPPER_NESTING,
 )

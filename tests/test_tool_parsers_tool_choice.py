@@ -21,7 +21,8 @@ from engine.tool_parsers.streaming import (
     extract_named_tool_call_streaming,
     extract_required_tool_call_streaming,
 )
-from engine.tool_parsers.tool_choice import extract_forced_tool_calls, get_json_schema_from_tools
+from engine.tool_parsers.tool_choice import extract_forced_tool_calls
+from engine.tool_parsers.tool_choice_schema import get_json_schema_from_tools
 
 EXAMPLE_TOOLS = [
     {

@@ -22,7 +22,8 @@ from engine.structured_output.backend_types import (
     StructuredOutputGrammar,
     StructuredOutputOptions,
 )
-from engine.structured_output.params import StructuredOutputsParams, check_json_nesting
+from engine.structured_output.json_nesting import check_json_nesting
+from engine.structured_output.params import StructuredOutputsParams
 from engine.structured_output.utils import (
     CompiledGrammarCache,
     choice_as_grammar,

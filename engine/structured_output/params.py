@@ -1,21 +1,17 @@
 """Structured-output request parameters: the constraint kinds and their shape checks.
 
-Mirrors `StructuredOutputsParams` and `check_json_nesting` of vllm/sampling_params.py
-(vLLM 0.33): exactly one of json / regex / choice / grammar / json_object / structural_tag,
-with vLLM's messages. Field types are checked here (upstream gets that from pydantic) so a
-hostile request is a clear InvalidArgumentError, never a crash deeper down.
+Mirrors `StructuredOutputsParams` of vllm/sampling_params.py (vLLM 0.33): exactly one of
+json / regex / choice / grammar / json_object / structural_tag, with vLLM's messages. Field
+types are checked here (upstream gets that from pydantic) so a hostile request is a clear
+InvalidArgumentError, never a crash deeper down.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from typing import Any
 
 from engine.errors import InvalidArgumentError
 
-MAX_STRUCTURED_OUTPUT_JSON_NESTING = 64
-STRUCTURAL_TAG_WRAPPER_NESTING = 16
 CONSTRAINT_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
@@ -76,38 +72,3 @@ def _check_types(p: StructuredOutputsParams) -> None:
     for name in ("disable_any_whitespace", "disable_additional_properties"):
         if not isinstance(getattr(p, name), bool):
             raise InvalidArgumentError(f"structured_outputs.{name} must be a bool")
-
-
-def _exceeds_json_nesting(spec: str | dict[str, Any], limit: int) -> bool:
-    """Whether a JSON document nests objects and arrays deeper than `limit`."""
-    if isinstance(spec, str):
-        try:
-            spec = json.loads(spec)
-        except RecursionError:
-            return True
-        except ValueError:
-            return False  # malformed JSON is reported by the backend validation
-    level: list[Any] = [spec]
-    for _ in range(limit):
-        level = [
-            child
-            for node in level
-            if isinstance(node, (dict, list))
-            for child in (node.values() if isinstance(node, dict) else node)
-            if isinstance(child, (dict, list))
-        ]
-        if not level:
-            return False
-    return True
-
-
-def check_json_nesting(spec: str | dict | None, *, structural_tag: bool = False) -> None:
-    """Reject a schema nested deeper than 64 levels (80 for a structural tag)."""
-    limit = MAX_STRUCTURED_OUTPUT_JSON_NESTING
-    if structural_tag:
-        limit += STRUCTURAL_TAG_WRAPPER_NESTING
-    if spec and _exceeds_json_nesting(spec, limit):
-        raise InvalidArgumentError(
-            "The JSON schema is nested too deeply: objects and arrays may nest at "
-            f"most {MAX_STRUCTURED_OUTPUT_JSON_NESTING} levels"
-        )

@@ -12,7 +12,8 @@ import json
 
 from engine.errors import InvalidArgumentError
 from engine.structured_output.config import StructuredOutputsConfig
-from engine.structured_output.params import StructuredOutputsParams, check_json_nesting
+from engine.structured_output.json_nesting import check_json_nesting
+from engine.structured_output.params import StructuredOutputsParams
 
 
 def _check_degenerate(p: StructuredOutputsParams) -> None:

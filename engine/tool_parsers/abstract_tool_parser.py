@@ -24,7 +24,7 @@ from engine.tool_parsers.protocol import (
     ExtractedToolCallInformation,
     make_tool_call_id,
 )
-from engine.tool_parsers.tool_choice import get_json_schema_from_tools
+from engine.tool_parsers.tool_choice_schema import get_json_schema_from_tools
 
 
 def request_field(request: Any, name: str, default: Any = None) -> Any:

@@ -1,9 +1,9 @@
 """OpenAI error bodies: exception -> (HTTP status, {"error": {message, type, param, code}}).
 
-Mirrors vllm/entrypoints/serve/exception_handling/{error_response,utils}.py and
-handlers/validation.py: validation errors are 400 "BadRequestError" (pydantic's are 400
-"Bad Request" with vLLM's "N validation errors:" text), an unknown model 404
-"NotFoundError", not implemented 501, anything else 500 "InternalServerError".
+Mirrors vllm/entrypoints/serve/exception_handling/{error_response,utils}.py: validation
+errors are 400 "BadRequestError" (pydantic's are 400 "Bad Request", their text from
+validation_errors.py), an unknown model 404 "NotFoundError", not implemented 501, anything
+else 500 "InternalServerError".
 engine.errors classes map as their vllm.h status says (OutOfResources and an engine that
 is shutting down -> 503).
 """
@@ -17,6 +17,7 @@ from http import HTTPStatus
 
 from pydantic import ValidationError
 
+from engine.entrypoints.openai.validation_errors import format_validation_error
 from engine.errors import (
     InvalidArgumentError,
     NotFoundError,
@@ -27,9 +28,7 @@ from engine.errors import (
 
 logger = logging.getLogger(__name__)
 
-_MAX_REPORTED_ERRORS = 10
 _INVALID_STATE = 12  # VLLM_ERR_INVALID_STATE: e.g. the engine is shutting down
-_MAX_ERROR_CHARS = 1000
 
 
 class VLLMValidationError(VllmError):
@@ -67,44 +66,11 @@ def sanitize_message(message: str) -> str:
     return message.strip()
 
 
-def _format_validation_error(exc: ValidationError) -> tuple[str, str | None]:
-    errors = exc.errors(include_url=False)
-    param = _clean_loc(errors[0].get("loc", ())) if errors else None
-    label = "error" if len(errors) == 1 else "errors"
-    lines = [f"{len(errors)} validation {label}:"]
-    for err in errors[:_MAX_REPORTED_ERRORS]:
-        shown = {k: v for k, v in err.items() if k != "ctx"}
-        shown["loc"] = _clean_loc(err.get("loc", ()))
-        shown["input"] = _summarize(err.get("input"))
-        lines.append(f"  {str(shown)[:_MAX_ERROR_CHARS]}")
-    if len(errors) > _MAX_REPORTED_ERRORS:
-        lines.append(f"  ...and {len(errors) - _MAX_REPORTED_ERRORS} more {label}")
-    return "\n".join(lines), param or None
-
-
-def _clean_loc(loc: tuple) -> str:
-    """The location as a dotted path without pydantic's union-branch markers."""
-    return ".".join(str(p) for p in loc if not _internal_loc(str(p)))
-
-
-def _internal_loc(segment: str) -> bool:
-    """pydantic's union-branch / wrapper markers in an error location."""
-    return bool(re.search(r"[\[\]{}()]", segment)) or segment in (
-        "str", "int", "float", "bool", "list", "dict", "function-after", "function-before")
-
-
-def _summarize(value: object) -> object:
-    if isinstance(value, (list, tuple, dict)):
-        return f"<{type(value).__name__} of {len(value)} items>"
-    text = value if isinstance(value, str) else repr(value)
-    return text[:200] + "...[truncated]" if len(text) > 200 else value
-
-
 def error_response(exc: BaseException) -> tuple[int, dict]:
     """The HTTP status and OpenAI error body for `exc`."""
     param = getattr(exc, "parameter", None)
     if isinstance(exc, ValidationError):
-        message, param = _format_validation_error(exc)
+        message, param = format_validation_error(exc)
         status, err_type = HTTPStatus.BAD_REQUEST, HTTPStatus.BAD_REQUEST.phrase
     elif isinstance(exc, NotFoundError):
         message, status, err_type = str(exc), HTTPStatus.NOT_FOUND, "NotFoundError"
