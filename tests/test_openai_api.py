@@ -265,7 +265,7 @@ def test_sampling_params_validation(client, body, message):
 
 
 @pytest.mark.parametrize("endpoint, field, value", [
-    ("/v1/completions", "use_beam_search", True),
+    ("/v1/chat/completions", "use_beam_search", True),
     ("/v1/completions", "suffix", "end"),
 ])
 def test_unsupported_fields_are_refused(client, endpoint, field, value):
