@@ -134,7 +134,21 @@ def test_completion_beam_search_refusals(client, body, message, param):  # noqa:
         assert error["param"] == param
 
 
-def test_chat_beam_search_stays_refused(client):  # noqa: F811
+def test_chat_beams_are_the_choices(client):  # noqa: F811
+    """Chat completions with use_beam_search: the rendered prompt's beams, best first, equal
+    the completions endpoint's beams over the same prompt ids."""
+    messages = [{"role": "user", "content": "Name a color."}]
+    chat = ok(client, "/v1/chat/completions", {
+        "messages": messages, "use_beam_search": True, "n": 3, "max_tokens": 4,
+        "return_token_ids": True, "logprobs": True, "top_logprobs": 2})
+    res = ok(client, "/v1/completions", {
+        "prompt": chat["prompt_token_ids"], "use_beam_search": True, "n": 3, "max_tokens": 4,
+        "return_token_ids": True})
+    assert [c["token_ids"] for c in chat["choices"]] == \
+        [c["token_ids"] for c in res["choices"]]
+    assert [c["index"] for c in chat["choices"]] == [0, 1, 2]
+    assert all(c["message"]["role"] == "assistant" for c in chat["choices"])
+    assert all(len(c["logprobs"]["content"]) == len(c["token_ids"]) for c in chat["choices"])
     error = err(client, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "Hi"}], "use_beam_search": True})
-    assert error["message"] == "`use_beam_search` is not supported yet by this server."
+        "messages": messages, "use_beam_search": True, "stream": True})
+    assert error["message"] == "Streaming is not currently supported with beam search"

@@ -265,8 +265,8 @@ def test_sampling_params_validation(client, body, message):
 
 
 @pytest.mark.parametrize("endpoint, field, value", [
-    ("/v1/chat/completions", "use_beam_search", True),
     ("/v1/completions", "suffix", "end"),
+    ("/v1/chat/completions", "kv_transfer_params", {"x": 1}),
 ])
 def test_unsupported_fields_are_refused(client, endpoint, field, value):
     """Fields of features the engine lacks: a clear 400, never silently ignored."""

@@ -7,6 +7,7 @@ ChatCompletionRequest.to_sampling_params (max_tokens None fills the context; res
 and structured_outputs -> the grammar). Tools are rendered by the chat template; reasoning
 and tool calls are split from each choice by engine/entrypoints/openai/chat_parser.py
 (required / named tool_choice forced with a JSON-schema grammar, as vLLM's adjust_request).
+use_beam_search: the prompt's beams are the choices (engine/entrypoints/openai/serving_beam.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from engine.entrypoints.openai.chat_render import chat_template_kwargs, render_p
 from engine.entrypoints.openai.logprobs import chat_logprobs
 from engine.entrypoints.openai.prompt_limits import encode_prompt
 from engine.entrypoints.openai.protocol import CompletionTokenUsageInfo, UsageInfo
+from engine.entrypoints.openai.serving_beam import BeamSteps, beam_finals, beam_search_params
 from engine.entrypoints.openai.serving_engine import (
     ServingContext,
     build_sampling_params,
@@ -39,8 +41,8 @@ from engine.entrypoints.openai.serving_engine import (
 from engine.structured_output.response_format import structured_outputs_from_response_format
 from engine.tool_parsers.protocol import DeltaMessage
 
-_UNSUPPORTED = {"use_beam_search": False, "mm_processor_kwargs": None,
-                "media_io_kwargs": None, "kv_transfer_params": None}
+_UNSUPPORTED = {"mm_processor_kwargs": None, "media_io_kwargs": None,
+                "kv_transfer_params": None}
 _REQUEST_NAMES = {"logprobs": "top_logprobs", "extra_args": "vllm_xargs"}
 
 
@@ -77,6 +79,14 @@ class ChatJob:
             request.structured_outputs, request.response_format)
         if parser.keep_special_tokens:  # tool-call markers may be special tokens
             values["skip_special_tokens"] = False
+        self.beams = None
+        if request.use_beam_search:  # the choices are the prompt's beams
+            self.beams = [beam_search_params(request, values["structured_outputs"],
+                                             values["max_tokens"], ctx.default_sampling)]
+            if parser.keep_special_tokens:
+                self.beams[0].skip_special_tokens = False
+            self.merged = BeamSteps()
+            return
         sampling = build_sampling_params(values, _REQUEST_NAMES, ctx.default_sampling)
         self.merged = ctx.submit(self.id, [self.prompt_ids], [sampling],
                                  reasoning_parser_kwargs={
@@ -127,7 +137,10 @@ class ChatJob:
             parser.count_reasoning_tokens(final.token_ids)
 
     def response(self) -> str:
-        req, finals = self.request, collect(self.merged)
+        req = self.request
+        finals = collect(self.merged) if self.beams is None else beam_finals(
+            self.ctx, self.id, [self.prompt_ids], self.beams, self.merged, req.priority,
+            req.cache_salt)
         echo = self._echo_text() if req.echo else ""
         choices, counts = zip(*(self._choice(i, f, echo) for i, f in sorted(finals.items()))) \
             if finals else ((), ())

@@ -5,21 +5,14 @@ completion_stream_generator, request_output_to_completion_response) and
 CompletionRequest.to_sampling_params: echo (max_tokens=0 echoes only), several prompts
 (choice index = prompt_idx * n + i), usage, stream_options, return_token_ids,
 response_format / structured_outputs (the grammar of every prompt's choices), and
-use_beam_search (CompletionRequest.to_beam_search_params, n beams a prompt, no streaming:
-engine/beam_search.py).
+use_beam_search (engine/entrypoints/openai/serving_beam.py).
 """
 
 from __future__ import annotations
 
 import time
 
-from engine.beam_search import BeamSearchParams, beam_search, get_beam_search_eos_token_ids
-from engine.entrypoints.openai.accumulate import (
-    FinalOutput,
-    StreamClock,
-    collect,
-    include_usage,
-)
+from engine.entrypoints.openai.accumulate import StreamClock, collect, include_usage
 from engine.entrypoints.openai.completion_protocol import (
     CompletionRequest,
     CompletionResponse,
@@ -27,16 +20,15 @@ from engine.entrypoints.openai.completion_protocol import (
     CompletionResponseStreamChoice,
     CompletionStreamResponse,
 )
-from engine.entrypoints.openai.errors import VLLMValidationError
 from engine.entrypoints.openai.logprobs import completion_logprobs
 from engine.entrypoints.openai.prompt_limits import encode_prompt
 from engine.entrypoints.openai.protocol import UsageInfo
+from engine.entrypoints.openai.serving_beam import BeamSteps, beam_finals, beam_search_params
 from engine.entrypoints.openai.serving_engine import (
     ServingContext,
     build_sampling_params,
     refuse_unsupported,
 )
-from engine.sampling_params import SamplingParams
 from engine.structured_output.response_format import structured_outputs_from_response_format
 
 # Fields whose feature this engine does not have yet: any non-default value is a 400.
@@ -72,9 +64,9 @@ class CompletionJob:
         echo_only = request.echo and request.max_tokens == 0
         self.beams = None
         if request.use_beam_search:
-            self.beams = [_beam_search_params(request, structured_outputs, ctx.get_max_tokens(
+            self.beams = [beam_search_params(request, structured_outputs, ctx.get_max_tokens(
                 request.max_tokens, len(ids)), ctx.default_sampling) for ids in self.prompts]
-            self.merged = _BeamSteps()
+            self.merged = BeamSteps()
         else:
             samplings = [build_sampling_params({**_sampling_values(
                 request, 1 if echo_only else ctx.get_max_tokens(request.max_tokens,
@@ -103,45 +95,11 @@ class CompletionJob:
             return echo, prompt_ids, prompt_lps
         return echo + text, [*prompt_ids, *ids], [*prompt_lps, *(lps or [])]
 
-    def _beam_finals(self) -> dict[int, FinalOutput]:
-        """vLLM's online beam search of every prompt, one after the other: its beams are
-        the prompt's choices, best first."""
-        engine, lock, n = self.ctx.client.engine, self.ctx.client.lock, self.request.n or 1
-        processor = engine.input_processor
-        eos = get_beam_search_eos_token_ids(processor.generation_config,
-                                            processor.eos_token_id)
-        tok, steps = engine.tokenizer, iter(range(1 << 62))
-
-        def decode(ids: list[int], skip: bool) -> str:
-            with lock:
-                return tok.decode(ids, skip_special_tokens=skip)
-
-        def run_step(token_lists: list[list[int]], sp: SamplingParams):
-            sampling = {"logprobs": sp.logprobs, "max_tokens": 1, "temperature": sp.temperature,
-                        "detokenize": False}
-            if self.merged.cancelled:  # the caller went away: vLLM's abort
-                return [("abort", None)] * len(token_lists)
-            self.merged.step = self.ctx.submit(
-                f"{self.id}-beam{next(steps)}", token_lists, [sampling] * len(token_lists),
-                priority=self.request.priority, cache_salt=self.request.cache_salt)
-            done = collect(self.merged.step)
-            return [(done[i].finish_reason if i in done else "abort",
-                     (done[i].logprobs or [None])[0] if i in done else None)
-                    for i in range(len(token_lists))]
-
-        finals = {}
-        for p, (ids, params) in enumerate(zip(self.prompts, self.beams)):
-            best = beam_search(run_step, ids, params, eos, None if tok is None else decode)
-            for i, beam in enumerate(best):
-                finals[p * n + i] = FinalOutput(
-                    p, ids, text=beam.text, token_ids=beam.tokens[len(ids):],
-                    logprobs=beam.logprobs, finish_reason=beam.finish_reason,
-                    stop_reason=beam.stop_reason)
-        return finals
-
     def response(self) -> str:
         req = self.request
-        finals = self._beam_finals() if self.beams is not None else collect(self.merged)
+        finals = collect(self.merged) if self.beams is None else beam_finals(
+            self.ctx, self.id, self.prompts, self.beams, self.merged, req.priority,
+            req.cache_salt)
         choices, completion_tokens = [], 0
         for index in sorted(finals):
             f = finals[index]
@@ -224,51 +182,6 @@ def _prompt_list(prompt) -> list:
     if isinstance(prompt, str) or prompt == [] or isinstance(prompt[0], int):
         return [prompt]
     return list(prompt)
-
-
-class _BeamSteps:
-    """What the API layer cancels and closes for a beam search (a MergedStream's role):
-    the requests of the step in flight, and every later step."""
-
-    def __init__(self) -> None:
-        self.step = None  # the MergedStream of the step in flight
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-        if self.step is not None:
-            self.step.cancel()
-
-    def close(self) -> None:
-        self.cancel()
-        if self.step is not None:
-            self.step.close()
-
-
-def _beam_search_params(req: CompletionRequest, structured_outputs, max_tokens: int,
-                        defaults: dict) -> BeamSearchParams:
-    """CompletionRequest.to_beam_search_params of vLLM; what its beam search cannot honour
-    is a 400 (vLLM: streaming, allowed_token_ids on the V1 runner; here also a grammar,
-    which vLLM's completions drop)."""
-    if req.stream:
-        raise VLLMValidationError("Streaming is not currently supported with beam search",
-                                  parameter="stream")
-    if req.allowed_token_ids is not None:
-        raise VLLMValidationError("Beam allowlists require the V2 model runner",
-                                  parameter="allowed_token_ids")
-    if structured_outputs is not None:
-        raise VLLMValidationError("Structured outputs are not supported with beam search",
-                                  parameter="structured_outputs")
-    temperature = req.temperature if req.temperature is not None \
-        else defaults.get("temperature", 1.0)
-    skip = req.skip_special_tokens if req.skip_special_tokens is not None \
-        else defaults.get("skip_special_tokens", True)
-    return BeamSearchParams(
-        beam_width=req.n if req.n is not None else 1, max_tokens=max_tokens,
-        ignore_eos=bool(req.ignore_eos), temperature=temperature,
-        length_penalty=req.length_penalty,
-        include_stop_str_in_output=bool(req.include_stop_str_in_output),
-        skip_special_tokens=skip)
 
 
 def _sampling_values(req: CompletionRequest, max_tokens: int) -> dict:
