@@ -12,6 +12,7 @@ chooses how the step's requests are sent (engine/entrypoints/openai/serving_comp
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -70,10 +71,15 @@ def get_beam_search_score(num_generated_tokens: int, cumulative_logprob: float,
 
 
 def create_sort_beams_key_function(length_penalty: float) -> Callable[[BeamSearchSequence],
-                                                                     float]:
-    def sort_beams_key(x: BeamSearchSequence) -> float:
+                                                                     tuple]:
+    """A key in get_beam_search_score's order (higher is better) computed in logs, so that
+    no length_penalty overflows: cum / n ** p = -exp(log(-cum) - p * log(n)) for cum < 0."""
+    def sort_beams_key(x: BeamSearchSequence) -> tuple:
         # one logprobs entry per generated token, the EOS that `tokens` may omit included
-        return get_beam_search_score(len(x.logprobs), x.cum_logprob, length_penalty)
+        if x.cum_logprob >= 0:
+            return (1, 0.0)
+        n = max(len(x.logprobs), 1)
+        return (0, length_penalty * math.log(n) - math.log(-x.cum_logprob))
 
     return sort_beams_key
 

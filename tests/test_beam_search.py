@@ -12,7 +12,7 @@ runner) plus a grammar, which vLLM's completions would drop silently.
 from __future__ import annotations
 
 import pytest
-from test_openai_api import client, err, ok  # noqa: F401 - client: the fixture
+from test_openai_api import Spy, call, client, err, ok  # noqa: F401 - client: the fixture
 
 from engine.beam_search import (
     BeamSearchParams,
@@ -20,6 +20,7 @@ from engine.beam_search import (
     get_beam_search_eos_token_ids,
     get_beam_search_score,
 )
+from engine.entrypoints.openai.serving_beam import BeamSteps
 from engine.errors import InvalidArgumentError
 from engine.logprobs import Logprob
 
@@ -111,11 +112,58 @@ def test_completion_beams_equal_transformers(client, hf_test_model,  # noqa: F81
 
 
 def test_completion_beams_across_prompts(client):  # noqa: F811
-    res = ok(client, "/v1/completions", {"prompt": ["Hello", "The sky is"], "n": 2,
-                                         "use_beam_search": True, "max_tokens": 3})
+    """Each prompt's beams as a request of its own gives them, in order; every step's
+    engine requests carry the call's priority and cache_salt."""
+    body = {"n": 2, "use_beam_search": True, "max_tokens": 3, "return_token_ids": True}
+    spy = Spy(client)
+    res = ok(spy, "/v1/completions", {**body, "prompt": ["Hello", "The sky is"],
+                                      "priority": 2, "cache_salt": "s"})
     assert [c["index"] for c in res["choices"]] == [0, 1, 2, 3]
-    assert all(c["finish_reason"] in ("length", "stop") for c in res["choices"])
-    assert all(isinstance(c["text"], str) for c in res["choices"])
+    alone = [ok(client, "/v1/completions", {**body, "prompt": p})["choices"]
+             for p in ("Hello", "The sky is")]
+    assert [c["token_ids"] for c in res["choices"]] == \
+        [c["token_ids"] for choices in alone for c in choices]
+    assert len(spy.kwargs) == 2 * 2 * 3 - 2  # 1 + 2 + 2 requests a prompt (3 steps)
+    assert {(k["priority"], k["cache_salt"]) for k in spy.kwargs} == {(2, "s")}
+    assert all(p.max_tokens == 1 and p.logprobs == 4 for p in spy.params)
+
+
+def test_choice_indexes_have_no_gaps(client):  # noqa: F811
+    """A prompt that ends with fewer than n beams (max_tokens 0: the prompt itself): the
+    choices are numbered in order, as vLLM's index=len(choices)."""
+    res = ok(client, "/v1/completions", {"prompt": ["Hi", "Yo"], "n": 3, "max_tokens": 0,
+                                         "echo": True, "use_beam_search": True})
+    assert [c["index"] for c in res["choices"]] == [0, 1]
+    assert [c["text"] for c in res["choices"]] == ["Hi", "Yo"]
+
+
+@pytest.mark.parametrize("penalty", [-1000.0, 1000.0])
+def test_extreme_length_penalties_rank_without_overflow(client, penalty):  # noqa: F811
+    res = ok(client, "/v1/completions", {"prompt": "Hi", "n": 2, "max_tokens": 3,
+                                         "use_beam_search": True, "length_penalty": penalty})
+    assert len(res["choices"]) == 2
+    res = call(client, "/v1/completions", '{"prompt": "Hi", "use_beam_search": true, '
+                                          '"length_penalty": 1e999}')
+    assert res.status == 400 and "length_penalty must be a finite number" in res.body
+
+
+def test_cancel_stops_the_step_in_flight_and_later_steps():
+    class Step:
+        cancelled = closed = False
+
+        def cancel(self):
+            self.cancelled = True
+
+        def close(self):
+            self.closed = True
+
+    steps = BeamSteps()
+    steps.cancel()  # nothing in flight yet
+    assert steps.cancelled
+    steps = BeamSteps()
+    steps.step = Step()
+    steps.close()
+    assert steps.cancelled and steps.step.cancelled and steps.step.closed
 
 
 @pytest.mark.parametrize("body, message, param", [
@@ -124,7 +172,10 @@ def test_completion_beams_across_prompts(client):  # noqa: F811
      "allowed_token_ids"),
     ({"response_format": {"type": "json_object"}},
      "Structured outputs are not supported with beam search", "structured_outputs"),
-    ({"n": 11}, "logprobs", None),  # 2 x 11 candidates a step: over max_logprobs (20)
+    ({"n": 11}, "Requested sample logprobs of 22, which is greater than max allowed: 20 "
+     "(beam search asks 2 x n)", "n"),  # refused before any step, max_tokens 0 included
+    ({"n": 11, "max_tokens": 0}, "Requested sample logprobs of 22", "n"),
+    ({"max_tokens": -1}, "max_tokens must be at least 0, got -1.", "max_tokens"),
 ])
 def test_completion_beam_search_refusals(client, body, message, param):  # noqa: F811
     error = err(client, "/v1/completions", {"prompt": "Hi", "use_beam_search": True,

@@ -3,13 +3,14 @@ search of each prompt through the engine, as final outputs the response builders
 
 Mirrors vLLM's ChatCompletionRequest / CompletionRequest.to_beam_search_params and the
 endpoints' use of BeamSearchOnlineMixin.beam_search (vllm/entrypoints/openai/
-{completion,chat_completion}/serving.py): n beams a prompt, choice index prompt_idx * n + i,
-best first, no streaming. The algorithm is engine/beam_search.py.
+{completion,chat_completion}/serving.py): n beams a prompt, best first, choices numbered in
+order, no streaming. The algorithm is engine/beam_search.py.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 
 from engine.beam_search import BeamSearchParams, beam_search, get_beam_search_eos_token_ids
 from engine.entrypoints.openai.accumulate import FinalOutput, collect
@@ -17,10 +18,11 @@ from engine.entrypoints.openai.errors import VLLMValidationError
 from engine.sampling_params import SamplingParams
 
 
-def beam_search_params(req, structured_outputs, max_tokens: int, defaults: dict
-                       ) -> BeamSearchParams:
+def beam_search_params(req, structured_outputs, max_tokens: int, defaults: dict,
+                       max_logprobs: int) -> BeamSearchParams:
     """to_beam_search_params of vLLM; what its beam search cannot honour is a 400 (vLLM:
-    streaming, allowed_token_ids on the V1 runner; here also a grammar, which vLLM drops)."""
+    streaming, allowed_token_ids on the V1 runner; here also a grammar, which vLLM drops,
+    and before any step what its first step would refuse or what would break the ranking)."""
     if req.stream:
         raise VLLMValidationError("Streaming is not currently supported with beam search",
                                   parameter="stream")
@@ -30,12 +32,23 @@ def beam_search_params(req, structured_outputs, max_tokens: int, defaults: dict
     if structured_outputs is not None:
         raise VLLMValidationError("Structured outputs are not supported with beam search",
                                   parameter="structured_outputs")
+    if max_tokens < 0:
+        raise VLLMValidationError(f"max_tokens must be at least 0, got {max_tokens}.",
+                                  parameter="max_tokens")
+    if not math.isfinite(req.length_penalty):
+        raise VLLMValidationError("length_penalty must be a finite number",
+                                  parameter="length_penalty")
+    width = req.n if req.n is not None else 1
+    if isinstance(width, int) and 0 < width and 2 * width > max_logprobs >= 0:
+        raise VLLMValidationError(
+            f"Requested sample logprobs of {2 * width}, which is greater than max allowed: "
+            f"{max_logprobs} (beam search asks 2 x n)", parameter="n")
     temperature = req.temperature if req.temperature is not None \
         else defaults.get("temperature", 1.0)
     skip = req.skip_special_tokens if req.skip_special_tokens is not None \
         else defaults.get("skip_special_tokens", True)
     return BeamSearchParams(
-        beam_width=req.n if req.n is not None else 1, max_tokens=max_tokens,
+        beam_width=width, max_tokens=max_tokens,
         ignore_eos=bool(req.ignore_eos), temperature=temperature,
         length_penalty=req.length_penalty,
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
@@ -64,7 +77,8 @@ class BeamSteps:
 def beam_finals(ctx, job_id: str, prompts: list[list[int]], params: list[BeamSearchParams],
                 steps: BeamSteps, priority: int, cache_salt: str | None
                 ) -> dict[int, FinalOutput]:
-    """Each prompt's beams, one prompt after the other, as choices prompt_idx * n + i."""
+    """Each prompt's beams, one prompt after the other, as choices numbered in that order
+    (vLLM's index=len(choices): a prompt may end with fewer than n beams)."""
     engine, lock = ctx.client.engine, ctx.client.lock
     processor = engine.input_processor
     eos = get_beam_search_eos_token_ids(processor.generation_config, processor.eos_token_id)
@@ -82,6 +96,8 @@ def beam_finals(ctx, job_id: str, prompts: list[list[int]], params: list[BeamSea
         steps.step = ctx.submit(f"{job_id}-beam{next(counter)}", token_lists,
                                 [sampling] * len(token_lists), priority=priority,
                                 cache_salt=cache_salt)
+        if steps.cancelled:  # cancelled between the check and the submit
+            steps.step.cancel()
         done = collect(steps.step)
         return [(done[i].finish_reason, (done[i].logprobs or [None])[0]) if i in done
                 else ("abort", None) for i in range(len(token_lists))]
@@ -89,8 +105,8 @@ def beam_finals(ctx, job_id: str, prompts: list[list[int]], params: list[BeamSea
     finals = {}
     for p, (ids, bp) in enumerate(zip(prompts, params)):
         best = beam_search(run_step, ids, bp, eos, None if tok is None else decode)
-        for i, beam in enumerate(best):
-            finals[p * bp.beam_width + i] = FinalOutput(
+        for beam in best:
+            finals[len(finals)] = FinalOutput(
                 p, ids, text=beam.text, token_ids=beam.tokens[len(ids):], logprobs=beam.logprobs,
                 finish_reason=beam.finish_reason, stop_reason=beam.stop_reason)
     return finals

@@ -64,8 +64,10 @@ class CompletionJob:
         echo_only = request.echo and request.max_tokens == 0
         self.beams = None
         if request.use_beam_search:
-            self.beams = [beam_search_params(request, structured_outputs, ctx.get_max_tokens(
-                request.max_tokens, len(ids)), ctx.default_sampling) for ids in self.prompts]
+            self.beams = [beam_search_params(
+                request, structured_outputs, ctx.get_max_tokens(request.max_tokens, len(ids)),
+                ctx.default_sampling, ctx.client.engine.config.max_logprobs)
+                for ids in self.prompts]
             self.merged = BeamSteps()
         else:
             samplings = [build_sampling_params({**_sampling_values(
