@@ -60,6 +60,28 @@ def test_beams_keep_the_best_continuations_and_rank_by_length_penalty():
     assert get_beam_search_score(0, -1.0) == -1.0  # an aborted beam with nothing generated
 
 
+def test_sort_key_orders_as_the_score():
+    """The log-space key ranks beams as vLLM's get_beam_search_score does wherever that
+    score is representable (random lengths, cumulative logprobs and penalties)."""
+    import random
+
+    from engine.beam_search import BeamSearchSequence, create_sort_beams_key_function
+
+    rng = random.Random(0)
+    for penalty in (-2.0, 0.0, 0.5, 1.0, 3.0):
+        beams = [BeamSearchSequence([0], logprobs=[{}] * rng.randint(0, 9),
+                                    cum_logprob=rng.choice([0.0, -rng.uniform(0, 30)]))
+                 for _ in range(60)]
+        key = create_sort_beams_key_function(penalty)
+        by_key = sorted(beams, key=key, reverse=True)
+        by_score = sorted(beams, key=lambda b: get_beam_search_score(
+            len(b.logprobs), b.cum_logprob, penalty), reverse=True)
+        scores = [get_beam_search_score(len(b.logprobs), b.cum_logprob, penalty)
+                  for b in by_key]
+        assert scores == pytest.approx([get_beam_search_score(
+            len(b.logprobs), b.cum_logprob, penalty) for b in by_score])
+
+
 def test_abort_returns_the_last_completed_step():
     """vLLM's abort case: the beams of the last full step come back with reason abort."""
     table = {1: {2: -0.1, 99: -0.2}, 2: {3: -0.1}}
