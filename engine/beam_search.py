@@ -16,11 +16,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from engine.errors import InvalidArgumentError
 from engine.logprobs import Logprob
-from engine.sampling_params import MAX_N_SEQUENCES, SamplingParams
+from engine.sampling_params import SamplingParams, verify_num_sequences
 
 # run_step(token lists) -> per beam (finish_reason, {token id: Logprob} of its one new token)
 RunStep = Callable[[list[list[int]], SamplingParams], list[tuple[str | None, dict | None]]]
@@ -41,15 +38,12 @@ class BeamSearchParams:
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.beam_width, int) or isinstance(self.beam_width, bool):
-            raise InvalidArgumentError(
-                f"beam_width must be an int, but is of type {type(self.beam_width)}")
-        if self.beam_width < 1:
-            raise InvalidArgumentError(f"beam_width must be at least 1, got {self.beam_width}.")
-        if self.beam_width > MAX_N_SEQUENCES:
-            raise InvalidArgumentError(
-                f"beam_width must be at most {MAX_N_SEQUENCES}, got {self.beam_width}. To "
-                "increase this limit, set the VLLM_MAX_N_SEQUENCES environment variable.")
+        verify_num_sequences(self.beam_width, "beam_width")
+
+    def step_sampling_params(self) -> SamplingParams:
+        """What each step asks of the engine: one token with 2 x beam_width logprobs."""
+        return SamplingParams(logprobs=2 * self.beam_width, max_tokens=1,
+                              temperature=self.temperature, detokenize=False)
 
 
 @dataclass
@@ -97,8 +91,7 @@ def beam_search(run_step: RunStep, prompt_token_ids: list[int], params: BeamSear
                 ) -> list[BeamSearchSequence]:
     """The best params.beam_width beams, best first; decode(ids, skip_special_tokens) gives
     each its text (None: no tokenizer, texts stay empty)."""
-    step_params = SamplingParams(logprobs=2 * params.beam_width, max_tokens=1,
-                                 temperature=params.temperature, detokenize=False)
+    step_params = params.step_sampling_params()
     sort_key = create_sort_beams_key_function(params.length_penalty)
     beams = [BeamSearchSequence(tokens=list(prompt_token_ids))]
     completed: list[BeamSearchSequence] = []
@@ -119,11 +112,10 @@ def beam_search(run_step: RunStep, prompt_token_ids: list[int], params: BeamSear
                         cum_logprob=cum, finish_reason="stop", stop_reason=token_id))
                 else:
                     candidates.append((cum, int(token_id), beam, logprobs))
-        scores = np.fromiter((c[0] for c in candidates), np.float64, len(candidates))
-        top = np.argsort(-scores, kind="stable")[:params.beam_width]
+        candidates.sort(key=lambda c: c[0], reverse=True)  # stable: ties keep their order
         beams = [BeamSearchSequence(tokens=b.tokens + [t], logprobs=b.logprobs + [lps],
                                     cum_logprob=cum)
-                 for cum, t, b, lps in (candidates[int(i)] for i in top)]
+                 for cum, t, b, lps in candidates[:params.beam_width]]
         if not beams:
             break
     best = sorted(completed + beams, key=sort_key, reverse=True)[:params.beam_width]

@@ -35,6 +35,19 @@ class SamplingType(enum.IntEnum):
     RANDOM_SEED = 2
 
 
+def verify_num_sequences(value, name: str) -> None:
+    """n or a beam width: an int in [1, VLLM_MAX_N_SEQUENCES] (vLLM's
+    _verify_num_sequences)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be an int, but is of type {type(value)}")
+    if value < 1:
+        raise InvalidArgumentError(f"{name} must be at least 1, got {value}.")
+    if value > MAX_N_SEQUENCES:
+        raise InvalidArgumentError(
+            f"{name} must be at most {MAX_N_SEQUENCES}, got {value}. To increase this "
+            "limit, set the VLLM_MAX_N_SEQUENCES environment variable.")
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -114,11 +127,7 @@ class SamplingParams:
 
     def _verify_args(self) -> None:
         err = InvalidArgumentError
-        if self.n < 1:
-            raise err(f"n must be at least 1, got {self.n}.")
-        if self.n > MAX_N_SEQUENCES:
-            raise err(f"n must be at most {MAX_N_SEQUENCES}, got {self.n}. To increase this "
-                      "limit, set the VLLM_MAX_N_SEQUENCES environment variable.")
+        verify_num_sequences(self.n, "n")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise err(f"{name} must be in [-2, 2], got {getattr(self, name)}.")

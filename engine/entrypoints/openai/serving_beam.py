@@ -15,11 +15,12 @@ import math
 from engine.beam_search import BeamSearchParams, beam_search, get_beam_search_eos_token_ids
 from engine.entrypoints.openai.accumulate import FinalOutput, collect
 from engine.entrypoints.openai.errors import VLLMValidationError
+from engine.errors import InvalidArgumentError
 from engine.sampling_params import SamplingParams
 
 
 def beam_search_params(req, structured_outputs, max_tokens: int, defaults: dict,
-                       max_logprobs: int) -> BeamSearchParams:
+                       engine) -> BeamSearchParams:
     """to_beam_search_params of vLLM; what its beam search cannot honour is a 400 (vLLM:
     streaming, allowed_token_ids on the V1 runner; here also a grammar, which vLLM drops,
     and before any step what its first step would refuse or what would break the ranking)."""
@@ -38,21 +39,22 @@ def beam_search_params(req, structured_outputs, max_tokens: int, defaults: dict,
     if not math.isfinite(req.length_penalty):
         raise VLLMValidationError("length_penalty must be a finite number",
                                   parameter="length_penalty")
-    width = req.n if req.n is not None else 1
-    if isinstance(width, int) and 0 < width and 2 * width > max_logprobs >= 0:
-        raise VLLMValidationError(
-            f"Requested sample logprobs of {2 * width}, which is greater than max allowed: "
-            f"{max_logprobs} (beam search asks 2 x n)", parameter="n")
     temperature = req.temperature if req.temperature is not None \
         else defaults.get("temperature", 1.0)
     skip = req.skip_special_tokens if req.skip_special_tokens is not None \
         else defaults.get("skip_special_tokens", True)
-    return BeamSearchParams(
-        beam_width=width, max_tokens=max_tokens,
+    params = BeamSearchParams(
+        beam_width=req.n if req.n is not None else 1, max_tokens=max_tokens,
         ignore_eos=bool(req.ignore_eos), temperature=temperature,
         length_penalty=req.length_penalty,
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
         skip_special_tokens=skip)
+    try:  # the engine's checks of every step's request, before the first one
+        params.step_sampling_params().verify(engine.model_info.vocab_size,
+                                             engine.config.max_logprobs)
+    except InvalidArgumentError as e:
+        raise VLLMValidationError(f"{e} (beam search asks 2 x n)", parameter="n") from e
+    return params
 
 
 class BeamSteps:
@@ -91,8 +93,8 @@ def beam_finals(ctx, job_id: str, prompts: list[list[int]], params: list[BeamSea
     def run_step(token_lists: list[list[int]], sp: SamplingParams):
         if steps.cancelled:  # the caller went away: vLLM's abort
             return [("abort", None)] * len(token_lists)
-        sampling = {"logprobs": sp.logprobs, "max_tokens": 1, "temperature": sp.temperature,
-                    "detokenize": False}
+        sampling = {"logprobs": sp.logprobs, "max_tokens": sp.max_tokens,
+                    "temperature": sp.temperature, "detokenize": sp.detokenize}
         steps.step = ctx.submit(f"{job_id}-beam{next(counter)}", token_lists,
                                 [sampling] * len(token_lists), priority=priority,
                                 cache_salt=cache_salt)

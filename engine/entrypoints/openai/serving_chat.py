@@ -83,7 +83,7 @@ class ChatJob:
         if request.use_beam_search:  # the choices are the prompt's beams
             self.beams = [beam_search_params(request, values["structured_outputs"],
                                              values["max_tokens"], ctx.default_sampling,
-                                             ctx.client.engine.config.max_logprobs)]
+                                             ctx.client.engine)]
             if parser.keep_special_tokens:
                 self.beams[0].skip_special_tokens = False
             self.merged = BeamSteps()

@@ -66,7 +66,7 @@ class CompletionJob:
         if request.use_beam_search:
             self.beams = [beam_search_params(
                 request, structured_outputs, ctx.get_max_tokens(request.max_tokens, len(ids)),
-                ctx.default_sampling, ctx.client.engine.config.max_logprobs)
+                ctx.default_sampling, ctx.client.engine)
                 for ids in self.prompts]
             self.merged = BeamSteps()
         else:
