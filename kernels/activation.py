@@ -20,10 +20,12 @@ import triton
 import triton.language as tl
 
 from kernels._common import cdiv, check, check_float, next_pow2, pdl_launch, pdl_wait
+from kernels.launch_cache import cached_launch
 
 ELEMENTS = 4096  # outputs a program writes: narrow rows (MoE, d = 512 / 768) share one
 
 
+@cached_launch
 @triton.jit
 def _silu_and_mul_kernel(
     x_ptr, out_ptr, n, d, stride_x, stride_out,

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import cdiv, check, next_pow2, pdl_launch, pdl_wait
+from kernels.launch_cache import cached_launch
 
 
 def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor,
@@ -64,6 +65,7 @@ def _new_state_tile(x_ptr, state_ptr, bos, seqlen, slot, has_init, c, mc, stride
     return xv.to(tl.float32) + sv.to(tl.float32), ptrs, mj[:, None] & mc[None, :]
 
 
+@cached_launch
 @triton.jit
 def _conv_fwd_kernel(x_ptr, w_ptr, state_ptr, out_ptr, qsl_ptr, idx_ptr, init_ptr,
                      dim, stride_x, stride_o, stride_s_slot, stride_s_k,
@@ -107,6 +109,7 @@ def _conv_fwd_kernel(x_ptr, w_ptr, state_ptr, out_ptr, qsl_ptr, idx_ptr, init_pt
         tl.store(ptrs, new.to(state_ptr.dtype.element_ty), mask=m)
 
 
+@cached_launch
 @triton.jit
 def _conv_state_kernel(x_ptr, state_ptr, qsl_ptr, idx_ptr, init_ptr, dim, stride_x,
                        stride_s_slot, stride_s_k, K: tl.constexpr, BLOCK_K: tl.constexpr,

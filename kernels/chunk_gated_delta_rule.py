@@ -31,6 +31,7 @@ import triton.language as tl
 
 from kernels._common import check, next_pow2
 from kernels.gated_delta_rule import check_gdn_inputs, check_sigmoid_gates, gdn_gates
+from kernels.launch_cache import cached_launch
 
 CHUNK_SIZE = 64  # FLA_CHUNK_SIZE
 
@@ -77,6 +78,7 @@ def _mm(a, b):
     return tl.dot(a, b, input_precision="ieee")
 
 
+@cached_launch
 @triton.jit
 def _chunk_wy_fwd_kernel(k_ptr, v_ptr, g_ptr, b_ptr, alog_ptr, dtb_ptr, qsl_ptr, cidx_ptr,
                          gc_ptr, a_ptr, w_ptr, u_ptr, stride_k, stride_v, stride_g, stride_b,
@@ -152,6 +154,7 @@ def _chunk_wy_fwd_kernel(k_ptr, v_ptr, g_ptr, b_ptr, alog_ptr, dtb_ptr, qsl_ptr,
              u.to(u_ptr.dtype.element_ty), mask=mv)
 
 
+@cached_launch
 @triton.jit
 def _chunk_fwd_h_o_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, o_ptr, s_ptr, qsl_ptr, idx_ptr,
                           init_ptr, scale, stride_q, stride_k, stride_o, L2NORM: tl.constexpr,

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check, next_pow2, pdl_launch, pdl_wait
+from kernels.launch_cache import cached_launch
 from kernels.paged_attention import (
     LOG2E,
     _attend_tile,
@@ -46,6 +47,7 @@ from kernels.paged_attention import (
 )
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["num_splits"])  # one compile for every split count
 def _paged_attention_decode_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr, gate_ptr,

@@ -23,11 +23,13 @@ import triton
 import triton.language as tl
 
 from kernels._common import check, check_float, check_same_device, pdl_launch, pdl_wait
+from kernels.launch_cache import cached_launch
 
 _COMPUTE_TYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16,
                   torch.float32: tl.float32}
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["EM", "num_valid_tokens"])  # bounds, masks: any token count
 def fused_moe_kernel(
     a_ptr, b_ptr, c_ptr, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr,

@@ -69,9 +69,11 @@ from kernels._common import (
     pdl_launch,
     pdl_wait,
 )
+from kernels.launch_cache import cached_launch
 from kernels.moe_topk_softmax import topk_softmax_row, topk_softmax_slot
 
 
+@cached_launch
 @triton.jit
 def _fused_moe_gemv_w13_kernel(
     x_ptr, w_ptr, topk_ids_ptr, logits_ptr, out_ptr, INTER, H, stride_we, num_blocks,
@@ -142,6 +144,7 @@ def _act_tile(ap, k, INTER, slot_mask, rk, EVEN_K: tl.constexpr):
     return tl.load(ap, mask=slot_mask[:, None] & (rk < INTER - k)[None, :], other=0.0)
 
 
+@cached_launch
 @triton.jit
 def _fused_moe_gemv_w2_kernel(
     a_ptr, w_ptr, topk_ids_ptr, topk_weights_ptr, logits_ptr, out_ptr, H, INTER, stride_we,

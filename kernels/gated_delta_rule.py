@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import cdiv, check, next_pow2, pdl_launch, pdl_wait
+from kernels.launch_cache import cached_launch
 
 L2_EPS = 1e-6
 
@@ -135,6 +136,7 @@ def gdn_gates(a, b, alog_ptr, dtb_ptr, hv):
     return -tl.exp(tl.load(alog_ptr + hv).to(tl.float32)) * softplus, tl.sigmoid(b)
 
 
+@cached_launch
 @triton.jit
 def _fused_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, s_ptr, qsl_ptr, idx_ptr,
                             init_ptr, alog_ptr, dtb_ptr, scale, num_seqs, num_tokens, stride_q,

@@ -36,8 +36,10 @@ from kernels._common import (
     pdl_wait,
 )
 from kernels.activation import silu_and_mul_ref
+from kernels.launch_cache import cached_launch
 
 
+@cached_launch
 @triton.jit
 def _dense_gemv_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, N, K,

@@ -39,10 +39,12 @@ from kernels._common import (
     pdl_wait,
 )
 from kernels.gemv import check_one_row_gemv, dense_gemv_ref
+from kernels.launch_cache import cached_launch
 from kernels.rotary import _check_cos_sin_cache, _check_positions
 from kernels.rotary_cache import rotary_embedding_and_cache_ref
 
 
+@cached_launch
 @triton.jit
 def _qkv_gemv_rope_cache_kernel(
     x_ptr, w_ptr, bias_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_ptr, cache_ptr, K,

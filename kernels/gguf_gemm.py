@@ -32,6 +32,7 @@ from kernels.gguf_kquant_mmq import (
     kquant_mmq_fits,
 )
 from kernels.gguf_tiles import TILE_TYPES, dequant_tile
+from kernels.launch_cache import cached_launch
 
 # Dispatch by token count M, from the H200 measurements in docs/kernels.md: GEMV up to
 # GEMV_MAX_M tokens, the fused GEMM up to MMQ_MAX_M (Q4_K / Q6_K: the word-load GEMM of
@@ -59,6 +60,7 @@ def gemv_config(qtype: int, n: int) -> tuple[int, int, int]:
     return 1, nb, 1
 
 
+@cached_launch
 @triton.jit
 def _gguf_dequantize_kernel(
     w_ptr, out_ptr, N, K, nblk, stride_w: tl.int64, stride_out: tl.int64,
@@ -77,6 +79,7 @@ def _gguf_dequantize_kernel(
                  mask=n_mask & (k < K)[None])
 
 
+@cached_launch
 @triton.jit
 def _gguf_gemv_kernel(
     x_ptr, w_ptr, y_ptr, M, N, K, nblk, stride_xm: tl.int64, stride_w: tl.int64,
@@ -111,6 +114,7 @@ def _gguf_gemv_kernel(
     tl.store(y, out.to(y_ptr.dtype.element_ty), mask=(n < N)[:, None] & (m0 + om < M)[None, :])
 
 
+@cached_launch
 @triton.jit
 def _gguf_mmq_kernel(
     x_ptr, w_ptr, y_ptr, M, N, K, nblk, stride_xm: tl.int64, stride_w: tl.int64,

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from kernels._common import cdiv, check
 from kernels.ggml_types import GGMLType
+from kernels.launch_cache import cached_launch
 
 # type -> (bytes per super-block, bytes per word loaded)
 KQUANT_MMQ_TYPES: dict[int, tuple[int, int]] = {GGMLType.Q4_K: (144, 4), GGMLType.Q6_K: (210, 2)}
@@ -165,6 +166,7 @@ def _kquant_mmq_kernel(
     tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok)
 
 
+@cached_launch
 @triton.jit
 def _kquant_dequantize_kernel(
     w_ptr, out_ptr, N, nblk, stride_w: tl.int64, stride_out: tl.int64,  # w in words

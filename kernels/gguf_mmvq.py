@@ -48,6 +48,7 @@ from kernels.gguf_mmvq_lanes import (
     q6k_lane_step,
 )
 from kernels.gguf_tiles import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
+from kernels.launch_cache import cached_launch
 
 MMVQ_TYPES = frozenset({Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K})  # block sizes: GGML_TYPE_TRAITS
 MMVQ_MAX_M = 8  # decode rows (the M <= 8); more go through kernels/gguf_gemm.py
@@ -317,6 +318,7 @@ def _lane_loop(acc, w_ptr, xq_ptr, xd_ptr, xs_ptr, x, n, N, nblk, stride_w, M, T
     return acc
 
 
+@cached_launch
 @triton.jit
 def _mmvq_kernel(
     xq_ptr, xd_ptr, xs_ptr, w_ptr, y_ptr, M, N, nblk, stride_w: tl.int64, stride_ym: tl.int64,
@@ -365,6 +367,7 @@ def _mmvq_kernel(
     tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=(n < N)[:, None] & (om < M)[None, :])
 
 
+@cached_launch
 @triton.jit
 def _quantize_q8_1_kernel(
     x_ptr, xq_ptr, xd_ptr, xs_ptr, K, stride_x: tl.int64, G: tl.constexpr,

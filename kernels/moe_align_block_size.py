@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check
+from kernels.launch_cache import cached_launch
 
 # pairs scanned per step by each program
 _BLOCK_T = 512
@@ -26,6 +27,7 @@ _BLOCK_T = 512
 TRITON_MAX_PAIRS = 8192
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["numel"])  # a bound and a value: one variant for every M
 def _moe_align_block_size_kernel(
     topk_ids_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_pad_ptr, numel, num_experts,

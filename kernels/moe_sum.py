@@ -15,10 +15,12 @@ import triton
 import triton.language as tl
 
 from kernels._common import cdiv, check, check_float, next_pow2, pdl_launch, pdl_wait
+from kernels.launch_cache import cached_launch
 
 ELEMENTS = 8192  # inputs a program reads
 
 
+@cached_launch
 @triton.jit
 def _moe_sum_kernel(
     x_ptr, out_ptr, h, top_k, stride_xm, stride_xk, stride_om,

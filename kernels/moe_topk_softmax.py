@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check, check_float, compiling, pdl_launch, pdl_wait
+from kernels.launch_cache import cached_launch
 
 MAX_EXPERTS = 4096
 
@@ -79,6 +80,7 @@ def topk_softmax_slot(logits_ptr, E, slot, BLOCK_E: tl.constexpr):
     return idx
 
 
+@cached_launch
 @triton.jit
 def _topk_softmax_kernel(
     logits_ptr, weights_ptr, ids_ptr, E, stride_l,

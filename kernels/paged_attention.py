@@ -35,6 +35,7 @@ from kernels._common import (
     pdl_wait,
 )
 from kernels._common import num_sms as _num_sms
+from kernels.launch_cache import cached_launch
 
 LOG2E = 1.4426950408889634
 
@@ -136,6 +137,7 @@ def _store_out(out_ptr, out_off, gate_ptr, gate_off, out, mask, GATED: tl.conste
     tl.store(out_ptr + out_off, o, mask=mask)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["num_splits"])
 def _paged_attention_decode_reduce_kernel(
     part_acc_ptr, part_ml_ptr, out_ptr, rows_end_ptr, gate_ptr, stride_ot: tl.int64, stride_oh,
@@ -190,6 +192,7 @@ def _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
 
 
 # num_reqs changes every step: specializing it (== 1, % 16) would JIT a variant mid-serving
+@cached_launch
 @triton.jit(do_not_specialize=["num_reqs", "num_segments"])
 def _paged_attention_prefill_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr, part_acc_ptr, part_ml_ptr,

@@ -27,8 +27,10 @@ from kernels._common import (
     pdl_launch,
     pdl_wait,
 )
+from kernels.launch_cache import cached_launch
 
 
+@cached_launch
 @triton.jit
 def _reshape_and_cache_kernel(
     k_ptr, v_ptr, cache_ptr, slot_ptr,

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check, check_float, check_same_device, next_pow2, pdl_launch, pdl_wait
+from kernels.launch_cache import cached_launch
 
 
 @triton.jit
@@ -44,6 +45,7 @@ def check_norm_weight(weight: torch.Tensor, hidden: int, weight_offset: float,
     check(weight_offset in (0.0, 1.0), lambda: f"weight_offset must be 0 or 1, got {weight_offset}")
 
 
+@cached_launch
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, hidden, stride_x, stride_res, stride_out, eps, weight_offset,

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check, check_float, check_same_device, next_pow2, pdl_launch, pdl_wait
+from kernels.launch_cache import cached_launch
 
 
 def rms_norm_gated_ref(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
@@ -31,6 +32,7 @@ def rms_norm_gated_ref(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
     return (out * F.silu(z.float())).to(x.dtype)
 
 
+@cached_launch
 @triton.jit
 def _rms_norm_gated_kernel(x_ptr, z_ptr, w_ptr, out_ptr, stride_xt, stride_xh, stride_zt,
                            stride_zh, stride_ot, n_heads, head_dim, eps,

@@ -25,11 +25,13 @@ import triton.language as tl
 
 from kernels._common import cdiv, check, check_same_device, next_pow2, pdl_launch, pdl_wait
 from kernels.gemv import check_one_row_gemv, dense_gemv_ref, gemv_config
+from kernels.launch_cache import cached_launch
 from kernels.rms_norm import check_norm_weight, norm_warps, rms_norm_ref, rms_norm_row
 
 MAX_N, MAX_HIDDEN = 513, 8192  # E + 1 router rows; one row held in registers
 
 
+@cached_launch
 @triton.jit
 def _fused_add_rms_norm_gemv_kernel(
     x_ptr, res_ptr, nw_ptr, w_ptr, out_ptr, res_out_ptr, y_ptr, N, hidden, eps, weight_offset,

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check, check_float, check_same_device, next_pow2, pdl_launch, pdl_wait
+from kernels.launch_cache import cached_launch
 
 
 @triton.jit
@@ -39,6 +40,7 @@ def _rotate_heads(ptr, stride_h, n_heads, cos, sin, half,
     tl.store(p1 + half, (f2 * cos + f1 * sin).to(x1.dtype), mask=mask)
 
 
+@cached_launch
 @triton.jit
 def _rotary_embedding_kernel(
     pos_ptr, q_ptr, k_ptr, cache_ptr, stride_qt, stride_qh, stride_kt, stride_kh,

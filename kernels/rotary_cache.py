@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check, check_float, check_same_device, next_pow2, pdl_launch, pdl_wait
+from kernels.launch_cache import cached_launch
 from kernels.reshape_and_cache import reshape_and_cache_ref
 from kernels.rms_norm import rms_norm_ref
 from kernels.rotary import (
@@ -78,6 +79,7 @@ def _norm_rope_store(src, src_stride_h, dst, dst_stride_h, n_heads, head_size, h
         tl.store(out + t, xt.to(dst.dtype.element_ty), mask=mt)
 
 
+@cached_launch
 @triton.jit
 def _rotary_embedding_and_cache_kernel(
     pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, cos_sin_ptr, cache_ptr, qw_ptr, kw_ptr,

@@ -40,6 +40,7 @@ from kernels._common import (
     pdl_wait,
 )
 from kernels._common import num_sms as _num_sms
+from kernels.launch_cache import cached_launch
 
 BLOCK = 512  # values a stage-1 program loads per step: 4 per thread of 4 warps
 PER_SM = 2  # stage-1 programs per SM a launch aims for (all rows together)
@@ -60,6 +61,7 @@ def _first_max(v, i):
     return tl.where(has_nan, float("nan"), m), tl.where(has_nan, i_nan, i_max)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["chunk_steps", "num_chunks"])
 def _argmax_chunk_kernel(
     x_ptr, q_ptr, part_v_ptr, part_i_ptr, vocab, stride_x: tl.int64, stride_q: tl.int64,

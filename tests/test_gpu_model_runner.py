@@ -362,10 +362,14 @@ def forget_triton_variants() -> None:
 
     from triton.runtime.jit import JITFunction
 
+    from kernels.launch_cache import CachedLaunch
+
     for name, module in list(sys.modules.items()):
         if name.startswith("kernels."):
             for obj in vars(module).values():
-                if isinstance(obj, JITFunction):
+                if isinstance(obj, CachedLaunch):
+                    obj.clear()
+                elif isinstance(obj, JITFunction):
                     obj.device_caches.clear()
 
 

@@ -205,7 +205,7 @@ def test_triton_path_through_the_engine(kernel_model_dir, monkeypatch):
     import engine.layers.gdn as gdn
     from kernels.gated_delta_rule import _fused_recurrent_kernel
 
-    if type(_fused_recurrent_kernel).__name__ != "InterpretedFunction":
+    if type(_fused_recurrent_kernel.fn).__name__ != "InterpretedFunction":
         pytest.skip("kernels/ compiled for a device (the GPU test covers this path)")
     monkeypatch.setattr(gdn, "use_kernels", lambda x: True)
     path, prompts, ref = kernel_model_dir
@@ -225,7 +225,7 @@ def test_chunked_prefill_kernels_through_the_engine(kernel_model_dir, monkeypatc
     import engine.layers.gdn as gdn
     from kernels.chunk_gated_delta_rule import _chunk_wy_fwd_kernel
 
-    if type(_chunk_wy_fwd_kernel).__name__ != "InterpretedFunction":
+    if type(_chunk_wy_fwd_kernel.fn).__name__ != "InterpretedFunction":
         pytest.skip("kernels/ compiled for a device (the GPU test covers this path)")
     calls: list[int] = []
     mixed: list[int] = []  # recurrent calls beside the chunked one (-1: a prefill row)

@@ -37,7 +37,7 @@ from kernels._common import (  # noqa: E402
 from kernels.activation import _silu_and_mul_kernel  # noqa: E402
 
 DEVICE = "cuda" if ON_CUDA else "cpu"
-if not ON_CUDA and type(_silu_and_mul_kernel).__name__ != "InterpretedFunction":
+if not ON_CUDA and type(_silu_and_mul_kernel.fn).__name__ != "InterpretedFunction":
     pytest.skip("no CUDA device and kernels/ were compiled without TRITON_INTERPRET=1",
                 allow_module_level=True)
 # dtypes the kernels are tested in on this machine

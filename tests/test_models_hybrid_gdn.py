@@ -139,7 +139,7 @@ def test_triton_path_matches_torch_path(pair, monkeypatch):
     import engine.layers.gdn as gdn
     from kernels.gated_delta_rule import _fused_recurrent_kernel
 
-    if type(_fused_recurrent_kernel).__name__ != "InterpretedFunction":
+    if type(_fused_recurrent_kernel.fn).__name__ != "InterpretedFunction":
         pytest.skip("kernels/ compiled for a device (or imported before TRITON_INTERPRET)")
 
     _, _, ours, cfg, _ = pair
