@@ -6,7 +6,10 @@ a slot mapping that says where each new K/V goes in the paged cache, and a block
 table per request. On CUDA the layer runs the Triton kernels (kernels/reshape_and_cache.py,
 kernels/paged_attention.py: the decode kernel when every request has one query token,
 else the unified varlen kernel, which takes prefill, chunked-prefill and decode rows in one
-launch whose grid depends only on the token and request-row counts) on the device copies of
+launch whose grid depends only on the token and request-row counts; an eager mixed step
+whose first rows decode (the scheduler's order: running requests first) gives those rows
+to the decode kernel and the rest to the unified one, vLLM's split_decodes_and_prefills in
+vllm/v1/attention/backends/utils.py) on the device copies of
 the metadata, with no host sync, so any step can be captured in a CUDA graph
 (vllm/v1/attention/backends/triton_attn.py, AttentionCGSupport.ALWAYS); batch-1 decode
 of a Llama-family layer (forward_qkv) writes its K/V in the qkv GEMV's epilogue
@@ -25,6 +28,7 @@ import functools
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -53,6 +57,17 @@ class AttentionMetadata:
     max_seq_len: int = 0
     # hybrid models: the Gated DeltaNet layers' state slots (engine/layers/gdn.py GDNMetadata)
     gdn: object | None = None
+    # an eager mixed step: its first num_decodes rows have one query token each (the decode
+    # kernel's, at its occupancy); the query_start_loc of the rows after them, rebased to
+    # their first token, made by the first layer ([num_reqs - num_decodes + 1] int32)
+    num_decodes: int = 0
+    prefill_query_start_loc_t: torch.Tensor | None = None
+
+
+def num_leading_decodes(num_scheduled: np.ndarray) -> int:
+    """How many of a step's first request rows schedule one token each ([num_reqs] ints)."""
+    more = np.flatnonzero(num_scheduled != 1)
+    return int(more[0]) if more.size else len(num_scheduled)
 
 
 def use_kernels(q: torch.Tensor) -> bool:
@@ -182,6 +197,18 @@ class Attention(nn.Module):
                                          self.scale, sliding_window=self.sliding_window,
                                          num_splits=1 if short else None,
                                          output_gate=output_gate)
+        elif md.num_decodes:  # decode rows first, then the prefill rows
+            out = torch.empty_like(q, memory_format=torch.contiguous_format)
+            d, gate = md.num_decodes, output_gate
+            if md.prefill_query_start_loc_t is None:
+                md.prefill_query_start_loc_t = md.query_start_loc_t[d:] - d
+            paged_attention_decode(q[:d], self.kv_cache, md.block_table[:d], md.seq_lens_t[:d],
+                                   self.scale, out=out[:d], sliding_window=self.sliding_window,
+                                   output_gate=None if gate is None else gate[:d])
+            paged_attention_prefill(q[d:], self.kv_cache, md.prefill_query_start_loc_t,
+                                    md.seq_lens_t[d:], md.block_table[d:], self.scale,
+                                    out=out[d:], sliding_window=self.sliding_window,
+                                    output_gate=None if gate is None else gate[d:])
         else:
             out = paged_attention_prefill(q, self.kv_cache, md.query_start_loc_t, md.seq_lens_t,
                                           md.block_table, self.scale,

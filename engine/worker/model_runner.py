@@ -29,7 +29,7 @@ import torch
 
 from engine.core.sched_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
 from engine.errors import InvalidArgumentError
-from engine.layers.attention import Attention, AttentionMetadata
+from engine.layers.attention import Attention, AttentionMetadata, num_leading_decodes
 from engine.model_loader.gguf_quant import precompile_gguf_kernels
 from engine.sample.metadata import (
     SamplingMetadata,
@@ -269,7 +269,8 @@ class ModelRunner:
             total, self.slot_mapping.copy_to_gpu(padded), qsl[:n + 1].tolist(),
             seq_lens[:n].tolist(), block_table, self.query_start_loc.copy_to_gpu(rows + 1),
             self.seq_lens.copy_to_gpu(rows), max_query_len,
-            0 if graph else int(seq_lens[:n].max()))
+            0 if graph else int(seq_lens[:n].max()),
+            num_decodes=0 if graph else num_leading_decodes(num_sched))
         if self.mamba is not None:
             md.gdn = self.mamba.build_metadata(req_ids, starts.tolist(), qsl[:n + 1].tolist(),
                                                max_query_len, md.query_start_loc_t, rows)

@@ -1,0 +1,61 @@
+"""engine/layers/attention.py: an eager mixed step whose first rows decode attends those rows
+with the decode kernel and the rest with the unified kernel (vLLM's
+split_decodes_and_prefills, vllm/v1/attention/backends/utils.py, which its
+tests/v1/attention/test_attention_splitting.py checks on decode-first batches), and the
+result equals one unified launch over the whole step and the torch reference.
+
+Oracle: kernels/paged_attention.py paged_attention_prefill_ref (one SDPA per request).
+Kernels run under the Triton interpreter on CPU, natively on CUDA.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_kernels_common import ON_CUDA
+from test_kernels_paged_attention import _case, _close
+
+import kernels.decode_attention as da
+from engine.layers import attention
+from engine.layers.attention import Attention, AttentionMetadata, num_leading_decodes
+from kernels.paged_attention import paged_attention_prefill_ref
+
+
+@pytest.mark.parametrize("num_scheduled,want", [
+    ([1, 1, 1, 5, 1, 9], 3), ([7, 1, 1], 0), ([1, 1], 2), ([1], 1), ([16], 0),
+])
+def test_num_leading_decodes(num_scheduled, want) -> None:
+    assert num_leading_decodes(np.array(num_scheduled, dtype=np.int32)) == want
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_split_step_equals_one_unified_launch(monkeypatch, gated) -> None:
+    """Three decode rows, a chunked prefill, a decode row after it (the unified kernel's),
+    a prefill: the decode kernel gets exactly the first three rows."""
+    dtype = torch.bfloat16 if ON_CUDA else torch.float32
+    seq_lens = [(1, 13), (1, 5), (1, 20), (5, 18), (1, 9), (9, 9)]
+    nq, nkv, hd = 8, 2, 32
+    q, kv, qsl, lens, bt = _case(seq_lens, nq, nkv, hd, 4, dtype)
+    gate = torch.randn_like(q) if gated else None
+    monkeypatch.setattr(attention, "use_kernels", lambda x: True)
+    layer = Attention(nq, hd, 0.3, nkv)
+    layer.kv_cache = kv
+    decode_rows: list[int] = []
+    decode = da.paged_attention_decode
+    monkeypatch.setattr(da, "paged_attention_decode",
+                        lambda q, *a, **kw: decode_rows.append(q.shape[0]) or decode(q, *a, **kw))
+
+    def attend(num_decodes: int) -> torch.Tensor:
+        md = AttentionMetadata(q.shape[0], torch.empty(0), qsl.tolist(), lens.tolist(), bt,
+                               qsl, lens, max_query_len=9, max_seq_len=20,
+                               num_decodes=num_decodes)
+        return layer._attend_cuda(q, md, gate).view_as(q)
+
+    split, whole = attend(num_leading_decodes(np.diff(qsl.cpu().numpy()))), attend(0)
+    assert decode_rows == [3]
+    ref = paged_attention_prefill_ref(q, kv, qsl, lens, bt, 0.3)
+    if gated:
+        ref = ref * torch.sigmoid(gate)
+    _close(split, ref, dtype)
+    _close(whole, ref, dtype)
