@@ -137,8 +137,11 @@ def _store_out(out_ptr, out_off, gate_ptr, gate_off, out, mask, GATED: tl.conste
     tl.store(out_ptr + out_off, o, mask=mask)
 
 
+# rows_end_ptr is query_start_loc[num_reqs:], whose alignment changes with every step's
+# request count: a scalar load, not worth a variant each
 @cached_launch
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_splits"],
+            do_not_specialize_on_alignment=["rows_end_ptr", "seq_lens_ptr"])
 def _paged_attention_decode_reduce_kernel(
     part_acc_ptr, part_ml_ptr, out_ptr, rows_end_ptr, gate_ptr, stride_ot: tl.int64, stride_oh,
     stride_gt: tl.int64, stride_gh, num_q_heads, head_size, num_splits, HEAD_PAD: tl.constexpr,
@@ -191,9 +194,12 @@ def _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
-# num_reqs changes every step: specializing it (== 1, % 16) would JIT a variant mid-serving
+# num_reqs changes every step: specializing it (== 1, % 16) would JIT a variant mid-serving;
+# so would the alignment of the metadata pointers, which an eager mixed step's prefill rows
+# pass as slices past its decode rows (engine/layers/attention.py): scalar loads either way
 @cached_launch
-@triton.jit(do_not_specialize=["num_reqs", "num_segments"])
+@triton.jit(do_not_specialize=["num_reqs", "num_segments"],
+            do_not_specialize_on_alignment=["bt_ptr", "seq_lens_ptr", "qsl_ptr"])
 def _paged_attention_prefill_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
     gate_ptr, num_reqs, stride_qt: tl.int64, stride_qh, stride_bt: tl.int64,

@@ -13,13 +13,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_kernels_common import ON_CUDA
+from test_kernels_common import ON_CUDA, gpu
 from test_kernels_paged_attention import _case, _close
 
 import kernels.decode_attention as da
 from engine.layers import attention
 from engine.layers.attention import Attention, AttentionMetadata, num_leading_decodes
-from kernels.paged_attention import paged_attention_prefill_ref
+from kernels.paged_attention import paged_attention_prefill, paged_attention_prefill_ref
 
 
 @pytest.mark.parametrize("num_scheduled,want", [
@@ -59,3 +59,21 @@ def test_split_step_equals_one_unified_launch(monkeypatch, gated) -> None:
         ref = ref * torch.sigmoid(gate)
     _close(split, ref, dtype)
     _close(whole, ref, dtype)
+
+
+@gpu
+def test_prefill_rows_past_any_decode_count_take_one_variant(triton_compiles) -> None:
+    """The prefill rows' block table, seq_lens and query_start_loc are slices that start
+    past a step's decode rows: whatever their alignment, the unified kernel compiles no new
+    variant mid-serving."""
+    q, kv, qsl, lens, bt = _case([(1, 13), (1, 5), (1, 20), (5, 18), (9, 9), (3, 30)], 8, 2,
+                                 32, 4, torch.bfloat16)
+    outs = []
+    for d in (0, 1, 2, 3):  # offsets of 0, 4, 8 and 12 bytes into seq_lens
+        if d == 1:
+            triton_compiles.clear()
+        outs.append(paged_attention_prefill(q[d:], kv, qsl[d:] - d, lens[d:], bt[d:], 0.3))
+    assert triton_compiles == []
+    ref = paged_attention_prefill_ref(q, kv, qsl, lens, bt, 0.3)
+    for d, out in enumerate(outs):
+        _close(out, ref[d:], torch.bfloat16)
