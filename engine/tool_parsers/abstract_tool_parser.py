@@ -42,6 +42,9 @@ class ToolParser:
     # The OpenAI layer must detokenize with skip_special_tokens=False when tools are on,
     # so markers that are special tokens reach the parser.
     keep_special_tokens: bool = False
+    # xgrammar / vLLM structural-tag model of the parser's call syntax: tool_choice "auto"
+    # with strict tools constrains calls with it (engine/tool_parsers/structural_tag.py)
+    structural_tag_model: str | None = None
 
     def __init__(self, tokenizer: Any, tools: list | None = None) -> None:
         self.prev_tool_call_arr: list[dict] = []

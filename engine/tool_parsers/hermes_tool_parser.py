@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 class Hermes2ProToolParser(ToolParser):
     keep_special_tokens = True
+    structural_tag_model = "hermes"
     tool_call_start_token = "<tool_call>"
     tool_call_end_token = "</tool_call>"
     tool_call_regex = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)

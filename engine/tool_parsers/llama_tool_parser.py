@@ -43,6 +43,7 @@ def _args_delta(index: int, arguments: str) -> DeltaMessage:
 
 
 class Llama3JsonToolParser(ToolParser):
+    structural_tag_model = "llama"
     bot_token = "<|python_tag|>"
     tool_call_start_regex = re.compile(r"\{")
     json_decoder = json.JSONDecoder()

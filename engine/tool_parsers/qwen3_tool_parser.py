@@ -122,6 +122,7 @@ def _valid_name(name: str | None) -> bool:
 
 class Qwen3XMLToolParser(ToolParser):
     keep_special_tokens = True
+    structural_tag_model = "qwen_3_coder"
 
     def __init__(self, tokenizer: Any, tools: list | None = None) -> None:
         super().__init__(tokenizer, tools)

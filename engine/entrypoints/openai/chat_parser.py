@@ -5,8 +5,9 @@ Mirrors vllm/parser/abstract_parser.py (`DelegatingParser.parse`, `_extract_tool
 of vllm/entrypoints/openai/chat_completion/message_assembly.py (`keeps_tool_calls`,
 `assemble_chat_message_fields`), vllm/entrypoints/serve/utils/tool_calls_utils.py
 (`resolve_finish_reason`, `maybe_filter_parallel_tool_calls`) and the tool_choice checks of
-vllm/renderers/online_renderer.py. Not here: engine-based parsers, structural-tag tool
-calling (VLLM_ENFORCE_STRICT_TOOL_CALLING), Kimi-style call ids.
+vllm/renderers/online_renderer.py, and the tool_choice "auto" branch of `_apply_structural_tag`
+(strict tools: engine/tool_parsers/structural_tag.py). Not here: engine-based parsers,
+structural tags for required / named tool_choice, Kimi-style call ids.
 
 Reasoning is split first (the reasoning parser), then tool calls are taken from the
 content: named / required from the JSON that structured outputs forced, auto by the
@@ -23,6 +24,7 @@ from engine.tool_parsers.streaming import (
     extract_named_tool_call_streaming,
     extract_required_tool_call_streaming,
 )
+from engine.tool_parsers.structural_tag import auto_tool_structural_tag
 from engine.tool_parsers.tool_choice import extract_forced_tool_calls, named_tool_choice
 
 
@@ -75,6 +77,17 @@ class ChatParser:
             return None
         return self.tool_parser.structured_outputs_for_tools(
             self.request.tool_choice, self.request.parallel_tool_calls)
+
+    def auto_tool_outputs(self, own: StructuredOutputsParams | None
+                          ) -> StructuredOutputsParams | None:
+        """_apply_structural_tag for tool_choice "auto": the structural tag of strict tool
+        calls (with `own`, the request's constraint, beside them), None if none applies."""
+        if self.tool_parser is None or not self.keeps_tool_calls \
+                or self.request.tool_choice != "auto":
+            return None
+        return auto_tool_structural_tag(self.tool_parser.structural_tag_model,
+                                        self.request.tools, self.request.parallel_tool_calls,
+                                        own)
 
     def count_reasoning_tokens(self, token_ids) -> int:
         return 0 if self.reasoner is None else self.reasoner.count_reasoning_tokens(token_ids)

@@ -75,8 +75,9 @@ class ChatJob:
             parser = self.new_parser()
         values = _sampling_values(request, ctx.get_max_tokens(max_out, len(self.prompt_ids)))
         forced = parser.structured_outputs()  # required / named tool_choice
-        values["structured_outputs"] = forced or structured_outputs_from_response_format(
-            request.structured_outputs, request.response_format)
+        own = structured_outputs_from_response_format(request.structured_outputs,
+                                                      request.response_format)
+        values["structured_outputs"] = forced or parser.auto_tool_outputs(own) or own
         if parser.keep_special_tokens:  # tool-call markers may be special tokens
             values["skip_special_tokens"] = False
         self.beams = None

@@ -1,0 +1,228 @@
+"""Strict tool calling: the structural tag that constrains a tool call's envelope and, for
+tools marked `strict`, its arguments, while text outside calls stays free.
+
+Mirrors vLLM 0.33: vllm/tool_parsers/tool_strict_level.py (ToolStrictLevel),
+vllm/tool_parsers/structural_tag_registry.py (get_function_parameters, the hermes builder
+_hermes_style_structural_tag, resolve_tool_strictness, get_model_structural_tag over
+xgrammar's builtin templates, limit_to_single_tool_call) and the tool_choice "auto" branch
+of vllm/parser/abstract_parser.py DelegatingParser._apply_structural_tag (a request's own
+structured output ORed with the calls, parallel_tool_calls=false stopping after one call).
+VLLM_ENFORCE_STRICT_TOOL_CALLING=0 turns it off, as upstream. Here a parser's
+`structural_tag_model` is used for tool_choice "auto" only: required / named keep the
+JSON-schema grammar (engine/tool_parsers/tool_choice_schema.py), vLLM's path with
+VLLM_ENFORCE_STRICT_TOOL_CALLING=0, and the server-wide `--tool-strict-level` is the
+parser's default (AUTO).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+from typing import Any
+
+from engine.structured_output.json_nesting import check_json_nesting
+from engine.structured_output.params import StructuredOutputsParams
+
+logger = logging.getLogger(__name__)
+
+# xgrammar's builtin templates our parsers name (xgrammar.builtin_structural_tag)
+XGRAMMAR_MODELS = frozenset({"llama", "qwen_3_coder"})
+
+
+class ToolStrictLevel(enum.IntEnum):
+    """AUTO: the envelope only when a tool is `strict` (or a call is forced), arguments of
+    strict tools pinned; FUNCTION: the envelope for every request with tools; PARAMETER:
+    every tool's arguments pinned too, as if each were strict."""
+
+    AUTO = 0
+    FUNCTION = 1
+    PARAMETER = 2
+
+
+def strict_tool_calling_enforced() -> bool:
+    return os.environ.get("VLLM_ENFORCE_STRICT_TOOL_CALLING", "1") != "0"
+
+
+def _function(tool: Any) -> dict | None:
+    """A chat tool's function dict ({"type": "function", "function": {...}}), else None."""
+    if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+        return None
+    fn = tool.get("function")
+    return fn if isinstance(fn, dict) and isinstance(fn.get("name"), str) else None
+
+
+def get_function_parameters(function: dict) -> dict | bool:
+    """The JSON schema a call's arguments must match: True (any JSON) for strict=False."""
+    if function.get("strict") is False:
+        return True
+    params = function.get("parameters")
+    return params if params is not None else True
+
+
+def resolve_tool_strictness(tools: list[dict], tool_choice: Any,
+                            strict_level: ToolStrictLevel) -> list[dict] | None:
+    """The function tools with `strict` pinned, or None: no structural tag (auto, level
+    AUTO, no strict tool)."""
+    functions = [fn for fn in map(_function, tools) if fn is not None]
+    if not functions:
+        return None
+    if tool_choice == "auto" and strict_level == ToolStrictLevel.AUTO \
+            and not any(fn.get("strict") is True for fn in functions):
+        return None
+    return [{"type": "function", "function": {
+        **fn, "strict": strict_level >= ToolStrictLevel.PARAMETER or fn.get("strict") is True}}
+        for fn in functions]
+
+
+def hermes_structural_tag(tools: list[dict], tool_choice: str) -> Any:
+    """<tool_call> {"name": ..., "arguments": ...} </tool_call>, with or without the
+    newlines; auto: free text until "<tool_call>"; required: one or more calls."""
+    from xgrammar.structural_tag import (
+        AnyTextFormat,
+        JSONSchemaFormat,
+        StructuralTag,
+        TagFormat,
+        TagsWithSeparatorFormat,
+        TriggeredTagsFormat,
+    )
+
+    start, end = "<tool_call>", "</tool_call>"
+    tags = [TagFormat(begin=begin + tool["function"]["name"] + '", "arguments": ',
+                      content=JSONSchemaFormat(
+                          json_schema=get_function_parameters(tool["function"])),
+                      end=close)
+            for tool in tools
+            for begin, close in ((start + '\n{"name": "', "}\n" + end),
+                                 (start + '{"name": "', "}" + end))]
+    if tool_choice == "auto":
+        fmt = TriggeredTagsFormat(triggers=[start], tags=tags) if tags else AnyTextFormat()
+    else:
+        fmt = TagsWithSeparatorFormat(tags=tags, separator="", at_least_one=True)
+    return StructuralTag(format=fmt)
+
+
+def get_model_structural_tag(model: str, tools: list[dict], tool_choice: str) -> Any:
+    """The structural tag of `model`'s tool-call syntax over already resolved tools."""
+    if model == "hermes":
+        return hermes_structural_tag(tools, tool_choice)
+    if model not in XGRAMMAR_MODELS:
+        raise ValueError(f"Unknown format type: {model}, supported types: "
+                         f"{sorted(XGRAMMAR_MODELS | {'hermes'})}")
+    import xgrammar
+
+    return xgrammar.get_model_structural_tag(model=model, tools=tools,
+                                             tool_choice=tool_choice, reasoning=False)
+
+
+def limit_to_single_tool_call(tag: Any) -> Any:
+    """Stop every tool-call list in `tag` after its first call, in place
+    (parallel_tool_calls=false)."""
+    from pydantic import BaseModel
+    from xgrammar.structural_tag import (
+        TagsWithSeparatorFormat,
+        TokenTriggeredTagsFormat,
+        TriggeredTagsFormat,
+    )
+
+    def visit(node: Any) -> None:
+        if isinstance(node, BaseModel):
+            if isinstance(node, (TriggeredTagsFormat, TokenTriggeredTagsFormat,
+                                 TagsWithSeparatorFormat)):
+                node.stop_after_first = True
+            for name in type(node).model_fields:
+                visit(getattr(node, name))
+        elif isinstance(node, (list, tuple)):
+            for item in node:
+                visit(item)
+
+    visit(tag.format)
+    return tag
+
+
+def structured_outputs_to_format(params: StructuredOutputsParams) -> Any:
+    """A request's own constraint as an xgrammar Format (vLLM's structured_outputs_to_format);
+    None for what this cannot express (a structural tag's legacy form)."""
+    from xgrammar import Grammar
+    from xgrammar.structural_tag import (
+        ConstStringFormat,
+        GrammarFormat,
+        JSONSchemaFormat,
+        OrFormat,
+        RegexFormat,
+        StructuralTag,
+    )
+
+    from engine.structured_output.utils import grammar_is_likely_lark
+
+    if params.json_object:
+        return JSONSchemaFormat(json_schema={"type": "object"})
+    if params.json is not None:
+        schema = params.json
+        return JSONSchemaFormat(json_schema=json.loads(schema) if isinstance(schema, str)
+                                else schema)
+    if params.regex is not None:
+        return RegexFormat(pattern=params.regex)
+    if params.choice is not None:
+        return OrFormat(elements=[ConstStringFormat(value=c) for c in params.choice])
+    if params.grammar is not None:
+        grammar = params.grammar
+        if grammar_is_likely_lark(grammar):
+            grammar = str(Grammar.from_lark(grammar))
+        return GrammarFormat(grammar=grammar)
+    tag = json.loads(params.structural_tag)
+    return None if "structures" in tag else StructuralTag.model_validate(tag).format
+
+
+def auto_tool_structural_tag(model: str | None, tools: list | None,
+                             parallel_tool_calls: bool | None,
+                             own: StructuredOutputsParams | None
+                             ) -> StructuredOutputsParams | None:
+    """The constraint of a tool_choice "auto" request whose parser names a structural-tag
+    model: calls in the model's syntax (arguments pinned for strict tools), text or the
+    request's own constraint `own` beside them; None where no tag applies (the request
+    keeps `own`)."""
+    if model is None or not tools or not strict_tool_calling_enforced():
+        return None
+    level = ToolStrictLevel.AUTO  # --tool-strict-level unset: the parsers' default
+    single = parallel_tool_calls is False
+    if single and own is None:  # limiting the count needs the call envelope
+        level = ToolStrictLevel.FUNCTION
+    resolved = resolve_tool_strictness(tools, "auto", level)
+    if resolved is None:
+        return None
+    from xgrammar.structural_tag import OrFormat, StructuralTag
+
+    check_json_nesting({"tools": resolved})
+    output = None if own is None else _own_format(own)
+    if own is not None and output is None:
+        return None
+    # auto with a constraint of its own: a call or that constraint, never free text
+    tag = get_model_structural_tag(model, resolved, "auto" if output is None else "required")
+    if single:
+        limit_to_single_tool_call(tag)
+    if output is not None:
+        tag = StructuralTag(format=OrFormat(elements=[tag.format, output]))
+    return StructuredOutputsParams(structural_tag=tag.model_dump_json())
+
+
+def _own_format(own: StructuredOutputsParams) -> Any:
+    """`own` as a Format when xgrammar takes it alone (vLLM's _xgrammar_supports), else None
+    with a warning: the request's constraint then applies without the tool calls'."""
+    from xgrammar import Grammar
+    from xgrammar.structural_tag import StructuralTag
+
+    check_json_nesting(own.json)
+    check_json_nesting(own.structural_tag, structural_tag=True)
+    try:
+        output = structured_outputs_to_format(own)
+        if output is None:
+            raise ValueError("a structural tag in its legacy form")
+        Grammar.from_structural_tag(StructuralTag(format=output).model_dump_json())
+    except Exception as e:  # noqa: BLE001 - xgrammar refuses with several error types
+        logger.warning("Tool calls are not constrained for tool_choice=auto with structured "
+                       "outputs xgrammar does not take (%s); the structured output "
+                       "constraint applies.", e)
+        return None
+    return output

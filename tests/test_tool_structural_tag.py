@@ -1,0 +1,175 @@
+"""Strict tool calling (engine/tool_parsers/structural_tag.py): the structural tag of a
+tool_choice "auto" request with strict tools, checked by compiling it with xgrammar and
+asking which outputs it accepts, and its way through /v1/chat/completions.
+
+Ports cases of vLLM 0.33 tests/tool_parsers/test_structural_tag_registry.py
+(test_get_model_structural_tag_supports_vllm_hermes, test_hermes_required_without_strict_
+leaves_arguments_free, test_auto_tool_choice_skips_structural_tag_without_strict,
+test_get_function_parameters_relaxes_function_strict_false) and the tool_choice "auto"
+rules of vllm/parser/abstract_parser.py _apply_structural_tag (parallel_tool_calls=false,
+the request's own structured output ORed with the calls). Oracle: xgrammar's own matcher
+(_is_grammar_accept_string) over hand-written outputs in each parser's syntax.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from xgrammar import Grammar
+from xgrammar.testing import _is_grammar_accept_string
+
+from engine.errors import InvalidArgumentError
+from engine.structured_output.params import StructuredOutputsParams
+from engine.tool_parsers.structural_tag import (
+    ToolStrictLevel,
+    auto_tool_structural_tag,
+    get_function_parameters,
+    get_model_structural_tag,
+    resolve_tool_strictness,
+)
+from tests.test_openai_parsers import ScriptedClient, chat, tokenizer  # noqa: F401
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+          "additionalProperties": False}
+
+
+def _tools(strict: bool | None) -> list[dict]:
+    fn = {"name": "get_weather", "parameters": SCHEMA}
+    if strict is not None:
+        fn["strict"] = strict
+    return [{"type": "function", "function": fn}]
+
+
+def _hermes(args: str, newline: bool = True) -> str:
+    nl = "\n" if newline else ""
+    return f'<tool_call>{nl}{{"name": "get_weather", "arguments": {args}}}{nl}</tool_call>'
+
+
+def _accepts(params: StructuredOutputsParams, text: str) -> bool:
+    return _is_grammar_accept_string(Grammar.from_structural_tag(params.structural_tag), text)
+
+
+def test_hermes_required_tag_pins_strict_arguments() -> None:
+    tag = get_model_structural_tag(
+        "hermes", resolve_tool_strictness(_tools(True), "required", ToolStrictLevel.AUTO),
+        "required").model_dump()
+    fmt = tag["format"]
+    assert (fmt["type"], fmt["separator"], fmt["at_least_one"], fmt["stop_after_first"]) == \
+        ("tags_with_separator", "", True, False)
+    assert [(t["begin"], t["end"]) for t in fmt["tags"]] == [
+        ('<tool_call>\n{"name": "get_weather", "arguments": ', "}\n</tool_call>"),
+        ('<tool_call>{"name": "get_weather", "arguments": ', "}</tool_call>")]
+    assert all(t["content"]["json_schema"] == SCHEMA for t in fmt["tags"])
+
+
+def test_hermes_required_without_strict_leaves_arguments_free() -> None:
+    tag = get_model_structural_tag(
+        "hermes", resolve_tool_strictness(_tools(None), "required", ToolStrictLevel.AUTO),
+        "required")
+    assert all(t["content"]["json_schema"] is True for t in tag.model_dump()["format"]["tags"])
+
+
+@pytest.mark.parametrize("model", ["hermes", "llama", "qwen_3_coder"])
+def test_auto_without_strict_tools_has_no_tag(model) -> None:
+    assert resolve_tool_strictness(_tools(None), "auto", ToolStrictLevel.AUTO) is None
+    assert resolve_tool_strictness(_tools(False), "auto", ToolStrictLevel.AUTO) is None
+    assert auto_tool_structural_tag(model, _tools(None), None, None) is None
+
+
+def test_strict_false_relaxes_the_arguments() -> None:
+    assert get_function_parameters({"parameters": SCHEMA, "strict": False}) is True
+    assert get_function_parameters({"parameters": SCHEMA, "strict": True}) == SCHEMA
+    assert get_function_parameters({"name": "f"}) is True
+
+
+def test_levels_pin_what_they_name() -> None:
+    def strict(level):
+        return [t["function"]["strict"]
+                for t in resolve_tool_strictness(_tools(None), "auto", level)]
+
+    assert strict(ToolStrictLevel.FUNCTION) == [False]
+    assert strict(ToolStrictLevel.PARAMETER) == [True]
+
+
+def test_hermes_auto_strict_allows_text_and_valid_calls_only() -> None:
+    params = auto_tool_structural_tag("hermes", _tools(True), None, None)
+    assert params is not None
+    assert _accepts(params, "It is sunny, no tool needed.")
+    assert _accepts(params, "Let me check. " + _hermes('{"city": "Paris"}'))
+    assert _accepts(params, _hermes('{"city": "Paris"}', newline=False))
+    assert _accepts(params, _hermes('{"city": "Paris"}') + _hermes('{"city": "Lima"}'))
+    assert not _accepts(params, _hermes('{"town": "Paris"}'))  # not the tool's schema
+    assert not _accepts(params, _hermes('{"city": 3}'))
+    assert not _accepts(params, '<tool_call>\n{"name": "other", "arguments": {}}\n</tool_call>')
+
+
+def test_parallel_tool_calls_false_stops_after_one_call() -> None:
+    params = auto_tool_structural_tag("hermes", _tools(None), False, None)  # level FUNCTION
+    assert params is not None
+    assert _accepts(params, _hermes('{"town": 1}'))  # envelope only: arguments free
+    assert not _accepts(params, _hermes('{"town": 1}') + _hermes('{"town": 2}'))
+
+
+def test_auto_with_own_json_schema_is_a_call_or_that_json() -> None:
+    own = StructuredOutputsParams(json={"type": "object", "properties": {
+        "answer": {"type": "string"}}, "required": ["answer"]})
+    params = auto_tool_structural_tag("hermes", _tools(True), None, own)
+    assert params is not None
+    assert _accepts(params, '{"answer": "sunny"}')
+    assert _accepts(params, _hermes('{"city": "Paris"}'))
+    assert not _accepts(params, "free text")
+    assert not _accepts(params, '{"other": 1}')
+
+
+def test_own_constraint_xgrammar_cannot_take_keeps_the_request_alone(caplog) -> None:
+    legacy = StructuredOutputsParams(structural_tag=json.dumps(
+        {"structures": [{"begin": "<a>", "schema": {}, "end": "</a>"}], "triggers": ["<a>"]}))
+    assert auto_tool_structural_tag("hermes", _tools(True), None, legacy) is None
+    assert "not constrained" in caplog.text
+
+
+@pytest.mark.parametrize("model,call", [
+    ("llama", '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
+    ("qwen_3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+     "</parameter>\n</function>\n</tool_call>"),
+])
+def test_xgrammar_builtin_templates_take_their_syntax(model, call) -> None:
+    params = auto_tool_structural_tag(model, _tools(True), None, None)
+    assert _accepts(params, call)
+    assert not _accepts(params, call.replace("city", "town"))
+
+
+def test_disabled_by_the_environment(monkeypatch) -> None:
+    monkeypatch.setenv("VLLM_ENFORCE_STRICT_TOOL_CALLING", "0")
+    assert auto_tool_structural_tag("hermes", _tools(True), None, None) is None
+
+
+def test_deeply_nested_tool_schemas_are_refused() -> None:
+    deep: dict = {"type": "object"}
+    for _ in range(200):
+        deep = {"type": "object", "properties": {"a": deep}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": deep,
+                                               "strict": True}}]
+    with pytest.raises(InvalidArgumentError):
+        auto_tool_structural_tag("hermes", tools, None, None)
+
+
+def test_chat_request_carries_the_tag_to_the_engine(tokenizer) -> None:  # noqa: F811
+    """/v1/chat/completions: tool_choice auto (the default with tools) with a strict tool
+    submits the hermes structural tag; without strict, none; a forced choice keeps its
+    JSON-schema grammar."""
+    seen = []
+    client = ScriptedClient(tokenizer, _hermes('{"city": "Paris"}'))
+    add = client.add_request
+    client.add_request = lambda rid, prompt, params, **kw: \
+        seen.append(params.structured_outputs) or add(rid, prompt, params, **kw)
+    choice = chat(client, False, tools=_tools(True))
+    assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == \
+        {"city": "Paris"}
+    assert _accepts(seen[0], _hermes('{"city": "Paris"}'))
+    assert not _accepts(seen[0], _hermes('{"city": 1}'))
+    chat(client, False, tools=_tools(None))
+    assert seen[1] is None
+    chat(client, False, tools=_tools(True), tool_choice="required")
+    assert seen[2].json is not None and seen[2].structural_tag is None
