@@ -118,6 +118,7 @@ def _engine_config(model: str, p) -> EngineConfig:
         n_threads=p.n_threads,
         multiprocessing=_tristate(p.multiprocessing, "params->multiprocessing"),
         tensor_parallel_size=p.tensor_parallel_size or 1,
+        tool_strict_level=optional_text(p.tool_strict_level, "params->tool_strict_level"),
     )
 
 

@@ -77,6 +77,8 @@ class EngineConfig:
     reasoning_parser: str = ""  # "": none; deepseek_r1 | qwen3
     enable_auto_tool_choice: bool = False  # tool_choice "auto" (needs tool_call_parser)
     tool_call_parser: str = ""  # "": none; hermes | llama3_json | mistral | pythonic | ...
+    # vLLM's --tool-strict-level (auto | function | parameter); None: the parser's default
+    tool_strict_level: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_logprobs < -1:
@@ -140,6 +142,10 @@ class EngineConfig:
         if self.enable_auto_tool_choice and not self.tool_call_parser:
             raise InvalidArgumentError(
                 "--enable-auto-tool-choice requires --tool-call-parser")
+        if self.tool_strict_level is not None:
+            from engine.tool_parsers.structural_tag import ToolStrictLevel
+
+            ToolStrictLevel.from_name(self.tool_strict_level)
 
     def cudagraph_batch_sizes(self) -> CaptureSizes:
         """Token counts to capture, ascending, with the resolved cudagraph mode (empty for

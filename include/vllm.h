@@ -66,7 +66,7 @@
 
 /* ABI version: the major changes on any incompatible change (and with it the SONAME). */
 #define VLLM_ABI_VERSION_MAJOR 1
-#define VLLM_ABI_VERSION_MINOR 0
+#define VLLM_ABI_VERSION_MINOR 1
 #define VLLM_ABI_VERSION ((VLLM_ABI_VERSION_MAJOR << 16) | VLLM_ABI_VERSION_MINOR)
 
 #ifdef __cplusplus
@@ -207,6 +207,13 @@ typedef struct vllm_engine_params {
     int32_t tensor_parallel_size;    /* vLLM's --tensor-parallel-size: devices the model
                                         is sharded over (one process per rank); 0 or 1
                                         (default): one */
+    /* since 1.1 */
+    const char *tool_strict_level;   /* vLLM's --tool-strict-level, the floor of strict
+                                        tool calling for tool_choice "auto": NULL (the
+                                        tool parser's default, "auto": constrain calls
+                                        when a tool is `strict`), "function" (every
+                                        call's name and envelope), "parameter" (also
+                                        every tool's arguments, as if all were strict) */
 } vllm_engine_params;
 
 /* What vllm_engine_model_info() reports. */

@@ -101,6 +101,7 @@ def test_a_v0_2_sized_struct_has_no_constraint(api, engine):
     ({"enable_auto_tool_choice": 1}, "--enable-auto-tool-choice requires --tool-call-parser"),
     ({"structured_outputs_backend": "outlines"}, "'outlines' structured outputs backend"),
     ({"reasoning_parser": "deepseek_r1"}, "could not locate think start/end tokens"),
+    ({"tool_strict_level": "nope"}, "Unknown tool strict level 'nope'"),
 ])
 def test_engine_params_parsers_are_checked(api, model_path, fields, reason):
     p, _keep = api.params(**fields)

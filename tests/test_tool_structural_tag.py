@@ -14,6 +14,8 @@ the request's own structured output ORed with the calls). Oracle: xgrammar's own
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import pytest
 from xgrammar import Grammar
@@ -173,3 +175,37 @@ def test_chat_request_carries_the_tag_to_the_engine(tokenizer) -> None:  # noqa:
     assert seen[1] is None
     chat(client, False, tools=_tools(True), tool_choice="required")
     assert seen[2].json is not None and seen[2].structural_tag is None
+
+
+def test_server_level_function_constrains_every_call(tokenizer) -> None:  # noqa: F811
+    """--tool-strict-level function: the envelope (a known tool's name) for every request
+    with tools, arguments free unless the tool is strict; parameter: every tool strict."""
+    seen = []
+    client = ScriptedClient(tokenizer, "Hello!")
+    add = client.add_request
+    client.add_request = lambda rid, prompt, params, **kw: \
+        seen.append(params.structured_outputs) or add(rid, prompt, params, **kw)
+    client.engine.config.tool_strict_level = "function"
+    chat(client, False, tools=_tools(None))
+    assert _accepts(seen[0], _hermes('{"town": 1}'))
+    assert not _accepts(seen[0], '<tool_call>\n{"name": "other", "arguments": {}}\n</tool_call>')
+    client.engine.config.tool_strict_level = "parameter"
+    chat(client, False, tools=_tools(None))
+    assert not _accepts(seen[1], _hermes('{"town": 1}'))
+    assert _accepts(seen[1], _hermes('{"city": "Oslo"}'))
+
+
+def test_unknown_level_is_refused_with_vllms_message() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"Unknown tool strict level 'nope'; "
+                       r"expected one of auto, function, parameter\."):
+        ToolStrictLevel.from_name("nope")
+    assert ToolStrictLevel.from_name(" Function ") == ToolStrictLevel.FUNCTION
+
+
+def test_server_flag_reaches_the_engine_params() -> None:
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "server"))
+    import server
+
+    args = server.parse_args(["m.gguf", "--tool-strict-level", "parameter"])
+    assert server.engine_fields(args)["tool_strict_level"] == "parameter"
+    assert server.engine_fields(server.parse_args(["m.gguf"]))["tool_strict_level"] is None

@@ -7,11 +7,11 @@ _hermes_style_structural_tag, resolve_tool_strictness, get_model_structural_tag 
 xgrammar's builtin templates, limit_to_single_tool_call) and the tool_choice "auto" branch
 of vllm/parser/abstract_parser.py DelegatingParser._apply_structural_tag (a request's own
 structured output ORed with the calls, parallel_tool_calls=false stopping after one call).
-VLLM_ENFORCE_STRICT_TOOL_CALLING=0 turns it off, as upstream. Here a parser's
-`structural_tag_model` is used for tool_choice "auto" only: required / named keep the
-JSON-schema grammar (engine/tool_parsers/tool_choice_schema.py), vLLM's path with
-VLLM_ENFORCE_STRICT_TOOL_CALLING=0, and the server-wide `--tool-strict-level` is the
-parser's default (AUTO).
+VLLM_ENFORCE_STRICT_TOOL_CALLING=0 turns it off, as upstream; `--tool-strict-level`
+(EngineConfig.tool_strict_level) raises the floor. Here a parser's `structural_tag_model`
+is used for tool_choice "auto" only: required / named keep the JSON-schema grammar
+(engine/tool_parsers/tool_choice_schema.py), vLLM's path with
+VLLM_ENFORCE_STRICT_TOOL_CALLING=0.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import logging
 import os
 from typing import Any
 
+from engine.errors import InvalidArgumentError
 from engine.structured_output.json_nesting import check_json_nesting
 from engine.structured_output.params import StructuredOutputsParams
 
@@ -39,6 +40,16 @@ class ToolStrictLevel(enum.IntEnum):
     AUTO = 0
     FUNCTION = 1
     PARAMETER = 2
+
+    @classmethod
+    def from_name(cls, name: str) -> ToolStrictLevel:
+        """--tool-strict-level's value, any case; vLLM's message for another."""
+        try:
+            return cls[name.strip().upper()]
+        except (KeyError, AttributeError):
+            expected = ", ".join(level.name.lower() for level in cls)
+            raise InvalidArgumentError(
+                f"Unknown tool strict level {name!r}; expected one of {expected}.") from None
 
 
 def strict_tool_calling_enforced() -> bool:
@@ -177,18 +188,19 @@ def structured_outputs_to_format(params: StructuredOutputsParams) -> Any:
 
 def auto_tool_structural_tag(model: str | None, tools: list | None,
                              parallel_tool_calls: bool | None,
-                             own: StructuredOutputsParams | None
+                             own: StructuredOutputsParams | None,
+                             strict_level: ToolStrictLevel | None = None
                              ) -> StructuredOutputsParams | None:
     """The constraint of a tool_choice "auto" request whose parser names a structural-tag
     model: calls in the model's syntax (arguments pinned for strict tools), text or the
     request's own constraint `own` beside them; None where no tag applies (the request
-    keeps `own`)."""
+    keeps `own`). strict_level: --tool-strict-level, None for the parsers' default (AUTO)."""
     if model is None or not tools or not strict_tool_calling_enforced():
         return None
-    level = ToolStrictLevel.AUTO  # --tool-strict-level unset: the parsers' default
+    level = ToolStrictLevel.AUTO if strict_level is None else strict_level
     single = parallel_tool_calls is False
     if single and own is None:  # limiting the count needs the call envelope
-        level = ToolStrictLevel.FUNCTION
+        level = max(level, ToolStrictLevel.FUNCTION)
     resolved = resolve_tool_strictness(tools, "auto", level)
     if resolved is None:
         return None

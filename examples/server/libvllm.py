@@ -40,6 +40,7 @@ class EngineParams(ctypes.Structure):
         ("n_threads", _c_int32),  # since 0.5
         ("multiprocessing", _c_int32),  # since 0.5
         ("tensor_parallel_size", _c_int32),  # since 1.0
+        ("tool_strict_level", _c_char_p),  # since 1.1
     ]
 
 

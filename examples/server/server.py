@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tool-call-parser", help="hermes | llama3_json | mistral | pythonic | ...")
     p.add_argument("--enable-auto-tool-choice", action="store_true", default=None,
                    help='parse tool calls for tool_choice "auto" (needs --tool-call-parser)')
+    p.add_argument("--tool-strict-level", help='auto | function | parameter: the floor of '
+                   'strict tool calling (default: the parser\'s, auto: calls constrained '
+                   'when a tool is strict)')
     p.add_argument("--max-num-queued-reqs", "--max-queued-requests", type=int, default=1024,
                    help="requests in flight beyond which new ones get 503 + Retry-After")
     p.add_argument("--shutdown-timeout", type=float, default=0.0,
@@ -101,7 +104,7 @@ def engine_fields(args: argparse.Namespace) -> dict:
              "enable_chunked_prefill", "enforce_eager", "served_model_name", "chat_template",
              "tokenizer", "structured_outputs_backend", "reasoning_parser", "tool_call_parser",
              "enable_auto_tool_choice", "load_format", "gpu_memory_utilization",
-             "skip_tokenizer_init")
+             "skip_tokenizer_init", "tool_strict_level")
     fields = {name: getattr(args, name) for name in names}
     if args.max_num_batched_tokens is None and args.enable_chunked_prefill is not False:
         fields["max_num_batched_tokens"] = 8192  # `vllm serve`'s (the library's: 16384 on H200)

@@ -78,16 +78,17 @@ class ChatParser:
         return self.tool_parser.structured_outputs_for_tools(
             self.request.tool_choice, self.request.parallel_tool_calls)
 
-    def auto_tool_outputs(self, own: StructuredOutputsParams | None
+    def auto_tool_outputs(self, own: StructuredOutputsParams | None, strict_level=None
                           ) -> StructuredOutputsParams | None:
         """_apply_structural_tag for tool_choice "auto": the structural tag of strict tool
-        calls (with `own`, the request's constraint, beside them), None if none applies."""
+        calls (with `own`, the request's constraint, beside them), None if none applies;
+        strict_level: the server's --tool-strict-level (a ToolStrictLevel) or None."""
         if self.tool_parser is None or not self.keeps_tool_calls \
                 or self.request.tool_choice != "auto":
             return None
         return auto_tool_structural_tag(self.tool_parser.structural_tag_model,
                                         self.request.tools, self.request.parallel_tool_calls,
-                                        own)
+                                        own, strict_level)
 
     def count_reasoning_tokens(self, token_ids) -> int:
         return 0 if self.reasoner is None else self.reasoner.count_reasoning_tokens(token_ids)

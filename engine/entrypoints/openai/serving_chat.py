@@ -77,7 +77,8 @@ class ChatJob:
         forced = parser.structured_outputs()  # required / named tool_choice
         own = structured_outputs_from_response_format(request.structured_outputs,
                                                       request.response_format)
-        values["structured_outputs"] = forced or parser.auto_tool_outputs(own) or own
+        values["structured_outputs"] = forced or parser.auto_tool_outputs(
+            own, ctx.tool_strict_level) or own
         if parser.keep_special_tokens:  # tool-call markers may be special tokens
             values["skip_special_tokens"] = False
         self.beams = None

@@ -19,6 +19,7 @@ from engine.entrypoints.openai.stream_merge import MergedStream
 from engine.reasoning import ReasoningParserManager
 from engine.sampling_params import RequestOutputKind, SamplingParams
 from engine.tool_parsers import ToolParserManager
+from engine.tool_parsers.structural_tag import ToolStrictLevel
 
 # vLLM SamplingParams fields whose engine counterpart may not exist yet, with vLLM's default:
 # a request that leaves them at the default is served, any other value is refused.
@@ -52,6 +53,9 @@ class ServingContext:
             if config.tool_call_parser and self.enable_auto_tools else None
         self.reasoning_parser_cls = ReasoningParserManager.get_reasoning_parser(
             config.reasoning_parser) if config.reasoning_parser else None
+        # --tool-strict-level: the floor of strict tool calling (None: the parser's default)
+        self.tool_strict_level = None if config.tool_strict_level is None else \
+            ToolStrictLevel.from_name(config.tool_strict_level)
 
     def tokenizer(self, what: str):
         """The engine's tokenizer; a 400 naming `what` when it runs without one
