@@ -65,14 +65,15 @@ def test_split_step_equals_one_unified_launch(monkeypatch, gated) -> None:
 def test_prefill_rows_past_any_decode_count_take_one_variant(triton_compiles) -> None:
     """The prefill rows' block table, seq_lens and query_start_loc are slices that start
     past a step's decode rows: whatever their alignment, the unified kernel compiles no new
-    variant mid-serving."""
-    q, kv, qsl, lens, bt = _case([(1, 13), (1, 5), (1, 20), (5, 18), (9, 9), (3, 30)], 8, 2,
+    variant mid-serving (5 blocks a row: block-table rows of 20 bytes)."""
+    q, kv, qsl, lens, bt = _case([(1, 13), (1, 5), (1, 20), (5, 18), (9, 9), (3, 18)], 8, 2,
                                  32, 4, torch.bfloat16)
+    assert bt.shape[1] == 5
     outs = []
-    for d in (0, 1, 2, 3):  # offsets of 0, 4, 8 and 12 bytes into seq_lens
+    for d in (0, 1, 2, 3):  # offsets of 4d bytes into seq_lens and query_start_loc
         if d == 1:
             triton_compiles.clear()
-        outs.append(paged_attention_prefill(q[d:], kv, qsl[d:] - d, lens[d:], bt[d:], 0.3))
+        outs.append(paged_attention_prefill(q[d:], kv, (qsl - d)[d:], lens[d:], bt[d:], 0.3))
     assert triton_compiles == []
     ref = paged_attention_prefill_ref(q, kv, qsl, lens, bt, 0.3)
     for d, out in enumerate(outs):

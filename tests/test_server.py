@@ -236,8 +236,9 @@ def _open_stream(port, max_tokens):
     return conn, res
 
 
+# strict: the hermes parser's structural tags pin a call's arguments for strict tools only
 WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "The current weather in a city",
+    "name": "get_weather", "description": "The current weather in a city", "strict": True,
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
                    "required": ["city"], "additionalProperties": False}}}
 
@@ -247,7 +248,7 @@ def test_openai_client_tool_call_loop(server, client):
     then the same call streamed: id and name once, arguments that concatenate to JSON."""
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     first = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER_TOOL],
-                                           tool_choice="required", temperature=0, max_tokens=60)
+                                           tool_choice="required", temperature=0, max_tokens=120)
     choice = first.choices[0]
     (call,) = choice.message.tool_calls
     assert choice.finish_reason == "tool_calls" and call.function.name == "get_weather"
@@ -261,7 +262,7 @@ def test_openai_client_tool_call_loop(server, client):
     ids, names, args = set(), [], ""
     for chunk in client.chat.completions.create(
             model=MODEL, messages=messages[:1], tools=[WEATHER_TOOL], tool_choice="required",
-            temperature=0, max_tokens=60, stream=True):
+            temperature=0, max_tokens=120, stream=True):
         for delta in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
             assert delta.index == 0
             ids |= {delta.id} if delta.id else set()

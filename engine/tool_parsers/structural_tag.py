@@ -4,29 +4,36 @@ tools marked `strict`, its arguments, while text outside calls stays free.
 Mirrors vLLM 0.33: vllm/tool_parsers/tool_strict_level.py (ToolStrictLevel),
 vllm/tool_parsers/structural_tag_registry.py (get_function_parameters, the hermes builder
 _hermes_style_structural_tag, resolve_tool_strictness, get_model_structural_tag over
-xgrammar's builtin templates, limit_to_single_tool_call) and the tool_choice "auto" branch
-of vllm/parser/abstract_parser.py DelegatingParser._apply_structural_tag (a request's own
-structured output ORed with the calls, parallel_tool_calls=false stopping after one call).
+xgrammar's builtin templates, limit_to_single_tool_call) and
+vllm/parser/abstract_parser.py DelegatingParser._apply_structural_tag (a request's own
+structured output ORed with the calls of tool_choice auto, parallel_tool_calls=false
+stopping after one call).
 VLLM_ENFORCE_STRICT_TOOL_CALLING=0 turns it off, as upstream; `--tool-strict-level`
-(EngineConfig.tool_strict_level) raises the floor. Here a parser's `structural_tag_model`
-is used for tool_choice "auto" only: required / named keep the JSON-schema grammar
-(engine/tool_parsers/tool_choice_schema.py), vLLM's path with
-VLLM_ENFORCE_STRICT_TOOL_CALLING=0.
+(EngineConfig.tool_strict_level) raises the floor. A parser with a `structural_tag_model`
+takes every tool_choice this way (required / named included, parsed by the parser as in
+vLLM, where `supports_required_and_named` turns off); the others keep the JSON-schema
+grammar of required / named (engine/tool_parsers/tool_choice_schema.py), vLLM's path for
+them and for every parser with VLLM_ENFORCE_STRICT_TOOL_CALLING=0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import functools
 import json
 import logging
 import os
 from typing import Any
+
+from pydantic import TypeAdapter
 
 from engine.errors import InvalidArgumentError
 from engine.structured_output.json_nesting import check_json_nesting
 from engine.structured_output.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
+_LAX_BOOL = TypeAdapter(bool)
 
 # xgrammar's builtin templates our parsers name (xgrammar.builtin_structural_tag)
 XGRAMMAR_MODELS = frozenset({"llama", "qwen_3_coder"})
@@ -53,15 +60,21 @@ class ToolStrictLevel(enum.IntEnum):
 
 
 def strict_tool_calling_enforced() -> bool:
-    return os.environ.get("VLLM_ENFORCE_STRICT_TOOL_CALLING", "1") != "0"
+    """vllm/envs.py: on unless the variable is something other than true / 1."""
+    return os.environ.get("VLLM_ENFORCE_STRICT_TOOL_CALLING", "True").lower() in ("true", "1")
 
 
 def _function(tool: Any) -> dict | None:
-    """A chat tool's function dict ({"type": "function", "function": {...}}), else None."""
+    """A chat tool's function dict ({"type": "function", "function": {...}}), else None;
+    its `strict` as the request's validation reads it (pydantic's lax bool: "true", 1)."""
     if not isinstance(tool, dict) or tool.get("type", "function") != "function":
         return None
     fn = tool.get("function")
-    return fn if isinstance(fn, dict) and isinstance(fn.get("name"), str) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        return None
+    if fn.get("strict") is not None:
+        fn = {**fn, "strict": _LAX_BOOL.validate_python(fn["strict"])}
+    return fn
 
 
 def get_function_parameters(function: dict) -> dict | bool:
@@ -89,7 +102,8 @@ def resolve_tool_strictness(tools: list[dict], tool_choice: Any,
 
 def hermes_structural_tag(tools: list[dict], tool_choice: str) -> Any:
     """<tool_call> {"name": ..., "arguments": ...} </tool_call>, with or without the
-    newlines; auto: free text until "<tool_call>"; required: one or more calls."""
+    newlines; auto: free text until "<tool_call>"; required: one or more calls; forced
+    (a named choice, `tools` that one): one call."""
     from xgrammar.structural_tag import (
         AnyTextFormat,
         JSONSchemaFormat,
@@ -100,7 +114,8 @@ def hermes_structural_tag(tools: list[dict], tool_choice: str) -> Any:
     )
 
     start, end = "<tool_call>", "</tool_call>"
-    tags = [TagFormat(begin=begin + tool["function"]["name"] + '", "arguments": ',
+    tags = [TagFormat(begin=begin + json.dumps(tool["function"]["name"])[1:-1]
+                      + '", "arguments": ',
                       content=JSONSchemaFormat(
                           json_schema=get_function_parameters(tool["function"])),
                       end=close)
@@ -110,13 +125,20 @@ def hermes_structural_tag(tools: list[dict], tool_choice: str) -> Any:
     if tool_choice == "auto":
         fmt = TriggeredTagsFormat(triggers=[start], tags=tags) if tags else AnyTextFormat()
     else:
-        fmt = TagsWithSeparatorFormat(tags=tags, separator="", at_least_one=True)
+        fmt = TagsWithSeparatorFormat(tags=tags, separator="", at_least_one=True,
+                                      stop_after_first=tool_choice == "forced")
     return StructuralTag(format=fmt)
 
 
-def get_model_structural_tag(model: str, tools: list[dict], tool_choice: str) -> Any:
-    """The structural tag of `model`'s tool-call syntax over already resolved tools."""
+def get_model_structural_tag(model: str, tools: list[dict], tool_choice: Any) -> Any:
+    """The structural tag of `model`'s tool-call syntax over already resolved tools;
+    tool_choice "auto", "required" or a named choice ({"type": "function", "function":
+    {"name": ...}})."""
     if model == "hermes":
+        if isinstance(tool_choice, dict):  # xgrammar's normalize_tool_choice: that tool
+            name = tool_choice["function"]["name"]
+            return hermes_structural_tag(
+                [t for t in tools if t["function"]["name"] == name], "forced")
         return hermes_structural_tag(tools, tool_choice)
     if model not in XGRAMMAR_MODELS:
         raise ValueError(f"Unknown format type: {model}, supported types: "
@@ -186,32 +208,44 @@ def structured_outputs_to_format(params: StructuredOutputsParams) -> Any:
     return None if "structures" in tag else StructuralTag.model_validate(tag).format
 
 
-def auto_tool_structural_tag(model: str | None, tools: list | None,
-                             parallel_tool_calls: bool | None,
-                             own: StructuredOutputsParams | None,
-                             strict_level: ToolStrictLevel | None = None
-                             ) -> StructuredOutputsParams | None:
-    """The constraint of a tool_choice "auto" request whose parser names a structural-tag
-    model: calls in the model's syntax (arguments pinned for strict tools), text or the
-    request's own constraint `own` beside them; None where no tag applies (the request
-    keeps `own`). strict_level: --tool-strict-level, None for the parsers' default (AUTO)."""
-    if model is None or not tools or not strict_tool_calling_enforced():
+def tool_structural_tag(model: str | None, tools: list | None, tool_choice: Any,
+                        parallel_tool_calls: bool | None,
+                        own: StructuredOutputsParams | None,
+                        strict_level: ToolStrictLevel | None = None
+                        ) -> StructuredOutputsParams | None:
+    """_apply_structural_tag: the constraint of a request whose parser names a
+    structural-tag model, calls in the model's syntax (arguments pinned for strict tools).
+    auto: text, or the request's own constraint `own`, beside them; None where no tag
+    applies (the request keeps `own`). required / named (a dict naming a function, checked
+    against the tools by the request's validation): calls only, `own` ignored.
+    strict_level: --tool-strict-level, None for the parsers' default (AUTO)."""
+    if model is None or not tools or not strict_tool_calling_enforced() \
+            or tool_choice in (None, "none"):
         return None
     level = ToolStrictLevel.AUTO if strict_level is None else strict_level
+    is_auto = tool_choice == "auto"
     single = parallel_tool_calls is False
-    if single and own is None:  # limiting the count needs the call envelope
+    if single and not (is_auto and own is not None):  # counting needs the call envelope
         level = max(level, ToolStrictLevel.FUNCTION)
-    resolved = resolve_tool_strictness(tools, "auto", level)
+    resolved = resolve_tool_strictness(tools, tool_choice, level)
     if resolved is None:
         return None
     from xgrammar.structural_tag import OrFormat, StructuralTag
 
-    check_json_nesting({"tools": resolved})
-    output = None if own is None else _own_format(own)
-    if own is not None and output is None:
-        return None
+    for tool in resolved:  # the schemas the grammar pins (others: any JSON)
+        schema = get_function_parameters(tool["function"])
+        if isinstance(schema, dict):
+            check_json_nesting(schema)
+    output = None
+    if is_auto and own is not None:
+        output = _own_format(own)
+        if output is None:
+            return None
+    if not is_auto and own is not None:
+        _warning_once("structured outputs are ignored because tool_choice forces tool call.")
     # auto with a constraint of its own: a call or that constraint, never free text
-    tag = get_model_structural_tag(model, resolved, "auto" if output is None else "required")
+    tag = get_model_structural_tag(model, resolved,
+                                   "required" if output is not None else tool_choice)
     if single:
         limit_to_single_tool_call(tag)
     if output is not None:
@@ -227,14 +261,22 @@ def _own_format(own: StructuredOutputsParams) -> Any:
 
     check_json_nesting(own.json)
     check_json_nesting(own.structural_tag, structural_tag=True)
-    try:
+    from engine.structured_output.backend_xgrammar import validate_xgrammar_grammar
+
+    try:  # what xgrammar would ignore (uniqueItems, ...) or refuse: the request alone
+        validate_xgrammar_grammar(dataclasses.replace(own))  # rewrites a choice in place
         output = structured_outputs_to_format(own)
         if output is None:
             raise ValueError("a structural tag in its legacy form")
         Grammar.from_structural_tag(StructuralTag(format=output).model_dump_json())
-    except Exception as e:  # noqa: BLE001 - xgrammar refuses with several error types
-        logger.warning("Tool calls are not constrained for tool_choice=auto with structured "
-                       "outputs xgrammar does not take (%s); the structured output "
-                       "constraint applies.", e)
+    except Exception:  # noqa: BLE001 - xgrammar refuses with several error types
+        _warning_once("Tool calls are not constrained for tool_choice=auto with structured "
+                      "outputs because xgrammar does not support the structured output "
+                      "constraint; the structured output constraint applies.")
         return None
     return output
+
+
+@functools.cache
+def _warning_once(message: str) -> None:
+    logger.warning(message)

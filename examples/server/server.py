@@ -72,9 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tool-call-parser", help="hermes | llama3_json | mistral | pythonic | ...")
     p.add_argument("--enable-auto-tool-choice", action="store_true", default=None,
                    help='parse tool calls for tool_choice "auto" (needs --tool-call-parser)')
-    p.add_argument("--tool-strict-level", help='auto | function | parameter: the floor of '
-                   'strict tool calling (default: the parser\'s, auto: calls constrained '
-                   'when a tool is strict)')
+    p.add_argument("--tool-strict-level", choices=["auto", "function", "parameter"],
+                   help="the floor of strict tool calling (default: the parser's, auto: "
+                   "calls constrained when a tool is strict)")
     p.add_argument("--max-num-queued-reqs", "--max-queued-requests", type=int, default=1024,
                    help="requests in flight beyond which new ones get 503 + Retry-After")
     p.add_argument("--shutdown-timeout", type=float, default=0.0,

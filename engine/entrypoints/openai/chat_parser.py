@@ -6,8 +6,8 @@ of vllm/entrypoints/openai/chat_completion/message_assembly.py (`keeps_tool_call
 `assemble_chat_message_fields`), vllm/entrypoints/serve/utils/tool_calls_utils.py
 (`resolve_finish_reason`, `maybe_filter_parallel_tool_calls`) and the tool_choice checks of
 vllm/renderers/online_renderer.py, and the tool_choice "auto" branch of `_apply_structural_tag`
-(strict tools: engine/tool_parsers/structural_tag.py). Not here: engine-based parsers,
-structural tags for required / named tool_choice, Kimi-style call ids.
+(structural tags: engine/tool_parsers/structural_tag.py). Not here: engine-based parsers,
+Kimi-style call ids.
 
 Reasoning is split first (the reasoning parser), then tool calls are taken from the
 content: named / required from the JSON that structured outputs forced, auto by the
@@ -24,7 +24,10 @@ from engine.tool_parsers.streaming import (
     extract_named_tool_call_streaming,
     extract_required_tool_call_streaming,
 )
-from engine.tool_parsers.structural_tag import auto_tool_structural_tag
+from engine.tool_parsers.structural_tag import (
+    strict_tool_calling_enforced,
+    tool_structural_tag,
+)
 from engine.tool_parsers.tool_choice import extract_forced_tool_calls, named_tool_choice
 
 
@@ -45,7 +48,7 @@ def check_tool_choice(request, tool_parser_cls, enable_auto_tools: bool) -> None
 
 class ChatParser:
     def __init__(self, tokenizer, request, tool_parser_cls, reasoning_parser_cls,
-                 enable_auto_tools: bool) -> None:
+                 enable_auto_tools: bool, structural_tags: bool = True) -> None:
         self.request = request
         kwargs = {"chat_template_kwargs": chat_template_kwargs(request)}
         self.reasoner = reasoning_parser_cls(tokenizer, **kwargs) \
@@ -55,7 +58,13 @@ class ChatParser:
         choice = request.tool_choice
         self.named = named_tool_choice(choice)
         forced = self.named is not None or choice == "required"
-        supports = self.tool_parser is not None and self.tool_parser.supports_required_and_named
+        # a parser with a structural-tag model constrains and parses every tool_choice in
+        # its own syntax (vLLM's __init_subclass__ rule under VLLM_ENFORCE_STRICT_TOOL_CALLING);
+        # not with --structured-outputs-backend guidance, which reads no xgrammar tag
+        self.tag_model = self.tool_parser.structural_tag_model if self.tool_parser is not None \
+            and structural_tags and strict_tool_calling_enforced() else None
+        supports = self.tool_parser is not None and self.tag_model is None \
+            and self.tool_parser.supports_required_and_named
         # keeps_tool_calls: forced choices, or auto with --enable-auto-tool-choice
         self.keeps_tool_calls = forced or (enable_auto_tools and self.tool_parser is not None
                                            and choice == "auto")
@@ -71,24 +80,24 @@ class ChatParser:
 
     # ------------------------------------------------------------ request side
 
-    def structured_outputs(self) -> StructuredOutputsParams | None:
-        """adjust_request: the grammar that enforces required / named (None otherwise)."""
-        if self.tool_parser is None or self.request.tool_choice in ("none", None):
+    def tool_outputs(self, own: StructuredOutputsParams | None, strict_level=None
+                     ) -> StructuredOutputsParams | None:
+        """adjust_request: the constraint tool calling puts on the output, None to leave
+        the request's own `own`: a structural tag for a parser with a structural-tag model
+        (engine/tool_parsers/structural_tag.py; `own` ORed in for auto), else the JSON
+        schema of required / named. strict_level: --tool-strict-level or None."""
+        choice = self.request.tool_choice
+        if self.tool_parser is None or not self.keeps_tool_calls or choice in ("none", None):
             return None
-        return self.tool_parser.structured_outputs_for_tools(
-            self.request.tool_choice, self.request.parallel_tool_calls)
-
-    def auto_tool_outputs(self, own: StructuredOutputsParams | None, strict_level=None
-                          ) -> StructuredOutputsParams | None:
-        """_apply_structural_tag for tool_choice "auto": the structural tag of strict tool
-        calls (with `own`, the request's constraint, beside them), None if none applies;
-        strict_level: the server's --tool-strict-level (a ToolStrictLevel) or None."""
-        if self.tool_parser is None or not self.keeps_tool_calls \
-                or self.request.tool_choice != "auto":
+        if self.tag_model is not None:
+            named = None if self.named is None else \
+                {"type": "function", "function": {"name": self.named}}
+            return tool_structural_tag(self.tag_model, self.request.tools, named or choice,
+                                       self.request.parallel_tool_calls, own, strict_level)
+        if choice == "auto":
             return None
-        return auto_tool_structural_tag(self.tool_parser.structural_tag_model,
-                                        self.request.tools, self.request.parallel_tool_calls,
-                                        own, strict_level)
+        return self.tool_parser.structured_outputs_for_tools(choice,
+                                                             self.request.parallel_tool_calls)
 
     def count_reasoning_tokens(self, token_ids) -> int:
         return 0 if self.reasoner is None else self.reasoner.count_reasoning_tokens(token_ids)

@@ -6,7 +6,8 @@ per choice, the include_usage chunk; chat_completion_full_generator) and
 ChatCompletionRequest.to_sampling_params (max_tokens None fills the context; response_format
 and structured_outputs -> the grammar). Tools are rendered by the chat template; reasoning
 and tool calls are split from each choice by engine/entrypoints/openai/chat_parser.py
-(required / named tool_choice forced with a JSON-schema grammar, as vLLM's adjust_request).
+(tool_choice constrained as vLLM's adjust_request: structural tags of the parser's syntax,
+or the JSON schema of required / named).
 use_beam_search: the prompt's beams are the choices (engine/entrypoints/openai/serving_beam.py).
 """
 
@@ -74,11 +75,9 @@ class ChatJob:
         with ctx.client.lock:
             parser = self.new_parser()
         values = _sampling_values(request, ctx.get_max_tokens(max_out, len(self.prompt_ids)))
-        forced = parser.structured_outputs()  # required / named tool_choice
         own = structured_outputs_from_response_format(request.structured_outputs,
                                                       request.response_format)
-        values["structured_outputs"] = forced or parser.auto_tool_outputs(
-            own, ctx.tool_strict_level) or own
+        values["structured_outputs"] = parser.tool_outputs(own, ctx.tool_strict_level) or own
         if parser.keep_special_tokens:  # tool-call markers may be special tokens
             values["skip_special_tokens"] = False
         self.beams = None
@@ -100,7 +99,7 @@ class ChatJob:
         """A parser for one choice (they keep streaming state)."""
         return ChatParser(self.ctx.client.engine.tokenizer, self.request,
                           self.ctx.tool_parser_cls, self.ctx.reasoning_parser_cls,
-                          self.ctx.enable_auto_tools)
+                          self.ctx.enable_auto_tools, self.ctx.structural_tags)
 
     def _echo_text(self) -> str:
         last = self.request.messages[-1] if self.request.messages else {}

@@ -53,6 +53,8 @@ class ServingContext:
             if config.tool_call_parser and self.enable_auto_tools else None
         self.reasoning_parser_cls = ReasoningParserManager.get_reasoning_parser(
             config.reasoning_parser) if config.reasoning_parser else None
+        # structural tags of tool calls are xgrammar's (llguidance reads only the legacy form)
+        self.structural_tags = config.structured_outputs_backend != "guidance"
         # --tool-strict-level: the floor of strict tool calling (None: the parser's default)
         self.tool_strict_level = None if config.tool_strict_level is None else \
             ToolStrictLevel.from_name(config.tool_strict_level)
