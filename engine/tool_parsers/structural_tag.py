@@ -259,10 +259,10 @@ def _own_format(own: StructuredOutputsParams) -> Any:
     from xgrammar import Grammar
     from xgrammar.structural_tag import StructuralTag
 
-    check_json_nesting(own.json)
-    check_json_nesting(own.structural_tag, structural_tag=True)
     from engine.structured_output.backend_xgrammar import validate_xgrammar_grammar
 
+    check_json_nesting(own.json)
+    check_json_nesting(own.structural_tag, structural_tag=True)
     try:  # what xgrammar would ignore (uniqueItems, ...) or refuse: the request alone
         validate_xgrammar_grammar(dataclasses.replace(own))  # rewrites a choice in place
         output = structured_outputs_to_format(own)
