@@ -63,6 +63,7 @@ class EngineParams(Structure):
         ("n_threads", c_int32),  # since 0.5
         ("multiprocessing", c_int32),  # since 0.5
         ("tensor_parallel_size", c_int32),  # since 1.0
+        ("tool_strict_level", c_char_p),  # since 1.1
     ]
 
 

@@ -52,6 +52,7 @@ mod sys {
         pub n_threads: i32,        // since 0.5
         pub multiprocessing: i32,  // since 0.5
         pub tensor_parallel_size: i32, // since 1.0
+        pub tool_strict_level: *const c_char, // since 1.1
     }
 
     #[repr(C)]
