@@ -29,17 +29,24 @@ def test_num_leading_decodes(num_scheduled, want) -> None:
     assert num_leading_decodes(np.array(num_scheduled, dtype=np.int32)) == want
 
 
-@pytest.mark.parametrize("gated", [False, True])
-def test_split_step_equals_one_unified_launch(monkeypatch, gated) -> None:
+@pytest.mark.parametrize("gated,window,strided", [
+    (False, None, False), (True, None, False), (False, 6, False), (False, None, True)])
+def test_split_step_equals_one_unified_launch(monkeypatch, gated, window, strided) -> None:
     """Three decode rows, a chunked prefill, a decode row after it (the unified kernel's),
-    a prefill: the decode kernel gets exactly the first three rows."""
+    a prefill: the decode kernel gets exactly the first three rows. Also with an output
+    gate, a sliding window, and q a strided view (the q rows of a qkv output)."""
     dtype = torch.bfloat16 if ON_CUDA else torch.float32
     seq_lens = [(1, 13), (1, 5), (1, 20), (5, 18), (1, 9), (9, 9)]
     nq, nkv, hd = 8, 2, 32
     q, kv, qsl, lens, bt = _case(seq_lens, nq, nkv, hd, 4, dtype)
+    if strided:  # [T, nq + 2 nkv, hd] rows, q the first nq heads of each
+        qkv = torch.cat([q, torch.randn(q.shape[0], 2 * nkv, hd, dtype=dtype,
+                                        device=q.device)], dim=1)
+        q = qkv[:, :nq]
+        assert not q.is_contiguous()
     gate = torch.randn_like(q) if gated else None
     monkeypatch.setattr(attention, "use_kernels", lambda x: True)
-    layer = Attention(nq, hd, 0.3, nkv)
+    layer = Attention(nq, hd, 0.3, nkv, per_layer_sliding_window=window)
     layer.kv_cache = kv
     decode_rows: list[int] = []
     decode = da.paged_attention_decode
@@ -54,7 +61,8 @@ def test_split_step_equals_one_unified_launch(monkeypatch, gated) -> None:
 
     split, whole = attend(num_leading_decodes(np.diff(qsl.cpu().numpy()))), attend(0)
     assert decode_rows == [3]
-    ref = paged_attention_prefill_ref(q, kv, qsl, lens, bt, 0.3)
+    ref = paged_attention_prefill_ref(q.contiguous(), kv, qsl, lens, bt, 0.3,
+                                      sliding_window=window)
     if gated:
         ref = ref * torch.sigmoid(gate)
     _close(split, ref, dtype)

@@ -108,10 +108,19 @@ def _close(a, b):
     (64, None, False, CUDAGraphMode.FULL_AND_PIECEWISE),
     (10, 10, True, CUDAGraphMode.FULL),  # 9 usable blocks, 12 needed: preemption
 ], ids=["prefix-cache-sync", "preemption-async"])
-def test_graphed_steps_equal_eager(llama_dir, num_blocks, max_tokens, async_scheduling, mode):
+def test_graphed_steps_equal_eager(llama_dir, num_blocks, max_tokens, async_scheduling, mode,
+                                   monkeypatch):
     args = (async_scheduling, num_blocks, max_tokens)
+    splits: list[tuple[int, int]] = []  # (num_decodes, max_query_len) a layer call
+    attend = attention_layer.Attention._attend_cuda
+    monkeypatch.setattr(attention_layer.Attention, "_attend_cuda", lambda self, q, md, g: (
+        splits.append((md.num_decodes, md.max_query_len)), attend(self, q, md, g))[1])
     eager = run(llama_dir, None, *args)
+    # eager mixed steps split their decode rows off (engine/layers/attention.py)
+    assert any(d > 0 and m > 1 for d, m in splits)
+    splits.clear()
     got = run(llama_dir, mode, *args)
+    assert splits and all(d == 0 for d, _ in splits)  # graph steps: one unified launch
     assert any(not d.uniform and d.num_tokens == 16 for d in got[3])  # prefill chunks
     if mode == CUDAGraphMode.FULL:
         assert any(not d.uniform and d.num_tokens < 8 for d in got[3])  # decodes, padded
