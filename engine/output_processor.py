@@ -38,7 +38,7 @@ class RequestState:
         tokenizer = tokenizer if sp.detokenize else None
         self.detokenizer = IncrementalDetokenizer.from_new_request(
             tokenizer, request.prompt_token_ids, sp)
-        self.logprobs_processor = LogprobsProcessor(tokenizer, sp.logprobs, sp.prompt_logprobs)
+        self.logprobs_processor = LogprobsProcessor(tokenizer, sp.num_logprobs, sp.prompt_logprobs)
         self.sent_tokens = 0
         # DELTA outputs every stream_interval new tokens, the first and the last at once
         # (vLLM clamps it up to the engine's --stream-interval, whose default 1 runs here)

@@ -21,6 +21,7 @@ _SAMPLING_EPS = 1e-5
 _MAX_TEMP = 1e-2
 MAX_N_SEQUENCES = 16384  # VLLM_MAX_N_SEQUENCES
 MAX_NUM_BAD_WORDS = 128  # VLLM_MAX_NUM_BAD_WORDS
+MAX_LOGPROB_TOKEN_IDS = 128  # vllm/sampling_params.py
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -66,6 +67,8 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None  # top-k per output token (+ the sampled one); -1: vocab
     prompt_logprobs: int | None = None  # the same per prompt token
+    # these ids' logprobs per output token instead of the top-k (+ the sampled one)
+    logprob_token_ids: list[int] | None = None
     detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -186,12 +189,22 @@ class SamplingParams:
                     raise InvalidArgumentError(
                         f"Requested {what} logprobs of {num}, which is greater than max "
                         f"allowed: {max_lp}")
-        for name in ("logit_bias", "stop_token_ids"):
+        ids = self.logprob_token_ids
+        if ids is not None and len(ids) > MAX_LOGPROB_TOKEN_IDS:
+            raise InvalidArgumentError(
+                f"Requested logprob_token_ids of length {len(ids)}, which is greater than "
+                f"max allowed: {MAX_LOGPROB_TOKEN_IDS}")
+        for name in ("logprob_token_ids", "logit_bias", "stop_token_ids"):
             bad = [t for t in (getattr(self, name) or ()) if not 0 <= t < vocab_size]
             if bad:
                 raise InvalidArgumentError(
                     f"token_id(s) {bad} in {name} contain out-of-vocab token ids. "
                     f"Vocabulary size: {vocab_size}")
+        if ids is not None and self.logprobs is not None and self.logprobs != len(ids):
+            raise InvalidArgumentError(
+                "When both logprobs and logprob_token_ids are set, logprobs must equal "
+                f"len(logprob_token_ids). Got logprobs={self.logprobs}, "
+                f"len(logprob_token_ids)={len(ids)}.")
         if self.allowed_token_ids is not None:
             if not self.allowed_token_ids:
                 raise InvalidArgumentError("allowed_token_ids is not None and empty!")
@@ -253,6 +266,13 @@ class SamplingParams:
         return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
 
     @property
+    def num_logprobs(self) -> int | None:
+        """Sample logprobs a position (vLLM): logprobs, else len(logprob_token_ids)."""
+        if self.logprobs is not None:
+            return self.logprobs
+        return len(self.logprob_token_ids) if self.logprob_token_ids else None
+
+    @property
     def eos_token_id(self) -> int | None:
         return self._eos_token_id
 
@@ -310,7 +330,7 @@ def _check_types(sp: SamplingParams) -> None:
         raise err(f"output_kind must be 0, 1 or 2, got {sp.output_kind!r}") from None
     _check_list(sp.stop, "stop", str, allow_single=True)
     _check_list(sp.bad_words, "bad_words", str)
-    for name in ("stop_token_ids", "allowed_token_ids"):
+    for name in ("stop_token_ids", "allowed_token_ids", "logprob_token_ids"):
         _check_list(getattr(sp, name), name, int)
     if sp.structured_outputs is not None and \
             not isinstance(sp.structured_outputs, StructuredOutputsParams):

@@ -274,7 +274,7 @@ def _engine_core_outputs(results: list[tuple[Request, list[int]]],
         i = index.get(req.request_id)
         new_logprobs = None
         if runner_out.logprobs is not None and i is not None and new_ids \
-                and req.sampling_params.logprobs is not None:
+                and req.sampling_params.num_logprobs is not None:
             new_logprobs = runner_out.logprobs.slice_request(i, len(new_ids))
         error = None if req.error is None else (req.error.status, str(req.error))
         outputs.append(EngineCoreOutput(

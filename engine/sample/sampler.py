@@ -5,7 +5,8 @@ Mirrors vllm/v1/sample/sampler.py, in vLLM's order:
    processing, when some row asked for logprobs;
 2. allowed_token_ids mask, bad words, min_tokens, logit_bias, then penalties;
 3. greedy argmax; for sampled rows temperature, min_p, top-k/top-p, random sample;
-4. top-k logprobs + the sampled token's logprob and rank, gathered from (1).
+4. top-k logprobs + the sampled token's logprob and rank, gathered from (1); rows with
+   logprob_token_ids take those ids' logprobs instead of the top-k.
 The logits are modified in place, as in vLLM.
 """
 
@@ -17,7 +18,11 @@ from torch import nn
 from engine.sample.logits_processor import apply_logit_bias, apply_min_p, apply_min_tokens
 from engine.sample.metadata import SamplingMetadata
 from engine.sample.ops.bad_words import apply_bad_words
-from engine.sample.ops.logprobs import compute_logprobs, gather_logprobs
+from engine.sample.ops.logprobs import (
+    compute_logprobs,
+    gather_logprobs,
+    gather_logprobs_with_ids,
+)
 from engine.sample.ops.penalties import apply_all_penalties
 from engine.sample.ops.topk_topp_sampler import apply_top_k_top_p, argmax_rows, random_sample
 from engine.sample.outputs import SamplerOutput
@@ -29,12 +34,17 @@ class Sampler(nn.Module):
     def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         # logits: [num_reqs, vocab] -> sampled [num_reqs] int64 (+ logprobs)
         num_logprobs = md.max_num_logprobs
-        raw_logprobs = None if num_logprobs is None else compute_logprobs(logits)
+        raw_logprobs = None if num_logprobs is None and md.logprob_token_ids is None \
+            else compute_logprobs(logits)
         logits = logits.to(torch.float32)
         logits = self.apply_logits_processors(logits, md)
         sampled = self.sample(logits, md)
         logprobs = None
-        if raw_logprobs is not None:
+        if md.logprob_token_ids is not None:
+            logprobs = gather_logprobs_with_ids(raw_logprobs, num_logprobs, sampled,
+                                                md.logprob_token_ids,
+                                                md.logprob_token_ids_rows)
+        elif raw_logprobs is not None:
             logprobs = gather_logprobs(raw_logprobs, num_logprobs, sampled)
         return SamplerOutput(sampled, logprobs)
 

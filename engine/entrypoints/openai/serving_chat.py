@@ -111,7 +111,9 @@ class ChatJob:
 
     def _logprobs(self, ids, lps):
         req = self.request
-        return chat_logprobs(ids, lps, req.top_logprobs, self.decode,
+        # logprob_token_ids: every returned entry (the ids and the sampled token), as vLLM
+        return chat_logprobs(ids, lps, -1 if req.logprob_token_ids else req.top_logprobs,
+                             self.decode,
                              bool(req.return_tokens_as_token_ids)) if req.logprobs else None
 
     def _usage(self, completion_tokens: int, reasoning_tokens: int) -> UsageInfo:

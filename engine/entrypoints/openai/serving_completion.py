@@ -112,7 +112,7 @@ class CompletionJob:
             choices.append(CompletionResponseChoice(
                 index=index, text=text, finish_reason=f.finish_reason, stop_reason=f.stop_reason,
                 logprobs=None if req.logprobs is None else completion_logprobs(
-                    ids, lps, req.logprobs, self.decode,
+                    ids, lps, _num_top(req), self.decode,
                     as_token_id=bool(req.return_tokens_as_token_ids)),
                 prompt_token_ids=prompt_ids if req.return_token_ids else None,
                 token_ids=f.token_ids if req.return_token_ids else None))
@@ -154,7 +154,7 @@ class CompletionJob:
                 logprobs = None
                 if req.logprobs is not None:
                     logprobs = completion_logprobs(
-                        ids, lps, req.logprobs, self.decode, offsets[i],
+                        ids, lps, _num_top(req), self.decode, offsets[i],
                         as_token_id=bool(req.return_tokens_as_token_ids))
                     if logprobs.tokens:
                         offsets[i] = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
@@ -184,6 +184,12 @@ def _prompt_list(prompt) -> list:
     if isinstance(prompt, str) or prompt == [] or isinstance(prompt[0], int):
         return [prompt]
     return list(prompt)
+
+
+def _num_top(req: CompletionRequest) -> int | None:
+    """Candidates a position: logprobs + 1; every returned entry (the ids and the sampled
+    token) with logprob_token_ids, as vLLM."""
+    return -1 if req.logprob_token_ids else req.logprobs
 
 
 def _sampling_values(req: CompletionRequest, max_tokens: int) -> dict:

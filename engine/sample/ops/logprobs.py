@@ -7,6 +7,7 @@ whose logprob is >= the token's own (1 for the argmax when it is unique).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from engine.sample.outputs import LogprobsTensors
 
@@ -18,6 +19,27 @@ def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
 def batched_count_greater_than(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     # x: [num_rows, vocab], values: [num_rows, 1] -> [num_rows]
     return (x >= values).sum(-1)
+
+
+def gather_logprobs_with_ids(logprobs: torch.Tensor, num_logprobs: int | None,
+                             token_ids: torch.Tensor, ids: torch.Tensor,
+                             id_rows: torch.Tensor) -> LogprobsTensors:
+    """gather_logprobs where rows with id_rows set take the logprobs of their `ids`
+    ([num_rows, W] int64) after the sampled token instead of the top-k (vLLM's
+    gather_specific_token_logprobs); columns past a row's own count are padding
+    (-inf) that the output side never reads."""
+    k = num_logprobs or 0
+    base = gather_logprobs(logprobs, k, token_ids)  # [num_rows, 1 + k]
+    width = max(k, ids.shape[1])
+    top_ids = F.pad(base.logprob_token_ids[:, 1:], (0, width - k))  # [num_rows, width]
+    top_lps = F.pad(base.logprobs[:, 1:], (0, width - k), value=float("-inf"))
+    own_ids = F.pad(ids, (0, width - ids.shape[1]))
+    own_lps = F.pad(logprobs.gather(-1, ids), (0, width - ids.shape[1]), value=float("-inf"))
+    rows = id_rows.unsqueeze(-1)  # [num_rows, 1]
+    return LogprobsTensors(
+        torch.cat((base.logprob_token_ids[:, :1], torch.where(rows, own_ids, top_ids)), 1),
+        torch.cat((base.logprobs[:, :1], torch.where(rows, own_lps, top_lps)), 1),
+        base.selected_token_ranks)
 
 
 def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int,
