@@ -36,9 +36,9 @@ class SamplingMetadata:
     bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)  # row -> words
     min_tokens: dict[int, set[int]] = field(default_factory=dict)  # row -> blocked stop ids
     logit_bias: dict[int, dict[int, float]] = field(default_factory=dict)  # row -> bias
-    # rows asking for given ids' logprobs (logprob_token_ids) instead of the top-k
-    logprob_token_ids: torch.Tensor | None = None  # [num_reqs, max ids] int64, 0-padded
-    logprob_token_ids_rows: torch.Tensor | None = None  # [num_reqs] bool
+    # rows asking for given ids' logprobs (logprob_token_ids) instead of the top-k;
+    # -1-padded, so a row of -1 (no ids) keeps its top-k
+    logprob_token_ids: torch.Tensor | None = None  # [num_reqs, max ids] int64
 
 
 def has_penalties(sp: SamplingParams) -> bool:
@@ -74,13 +74,9 @@ def build_sampling_metadata(sps: list[SamplingParams], token_ids: list[list[int]
     wanted = [vocab_size if sp.logprobs == -1 else min(sp.logprobs, vocab_size)
               for sp in sps if sp.logprobs is not None and not sp.logprob_token_ids]
     md.max_num_logprobs = max(wanted, default=None)
-    explicit = [sp.logprob_token_ids or [] for sp in sps]
-    if any(explicit):
-        width = max(map(len, explicit))
-        md.logprob_token_ids = async_tensor_h2d([ids + [0] * (width - len(ids))
-                                                 for ids in explicit], torch.long, device)
-        md.logprob_token_ids_rows = async_tensor_h2d([bool(ids) for ids in explicit],
-                                                     torch.bool, device)
+    if any(sp.logprob_token_ids for sp in sps):
+        md.logprob_token_ids = make_tensor_with_pad(
+            [sp.logprob_token_ids or [] for sp in sps], -1, device)
     if any(has_penalties(sp) for sp in sps):
         md.no_penalties = False
         md.prompt_token_ids = make_tensor_with_pad(

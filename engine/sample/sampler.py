@@ -42,8 +42,7 @@ class Sampler(nn.Module):
         logprobs = None
         if md.logprob_token_ids is not None:
             logprobs = gather_logprobs_with_ids(raw_logprobs, num_logprobs, sampled,
-                                                md.logprob_token_ids,
-                                                md.logprob_token_ids_rows)
+                                                md.logprob_token_ids)
         elif raw_logprobs is not None:
             logprobs = gather_logprobs(raw_logprobs, num_logprobs, sampled)
         return SamplerOutput(sampled, logprobs)

@@ -22,20 +22,20 @@ def batched_count_greater_than(x: torch.Tensor, values: torch.Tensor) -> torch.T
 
 
 def gather_logprobs_with_ids(logprobs: torch.Tensor, num_logprobs: int | None,
-                             token_ids: torch.Tensor, ids: torch.Tensor,
-                             id_rows: torch.Tensor) -> LogprobsTensors:
-    """gather_logprobs where rows with id_rows set take the logprobs of their `ids`
-    ([num_rows, W] int64) after the sampled token instead of the top-k (vLLM's
-    gather_specific_token_logprobs); columns past a row's own count are padding
-    (-inf) that the output side never reads."""
+                             token_ids: torch.Tensor, ids: torch.Tensor) -> LogprobsTensors:
+    """gather_logprobs where rows with ids ([num_rows, W] int64, -1-padded; a row of -1
+    has none) take the logprobs of those ids after the sampled token instead of the top-k
+    (vLLM's gather_specific_token_logprobs); columns past a row's own count are padding
+    that the output side never reads."""
     k = num_logprobs or 0
     base = gather_logprobs(logprobs, k, token_ids)  # [num_rows, 1 + k]
     width = max(k, ids.shape[1])
     top_ids = F.pad(base.logprob_token_ids[:, 1:], (0, width - k))  # [num_rows, width]
     top_lps = F.pad(base.logprobs[:, 1:], (0, width - k), value=float("-inf"))
+    rows = ids[:, :1] >= 0  # [num_rows, 1]: the row has ids
+    ids = ids.clamp(min=0)
     own_ids = F.pad(ids, (0, width - ids.shape[1]))
     own_lps = F.pad(logprobs.gather(-1, ids), (0, width - ids.shape[1]), value=float("-inf"))
-    rows = id_rows.unsqueeze(-1)  # [num_rows, 1]
     return LogprobsTensors(
         torch.cat((base.logprob_token_ids[:, :1], torch.where(rows, own_ids, top_ids)), 1),
         torch.cat((base.logprobs[:, :1], torch.where(rows, own_lps, top_lps)), 1),
