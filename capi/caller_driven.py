@@ -97,9 +97,10 @@ def _outputs_array(record: EngineRecord, outputs: list) -> tuple[object, list]:
         out.num_prompt_tokens = len(result.prompt_token_ids)
         out.num_output_tokens = num_output_tokens
         out.status, out.error = streams.error_status(result.error), _EMPTY
-        if result.error is not None:
-            out.error = ffi.new("char[]", streams.error_message(result.error))
-            memory.append(out.error)
+        if result.error is not None:  # the owner kept, not the pointer read back
+            message = ffi.new("char[]", streams.error_message(result.error))
+            memory.append(message)
+            out.error = message
         if last:
             del record.requests[result.request_id], record.owners[result.request_id]
     return array, memory

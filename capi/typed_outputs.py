@@ -59,8 +59,8 @@ def _logprobs(completion, top_k: int, memory: list):
         entry.token_id, entry.rank, entry.logprob = token, sampled.rank or 0, sampled.logprob
         top = sorted(((lp.rank, tid, lp.logprob) for tid, lp in position.items()
                       if lp.rank is not None and lp.rank <= top_k))[:top_k]
-        if top:
-            entry.top = ffi.new("vllm_logprob[]", [(tid, rank, lp) for rank, tid, lp in top])
-            entry.n_top = len(top)
-            memory.append(entry.top)
+        if top:  # keep the owner: reading entry.top back gives a pointer that owns nothing
+            owner = ffi.new("vllm_logprob[]", [(tid, rank, lp) for rank, tid, lp in top])
+            memory.append(owner)
+            entry.top, entry.n_top = owner, len(top)
     return array
