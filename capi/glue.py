@@ -214,7 +214,7 @@ def glue_engine_metrics(key, out) -> None:
     success = stats.pop("request_success")
     for name, value in stats.items():
         setattr(out, name, value)
-    for reason in ("stop", "length", "abort", "error"):
+    for reason in ("stop", "length", "abort", "error", "repetition"):
         setattr(out, f"request_success_{reason}", success[reason])
 
 

@@ -25,7 +25,7 @@ from engine.async_llm import AsyncLLM, StatsCollector
 from engine.config import EngineConfig
 from engine.errors import InvalidArgumentError, OutOfResourcesError, VllmError
 from engine.fair_lock import FairRLock
-from engine.sampling_params import RequestOutputKind, SamplingParams
+from engine.sampling_params import RepetitionDetectionParams, RequestOutputKind, SamplingParams
 from engine.structured_output.params import StructuredOutputsParams
 
 
@@ -116,6 +116,7 @@ FINISH_REASONS = {
     "length": lib.VLLM_FINISH_LENGTH,
     "abort": lib.VLLM_FINISH_ABORT,
     "error": lib.VLLM_FINISH_ERROR,
+    "repetition": lib.VLLM_FINISH_REPETITION,
 }
 
 
@@ -150,8 +151,16 @@ def sampling_params(p) -> SamplingParams:
         structured_outputs=_structured_outputs(p),
         logprobs=None if p.logprobs == -1 else p.logprobs,  # vLLM checks the rest
         n=p.n,
+        repetition_detection=_repetition_detection(p),
         output_kind=RequestOutputKind.DELTA,
     )
+
+
+def _repetition_detection(p) -> RepetitionDetectionParams | None:
+    """The repetition_* fields (since 1.2); None when all are 0."""
+    sizes = (p.repetition_max_pattern_size, p.repetition_min_pattern_size,
+             p.repetition_min_count)
+    return RepetitionDetectionParams(*sizes) if any(sizes) else None
 
 
 def _structured_outputs(p) -> StructuredOutputsParams | None:

@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 
 OutputCallback = Callable[["RequestOutput | BaseException"], None]
-_FINISH_REASONS = ("stop", "length", "abort", "error")
+_FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 
 
 class StatsCollector:

@@ -21,7 +21,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None = None  # None unless logprobs were requested
     logprobs: SampleLogprobs | None = None  # one dict per token; None unless requested
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | None
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | "repetition" | None
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
 
     def finished(self) -> bool:

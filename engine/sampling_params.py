@@ -1,4 +1,5 @@
-"""SamplingParams: per-request generation controls, mirroring vllm/sampling_params.py.
+"""SamplingParams (and RepetitionDetectionParams): per-request generation controls,
+mirroring vllm/sampling_params.py.
 
 Field names, defaults, normalisation (__post_init__) and validation messages follow
 vLLM 0.33. The model-dependent checks (vocab bounds, --max-logprobs) run in verify(),
@@ -34,6 +35,39 @@ class SamplingType(enum.IntEnum):
     GREEDY = 0
     RANDOM = 1
     RANDOM_SEED = 2
+
+
+@dataclass
+class RepetitionDetectionParams:
+    """Ends a request whose output tail repeats an n-gram (vLLM's RepetitionDetectionParams;
+    engine/core/sched_utils.py check_sequence_repetition). All 0: off."""
+    max_pattern_size: int = 0  # the longest n-gram looked for; 0: off
+    min_pattern_size: int = 0  # the shortest; 0 means 1
+    min_count: int = 0  # repeats that end the request (>= 2 when on)
+
+    def __post_init__(self) -> None:
+        for name in ("max_pattern_size", "min_pattern_size", "min_count"):
+            if not _is_int(getattr(self, name)):
+                raise InvalidArgumentError(f"repetition_detection.{name} must be an integer, "
+                                           f"got {type(getattr(self, name)).__name__}")
+        if self.max_pattern_size < 0 or self.min_pattern_size < 0 or \
+                self.min_pattern_size > self.max_pattern_size:
+            raise InvalidArgumentError(
+                "max_pattern_size, min_pattern_size must be >=0, with min_pattern_size <= "
+                "max_pattern_size. Set both to 0 to disable repetitive pattern detection.")
+        if self.max_pattern_size > 0 and self.min_count < 2:
+            raise InvalidArgumentError(
+                "min_count must be >= 2 to detect repetitive patterns in engine output. If "
+                "you do not wish to detect repetitive patterns, set max_pattern_size to 0.")
+
+    @staticmethod
+    def from_json(value: object) -> RepetitionDetectionParams:
+        """A request's JSON object; keys other than the three are ignored (pydantic)."""
+        if not isinstance(value, dict):
+            raise InvalidArgumentError(
+                f"repetition_detection must be an object, got {type(value).__name__}")
+        names = ("max_pattern_size", "min_pattern_size", "min_count")
+        return RepetitionDetectionParams(**{k: v for k, v in value.items() if k in names})
 
 
 def verify_num_sequences(value, name: str) -> None:
@@ -82,6 +116,7 @@ class SamplingParams:
     skip_reading_prefix_cache: bool | None = None
     # json / regex / choice / grammar / json_object / structural_tag (engine/structured_output)
     structured_outputs: StructuredOutputsParams | None = None
+    repetition_detection: RepetitionDetectionParams | None = None  # an n-gram loop ends it
     # Set in __post_init__ / by the engine (vLLM's private fields).
     output_text_buffer_length: int = field(default=0, init=False, repr=False)
     _eos_token_id: int | None = field(default=None, init=False, repr=False)
@@ -99,6 +134,10 @@ class SamplingParams:
                 kwargs[name] = default
         if kwargs.get("logit_bias") is not None:
             kwargs["logit_bias"] = _convert_logit_bias(kwargs["logit_bias"])
+        if kwargs.get("repetition_detection") is not None and not isinstance(
+                kwargs["repetition_detection"], RepetitionDetectionParams):
+            kwargs["repetition_detection"] = RepetitionDetectionParams.from_json(
+                kwargs["repetition_detection"])
         return SamplingParams(**kwargs)
 
     def __post_init__(self) -> None:
@@ -336,6 +375,10 @@ def _check_types(sp: SamplingParams) -> None:
             not isinstance(sp.structured_outputs, StructuredOutputsParams):
         raise err("structured_outputs must be a StructuredOutputsParams, got "
                   f"{type(sp.structured_outputs).__name__}")
+    if sp.repetition_detection is not None and \
+            not isinstance(sp.repetition_detection, RepetitionDetectionParams):
+        raise err("repetition_detection must be a RepetitionDetectionParams, got "
+                  f"{type(sp.repetition_detection).__name__}")
     if sp.logit_bias is not None:
         if not isinstance(sp.logit_bias, dict):
             raise err(f"logit_bias must be a dict, got {type(sp.logit_bias).__name__}")

@@ -66,7 +66,7 @@
 
 /* ABI version: the major changes on any incompatible change (and with it the SONAME). */
 #define VLLM_ABI_VERSION_MAJOR 1
-#define VLLM_ABI_VERSION_MINOR 1
+#define VLLM_ABI_VERSION_MINOR 2
 #define VLLM_ABI_VERSION ((VLLM_ABI_VERSION_MAJOR << 16) | VLLM_ABI_VERSION_MINOR)
 
 #ifdef __cplusplus
@@ -110,7 +110,9 @@ enum vllm_finish_reason {
     VLLM_FINISH_ERROR = 4    /* since 0.2: the engine failed (since 0.3 also: this request
                                 alone failed, e.g. its grammar did not compile); see
                                 vllm_event.status and vllm_event.error (since 1.0 also
-                                vllm_request_output.status and .error) */
+                                vllm_request_output.status and .error) */,
+    VLLM_FINISH_REPETITION = 5  /* since 1.2: the output repeated an n-gram (the sampling
+                                   params' repetition_* fields; vLLM's "repetition") */
 };
 
 /* Log levels (the Python logging levels of the engine). Since 0.2. */
@@ -284,6 +286,13 @@ typedef struct vllm_sampling_params {
                                             (vllm_token_logprobs; vLLM's logprobs) */
     int32_t n;                           /* default 1: sequences per request; each output
                                             carries its sequence's index */
+    /* since 1.2: vLLM's repetition_detection. The request ends (VLLM_FINISH_REPETITION)
+     * once its output ends in an n-gram of repetition_min_pattern_size (0 means 1) to
+     * repetition_max_pattern_size tokens repeated repetition_min_count times (checked
+     * from min_tokens on). All 0 (default): off; max > 0 needs min_count >= 2. */
+    int32_t repetition_max_pattern_size;
+    int32_t repetition_min_pattern_size;
+    int32_t repetition_min_count;
 } vllm_sampling_params;
 
 /* One candidate for a generated token (since 1.0). */
@@ -377,6 +386,7 @@ typedef struct vllm_metrics {
     int64_t request_success_length;   /* ... "length" */
     int64_t request_success_abort;    /* ... "abort" */
     int64_t request_success_error;    /* ... "error" */
+    int64_t request_success_repetition;  /* since 1.2: ... "repetition" */
 } vllm_metrics;
 
 /* A streamed OpenAI response (since 0.2). */

@@ -124,3 +124,32 @@ def test_tokenizer_override_is_a_hf_directory(api, model_path, tmp_path):
     out = ffi.new("vllm_engine **")
     api.ok(lib.vllm_engine_create(model_path.encode(), p, out), lib.VLLM_ERR_MODEL_LOAD)
     assert "missing" in api.error()
+
+
+def test_repetition_fields_end_a_repeating_request(api, engine):
+    """vllm.h 1.2: repetition_* (vLLM's repetition_detection). Every token is " the"
+    (allowed_token_ids), so a pattern of size 1 repeated 3 times ends the request at its
+    third token with VLLM_FINISH_REPETITION, counted in request_success_repetition;
+    min_count 1 is refused with vLLM's message."""
+    lib, ffi = api.lib, api.ffi
+    allowed = ffi.new("int32_t[]", [_token(api, engine, " the")])
+    metrics = ffi.new("vllm_metrics *")
+    metrics.struct_size = ffi.sizeof("vllm_metrics")
+    api.ok(lib.vllm_engine_metrics(engine, metrics))
+    before = metrics.request_success_repetition
+    sp = _params(api, [], max_tokens=10, allowed_token_ids=allowed, n_allowed_token_ids=1,
+                 repetition_max_pattern_size=2, repetition_min_count=3)
+    api.ok(lib.vllm_request_add(engine, b"rep", PROMPT.encode(), ffi.NULL, 0, sp))
+    outs, n, tokens, reasons = ffi.new("vllm_request_output **"), ffi.new("size_t *"), 0, []
+    while not reasons:
+        api.ok(lib.vllm_engine_step(engine, outs, n))
+        for i in range(n[0]):
+            tokens += outs[0][i].n_token_ids
+            reasons += [outs[0][i].finish_reason] if outs[0][i].finished else []
+    assert (tokens, reasons) == (3, [lib.VLLM_FINISH_REPETITION])
+    api.ok(lib.vllm_engine_metrics(engine, metrics))
+    assert metrics.request_success_repetition == before + 1
+    sp = _params(api, [], repetition_max_pattern_size=2, repetition_min_count=1)
+    api.ok(lib.vllm_request_add(engine, b"bad", PROMPT.encode(), ffi.NULL, 0, sp),
+           lib.VLLM_ERR_INVALID_ARGUMENT)
+    assert "min_count must be >= 2" in api.error()

@@ -52,7 +52,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     new_token_ids: list[int]
     new_logprobs: LogprobsLists | None = None  # one row per new token
     new_prompt_logprobs: LogprobsLists | None = None  # all prompt positions but the first
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | "repetition"
     stop_reason: int | str | None = None
     num_cached_tokens: int = -1  # prefix-cache hit length; -1: not scheduled yet
     error: tuple[int, str] | None = None  # (vllm.h status, message) with "error"

@@ -1,9 +1,12 @@
 """Scheduler helpers, as vllm/v1/core/sched/utils.py: check_stop (EOS, stop token ids,
-length caps) and remove_all."""
+length caps, repetition_detection) and remove_all."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from engine.request import Request, RequestStatus
+from engine.sampling_params import RepetitionDetectionParams
 
 
 def remove_all(lst: list, items_to_remove: set) -> list:
@@ -32,4 +35,29 @@ def check_stop(request: Request, max_model_len: int) -> bool:
             request.num_output_tokens >= request.max_tokens:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
+    if request.num_output_tokens < sampling_params.min_tokens:
+        return False
+    params = sampling_params.repetition_detection
+    if params is not None and check_sequence_repetition(request.output_token_ids, params):
+        request.status = RequestStatus.FINISHED_REPETITION
+        request.stop_reason = "repetition_detected"
+        return True
+    return False
+
+
+def check_sequence_repetition(token_ids: Sequence[int],
+                              params: RepetitionDetectionParams) -> bool:
+    """Whether the tail of token_ids is one n-gram (min..max_pattern_size long, the shortest
+    first) repeated min_count times."""
+    min_size = max(params.min_pattern_size, 1)
+    if params.max_pattern_size <= 0 or params.min_count < 2 or \
+            min_size > params.max_pattern_size:
+        return False
+    for size in range(min_size, params.max_pattern_size + 1):
+        if size * params.min_count > len(token_ids):
+            return False
+        tail = token_ids[-size:]
+        if all(token_ids[len(token_ids) - size * (m + 1):len(token_ids) - size * m] == tail
+               for m in range(1, params.min_count)):
+            return True
     return False

@@ -55,8 +55,9 @@ static void on_event(const vllm_event *event, void *user_data) {
 }
 
 static const char *reason_name(int32_t reason) {
-    static const char *const names[] = {"none", "stop", "length", "abort", "error"};
-    return reason >= 0 && reason <= VLLM_FINISH_ERROR ? names[reason] : "?";
+    static const char *const names[] = {"none", "stop", "length", "abort", "error",
+                                        "repetition"};
+    return reason >= 0 && reason <= VLLM_FINISH_REPETITION ? names[reason] : "?";
 }
 
 /* Request i's sampling params: greedy, then a spread of temperature/top-p/top-k/min-p. */

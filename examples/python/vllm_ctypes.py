@@ -28,7 +28,7 @@ from ctypes import (
 
 VLLM_OK = 0
 VLLM_END_OF_STREAM = 11
-FINISH_REASONS = ("none", "stop", "length", "abort", "error")
+FINISH_REASONS = ("none", "stop", "length", "abort", "error", "repetition")
 
 PROGRESS_CALLBACK = CFUNCTYPE(c_int32, c_float, c_void_p)
 
@@ -104,6 +104,9 @@ class SamplingParams(Structure):
         ("structural_tag", c_char_p),
         ("logprobs", c_int32),  # since 1.0
         ("n", c_int32),  # since 1.0
+        ("repetition_max_pattern_size", c_int32),  # since 1.2
+        ("repetition_min_pattern_size", c_int32),  # since 1.2
+        ("repetition_min_count", c_int32),  # since 1.2
     ]
 
 
@@ -144,6 +147,7 @@ class Metrics(Structure):
         ("request_success_length", c_int64),
         ("request_success_abort", c_int64),
         ("request_success_error", c_int64),
+        ("request_success_repetition", c_int64),  # since 1.2
     ]
 
 

@@ -47,7 +47,8 @@ class EngineParams(ctypes.Structure):
 METRIC_FIELDS = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
                  "prefix_cache_queries", "prefix_cache_hits", "num_preemptions",
                  "prompt_tokens", "generation_tokens", "request_success_stop",
-                 "request_success_length", "request_success_abort", "request_success_error")
+                 "request_success_length", "request_success_abort", "request_success_error",
+                 "request_success_repetition")  # the last since 1.2
 
 
 class Metrics(ctypes.Structure):

@@ -19,7 +19,7 @@ _COUNTERS = (
     ("prompt_tokens", "Number of prefill tokens processed."),
     ("generation_tokens", "Number of generation tokens processed."),
 )
-_FINISHED_REASONS = ("stop", "length", "abort", "error")
+_FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 
 
 def _escape(value: str) -> str:

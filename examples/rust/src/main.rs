@@ -8,7 +8,9 @@ mod vllm;
 use std::io::Write;
 use std::process::ExitCode;
 
-const FINISH_REASONS: [&str; 5] = ["none", "stop", "length", "abort", "error"];
+const FINISH_REASONS: [&str; 6] = [
+    "none", "stop", "length", "abort", "error", "repetition",
+];
 
 /// Streams the completion to stdout; returns (tokens, finish reason).
 fn run(model: &str, prompt: &str) -> Result<(usize, &'static str), vllm::Error> {

@@ -92,6 +92,9 @@ mod sys {
         pub structural_tag: *const c_char,
         pub logprobs: i32, // since 1.0
         pub n: i32,        // since 1.0
+        pub repetition_max_pattern_size: i32, // since 1.2
+        pub repetition_min_pattern_size: i32, // since 1.2
+        pub repetition_min_count: i32,        // since 1.2
     }
 
     #[repr(C)]
