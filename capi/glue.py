@@ -119,6 +119,9 @@ def _engine_config(model: str, p) -> EngineConfig:
         multiprocessing=_tristate(p.multiprocessing, "params->multiprocessing"),
         tensor_parallel_size=p.tensor_parallel_size or 1,
         tool_strict_level=optional_text(p.tool_strict_level, "params->tool_strict_level"),
+        reasoning_start_str=optional_text(
+            p.reasoning_start_str, "params->reasoning_start_str") or "",
+        reasoning_end_str=optional_text(p.reasoning_end_str, "params->reasoning_end_str") or "",
     )
 
 

@@ -169,6 +169,7 @@ VLLM_API void vllm_sampling_params_init(vllm_sampling_params *params, size_t siz
     d.repetition_penalty = 1.0f;
     d.logprobs = -1;
     d.n = 1;
+    d.thinking_token_budget = -1;
     write_defaults(params, size, &d, sizeof d);
 }
 

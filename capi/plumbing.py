@@ -152,6 +152,7 @@ def sampling_params(p) -> SamplingParams:
         logprobs=None if p.logprobs == -1 else p.logprobs,  # vLLM checks the rest
         n=p.n,
         repetition_detection=_repetition_detection(p),
+        thinking_token_budget=p.thinking_token_budget,  # -1: unlimited, as vLLM
         output_kind=RequestOutputKind.DELTA,
     )
 

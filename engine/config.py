@@ -75,6 +75,10 @@ class EngineConfig:
     # --reasoning-parser, --enable-auto-tool-choice, --tool-call-parser)
     structured_outputs_backend: str = "auto"  # auto | xgrammar | guidance
     reasoning_parser: str = ""  # "": none; deepseek_r1 | qwen3
+    # vLLM's --reasoning-config: the strings that open / forcibly end a reasoning block
+    # (thinking_token_budget); "": the reasoning parser's markers
+    reasoning_start_str: str = ""
+    reasoning_end_str: str = ""
     enable_auto_tool_choice: bool = False  # tool_choice "auto" (needs tool_call_parser)
     tool_call_parser: str = ""  # "": none; hermes | llama3_json | mistral | pythonic | ...
     # vLLM's --tool-strict-level (auto | function | parameter); None: the parser's default

@@ -12,6 +12,7 @@ from __future__ import annotations
 from engine.config import EngineConfig
 from engine.core.engine_core_messages import EngineCoreReady
 from engine.errors import InvalidArgumentError, OutOfResourcesError
+from engine.reasoning.config import resolve_reasoning_token_ids
 from engine.sampling_params import SamplingParams
 from engine.structured_output import StructuredOutputsConfig
 from engine.structured_output.validation import validate_structured_outputs
@@ -28,6 +29,7 @@ class InputProcessor:
         self.generation_config = {"eos_token_id": ready.eos_token_ids}  # vLLM's argument
         self.so_config = None if tokenizer is None else StructuredOutputsConfig(
             backend=config.structured_outputs_backend, reasoning_parser=config.reasoning_parser)
+        self.reasoning_token_ids = resolve_reasoning_token_ids(config, tokenizer)
 
     @property
     def eos_token_id(self) -> int | None:
@@ -57,6 +59,7 @@ class InputProcessor:
         sp.update_from_generation_config(self.generation_config, self.eos_token_id)
         if self.tokenizer is not None:
             sp.update_from_tokenizer(self.tokenizer)
+        sp.update_from_reasoning_config(self.reasoning_token_ids)
         if sp.structured_outputs is not None:  # vLLM's _validate_structured_output
             if self.so_config is None:
                 raise InvalidArgumentError("Structured outputs requires a tokenizer so it "

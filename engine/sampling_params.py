@@ -70,6 +70,17 @@ class RepetitionDetectionParams:
         return RepetitionDetectionParams(**{k: v for k, v in value.items() if k in names})
 
 
+def validate_thinking_token_budget(value: object) -> int | None:
+    """None / -1: unlimited (None); else an int >= 0 (vLLM's validator: no bool, float or
+    string coercion)."""
+    if value is None or value == -1 and _is_int(value):
+        return None
+    if not _is_int(value) or value < 0:
+        raise InvalidArgumentError(
+            "`thinking_token_budget` must be a non-negative integer or -1 for unlimited.")
+    return value
+
+
 def verify_num_sequences(value, name: str) -> None:
     """n or a beam width: an int in [1, VLLM_MAX_N_SEQUENCES] (vLLM's
     _verify_num_sequences)."""
@@ -112,6 +123,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    # reasoning tokens before the forced end of the block (-1 / None: unlimited;
+    # engine/sample/ops/thinking_budget.py), needs the engine's reasoning markers
+    thinking_token_budget: int | None = None
     # None: False; always True when prompt_logprobs are asked for (vLLM: only by default)
     skip_reading_prefix_cache: bool | None = None
     # json / regex / choice / grammar / json_object / structural_tag (engine/structured_output)
@@ -122,6 +136,9 @@ class SamplingParams:
     _eos_token_id: int | None = field(default=None, init=False, repr=False)
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
     _bad_words_token_ids: list[list[int]] | None = field(default=None, init=False, repr=False)
+    # (start, forced end, natural end) marker ids, set with thinking_token_budget
+    _reasoning_token_ids: tuple[list[int], list[int], list[int]] | None = field(
+        default=None, init=False, repr=False)
 
     @staticmethod
     def from_optional(**kwargs) -> SamplingParams:
@@ -142,6 +159,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         _check_types(self)
+        self.thinking_token_budget = validate_thinking_token_budget(self.thinking_token_budget)
         if 0 < self.temperature < _MAX_TEMP:
             self.temperature = _MAX_TEMP
         if self.seed == -1:
@@ -267,6 +285,19 @@ class SamplingParams:
                     eos_ids.update(self.stop_token_ids)
                     self.stop_token_ids = list(eos_ids)
 
+    def update_from_reasoning_config(
+            self, ids: tuple[list[int], list[int], list[int]] | None) -> None:
+        """The engine's reasoning marker ids (engine/reasoning/config.py), which a
+        thinking_token_budget needs (vLLM's input processor refuses it without them)."""
+        if self.thinking_token_budget is None:
+            return
+        if ids is None:
+            raise InvalidArgumentError(
+                "thinking_token_budget is set but reasoning_config is not configured. Please "
+                "set --reasoning-parser and/or --reasoning-config to use "
+                "thinking_token_budget.")
+        self._reasoning_token_ids = ids
+
     def update_from_tokenizer(self, tokenizer) -> None:
         """Bad words -> token id sequences, each word with and without a leading space
         (the spaced form kept only when it is a different word of the same length)."""
@@ -322,6 +353,10 @@ class SamplingParams:
     @property
     def bad_words_token_ids(self) -> list[list[int]] | None:
         return self._bad_words_token_ids
+
+    @property
+    def reasoning_token_ids(self) -> tuple[list[int], list[int], list[int]] | None:
+        return self._reasoning_token_ids
 
     def clone(self) -> SamplingParams:
         return copy.deepcopy(self)

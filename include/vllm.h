@@ -216,6 +216,12 @@ typedef struct vllm_engine_params {
                                         when a tool is `strict`), "function" (every
                                         call's name and envelope), "parameter" (also
                                         every tool's arguments, as if all were strict) */
+    /* since 1.2: vLLM's --reasoning-config, the markers of a thinking_token_budget */
+    const char *reasoning_start_str; /* opens a reasoning block; NULL: the reasoning
+                                        parser's ("<think>" for qwen3 / deepseek_r1) */
+    const char *reasoning_end_str;   /* forced when the budget is spent (may put a
+                                        phrase before the parser's end marker); NULL:
+                                        the parser's ("</think>") */
 } vllm_engine_params;
 
 /* What vllm_engine_model_info() reports. */
@@ -293,6 +299,11 @@ typedef struct vllm_sampling_params {
     int32_t repetition_max_pattern_size;
     int32_t repetition_min_pattern_size;
     int32_t repetition_min_count;
+    /* since 1.2: vLLM's thinking_token_budget: once a reasoning block (the engine's
+     * reasoning_start_str / reasoning_end_str, else its reasoning parser's markers) has
+     * this many tokens, its end is forced, one token a step. -1 (default): unlimited;
+     * set without markers the request is refused (VLLM_ERR_INVALID_ARGUMENT). */
+    int32_t thinking_token_budget;
 } vllm_sampling_params;
 
 /* One candidate for a generated token (since 1.0). */

@@ -8,7 +8,8 @@ are handed back one schedule later, as the engine's batch queue does. Engine cas
 mirror tests/v1/e2e/general/test_async_scheduling.py (test_without_spec_decoding): on
 the real default model, greedy and seeded outputs and logprobs with async scheduling
 equal those without it, with preemption and with chunked prefill, for plain sampling,
-penalties, bad words, logprobs, prompt logprobs and a JSON schema. Oracle: the
+penalties, bad words, logprobs, prompt logprobs, a JSON schema and (ours) a thinking
+budget. Oracle: the
 synchronous engine (itself checked against HF transformers in test_sampling_e2e.py).
 """
 
@@ -208,12 +209,15 @@ PARAMS = {  # vLLM's list, with a seeded random row added
     "json_penalty": {"structured_outputs": StructuredOutputsParams(json=SCHEMA),
                      "logprobs": 2, "frequency_penalty": -1.0},
     "seeded": {"temperature": 1.0, "seed": 7},
+    # ours: PROMPTS[0] ends in the start marker (":"), so its end is forced after 3 tokens
+    "thinking_budget": {"thinking_token_budget": 3},
 }
 
 
 def _generate(model_path: str, **config) -> tuple[dict[str, tuple], LLMEngine]:
-    engine = LLMEngine.from_config(EngineConfig(model=model_path, max_model_len=128,
-                                                max_num_seqs=32, **config))
+    engine = LLMEngine.from_config(EngineConfig(
+        model=model_path, max_model_len=128, max_num_seqs=32, reasoning_start_str=":",
+        reasoning_end_str=" So the answer is", **config))
     for name, extra in PARAMS.items():
         for i, prompt in enumerate(PROMPTS):
             sp = SamplingParams(**{"temperature": 0.0, "max_tokens": 12, "min_tokens": 10,

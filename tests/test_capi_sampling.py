@@ -153,3 +153,35 @@ def test_repetition_fields_end_a_repeating_request(api, engine):
     api.ok(lib.vllm_request_add(engine, b"bad", PROMPT.encode(), ffi.NULL, 0, sp),
            lib.VLLM_ERR_INVALID_ARGUMENT)
     assert "min_count must be >= 2" in api.error()
+
+
+def test_thinking_token_budget_through_the_abi(api, engine, model_path):
+    """vllm.h 1.2: vllm_engine_params.reasoning_start_str / reasoning_end_str and
+    vllm_sampling_params.thinking_token_budget (-1 by default: unlimited). The prompt ends
+    in the start marker, so budget 0 forces the end marker's tokens first (its text);
+    -2 is refused with vLLM's message, and a budget on an engine without markers too."""
+    lib, ffi = api.lib, api.ffi
+    prompt = b"The following numbers of the sequence 0, 1, 2, 3, 4, 5 are:"
+    assert api.greedy(4).thinking_token_budget == -1
+    sp = _params(api, [], max_tokens=4, thinking_token_budget=3)
+    api.ok(lib.vllm_request_add(engine, b"nomarkers", prompt, ffi.NULL, 0, sp),
+           lib.VLLM_ERR_INVALID_ARGUMENT)
+    assert "reasoning_config is not configured" in api.error()
+    thinking = api.create(model_path, reasoning_start_str=":",
+                          reasoning_end_str=" So the answer is")
+    try:
+        sp = _params(api, [], max_tokens=5, thinking_token_budget=0)
+        api.ok(lib.vllm_request_add(thinking, b"forced", prompt, ffi.NULL, 0, sp))
+        outs, n, left, text = ffi.new("vllm_request_output **"), ffi.new("size_t *"), \
+            ffi.new("size_t *", 1), ""
+        while left[0]:
+            api.ok(lib.vllm_engine_step(thinking, outs, n))
+            text += "".join(ffi.string(outs[0][i].text).decode() for i in range(n[0]))
+            api.ok(lib.vllm_engine_num_unfinished(thinking, left))
+        assert text.startswith(" So the answer is"), text
+        sp = _params(api, [], thinking_token_budget=-2)
+        api.ok(lib.vllm_request_add(thinking, b"bad", prompt, ffi.NULL, 0, sp),
+               lib.VLLM_ERR_INVALID_ARGUMENT)
+        assert "must be a non-negative integer or -1 for unlimited" in api.error()
+    finally:
+        lib.vllm_engine_free(thinking)

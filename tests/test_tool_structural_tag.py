@@ -298,3 +298,17 @@ def test_forced_choices_without_a_tag_model_keep_the_json_schema(tokenizer,  # n
     chat(client, False, tools=_tools(True), tool_choice="required")
     chat(client, False, tools=_tools(True))
     assert seen[1].json is not None and seen[2] is None
+
+
+def test_server_reasoning_config_flag() -> None:
+    """vLLM's --reasoning-config JSON -> the parser and the thinking-budget markers."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "server"))
+    import server
+
+    args = server.parse_args(["m.gguf", "--reasoning-config", json.dumps({
+        "reasoning_parser": "qwen3", "reasoning_end_str": "Done.</think>"})])
+    fields = server.engine_fields(args)
+    assert (fields["reasoning_parser"], fields["reasoning_start_str"],
+            fields["reasoning_end_str"]) == ("qwen3", None, "Done.</think>")
+    with pytest.raises(SystemExit):
+        server.parse_args(["m.gguf", "--reasoning-config", '{"reasoning_start": "<"}'])

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.sample.ops.thinking_budget import ThinkingScan, thinking_budget_targets
 from engine.sample.ops.torch_utils import async_tensor_h2d, make_tensor_with_pad
 from engine.sampling_params import SamplingParams, SamplingType
 
@@ -39,6 +40,8 @@ class SamplingMetadata:
     # rows asking for given ids' logprobs (logprob_token_ids) instead of the top-k;
     # -1-padded, so a row of -1 (no ids) keeps its top-k
     logprob_token_ids: torch.Tensor | None = None  # [num_reqs, max ids] int64
+    # rows whose reasoning block is over its thinking_token_budget, and their forced ids
+    thinking_budget_targets: torch.Tensor | None = None  # [2, num_forced] int64
 
 
 def has_penalties(sp: SamplingParams) -> bool:
@@ -46,15 +49,20 @@ def has_penalties(sp: SamplingParams) -> bool:
 
 
 def reads_output_token_ids(sp: SamplingParams) -> bool:
-    """Penalties and bad words read the ids sampled so far (not just their count)."""
-    return has_penalties(sp) or bool(sp.bad_words_token_ids)
+    """Penalties, bad words and a thinking budget read the ids sampled so far (not just
+    their count)."""
+    return has_penalties(sp) or bool(sp.bad_words_token_ids) or \
+        sp.thinking_token_budget is not None
 
 
 def build_sampling_metadata(sps: list[SamplingParams], token_ids: list[list[int]],
                             num_prompt_tokens: list[int],
                             generators: dict[int, torch.Generator], vocab_size: int,
-                            device: torch.device) -> SamplingMetadata:
-    """sps / token_ids (prompt + output so far) / num_prompt_tokens: one entry per row."""
+                            device: torch.device,
+                            thinking_scans: list[ThinkingScan] | None = None
+                            ) -> SamplingMetadata:
+    """sps / token_ids (prompt + output so far) / num_prompt_tokens: one entry per row;
+    thinking_scans: each row's request's marker scan (fresh ones when None)."""
     greedy = [sp.sampling_type == SamplingType.GREEDY for sp in sps]
     num_outputs = [len(ids) - n for ids, n in zip(token_ids, num_prompt_tokens, strict=True)]
 
@@ -96,6 +104,10 @@ def build_sampling_metadata(sps: list[SamplingParams], token_ids: list[list[int]
                      for i, (sp, num) in enumerate(zip(sps, num_outputs, strict=True))
                      if num < sp.min_tokens and sp.all_stop_token_ids}
     md.logit_bias = {i: sp.logit_bias for i, sp in enumerate(sps) if sp.logit_bias}
+    if any(sp.thinking_token_budget is not None for sp in sps):
+        md.thinking_budget_targets = thinking_budget_targets(
+            [sp.thinking_token_budget for sp in sps], [sp.reasoning_token_ids for sp in sps],
+            token_ids, thinking_scans or [ThinkingScan() for _ in sps], device)
     return md
 
 

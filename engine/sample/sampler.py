@@ -3,7 +3,8 @@
 Mirrors vllm/v1/sample/sampler.py, in vLLM's order:
 1. raw logprobs (logprobs_mode "raw_logprobs"): log_softmax of the logits before any
    processing, when some row asked for logprobs;
-2. allowed_token_ids mask, bad words, min_tokens, logit_bias, then penalties;
+2. allowed_token_ids mask, bad words, min_tokens, logit_bias, penalties, then the
+   thinking budget's forced tokens;
 3. greedy argmax; for sampled rows temperature, min_p, top-k/top-p, random sample;
 4. top-k logprobs + the sampled token's logprob and rank, gathered from (1); rows with
    logprob_token_ids take those ids' logprobs instead of the top-k.
@@ -24,6 +25,7 @@ from engine.sample.ops.logprobs import (
     gather_logprobs_with_ids,
 )
 from engine.sample.ops.penalties import apply_all_penalties
+from engine.sample.ops.thinking_budget import apply_thinking_budget
 from engine.sample.ops.topk_topp_sampler import apply_top_k_top_p, argmax_rows, random_sample
 from engine.sample.outputs import SamplerOutput
 
@@ -59,6 +61,8 @@ class Sampler(nn.Module):
             logits = apply_all_penalties(logits, md.prompt_token_ids, md.presence_penalties,
                                          md.frequency_penalties, md.repetition_penalties,
                                          md.output_token_ids)
+        if md.thinking_budget_targets is not None:  # last, as vLLM's MRV2
+            logits = apply_thinking_budget(logits, md.thinking_budget_targets)
         return logits
 
     @staticmethod

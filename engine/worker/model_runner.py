@@ -37,6 +37,7 @@ from engine.sample.metadata import (
     reads_output_token_ids,
 )
 from engine.sample.ops.logprobs import compute_logprobs, gather_logprobs
+from engine.sample.ops.thinking_budget import ThinkingScan
 from engine.sample.ops.topk_topp_sampler import warm_up_sampling_kernels
 from engine.sample.ops.torch_utils import async_tensor_h2d
 from engine.sample.outputs import LogprobsLists, LogprobsTensors
@@ -71,6 +72,7 @@ class CachedRequestState:
     in_progress_prompt_logprobs: list[LogprobsTensors] = field(default_factory=list)
     # positions in token_ids of sampled tokens still in flight (placeholders), oldest first
     pending_positions: list[int] = field(default_factory=list)
+    thinking_scan: ThinkingScan = field(default_factory=ThinkingScan)  # thinking budget
 
 
 @dataclass
@@ -460,7 +462,7 @@ class ModelRunner:
             [s.sampling_params for s in states], [s.token_ids for s in states],
             [s.num_prompt_tokens for s in states],
             {i: s.generator for i, s in enumerate(states) if s.generator},
-            self.model.config.vocab_size, self.device)
+            self.model.config.vocab_size, self.device, [s.thinking_scan for s in states])
 
 
 def _graph_rows(desc: BatchDescriptor) -> int:

@@ -64,6 +64,8 @@ class EngineParams(Structure):
         ("multiprocessing", c_int32),  # since 0.5
         ("tensor_parallel_size", c_int32),  # since 1.0
         ("tool_strict_level", c_char_p),  # since 1.1
+        ("reasoning_start_str", c_char_p),  # since 1.2
+        ("reasoning_end_str", c_char_p),  # since 1.2
     ]
 
 
@@ -107,6 +109,7 @@ class SamplingParams(Structure):
         ("repetition_max_pattern_size", c_int32),  # since 1.2
         ("repetition_min_pattern_size", c_int32),  # since 1.2
         ("repetition_min_count", c_int32),  # since 1.2
+        ("thinking_token_budget", c_int32),  # since 1.2
     ]
 
 

@@ -41,6 +41,7 @@ class EngineParams(ctypes.Structure):
         ("multiprocessing", _c_int32),  # since 0.5
         ("tensor_parallel_size", _c_int32),  # since 1.0
         ("tool_strict_level", _c_char_p),  # since 1.1
+        ("reasoning_start_str", _c_char_p), ("reasoning_end_str", _c_char_p),  # since 1.2
     ]
 
 

@@ -15,6 +15,7 @@ second signal exits at once. Needs starlette and uvicorn (pyproject's `server` e
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -69,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--structured-outputs-config.backend", dest="structured_outputs_backend",
                    choices=["auto", "xgrammar", "guidance"])
     p.add_argument("--reasoning-parser", help="deepseek_r1 | qwen3: split <think> reasoning")
+    p.add_argument("--reasoning-config", type=json.loads, default=None,
+                   help='JSON: {"reasoning_parser", "reasoning_start_str", '
+                   '"reasoning_end_str"} (the markers of thinking_token_budget)')
     p.add_argument("--tool-call-parser", help="hermes | llama3_json | mistral | pythonic | ...")
     p.add_argument("--enable-auto-tool-choice", action="store_true", default=None,
                    help='parse tool calls for tool_choice "auto" (needs --tool-call-parser)')
@@ -92,9 +96,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--enable-auto-tool-choice requires --tool-call-parser")
     if args.max_num_queued_reqs < 1:
         p.error("--max-num-queued-reqs must be at least 1")
+    _reasoning_config(p, args)
     env_key = os.environ.get("VLLM_API_KEY")
     args.api_key = args.api_key or ([env_key] if env_key else [])
     return args
+
+
+def _reasoning_config(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--reasoning-config (vLLM's ReasoningConfig) -> the parser and the two markers."""
+    config = args.reasoning_config or {}
+    names = ("reasoning_parser", "reasoning_start_str", "reasoning_end_str")
+    if not isinstance(config, dict) or not set(config) <= set(names) or not all(
+            isinstance(v, str) for v in config.values()):
+        p.error(f"--reasoning-config must be a JSON object of strings with keys {names}")
+    args.reasoning_parser = args.reasoning_parser or config.get("reasoning_parser")
+    args.reasoning_start_str = config.get("reasoning_start_str") or None
+    args.reasoning_end_str = config.get("reasoning_end_str") or None
 
 
 def engine_fields(args: argparse.Namespace) -> dict:
@@ -104,7 +121,8 @@ def engine_fields(args: argparse.Namespace) -> dict:
              "enable_chunked_prefill", "enforce_eager", "served_model_name", "chat_template",
              "tokenizer", "structured_outputs_backend", "reasoning_parser", "tool_call_parser",
              "enable_auto_tool_choice", "load_format", "gpu_memory_utilization",
-             "skip_tokenizer_init", "tool_strict_level")
+             "skip_tokenizer_init", "tool_strict_level", "reasoning_start_str",
+             "reasoning_end_str")
     fields = {name: getattr(args, name) for name in names}
     if args.max_num_batched_tokens is None and args.enable_chunked_prefill is not False:
         fields["max_num_batched_tokens"] = 8192  # `vllm serve`'s (the library's: 16384 on H200)

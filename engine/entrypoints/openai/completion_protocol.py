@@ -79,7 +79,7 @@ class CompletionRequest(OpenAIBaseModel):
     kv_transfer_params: dict[str, Any] | None = None
     vllm_xargs: dict[str, Any] | None = None
     repetition_detection: dict[str, Any] | None = None
-    thinking_token_budget: int | None = None
+    thinking_token_budget: Any = None  # checked by SamplingParams (no coercion, as vLLM)
     stream_interval: Annotated[int, Field(ge=1)] | None = None
 
     @model_validator(mode="before")

@@ -23,13 +23,7 @@ from engine.tool_parsers.structural_tag import ToolStrictLevel
 
 # vLLM SamplingParams fields whose engine counterpart may not exist yet, with vLLM's default:
 # a request that leaves them at the default is served, any other value is refused.
-_VLLM_SAMPLING_DEFAULTS: dict[str, Any] = {
-    "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-    "logprobs": None, "prompt_logprobs": None, "logprob_token_ids": None,
-    "spaces_between_special_tokens": True, "stream_interval": None, "logit_bias": None,
-    "allowed_token_ids": None, "bad_words": [], "extra_args": None,
-    "repetition_detection": None, "thinking_token_budget": None,
-}
+_VLLM_SAMPLING_DEFAULTS: dict[str, Any] = {"extra_args": None}
 _DEFAULT_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0,
                      "frequency_penalty": 0.0, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
                      "min_p": 0.0}

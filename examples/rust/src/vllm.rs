@@ -53,6 +53,8 @@ mod sys {
         pub multiprocessing: i32,  // since 0.5
         pub tensor_parallel_size: i32, // since 1.0
         pub tool_strict_level: *const c_char, // since 1.1
+        pub reasoning_start_str: *const c_char, // since 1.2
+        pub reasoning_end_str: *const c_char, // since 1.2
     }
 
     #[repr(C)]
@@ -95,6 +97,7 @@ mod sys {
         pub repetition_max_pattern_size: i32, // since 1.2
         pub repetition_min_pattern_size: i32, // since 1.2
         pub repetition_min_count: i32,        // since 1.2
+        pub thinking_token_budget: i32,       // since 1.2
     }
 
     #[repr(C)]

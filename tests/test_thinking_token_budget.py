@@ -1,0 +1,292 @@
+"""thinking_token_budget: the end of a reasoning block forced after its budget (vLLM 0.33).
+
+Ports vLLM 0.33 tests/v1/worker/test_gpu_thinking_budget.py (the 13 Model Runner V2 cases,
+re-expressed as: the token ids so far -> the logits the sampler leaves; the two-row cases
+become two successive steps), the SamplingParams / request checks of
+tests/v1/logits_processors/test_correctness.py and
+tests/entrypoints/openai/chat_completion/test_thinking_token_budget_validation.py, the
+ReasoningConfig rules of vllm/config/reasoning.py, and
+test_thinking_token_budget.py's end-to-end case on the default model.
+Oracles: the upstream expectations; a direct reading of the rule on the whole sequence
+(`_reference`) for random streams; for the engine, its own greedy run without a budget
+(the free tokens) and on the prompt extended by the free and forced tokens (the rest).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from engine.async_llm import AsyncLLM
+from engine.config import EngineConfig
+from engine.entrypoints.openai.api import handle_openai_request
+from engine.errors import InvalidArgumentError
+from engine.llm_engine import LLMEngine
+from engine.reasoning.config import resolve_reasoning_token_ids
+from engine.sample.metadata import build_sampling_metadata, reads_output_token_ids
+from engine.sample.ops.thinking_budget import ThinkingScan, forced_token
+from engine.sample.sampler import Sampler
+from engine.sampling_params import SamplingParams
+
+START, END, END_A, END_B = 90, 91, 92, 93
+VOCAB = 128
+SINGLE = ([START], [END], [END])
+MULTI = ([START], [END_A, END_B], [END_A, END_B])
+DISTINCT = ([START], [END_A, END_B], [END])
+DEVICES = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+
+
+def _params(budget: int | None, ids=SINGLE, **kw) -> SamplingParams:
+    sp = SamplingParams(thinking_token_budget=budget, **kw)
+    sp.update_from_reasoning_config(ids)
+    return sp
+
+
+def _logits_after(tokens: list[int], sp: SamplingParams, device: torch.device,
+                  logits: torch.Tensor | None = None, scan: ThinkingScan | None = None):
+    md = build_sampling_metadata([sp], [tokens], [1], {}, VOCAB, device,
+                                 None if scan is None else [scan])
+    logits = torch.zeros(1, VOCAB) if logits is None else logits
+    return Sampler.apply_logits_processors(logits.to(device), md).cpu()
+
+
+def _forced(out: torch.Tensor, token: int) -> None:
+    want = torch.zeros_like(out)
+    want[0, token] = 1.0e9
+    torch.testing.assert_close(out, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forces_end_after_budget_reached(device):
+    logits = torch.arange(VOCAB, dtype=torch.float32).view(1, -1)
+    out = _logits_after([1, START, 10, 11, 12], _params(3), device, logits.clone())
+    logits[0, END] = 1.0e9
+    torch.testing.assert_close(out, logits)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_restores_masked_end_token(device):
+    logits = torch.zeros(1, VOCAB)
+    logits[0, END] = -float("inf")
+    _forced(_logits_after([1, START, 10, 11, 12], _params(3), device, logits), END)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tokens,sp", [
+    ([1, START, 10, 11], _params(3)),  # before the budget
+    ([1, START, 10, END, 20, 21, 22], _params(3, DISTINCT)),  # after the natural end
+    ([1, START, 10, 11, 12], SamplingParams()),  # a plain request
+    ([1, START, 10, 11, 12, END, 13], _params(3)),  # the prompt's latest marker is an end
+    ([1, START, 10, 11, 12], _params(2**40)),  # beyond int32: unlimited
+], ids=["before", "natural-end", "plain", "prompt-end", "oversized"])
+def test_nothing_forced(device, tokens, sp):
+    assert torch.all(_logits_after(tokens, sp, device) == 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ids", [MULTI, DISTINCT], ids=["multi", "distinct"])
+def test_multi_token_end_marker_one_token_a_step(device, ids):
+    sp = _params(3, ids)
+    _forced(_logits_after([1, START, 10, 11, 12], sp, device), END_A)
+    _forced(_logits_after([1, START, 10, 11, 12, END_A], sp, device), END_B)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_uses_latest_prefill_start_boundary(device):
+    tokens = [1, START, 10, 11, 12, END, 13, START, 14, 15, 16]
+    _forced(_logits_after(tokens, _params(3), device), END)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_continues_end_prefix_from_prompt(device):
+    out = _logits_after([1, START, 10, 11, END_A], _params(3, MULTI), device)
+    _forced(out, END_B)
+
+
+def test_greedy_sampling_applies_thinking_budget():
+    sp = _params(3, temperature=0.0)
+    md = build_sampling_metadata([sp], [[1, START, 10, 11, 12]], [1], {}, VOCAB,
+                                 torch.device("cpu"))
+    assert Sampler()(torch.zeros(1, VOCAB), md).sampled_token_ids.tolist() == [END]
+    sp = _params(3, temperature=1.0, top_p=0.5, seed=3)  # sampled rows keep it too
+    md = build_sampling_metadata([sp, SamplingParams(temperature=0.0)],
+                                 [[1, START, 10, 11, 12], [1, 2]], [1, 1], {}, VOCAB,
+                                 torch.device("cpu"))
+    assert Sampler()(torch.zeros(2, VOCAB), md).sampled_token_ids.tolist()[0] == END
+
+
+def test_incrementally_scans_long_generation():
+    """A step scans its new tokens (and a marker's width), not the whole history."""
+    tokens, scan = [1, START, *([10] * 16382)], ThinkingScan()
+    sp = _params(32768)
+    _logits_after(tokens, sp, torch.device("cpu"), scan=scan)
+    assert scan.scanned == len(tokens) and scan.last_start == 1
+    tokens.append(10)
+    reads = []
+
+    class Spy(list):
+        def __getitem__(self, index):
+            reads.append(index)
+            return super().__getitem__(index)
+
+    forced_token(Spy(tokens), 32768, SINGLE, scan)
+    assert scan.scanned == len(tokens) and len(reads) <= 2
+
+
+def _reference(tokens: list[int], budget: int, ids) -> int | None:
+    """The rule read directly on the whole sequence."""
+    start, end, natural = ids
+
+    def last(marker):
+        return max((i for i in range(len(tokens)) if tokens[i:i + len(marker)] == marker),
+                   default=-1)
+
+    ls, le = last(start), last(natural)
+    if ls < 0 or ls <= le or len(tokens) - ls - len(start) < budget:
+        return None
+    p = max((p for p in range(1, len(end)) if tokens[-p:] == end[:p]), default=0)
+    return end[p]
+
+
+@pytest.mark.parametrize("ids", [SINGLE, MULTI, DISTINCT, ([START, 94], [END_A, END_B, END],
+                                                            [END_B, END])])
+def test_incremental_scan_equals_the_rule_on_random_streams(ids):
+    rng = random.Random(0)
+    alphabet = [START, 94, END, END_A, END_B, 10, 11]
+    for _ in range(200):
+        tokens, scan, budget = [1], ThinkingScan(), rng.randint(0, 4)
+        for _ in range(40):
+            tokens.append(rng.choice(alphabet))
+            assert forced_token(tokens, budget, ids, scan) == _reference(tokens, budget, ids)
+
+
+def test_validation_as_vllm():
+    message = "`thinking_token_budget` must be a non-negative integer or -1 for unlimited."
+    assert SamplingParams(thinking_token_budget=-1).thinking_token_budget is None
+    assert SamplingParams().thinking_token_budget is None
+    assert SamplingParams(thinking_token_budget=0).thinking_token_budget == 0
+    assert SamplingParams(thinking_token_budget=10).thinking_token_budget == 10
+    for bad in (-2, 0.6, 10.5, 10.0, True, "5"):
+        with pytest.raises(InvalidArgumentError, match=message.replace("`", ".")):
+            SamplingParams(thinking_token_budget=bad)
+    with pytest.raises(InvalidArgumentError, match="thinking_token_budget is set but "
+                       "reasoning_config is not configured. Please set --reasoning-parser "
+                       "and/or --reasoning-config to use thinking_token_budget."):
+        SamplingParams(thinking_token_budget=3).update_from_reasoning_config(None)
+    assert reads_output_token_ids(_params(3)) and not reads_output_token_ids(SamplingParams())
+
+
+class _Tok:
+    def encode(self, text, add_special_tokens=True):
+        return [ord(c) for c in text]
+
+
+def test_reasoning_config_rules():
+    """vllm/config/reasoning.py initialize_token_ids: config strings first, the parser's
+    markers fill the gaps, the natural end is the parser's; none without both strings."""
+    def ids(**kw):
+        return resolve_reasoning_token_ids(EngineConfig(model="m", **kw), _Tok())
+
+    assert ids() is None and ids(reasoning_start_str="<") is None
+    assert ids(reasoning_start_str="<", reasoning_end_str=">!") == ([60], [62, 33], [62, 33])
+    think = [ord(c) for c in "<think>"], [ord(c) for c in "</think>"]
+    assert ids(reasoning_parser="qwen3") == (think[0], think[1], think[1])
+    forced = [ord(c) for c in "Done.</think>"]
+    assert ids(reasoning_parser="deepseek_r1", reasoning_end_str="Done.</think>") == (
+        think[0], forced, think[1])
+    with pytest.raises(InvalidArgumentError, match="failed to tokenize reasoning strings"):
+        resolve_reasoning_token_ids(EngineConfig(model="m", reasoning_start_str="<",
+                                                 reasoning_end_str=">"), type(
+            "Empty", (), {"encode": lambda self, t, add_special_tokens: []})())
+    assert resolve_reasoning_token_ids(EngineConfig(model="m", reasoning_parser="qwen3"),
+                                       None) is None
+
+
+# --- the engine on the default model ------------------------------------------------
+
+START_STR, END_STR = ":", " So the answer is"
+PROMPT = "The following numbers of the sequence 0, 1, 2, 3, 4, 5 are:"
+
+
+@pytest.fixture(scope="module")
+def engine(model_path):
+    engine = LLMEngine.from_config(EngineConfig(
+        model=model_path, device="cpu", max_model_len=256, max_num_seqs=4,
+        reasoning_start_str=START_STR, reasoning_end_str=END_STR))
+    yield engine
+    engine.shutdown()
+
+
+def _run(engine, prompts: dict[str, list[int]], sp: SamplingParams) -> dict[str, list[int]]:
+    for rid, prompt in prompts.items():
+        engine.add_request(rid, prompt, sp)
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: list(o.outputs[0].token_ids) for o in engine.step()
+                     if o.finished})
+    return done
+
+
+@pytest.mark.slow
+def test_engine_forces_the_end_after_the_budget(engine):
+    tok = engine.tokenizer
+    start, end = (tok.encode(s, add_special_tokens=False) for s in (START_STR, END_STR))
+    prompt = tok.encode(PROMPT)
+    assert prompt[-len(start):] == start and len(end) > 1  # the prompt opens the block
+    budget, n = 3, 10
+    free = _run(engine, {"free": prompt}, SamplingParams(temperature=0, max_tokens=n))["free"]
+    assert not set(free[:budget]) & {start[-1], end[0]}  # no marker of its own in between
+    out = _run(engine, {"b": prompt, "plain": prompt}, SamplingParams(
+        temperature=0, max_tokens=n, thinking_token_budget=budget))
+    want = free[:budget] + end
+    rest = _run(engine, {"rest": prompt + want},
+                SamplingParams(temperature=0, max_tokens=n - len(want)))["rest"]
+    assert out["b"] == want + rest
+    plain = _run(engine, {"p": prompt}, SamplingParams(temperature=0, max_tokens=n,
+                                                       thinking_token_budget=0))["p"]
+    assert plain[:len(end)] == end  # budget 0: the first output token is forced
+
+
+def test_engine_without_markers_refuses(model_path):
+    engine = LLMEngine.from_config(EngineConfig(model=model_path, device="cpu",
+                                                max_model_len=128))
+    try:
+        with pytest.raises(InvalidArgumentError, match="reasoning_config is not configured"):
+            engine.add_request("x", "Hi", SamplingParams(thinking_token_budget=3))
+        llm = AsyncLLM(engine)
+        res = handle_openai_request(llm, "POST", "/v1/chat/completions", json.dumps({
+            "messages": [{"role": "user", "content": "Hi"}], "thinking_token_budget": 3}),
+            served_model_name="smol")
+        assert res.status == 400 and "reasoning_config" in json.loads(res.body)["error"][
+            "message"]
+        for bad in (10.0, "5", True, -2):
+            res = handle_openai_request(llm, "POST", "/v1/completions", json.dumps({
+                "prompt": "Hi", "thinking_token_budget": bad}), served_model_name="smol")
+            assert res.status == 400 and "thinking_token_budget" in json.loads(res.body)[
+                "error"]["message"], bad
+        res = handle_openai_request(llm, "POST", "/v1/completions", json.dumps({
+            "prompt": "Hi", "max_tokens": 1, "thinking_token_budget": -1}),
+            served_model_name="smol")
+        assert res.status == 200, res.body  # -1: unlimited, no markers needed
+        llm.shutdown()
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.slow
+def test_the_markers_cross_to_an_engine_core_in_a_child(model_path):
+    """The resolved marker ids travel with SamplingParams over the engine-core socket."""
+    engine = LLMEngine.from_config(EngineConfig(
+        model=model_path, max_model_len=256, multiprocessing=True,
+        reasoning_start_str=START_STR, reasoning_end_str=END_STR))
+    try:
+        assert engine.is_multiprocess
+        end = engine.tokenizer.encode(END_STR, add_special_tokens=False)
+        out = _run(engine, {"c": engine.tokenizer.encode(PROMPT)}, SamplingParams(
+            temperature=0, max_tokens=len(end), thinking_token_budget=0))
+        assert out["c"] == end
+    finally:
+        engine.shutdown()
