@@ -118,6 +118,26 @@ def test_greedy_sampling_applies_thinking_budget():
     assert Sampler()(torch.zeros(2, VOCAB), md).sampled_token_ids.tolist()[0] == END
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_budget_rows_sample_without_a_host_sync():
+    """Building the metadata and sampling a batch with forced and free budget rows, greedy
+    and random, waits for the GPU nowhere (sampling stays on the device)."""
+    cuda = torch.device("cuda")
+    sps = [_params(3, temperature=0.0), _params(3, temperature=1.0),
+           _params(9, temperature=0.7), SamplingParams(temperature=0.0)]
+    tokens = [[1, START, 10, 11, 12]] * 4
+    logits = torch.randn(4, VOCAB, device=cuda)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        md = build_sampling_metadata(sps, tokens, [1] * 4, {}, VOCAB, cuda)
+        sampled = Sampler()(logits, md).sampled_token_ids
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert sampled[:2].tolist() == [END, END]
+
+
 def test_incrementally_scans_long_generation():
     """A step scans its new tokens (and a marker's width), not the whole history."""
     tokens, scan = [1, START, *([10] * 16382)], ThinkingScan()
