@@ -263,6 +263,8 @@ def sync_outputs(model_path):
 def test_async_outputs_equal_sync(model_path, sync_outputs, config):
     results, engine = _generate(model_path, async_scheduling=True, **config)
     assert isinstance(engine.scheduler, AsyncScheduler)
+    end = engine.tokenizer.encode(" So the answer is", add_special_tokens=False)
+    assert results["thinking_budget-0"][0][3:3 + len(end)] == end  # forced after 3 tokens
     if "kv_cache_memory_bytes" in config:
         assert engine.scheduler.num_preemptions > 0
     _assert_same(sync_outputs, results)

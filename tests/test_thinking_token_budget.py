@@ -27,7 +27,7 @@ from engine.errors import InvalidArgumentError
 from engine.llm_engine import LLMEngine
 from engine.reasoning.config import resolve_reasoning_token_ids
 from engine.sample.metadata import build_sampling_metadata, reads_output_token_ids
-from engine.sample.ops.thinking_budget import ThinkingScan, forced_token
+from engine.sample.ops.thinking_budget import NO_FORCE, ThinkingScan, forced_tokens
 from engine.sample.sampler import Sampler
 from engine.sampling_params import SamplingParams
 
@@ -46,11 +46,19 @@ def _params(budget: int | None, ids=SINGLE, **kw) -> SamplingParams:
 
 
 def _logits_after(tokens: list[int], sp: SamplingParams, device: torch.device,
-                  logits: torch.Tensor | None = None, scan: ThinkingScan | None = None):
-    md = build_sampling_metadata([sp], [tokens], [1], {}, VOCAB, device,
-                                 None if scan is None else [scan])
+                  logits: torch.Tensor | None = None, scan: ThinkingScan | None = None,
+                  in_flight: bool = False):
+    """The logits the sampler leaves after S = tokens; in_flight: S[-1] is a placeholder
+    on the host and known only on the device (async scheduling)."""
+    last = torch.tensor([tokens[-1]], device=device) if in_flight else None
+    host = tokens[:-1] + [-1] if in_flight else tokens
+    md = build_sampling_metadata([sp], [host], [1], {}, VOCAB, device,
+                                 None if scan is None else [scan], last)
     logits = torch.zeros(1, VOCAB) if logits is None else logits
     return Sampler.apply_logits_processors(logits.to(device), md).cpu()
+
+
+MODES = [False, True]  # the last token known on the host / only on the device
 
 
 def _forced(out: torch.Tensor, token: int) -> None:
@@ -60,18 +68,22 @@ def _forced(out: torch.Tensor, token: int) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_forces_end_after_budget_reached(device):
+@pytest.mark.parametrize("in_flight", MODES, ids=["known", "in-flight"])
+def test_forces_end_after_budget_reached(device, in_flight):
     logits = torch.arange(VOCAB, dtype=torch.float32).view(1, -1)
-    out = _logits_after([1, START, 10, 11, 12], _params(3), device, logits.clone())
+    out = _logits_after([1, START, 10, 11, 12], _params(3), device, logits.clone(),
+                       in_flight=in_flight)
     logits[0, END] = 1.0e9
     torch.testing.assert_close(out, logits)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_restores_masked_end_token(device):
+@pytest.mark.parametrize("in_flight", MODES, ids=["known", "in-flight"])
+def test_restores_masked_end_token(device, in_flight):
     logits = torch.zeros(1, VOCAB)
     logits[0, END] = -float("inf")
-    _forced(_logits_after([1, START, 10, 11, 12], _params(3), device, logits), END)
+    _forced(_logits_after([1, START, 10, 11, 12], _params(3), device, logits,
+                          in_flight=in_flight), END)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -82,27 +94,33 @@ def test_restores_masked_end_token(device):
     ([1, START, 10, 11, 12, END, 13], _params(3)),  # the prompt's latest marker is an end
     ([1, START, 10, 11, 12], _params(2**40)),  # beyond int32: unlimited
 ], ids=["before", "natural-end", "plain", "prompt-end", "oversized"])
-def test_nothing_forced(device, tokens, sp):
-    assert torch.all(_logits_after(tokens, sp, device) == 0)
+@pytest.mark.parametrize("in_flight", MODES, ids=["known", "in-flight"])
+def test_nothing_forced(device, tokens, sp, in_flight):
+    assert torch.all(_logits_after(tokens, sp, device, in_flight=in_flight) == 0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("ids", [MULTI, DISTINCT], ids=["multi", "distinct"])
-def test_multi_token_end_marker_one_token_a_step(device, ids):
+@pytest.mark.parametrize("in_flight", MODES, ids=["known", "in-flight"])
+def test_multi_token_end_marker_one_token_a_step(device, ids, in_flight):
     sp = _params(3, ids)
-    _forced(_logits_after([1, START, 10, 11, 12], sp, device), END_A)
-    _forced(_logits_after([1, START, 10, 11, 12, END_A], sp, device), END_B)
+    _forced(_logits_after([1, START, 10, 11, 12], sp, device, in_flight=in_flight), END_A)
+    _forced(_logits_after([1, START, 10, 11, 12, END_A], sp, device, in_flight=in_flight),
+            END_B)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_uses_latest_prefill_start_boundary(device):
+@pytest.mark.parametrize("in_flight", MODES, ids=["known", "in-flight"])
+def test_uses_latest_prefill_start_boundary(device, in_flight):
     tokens = [1, START, 10, 11, 12, END, 13, START, 14, 15, 16]
-    _forced(_logits_after(tokens, _params(3), device), END)
+    _forced(_logits_after(tokens, _params(3), device, in_flight=in_flight), END)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_continues_end_prefix_from_prompt(device):
-    out = _logits_after([1, START, 10, 11, END_A], _params(3, MULTI), device)
+@pytest.mark.parametrize("in_flight", MODES, ids=["known", "in-flight"])
+def test_continues_end_prefix_from_prompt(device, in_flight):
+    out = _logits_after([1, START, 10, 11, END_A], _params(3, MULTI), device,
+                        in_flight=in_flight)
     _forced(out, END_B)
 
 
@@ -143,7 +161,7 @@ def test_incrementally_scans_long_generation():
     tokens, scan = [1, START, *([10] * 16382)], ThinkingScan()
     sp = _params(32768)
     _logits_after(tokens, sp, torch.device("cpu"), scan=scan)
-    assert scan.scanned == len(tokens) and scan.last_start == 1
+    assert scan.scanned == len(tokens) - 1 and scan.last_start == 1  # S[:-1]
     tokens.append(10)
     reads = []
 
@@ -152,8 +170,8 @@ def test_incrementally_scans_long_generation():
             reads.append(index)
             return super().__getitem__(index)
 
-    forced_token(Spy(tokens), 32768, SINGLE, scan)
-    assert scan.scanned == len(tokens) and len(reads) <= 2
+    forced_tokens(Spy(tokens[:-1]), 32768, SINGLE, scan)
+    assert scan.scanned == len(tokens) - 1 and len(reads) <= 4
 
 
 def _reference(tokens: list[int], budget: int, ids) -> int | None:
@@ -180,7 +198,9 @@ def test_incremental_scan_equals_the_rule_on_random_streams(ids):
         tokens, scan, budget = [1], ThinkingScan(), rng.randint(0, 4)
         for _ in range(40):
             tokens.append(rng.choice(alphabet))
-            assert forced_token(tokens, budget, ids, scan) == _reference(tokens, budget, ids)
+            table, other = forced_tokens(tokens[:-1], budget, ids, scan)
+            want = _reference(tokens, budget, ids)
+            assert table.get(tokens[-1], other) == (NO_FORCE if want is None else want)
 
 
 def test_validation_as_vllm():
@@ -196,7 +216,8 @@ def test_validation_as_vllm():
                        "reasoning_config is not configured. Please set --reasoning-parser "
                        "and/or --reasoning-config to use thinking_token_budget."):
         SamplingParams(thinking_token_budget=3).update_from_reasoning_config(None)
-    assert reads_output_token_ids(_params(3)) and not reads_output_token_ids(SamplingParams())
+    # the last token is read on the device: a budget row does not wait for its step
+    assert not reads_output_token_ids(_params(3))
 
 
 class _Tok:

@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.sample.ops.thinking_budget import ThinkingScan, thinking_budget_targets
+from engine.sample.ops.thinking_budget import (
+    ThinkingBudgetTargets,
+    ThinkingScan,
+    thinking_budget_targets,
+)
 from engine.sample.ops.torch_utils import async_tensor_h2d, make_tensor_with_pad
 from engine.sampling_params import SamplingParams, SamplingType
 
@@ -40,8 +44,8 @@ class SamplingMetadata:
     # rows asking for given ids' logprobs (logprob_token_ids) instead of the top-k;
     # -1-padded, so a row of -1 (no ids) keeps its top-k
     logprob_token_ids: torch.Tensor | None = None  # [num_reqs, max ids] int64
-    # rows whose reasoning block is over its thinking_token_budget, and their forced ids
-    thinking_budget_targets: torch.Tensor | None = None  # [2, num_forced] int64
+    # rows with a thinking_token_budget: what each must take, by its last token
+    thinking_budget_targets: ThinkingBudgetTargets | None = None
 
 
 def has_penalties(sp: SamplingParams) -> bool:
@@ -49,20 +53,20 @@ def has_penalties(sp: SamplingParams) -> bool:
 
 
 def reads_output_token_ids(sp: SamplingParams) -> bool:
-    """Penalties, bad words and a thinking budget read the ids sampled so far (not just
-    their count)."""
-    return has_penalties(sp) or bool(sp.bad_words_token_ids) or \
-        sp.thinking_token_budget is not None
+    """Penalties and bad words read the ids sampled so far (not just their count)."""
+    return has_penalties(sp) or bool(sp.bad_words_token_ids)
 
 
 def build_sampling_metadata(sps: list[SamplingParams], token_ids: list[list[int]],
                             num_prompt_tokens: list[int],
                             generators: dict[int, torch.Generator], vocab_size: int,
                             device: torch.device,
-                            thinking_scans: list[ThinkingScan] | None = None
-                            ) -> SamplingMetadata:
-    """sps / token_ids (prompt + output so far) / num_prompt_tokens: one entry per row;
-    thinking_scans: each row's request's marker scan (fresh ones when None)."""
+                            thinking_scans: list[ThinkingScan] | None = None,
+                            last_token_ids: torch.Tensor | None = None) -> SamplingMetadata:
+    """sps / token_ids (prompt + output so far; the last may be in flight) /
+    num_prompt_tokens: one entry per row; thinking_scans: each row's request's marker scan
+    (fresh ones when None); last_token_ids: [num_reqs] each row's last token on the device
+    (None: token_ids' last entries)."""
     greedy = [sp.sampling_type == SamplingType.GREEDY for sp in sps]
     num_outputs = [len(ids) - n for ids, n in zip(token_ids, num_prompt_tokens, strict=True)]
 
@@ -107,7 +111,7 @@ def build_sampling_metadata(sps: list[SamplingParams], token_ids: list[list[int]
     if any(sp.thinking_token_budget is not None for sp in sps):
         md.thinking_budget_targets = thinking_budget_targets(
             [sp.thinking_token_budget for sp in sps], [sp.reasoning_token_ids for sp in sps],
-            token_ids, thinking_scans or [ThinkingScan() for _ in sps], device)
+            token_ids, thinking_scans or [ThinkingScan() for _ in sps], last_token_ids, device)
     return md
 
 

@@ -317,13 +317,15 @@ class ModelRunner:
         if rows:
             if len(rows) == hidden.shape[0]:  # every token is a request's last one (decode)
                 logits = self.model.compute_logits(hidden)
+                last_ids = inp.input_ids[:len(rows)]  # [len(rows)]: S[-1], maybe in flight
             else:
                 last = async_tensor_h2d([int(qsl[i + 1]) - 1 for i in rows], torch.long,
                                         self.device)
                 logits = self.model.compute_logits(hidden[last])
+                last_ids = inp.input_ids[last]
             if grammar_output is not None:
                 self._apply_grammar_bitmask(logits, grammar_output, [req_ids[i] for i in rows])
-            out = self.sampler(logits, self._sampling_metadata(states))
+            out = self.sampler(logits, self._sampling_metadata(states, last_ids))
             logprobs = out.logprobs_tensors
             self._prev_sampled = out.sampled_token_ids  # [len(rows)] int64
             self._prev_sampled_row = {req_ids[i]: j for j, i in enumerate(rows)}
@@ -453,7 +455,8 @@ class ModelRunner:
                 st.num_prompt_logprobs = None
         return done
 
-    def _sampling_metadata(self, states: list[CachedRequestState]) -> SamplingMetadata:
+    def _sampling_metadata(self, states: list[CachedRequestState],
+                           last_ids: torch.Tensor) -> SamplingMetadata:
         # penalties and bad words read the outputs: the engine resolves placeholders first
         assert not (any(s.pending_positions for s in states)  # empty without async
                     and any(reads_output_token_ids(s.sampling_params) for s in states)), \
@@ -462,7 +465,8 @@ class ModelRunner:
             [s.sampling_params for s in states], [s.token_ids for s in states],
             [s.num_prompt_tokens for s in states],
             {i: s.generator for i, s in enumerate(states) if s.generator},
-            self.model.config.vocab_size, self.device, [s.thinking_scan for s in states])
+            self.model.config.vocab_size, self.device, [s.thinking_scan for s in states],
+            last_ids)
 
 
 def _graph_rows(desc: BatchDescriptor) -> int:

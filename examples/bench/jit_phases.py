@@ -12,7 +12,10 @@ from the first request of each variant to its compile's end, so for a compile on
 pool (kernels/_common.py precompile_triton, finished at the end of its pass) they are not
 its compile time; the count is exact. A compile inside a timed run is time the throughput
 figure pays. Session 18 found the GGUF offline
-drop with it (docs/BENCHMARKS.md). Example, the issue-16 workload:
+drop with it (docs/BENCHMARKS.md). With JIT_KEYS=FILE every compile's phase, kernel and
+Triton cache key (its argument specialization: types, 16-byte divisibility, constexprs)
+is appended to FILE, to tell a run's new variant from the start-up's. Example, the
+issue-16 workload:
 
     python examples/bench/jit_phases.py 1000:0 --skip-tokenizer-init --max-model-len 2048 \\
         --dataset-name random --input-len 1024 --output-len 128 --model /tmp/q4.gguf
@@ -34,7 +37,7 @@ import triton  # noqa: E402
 from examples.bench import engine_args, throughput  # noqa: E402
 from examples.bench.__main__ import build_parser  # noqa: E402
 
-_events: list[tuple[str, float]] = []  # (kernel, seconds) since the last report
+_events: list[tuple[str, float, str]] = []  # (kernel, seconds, key) since the last report
 _started: dict[tuple, float] = {}
 
 
@@ -45,16 +48,19 @@ def _pre(**kw) -> None:
 def _post(**kw) -> None:
     start = _started.pop(kw["key"], None)
     _events.append((kw["fn"].name.split(".")[-1],
-                    0.0 if start is None else time.perf_counter() - start))
+                    0.0 if start is None else time.perf_counter() - start, str(kw["key"])))
 
 
 def report(phase: str) -> None:
     by = collections.defaultdict(lambda: [0, 0.0])
-    for name, seconds in _events:
+    for name, seconds, _ in _events:
         by[name][0] += 1
         by[name][1] += seconds
+    if os.environ.get("JIT_KEYS"):
+        with open(os.environ["JIT_KEYS"], "a") as f:
+            f.writelines(f"{phase}\t{name}\t{key}\n" for name, _, key in _events)
     kernels = sorted(by.items(), key=lambda item: -item[1][1])
-    print(f"JIT {phase}: {len(_events)} compiles {sum(s for _, s in _events):.1f}s: "
+    print(f"JIT {phase}: {len(_events)} compiles {sum(s for _, s, _ in _events):.1f}s: "
           + ", ".join(f"{k} {n}/{s:.1f}s" for k, (n, s) in kernels), flush=True)
     _events.clear()
 

@@ -10,19 +10,25 @@ step, continuing a partial one at S's tail (p = the longest proper prefix of it 
 ends with). A natural end closes the block; a later start opens a new one with a fresh
 budget. Prompt tokens count: a prompt that ends inside a block has spent part of it.
 
-S is known whole on the host (budget rows read their outputs, as penalties do:
-engine/sample/metadata.py reads_output_token_ids, so the engine resolves in-flight tokens
-first), so the host picks each row's forced token and the device gets one index_put.
-ThinkingScan keeps a request's marker positions so a step scans only its new tokens.
+S's last token may still be in flight (async scheduling: the step that samples it has not
+returned), so the host reads K = S[:-1] only, as MRV2 reads the last token on the device:
+for each row it lists the forced token for each last token that could change the answer
+(one that completes a marker or continues the forced end) and for any other; the device
+picks by the row's last input token. ThinkingScan keeps a request's marker positions so a
+step scans only K's new tokens.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from engine.sample.ops.torch_utils import async_tensor_h2d
+from engine.sample.ops.torch_utils import async_tensor_h2d, make_tensor_with_pad
 
 FORCED_LOGIT = 1.0e9  # vLLM's value
+NO_FORCE = -1
+ReasoningTokenIds = tuple[list[int], list[int], list[int]]  # start, forced end, natural end
 
 
 class ThinkingScan:
@@ -47,40 +53,74 @@ class ThinkingScan:
         self.scanned = n
 
 
-def forced_token(tokens: list[int], budget: int,
-                 ids: tuple[list[int], list[int], list[int]],
-                 scan: ThinkingScan) -> int | None:
-    """The token the next step must take, or None. ids: (start, forced end, natural end)."""
+def forced_tokens(known: list[int], budget: int, ids: ReasoningTokenIds,
+                  scan: ThinkingScan) -> tuple[dict[int, int], int]:
+    """For S = known + [t]: ({t: forced token or NO_FORCE} for the t that matter, the
+    forced token for any other t)."""
     start, end, natural_end = ids
-    scan.update(tokens, start, natural_end)
-    if scan.last_start < 0 or scan.last_start <= scan.last_end:
-        return None
-    if len(tokens) - (scan.last_start + len(start)) < budget:
-        return None
-    for p in range(min(len(end) - 1, len(tokens)), 0, -1):
-        if tokens[-p:] == end[:p]:
-            return end[p]
-    return end[0]
+    scan.update(known, start, natural_end)
+    n = len(known) + 1  # len(S)
+
+    def rule(t: int) -> int:
+        def completes(marker: list[int]) -> bool:
+            return t == marker[-1] and n >= len(marker) and \
+                known[n - len(marker):] == marker[:-1]
+
+        ls = n - len(start) if completes(start) else scan.last_start
+        le = n - len(natural_end) if completes(natural_end) else scan.last_end
+        if ls < 0 or ls <= le or n - (ls + len(start)) < budget:
+            return NO_FORCE
+        for p in range(min(len(end) - 1, n), 0, -1):
+            if t == end[p - 1] and known[n - p:] == end[:p - 1]:
+                return end[p]
+        return end[0]
+
+    other = rule(-1)  # a token that completes no marker and continues no forced end
+    return {t: rule(t) for t in {start[-1], natural_end[-1], *end[:-1]}}, other
 
 
-def thinking_budget_targets(budgets: list[int | None],
-                            ids: list[tuple[list[int], list[int], list[int]] | None],
+@dataclass
+class ThinkingBudgetTargets:
+    """Per budget row: its row, candidate last tokens (-1-padded) with their forced tokens,
+    and the forced token for any other last token (NO_FORCE: none)."""
+    rows: torch.Tensor  # [B] int64
+    candidates: torch.Tensor  # [B, C] int64, -1 padding
+    forced: torch.Tensor  # [B, C] int64
+    other: torch.Tensor  # [B] int64
+    last_token_ids: torch.Tensor  # [num_reqs] int64: each row's last input token, S[-1]
+
+
+def thinking_budget_targets(budgets: list[int | None], ids: list[ReasoningTokenIds | None],
                             token_ids: list[list[int]], scans: list[ThinkingScan],
-                            device: torch.device) -> torch.Tensor | None:
-    """[2, num_forced] int64 (rows, token ids) of the rows that must take a forced token;
-    None when none must."""
-    rows, tokens = [], []
+                            last_token_ids: torch.Tensor | None, device: torch.device
+                            ) -> ThinkingBudgetTargets | None:
+    """token_ids: each row's S (its last entry may be a placeholder); last_token_ids: S[-1]
+    on the device (None: read from token_ids)."""
+    rows, cands, forced, other = [], [], [], []
     for row, (budget, row_ids) in enumerate(zip(budgets, ids, strict=True)):
         if budget is None or row_ids is None:
             continue
-        token = forced_token(token_ids[row], budget, row_ids, scans[row])
-        if token is not None:
-            rows.append(row)
-            tokens.append(token)
-    return async_tensor_h2d([rows, tokens], torch.long, device) if rows else None
+        table, default = forced_tokens(token_ids[row][:-1], budget, row_ids, scans[row])
+        rows.append(row)
+        cands.append(list(table))
+        forced.append(list(table.values()))
+        other.append(default)
+    if not rows:
+        return None
+    if last_token_ids is None:
+        last_token_ids = async_tensor_h2d([ids[-1] for ids in token_ids], torch.long, device)
+    return ThinkingBudgetTargets(
+        async_tensor_h2d(rows, torch.long, device), make_tensor_with_pad(cands, -1, device),
+        make_tensor_with_pad(forced, NO_FORCE, device),
+        async_tensor_h2d(other, torch.long, device), last_token_ids)
 
 
-def apply_thinking_budget(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """logits: [num_reqs, vocab] fp32, in place; targets from thinking_budget_targets."""
-    logits.index_put_((targets[0], targets[1]), logits.new_full((), FORCED_LOGIT))
+def apply_thinking_budget(logits: torch.Tensor, tb: ThinkingBudgetTargets) -> torch.Tensor:
+    """logits: [num_reqs, vocab] fp32, in place; no host sync."""
+    last = tb.last_token_ids[tb.rows].unsqueeze(1)  # [B, 1]
+    match = tb.candidates == last  # [B, C]: at most one per row
+    picked = tb.forced.gather(1, match.int().argmax(1, keepdim=True)).squeeze(1)
+    token = torch.where(match.any(1), picked, tb.other)  # [B]
+    index = token.clamp(min=0)
+    logits[tb.rows, index] = torch.where(token >= 0, FORCED_LOGIT, logits[tb.rows, index])
     return logits
