@@ -137,7 +137,7 @@ def gdn_gates(a, b, alog_ptr, dtb_ptr, hv):
 
 
 @cached_launch
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "num_tokens"])  # one variant for every batch
 def _fused_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, s_ptr, qsl_ptr, idx_ptr,
                             init_ptr, alog_ptr, dtb_ptr, scale, num_seqs, num_tokens, stride_q,
                             stride_k, stride_v, stride_o, stride_g, stride_b,
