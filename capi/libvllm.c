@@ -178,7 +178,7 @@ VLLM_API void vllm_sampling_params_init(vllm_sampling_params *params, size_t siz
 #define ENGINE_PARAMS_V0_1_SIZE offsetof(vllm_engine_params, served_model_name)
 #define SAMPLING_PARAMS_V0_1_SIZE offsetof(vllm_sampling_params, presence_penalty)
 #define MODEL_INFO_V0_1_SIZE offsetof(vllm_model_info, n_params)
-#define METRICS_V0_2_SIZE sizeof(vllm_metrics)
+#define METRICS_V0_2_SIZE offsetof(vllm_metrics, request_success_repetition)
 
 /* Copies the first min(struct_size, size) bytes of a caller's params struct over
  * defaults of size bytes; struct_size below min_size (no header had it) is an error. */

@@ -29,7 +29,8 @@ class InputProcessor:
         self.generation_config = {"eos_token_id": ready.eos_token_ids}  # vLLM's argument
         self.so_config = None if tokenizer is None else StructuredOutputsConfig(
             backend=config.structured_outputs_backend, reasoning_parser=config.reasoning_parser)
-        self.reasoning_token_ids = resolve_reasoning_token_ids(config, tokenizer)
+        self.reasoning_token_ids = resolve_reasoning_token_ids(config, tokenizer,
+                                                               ready.vocab_size)
 
     @property
     def eos_token_id(self) -> int | None:

@@ -128,9 +128,10 @@ class OutputProcessor:
                 continue
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
             stop_str = state.detokenizer.update(out.new_token_ids, finish_reason == "stop")
-            if stop_str is not None and finish_reason is None:
+            if stop_str is not None:  # also over the engine's own reason (vLLM)
+                if finish_reason is None:
+                    stopped.append(out.request_id)
                 finish_reason, stop_reason = "stop", stop_str
-                stopped.append(out.request_id)
             state.logprobs_processor.update_from_output(out.new_logprobs,
                                                         out.new_prompt_logprobs)
             if out.num_cached_tokens >= 0:

@@ -23,6 +23,8 @@ _MAX_TEMP = 1e-2
 MAX_N_SEQUENCES = 16384  # VLLM_MAX_N_SEQUENCES
 MAX_NUM_BAD_WORDS = 128  # VLLM_MAX_NUM_BAD_WORDS
 MAX_LOGPROB_TOKEN_IDS = 128  # vllm/sampling_params.py
+# a thinking budget's markers (engine/reasoning/config.py): start, forced end, natural end
+ReasoningTokenIds = tuple[list[int], list[int], list[int]]
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -137,7 +139,7 @@ class SamplingParams:
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
     _bad_words_token_ids: list[list[int]] | None = field(default=None, init=False, repr=False)
     # (start, forced end, natural end) marker ids, set with thinking_token_budget
-    _reasoning_token_ids: tuple[list[int], list[int], list[int]] | None = field(
+    _reasoning_token_ids: ReasoningTokenIds | None = field(
         default=None, init=False, repr=False)
 
     @staticmethod
@@ -286,7 +288,7 @@ class SamplingParams:
                     self.stop_token_ids = list(eos_ids)
 
     def update_from_reasoning_config(
-            self, ids: tuple[list[int], list[int], list[int]] | None) -> None:
+            self, ids: ReasoningTokenIds | None) -> None:
         """The engine's reasoning marker ids (engine/reasoning/config.py), which a
         thinking_token_budget needs (vLLM's input processor refuses it without them)."""
         if self.thinking_token_budget is None:
@@ -355,7 +357,7 @@ class SamplingParams:
         return self._bad_words_token_ids
 
     @property
-    def reasoning_token_ids(self) -> tuple[list[int], list[int], list[int]] | None:
+    def reasoning_token_ids(self) -> ReasoningTokenIds | None:
         return self._reasoning_token_ids
 
     def clone(self) -> SamplingParams:

@@ -149,6 +149,11 @@ def test_repetition_fields_end_a_repeating_request(api, engine):
     assert (tokens, reasons) == (3, [lib.VLLM_FINISH_REPETITION])
     api.ok(lib.vllm_engine_metrics(engine, metrics))
     assert metrics.request_success_repetition == before + 1
+    older = ffi.new("vllm_metrics *")  # a caller of a 1.1 header: its struct ends before
+    older.struct_size = ffi.offsetof("vllm_metrics", "request_success_repetition")
+    older.request_success_repetition = -7
+    api.ok(lib.vllm_engine_metrics(engine, older))
+    assert older.request_success_repetition == -7 and older.request_success_length >= 0
     sp = _params(api, [], repetition_max_pattern_size=2, repetition_min_count=1)
     api.ok(lib.vllm_request_add(engine, b"bad", PROMPT.encode(), ffi.NULL, 0, sp),
            lib.VLLM_ERR_INVALID_ARGUMENT)

@@ -4,7 +4,8 @@ SamplingParams.repetition_detection, finish_reason "repetition").
 Ports vLLM 0.33 tests/v1/core/test_repetition_detection.py (TestCheckSequenceRepetition and
 TestRepetitionDetectionIntegration, with our Request constructor) and adds
 RepetitionDetectionParams' validation messages (vllm/sampling_params.py), the engine end to
-end, the OpenAI request field and the ABI counterpart (tests/test_capi_repetition.py).
+end, the OpenAI request field and the ABI counterpart
+(tests/test_capi_sampling.py::test_repetition_fields_end_a_repeating_request).
 Oracle: the upstream expectations; for the engine, allowed_token_ids=[t] makes every output
 token t, a pattern of size 1 the detector must see at the min_count-th token.
 """
@@ -182,3 +183,15 @@ def test_the_params_cross_to_an_engine_core_in_a_child(model_path):
         assert out.outputs[0].finish_reason == "repetition"
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("extra", [{"max_tokens": 3}, {"max_tokens": 20, "repetition_detection":
+                                                       RD(max_pattern_size=1, min_count=3)}],
+                         ids=["length", "repetition"])
+def test_a_stop_string_on_the_last_token_wins(client, extra):
+    """vLLM's output processor: a stop string completed by the token that also ended the
+    request in the engine (length, repetition) makes it "stop" with that string."""
+    text = client.engine.tokenizer.decode([42])
+    sp = SamplingParams(temperature=0, allowed_token_ids=[42], stop=[text * 3], **extra)
+    tokens, reason, stop_reason = _generate(client, f"stop-{len(extra)}", sp)
+    assert (len(tokens), reason, stop_reason) == (3, "stop", text * 3)

@@ -170,7 +170,7 @@ def test_incrementally_scans_long_generation():
             reads.append(index)
             return super().__getitem__(index)
 
-    forced_tokens(Spy(tokens[:-1]), 32768, SINGLE, scan)
+    forced_tokens(Spy(tokens), 32768, SINGLE, scan)
     assert scan.scanned == len(tokens) - 1 and len(reads) <= 4
 
 
@@ -198,7 +198,7 @@ def test_incremental_scan_equals_the_rule_on_random_streams(ids):
         tokens, scan, budget = [1], ThinkingScan(), rng.randint(0, 4)
         for _ in range(40):
             tokens.append(rng.choice(alphabet))
-            table, other = forced_tokens(tokens[:-1], budget, ids, scan)
+            table, other = forced_tokens(tokens[:-1] + [-1], budget, ids, scan)  # S[-1] unread
             want = _reference(tokens, budget, ids)
             assert table.get(tokens[-1], other) == (NO_FORCE if want is None else want)
 
@@ -229,7 +229,7 @@ def test_reasoning_config_rules():
     """vllm/config/reasoning.py initialize_token_ids: config strings first, the parser's
     markers fill the gaps, the natural end is the parser's; none without both strings."""
     def ids(**kw):
-        return resolve_reasoning_token_ids(EngineConfig(model="m", **kw), _Tok())
+        return resolve_reasoning_token_ids(EngineConfig(model="m", **kw), _Tok(), 200)
 
     assert ids() is None and ids(reasoning_start_str="<") is None
     assert ids(reasoning_start_str="<", reasoning_end_str=">!") == ([60], [62, 33], [62, 33])
@@ -241,9 +241,13 @@ def test_reasoning_config_rules():
     with pytest.raises(InvalidArgumentError, match="failed to tokenize reasoning strings"):
         resolve_reasoning_token_ids(EngineConfig(model="m", reasoning_start_str="<",
                                                  reasoning_end_str=">"), type(
-            "Empty", (), {"encode": lambda self, t, add_special_tokens: []})())
+            "Empty", (), {"encode": lambda self, t, add_special_tokens: []})(), 200)
+    with pytest.raises(InvalidArgumentError, match="not all below the model's vocabulary "
+                       "size 100"):  # '<' is 60, '>' 62, 'x' 120
+        resolve_reasoning_token_ids(EngineConfig(model="m", reasoning_start_str="<",
+                                                 reasoning_end_str=">x"), _Tok(), 100)
     assert resolve_reasoning_token_ids(EngineConfig(model="m", reasoning_parser="qwen3"),
-                                       None) is None
+                                       None, 200) is None
 
 
 # --- the engine on the default model ------------------------------------------------
@@ -303,11 +307,14 @@ def test_engine_without_markers_refuses(model_path):
             served_model_name="smol")
         assert res.status == 400 and "reasoning_config" in json.loads(res.body)["error"][
             "message"]
-        for bad in (10.0, "5", True, -2):
-            res = handle_openai_request(llm, "POST", "/v1/completions", json.dumps({
-                "prompt": "Hi", "thinking_token_budget": bad}), served_model_name="smol")
-            assert res.status == 400 and "thinking_token_budget" in json.loads(res.body)[
-                "error"]["message"], bad
+        for path, body in (("/v1/completions", {"prompt": "Hi"}), ("/v1/chat/completions", {
+                "messages": [{"role": "user", "content": "Hi"}], "use_beam_search": True})):
+            for bad in (10.0, "5", True, -2):  # no coercion, also under beam search (vLLM)
+                res = handle_openai_request(llm, "POST", path, json.dumps({
+                    **body, "thinking_token_budget": bad}), served_model_name="smol")
+                error = json.loads(res.body)["error"]
+                assert res.status == 400 and error["param"] == "thinking_token_budget", bad
+                assert "must be a non-negative integer or -1" in error["message"]
         res = handle_openai_request(llm, "POST", "/v1/completions", json.dumps({
             "prompt": "Hi", "max_tokens": 1, "thinking_token_budget": -1}),
             served_model_name="smol")
@@ -331,3 +338,32 @@ def test_the_markers_cross_to_an_engine_core_in_a_child(model_path):
         assert out["c"] == end
     finally:
         engine.shutdown()
+
+
+@pytest.mark.slow
+def test_async_budget_rows_equal_sync_without_waiting(model_path):
+    """Budget rows beside plain ones, no penalty row: async steps (the last token read on
+    the device, steps overlapping) give the synchronous engine's tokens."""
+    def run(async_scheduling: bool) -> dict[str, list[int]]:
+        engine = LLMEngine.from_config(EngineConfig(
+            model=model_path, device="cpu", max_model_len=256, max_num_seqs=4,
+            async_scheduling=async_scheduling, reasoning_start_str=START_STR,
+            reasoning_end_str=END_STR))
+        try:
+            prompt = engine.tokenizer.encode(PROMPT)
+            out = {}
+            for budget in (0, 2, 5):
+                out.update(_run(engine, {f"b{budget}": prompt}, SamplingParams(
+                    temperature=0, max_tokens=12, thinking_token_budget=budget)))
+            engine.add_request("plain", prompt, SamplingParams(temperature=0, max_tokens=8))
+            out.update(_run(engine, {"b1": prompt}, SamplingParams(
+                temperature=0, max_tokens=8, thinking_token_budget=1)))  # beside "plain"
+            return out, engine.tokenizer.encode(END_STR, add_special_tokens=False)
+        finally:
+            engine.shutdown()
+
+    (sync, end), (asynchronous, _) = run(False), run(True)
+    assert asynchronous == sync
+    for budget in (0, 1, 2, 5):
+        assert sync[f"b{budget}"][budget:budget + len(end)] == end
+    assert sync["plain"][1:1 + len(end)] != end

@@ -56,8 +56,17 @@ def check_sequence_repetition(token_ids: Sequence[int],
     for size in range(min_size, params.max_pattern_size + 1):
         if size * params.min_count > len(token_ids):
             return False
-        tail = token_ids[-size:]
-        if all(token_ids[len(token_ids) - size * (m + 1):len(token_ids) - size * m] == tail
-               for m in range(1, params.min_count)):
+        if _has_repeating_pattern(token_ids, size, params.min_count):
             return True
     return False
+
+
+def _has_repeating_pattern(token_ids: Sequence[int], size: int, min_count: int) -> bool:
+    """The last `size` tokens equal each of the min_count - 1 windows before them (the
+    first difference ends the check, as upstream)."""
+    for n in range(1, size + 1):
+        target = token_ids[-n]
+        for m in range(1, min_count):
+            if token_ids[-(size * m + n)] != target:
+                return False
+    return True

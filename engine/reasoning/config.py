@@ -17,13 +17,15 @@ import logging
 from engine.config import EngineConfig
 from engine.errors import InvalidArgumentError
 from engine.reasoning import ReasoningParserManager
+from engine.sampling_params import ReasoningTokenIds
 
 logger = logging.getLogger(__name__)
 
-ReasoningTokenIds = tuple[list[int], list[int], list[int]]  # start, forced end, natural end
 
 
-def resolve_reasoning_token_ids(config: EngineConfig, tokenizer) -> ReasoningTokenIds | None:
+def resolve_reasoning_token_ids(config: EngineConfig, tokenizer,
+                                vocab_size: int) -> ReasoningTokenIds | None:
+    """The markers' ids (None: no markers); ids past the logits' width are refused."""
     start, end, natural_end = config.reasoning_start_str, config.reasoning_end_str, ""
     if config.reasoning_parser:
         parser = ReasoningParserManager.get_reasoning_parser(config.reasoning_parser)
@@ -32,7 +34,7 @@ def resolve_reasoning_token_ids(config: EngineConfig, tokenizer) -> ReasoningTok
         end = end or natural_end
     natural_end = natural_end or end
     if not (start and end):
-        if config.reasoning_parser:
+        if config.reasoning_parser or config.reasoning_start_str or config.reasoning_end_str:
             logger.warning("Auto-initialization of reasoning token IDs failed. Please check "
                            "whether your reasoning parser has implemented the "
                            "`reasoning_start_str` and `reasoning_end_str`.")
@@ -46,6 +48,10 @@ def resolve_reasoning_token_ids(config: EngineConfig, tokenizer) -> ReasoningTok
             "ReasoningConfig: failed to tokenize reasoning strings: reasoning_start_str="
             f"'{config.reasoning_start_str}', reasoning_end_str='{config.reasoning_end_str}'. "
             "Ensure the strings are valid tokens in the model's vocabulary.")
+    if any(not 0 <= t < vocab_size for marker in ids for t in marker):
+        raise InvalidArgumentError(
+            f"ReasoningConfig: the reasoning strings' token ids {list(ids)} are not all below "
+            f"the model's vocabulary size {vocab_size}")
     if ids[1][-len(ids[2]):] != ids[2]:
         logger.warning("the forced reasoning end %r does not end with the natural end %r: "
                        "a block ended by the budget never closes", end, natural_end)

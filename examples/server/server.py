@@ -72,7 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reasoning-parser", help="deepseek_r1 | qwen3: split <think> reasoning")
     p.add_argument("--reasoning-config", type=json.loads, default=None,
                    help='JSON: {"reasoning_parser", "reasoning_start_str", '
-                   '"reasoning_end_str"} (the markers of thinking_token_budget)')
+                   '"reasoning_end_str"} (the markers of thinking_token_budget); unlike vLLM '
+                   'its reasoning_parser also parses the output when --reasoning-parser is '
+                   'not given')
     p.add_argument("--tool-call-parser", help="hermes | llama3_json | mistral | pythonic | ...")
     p.add_argument("--enable-auto-tool-choice", action="store_true", default=None,
                    help='parse tool calls for tool_choice "auto" (needs --tool-call-parser)')

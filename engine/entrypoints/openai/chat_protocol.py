@@ -27,6 +27,7 @@ from engine.entrypoints.openai.protocol import (
     Seed,
     StopParam,
     StreamOptions,
+    ThinkingTokenBudget,
     TopLogprobsParam,
     TruncatePromptTokens,
     UsageInfo,
@@ -83,7 +84,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
     # vLLM's ReasoningEffort (vllm/renderers/params.py); handed to the chat template
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh",
                               "max"] | None = None
-    thinking_token_budget: Any = None  # checked by SamplingParams (no coercion, as vLLM)
+    thinking_token_budget: ThinkingTokenBudget = None
     include_reasoning: bool = True
     parallel_tool_calls: bool | None = True
     user: str | None = None

@@ -22,6 +22,7 @@ from engine.entrypoints.openai.protocol import (
     Seed,
     StopParam,
     StreamOptions,
+    ThinkingTokenBudget,
     TruncatePromptTokens,
     UsageInfo,
     check_stream_options,
@@ -79,7 +80,7 @@ class CompletionRequest(OpenAIBaseModel):
     kv_transfer_params: dict[str, Any] | None = None
     vllm_xargs: dict[str, Any] | None = None
     repetition_detection: dict[str, Any] | None = None
-    thinking_token_budget: Any = None  # checked by SamplingParams (no coercion, as vLLM)
+    thinking_token_budget: ThinkingTokenBudget = None
     stream_interval: Annotated[int, Field(ge=1)] | None = None
 
     @model_validator(mode="before")

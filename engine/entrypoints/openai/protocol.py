@@ -22,6 +22,8 @@ from pydantic import (
 )
 
 from engine.entrypoints.openai.errors import VLLMValidationError
+from engine.errors import InvalidArgumentError
+from engine.sampling_params import validate_thinking_token_budget
 
 MAX_STOP_STRINGS = 4  # VLLM_MAX_STOP_STRINGS
 MAX_COMPLETION_PROMPTS = 1024  # VLLM_MAX_COMPLETION_PROMPTS
@@ -32,6 +34,17 @@ StopParam: TypeAlias = str | Annotated[list[str], Field(max_length=MAX_STOP_STRI
 TopLogprobsParam: TypeAlias = Annotated[int, BeforeValidator(lambda v: 0 if v is None else v)]
 Seed: TypeAlias = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 TruncatePromptTokens: TypeAlias = Annotated[int, Field(ge=-1, le=INT64_MAX)]
+
+
+def _thinking_token_budget(value: Any) -> int | None:
+    try:
+        return validate_thinking_token_budget(value)
+    except InvalidArgumentError as e:
+        raise VLLMValidationError(str(e), parameter="thinking_token_budget") from None
+
+
+# vLLM's ThinkingTokenBudget: checked before pydantic could coerce it (True, 10.0, "5")
+ThinkingTokenBudget: TypeAlias = Annotated[int | None, BeforeValidator(_thinking_token_budget)]
 
 
 def random_uuid() -> str:

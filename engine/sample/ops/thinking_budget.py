@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.sample.ops.torch_utils import async_tensor_h2d, make_tensor_with_pad
+from engine.sampling_params import ReasoningTokenIds
 
 FORCED_LOGIT = 1.0e9  # vLLM's value
 NO_FORCE = -1
-ReasoningTokenIds = tuple[list[int], list[int], list[int]]  # start, forced end, natural end
 
 
 class ThinkingScan:
@@ -41,37 +41,39 @@ class ThinkingScan:
         self.last_start = -1
         self.last_end = -1
 
-    def update(self, tokens: list[int], start: list[int], end: list[int]) -> None:
-        """Scan what was added since the last call (and the markers it may complete)."""
-        n = len(tokens)
+    def update(self, tokens: list[int], n: int, start: list[int], end: list[int]) -> None:
+        """Scan tokens[:n] added since the last call (and the markers they may complete)."""
         for i in range(max(0, self.scanned - max(len(start), len(end)) + 1), n):
             t = tokens[i]
-            if t == start[0] and tokens[i:i + len(start)] == start:
+            if t == start[0] and i + len(start) <= n and tokens[i:i + len(start)] == start:
                 self.last_start = i
-            if t == end[0] and tokens[i:i + len(end)] == end:
+            if t == end[0] and i + len(end) <= n and tokens[i:i + len(end)] == end:
                 self.last_end = i
         self.scanned = n
 
 
-def forced_tokens(known: list[int], budget: int, ids: ReasoningTokenIds,
+def forced_tokens(tokens: list[int], budget: int, ids: ReasoningTokenIds,
                   scan: ThinkingScan) -> tuple[dict[int, int], int]:
-    """For S = known + [t]: ({t: forced token or NO_FORCE} for the t that matter, the
-    forced token for any other t)."""
+    """For S = tokens[:-1] + [t] (tokens' last entry unread: it may be in flight):
+    ({t: forced token or NO_FORCE} for the t that matter, the forced token for any other
+    t). Reads only the tail of tokens besides the scan's new part (no copy of S)."""
     start, end, natural_end = ids
-    scan.update(known, start, natural_end)
-    n = len(known) + 1  # len(S)
+    n = len(tokens)  # len(S)
+    scan.update(tokens, n - 1, start, natural_end)
+
+    def ends_with(prefix: list[int]) -> bool:  # S[:-1] ends with prefix
+        return n - 1 >= len(prefix) and tokens[n - 1 - len(prefix):n - 1] == prefix
 
     def rule(t: int) -> int:
         def completes(marker: list[int]) -> bool:
-            return t == marker[-1] and n >= len(marker) and \
-                known[n - len(marker):] == marker[:-1]
+            return t == marker[-1] and ends_with(marker[:-1])
 
         ls = n - len(start) if completes(start) else scan.last_start
         le = n - len(natural_end) if completes(natural_end) else scan.last_end
         if ls < 0 or ls <= le or n - (ls + len(start)) < budget:
             return NO_FORCE
         for p in range(min(len(end) - 1, n), 0, -1):
-            if t == end[p - 1] and known[n - p:] == end[:p - 1]:
+            if t == end[p - 1] and ends_with(end[:p - 1]):
                 return end[p]
         return end[0]
 
@@ -100,7 +102,7 @@ def thinking_budget_targets(budgets: list[int | None], ids: list[ReasoningTokenI
     for row, (budget, row_ids) in enumerate(zip(budgets, ids, strict=True)):
         if budget is None or row_ids is None:
             continue
-        table, default = forced_tokens(token_ids[row][:-1], budget, row_ids, scans[row])
+        table, default = forced_tokens(token_ids[row], budget, row_ids, scans[row])
         rows.append(row)
         cands.append(list(table))
         forced.append(list(table.values()))
