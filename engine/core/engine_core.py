@@ -11,8 +11,7 @@ Async scheduling is vLLM's step_with_batch_queue: a queue of two steps, so step 
 scheduled and queued on the device before the output of step N is waited for.
 Start-up: load the model (load_format auto | dummy), profile the activation peak on CUDA
 and size the KV cache from gpu_memory_utilization (kv_cache_memory_bytes overrides),
-allocate and bind the cache, capture the decode CUDA graphs (not with enforce_eager), warm
-up the eager steps no graph covers (engine/worker/warmup.py).
+allocate and bind the cache, capture the decode CUDA graphs (not with enforce_eager).
 With tensor_parallel_size > 1 this process is rank 0 of a MultiprocExecutor
 (engine/executor/multiproc_executor.py): the workers mirror each start-up step and run
 every step whose scheduler output it broadcasts; or, with distributed_executor_backend
@@ -61,7 +60,6 @@ from engine.worker.model_runner import (
     SampledModelRunnerOutput,
 )
 from engine.worker.torch_threads import set_torch_threads_for_runtime
-from engine.worker.warmup import needs_eager_warm_up, warm_up_eager_steps
 
 _CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
 
@@ -122,8 +120,6 @@ class EngineCore:
         # CUDA graphs, captured at start-up (vLLM's capture_model); 0.0 without
         self.cudagraph_capture_time_s = self.model_runner.capture_model(
             config.cudagraph_batch_sizes())
-        if executor is None and needs_eager_warm_up(self.model_runner):  # one rank only
-            warm_up_eager_steps(self.model_runner, self.num_gpu_blocks)
         if executor is not None:  # every rank samples the same draws (vLLM's set_random_seed)
             torch.manual_seed(config.seed)
         # steps queued on the device whose output is not processed yet, newest first
