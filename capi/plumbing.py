@@ -153,6 +153,8 @@ def sampling_params(p) -> SamplingParams:
         n=p.n,
         repetition_detection=_repetition_detection(p),
         thinking_token_budget=p.thinking_token_budget,  # -1: unlimited, as vLLM
+        logprob_token_ids=list(p.logprob_token_ids[0:p.n_logprob_token_ids])
+        if p.n_logprob_token_ids else None,
         output_kind=RequestOutputKind.DELTA,
     )
 

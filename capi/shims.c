@@ -185,7 +185,8 @@ static vllm_status copy_sampling_params(vllm_sampling_params *copy,
         ((copy->logit_bias_token_ids == NULL || copy->logit_bias_values == NULL) &&
          copy->n_logit_bias > 0) ||
         (copy->allowed_token_ids == NULL && copy->n_allowed_token_ids > 0) ||
-        (copy->choice == NULL && copy->n_choice > 0))
+        (copy->choice == NULL && copy->n_choice > 0) ||
+        (copy->logprob_token_ids == NULL && copy->n_logprob_token_ids > 0))
         return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: a params array pointer is NULL but its "
                     "count is not 0", function);
     for (size_t i = 0; i < copy->n_stop; i++)

@@ -20,9 +20,11 @@ from _libvllm import ffi
 @dataclass
 class RequestTimes:
     """One request's progress across outputs: tokens and first-token time per sequence;
-    top_k: its sampling params' logprobs (the top entries each token gets)."""
+    top_k: its sampling params' logprobs (the top entries each token gets); top_ids: its
+    logprob_token_ids (the top entries are these, in order)."""
 
     top_k: int = 0
+    top_ids: list[int] | None = None
     num_prompt_tokens: int = 0
     arrival_time: float = field(default_factory=time.time)
     arrival_mono: float = field(default_factory=time.monotonic)
@@ -47,18 +49,22 @@ def fill(out, completion, first_token_latency: float, times: RequestTimes, finis
     out.e2e_latency = time.monotonic() - times.arrival_mono if finished else 0.0
     out.logprobs = ffi.NULL
     if completion.logprobs is not None and completion.token_ids:
-        out.logprobs = _logprobs(completion, times.top_k, memory)
+        out.logprobs = _logprobs(completion, times.top_k, times.top_ids, memory)
 
 
-def _logprobs(completion, top_k: int, memory: list):
-    """vllm_token_logprobs[len(token_ids)] of a completion; top_k = the params' logprobs."""
+def _logprobs(completion, top_k: int, top_ids: list[int] | None, memory: list):
+    """vllm_token_logprobs[len(token_ids)] of a completion; top_k = the params' logprobs;
+    top_ids: logprob_token_ids (their entries, whatever the sampled token's rank)."""
     array = ffi.new("vllm_token_logprobs[]", len(completion.token_ids))
     memory.append(array)
     for entry, token, position in zip(array, completion.token_ids, completion.logprobs):
         sampled = position[token]
         entry.token_id, entry.rank, entry.logprob = token, sampled.rank or 0, sampled.logprob
-        top = sorted(((lp.rank, tid, lp.logprob) for tid, lp in position.items()
-                      if lp.rank is not None and lp.rank <= top_k))[:top_k]
+        if top_ids is not None:
+            top = [(position[t].rank, t, position[t].logprob) for t in top_ids]
+        else:
+            top = sorted(((lp.rank, tid, lp.logprob) for tid, lp in position.items()
+                          if lp.rank is not None and lp.rank <= top_k))[:top_k]
         if top:  # keep the owner: reading entry.top back gives a pointer that owns nothing
             owner = ffi.new("vllm_logprob[]", [(tid, rank, lp) for rank, tid, lp in top])
             memory.append(owner)

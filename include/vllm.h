@@ -304,6 +304,12 @@ typedef struct vllm_sampling_params {
      * this many tokens, its end is forced, one token a step. -1 (default): unlimited;
      * set without markers the request is refused (VLLM_ERR_INVALID_ARGUMENT). */
     int32_t thinking_token_budget;
+    /* since 1.2: vLLM's logprob_token_ids: each generated token's vllm_token_logprobs.top
+     * holds these ids' logprobs (in this order; rank = the position) instead of the top
+     * k; logprobs must then be -1 (it becomes their count) or their count; at most 128
+     * ids, each in the vocabulary (copied; may be NULL when n is 0) */
+    const int32_t *logprob_token_ids;
+    size_t n_logprob_token_ids;
 } vllm_sampling_params;
 
 /* One candidate for a generated token (since 1.0). */

@@ -232,6 +232,34 @@ def test_typed_logprobs_of_greedy_tokens(api, engine):
     assert all(out["logprobs"] is None for out in _step_all(api, engine))
 
 
+def test_typed_logprob_token_ids(api, engine):
+    """vllm.h 1.2 logprob_token_ids: each token's top entries are exactly the given ids, in
+    their order, ranked 1..n; the sampled token's own entry among them carries the sampled
+    logprob (oracle: the entry's logprob; greedy: every other id's is not larger); a count
+    with logprobs set differently is refused with vLLM's message."""
+    ffi, lib = api.ffi, api.lib
+    prompt = b"The capital of France is"
+    api.ok(lib.vllm_request_add(engine, b"greedy", prompt, ffi.NULL, 0, _sampling(api)))
+    first = next(t for o in _step_all(api, engine) for t in o["tokens"])
+    ids = ffi.new("int32_t[]", [500, first, 7])
+    sp = _sampling(api, logprob_token_ids=ids, n_logprob_token_ids=3)
+    api.ok(lib.vllm_request_add(engine, b"ids", prompt, ffi.NULL, 0, sp))
+    per_token = [entry for out in _step_all(api, engine) for entry in out["logprobs"] or []]
+    assert len(per_token) == 6
+    token, _, logprob, top = per_token[0]
+    assert token == first
+    assert [(t, r) for t, r, _ in top] == [(500, 1), (first, 2), (7, 3)]
+    assert top[1][2] == pytest.approx(logprob) and top[0][2] <= logprob >= top[2][2]
+    assert all([t for t, _, _ in entry[3]] == [500, first, 7] for entry in per_token)
+    sp = _sampling(api, logprob_token_ids=ids, n_logprob_token_ids=3, logprobs=2)
+    api.ok(lib.vllm_request_add(engine, b"bad", prompt, ffi.NULL, 0, sp),
+           lib.VLLM_ERR_INVALID_ARGUMENT)
+    assert "logprobs must equal len(logprob_token_ids)" in api.error()
+    sp = _sampling(api, n_logprob_token_ids=1)
+    api.ok(lib.vllm_request_add(engine, b"null", prompt, ffi.NULL, 0, sp),
+           lib.VLLM_ERR_INVALID_ARGUMENT)
+
+
 def test_n_sequences_carry_their_index_and_timings(api, engine):
     import time
 

@@ -110,6 +110,8 @@ class SamplingParams(Structure):
         ("repetition_min_pattern_size", c_int32),  # since 1.2
         ("repetition_min_count", c_int32),  # since 1.2
         ("thinking_token_budget", c_int32),  # since 1.2
+        ("logprob_token_ids", POINTER(c_int32)),  # since 1.2
+        ("n_logprob_token_ids", c_size_t),  # since 1.2
     ]
 
 

@@ -98,6 +98,8 @@ mod sys {
         pub repetition_min_pattern_size: i32, // since 1.2
         pub repetition_min_count: i32,        // since 1.2
         pub thinking_token_budget: i32,       // since 1.2
+        pub logprob_token_ids: *const i32,    // since 1.2
+        pub n_logprob_token_ids: usize,       // since 1.2
     }
 
     #[repr(C)]
