@@ -4,9 +4,10 @@
 Logprobs come from CompletionOutput.logprobs (vllm/logprobs.py: per generated token a
 dict token id -> Logprob(logprob, rank), the sampled token and the top-k with ranks
 1..k) as vllm_token_logprobs: the sampled token's logprob and rank, then the top k by
-rank. Timings are measured by the front end as vLLM's RequestStateStats /
-FinishedRequestStats name them: arrival_time (Unix s, when the request was added),
-first_token_latency and e2e_latency (s from arrival).
+rank, or with logprob_token_ids those ids in their order (rank = position). Timings are
+measured by the front end as vLLM's RequestStateStats / FinishedRequestStats name them:
+arrival_time (Unix s, when the request was added), first_token_latency and e2e_latency
+(s from arrival).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def _logprobs(completion, top_k: int, top_ids: list[int] | None, memory: list):
         sampled = position[token]
         entry.token_id, entry.rank, entry.logprob = token, sampled.rank or 0, sampled.logprob
         if top_ids is not None:
-            top = [(position[t].rank, t, position[t].logprob) for t in top_ids]
+            top = [(i + 1, t, position[t].logprob) for i, t in enumerate(top_ids)]
         else:
             top = sorted(((lp.rank, tid, lp.logprob) for tid, lp in position.items()
                           if lp.rank is not None and lp.rank <= top_k))[:top_k]

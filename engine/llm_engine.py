@@ -86,7 +86,11 @@ class LLMEngine:
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
         client, tokenizer = EngineCoreClient.make_client(config)
-        return cls(config, client, tokenizer)
+        try:
+            return cls(config, client, tokenizer)
+        except BaseException:  # e.g. markers the vocabulary lacks: no core left running
+            client.shutdown()
+            raise
 
     @property
     def is_multiprocess(self) -> bool:

@@ -322,10 +322,14 @@ typedef struct vllm_logprob {
 /* The logprobs of one generated token (since 1.0): vLLM's Logprob dict of a position. */
 typedef struct vllm_token_logprobs {
     int32_t token_id;           /* the sampled token */
-    int32_t rank;               /* its rank in the vocabulary (1: the most likely) */
+    int32_t rank;               /* its rank in the vocabulary (1: the most likely); when
+                                   it is one of the logprob_token_ids (since 1.2), its
+                                   position there (vLLM's Logprob dict keeps one entry
+                                   a token) */
     float logprob;              /* its log probability */
     const vllm_logprob *top;    /* the sampling params' logprobs most likely tokens, rank
-                                   1 first; NULL when n_top is 0 */
+                                   1 first; with logprob_token_ids (since 1.2) those ids in
+                                   their order, rank = position; NULL when n_top is 0 */
     size_t n_top;
 } vllm_token_logprobs;
 
@@ -347,7 +351,8 @@ typedef struct vllm_request_output {
                                    n > 1 finish_reason is this sequence's, and finished
                                    = 1 comes once, on the request's last output */
     const vllm_token_logprobs *logprobs; /* one per token_ids entry; NULL unless the
-                                   sampling params asked for logprobs (>= 0) */
+                                   sampling params asked for logprobs (>= 0, or since 1.2
+                                   logprob_token_ids) */
     double arrival_time;        /* Unix time in s when the request was added (vLLM's
                                    RequestStateStats.arrival_time) */
     double first_token_latency; /* s from arrival to the sequence's first token, 0

@@ -246,9 +246,10 @@ def test_typed_logprob_token_ids(api, engine):
     api.ok(lib.vllm_request_add(engine, b"ids", prompt, ffi.NULL, 0, sp))
     per_token = [entry for out in _step_all(api, engine) for entry in out["logprobs"] or []]
     assert len(per_token) == 6
-    token, _, logprob, top = per_token[0]
-    assert token == first
+    token, rank, logprob, top = per_token[0]
+    assert token == first and rank == 2  # one of the ids: its position (vLLM's dict)
     assert [(t, r) for t, r, _ in top] == [(500, 1), (first, 2), (7, 3)]
+    assert all(entry[1] == 1 for entry in per_token[1:] if entry[0] not in (500, first, 7))
     assert top[1][2] == pytest.approx(logprob) and top[0][2] <= logprob >= top[2][2]
     assert all([t for t, _, _ in entry[3]] == [500, first, 7] for entry in per_token)
     sp = _sampling(api, logprob_token_ids=ids, n_logprob_token_ids=3, logprobs=2)
@@ -258,6 +259,15 @@ def test_typed_logprob_token_ids(api, engine):
     sp = _sampling(api, n_logprob_token_ids=1)
     api.ok(lib.vllm_request_add(engine, b"null", prompt, ffi.NULL, 0, sp),
            lib.VLLM_ERR_INVALID_ARGUMENT)
+    sp = _sampling(api, logprob_token_ids=ids, n_logprob_token_ids=1 << 40)  # not read
+    api.ok(lib.vllm_request_add(engine, b"huge", prompt, ffi.NULL, 0, sp),
+           lib.VLLM_ERR_INVALID_ARGUMENT)
+    assert "greater than max allowed: 128" in api.error()
+    dup = ffi.new("int32_t[]", [first, 7, first])  # vLLM accepts repeats: rank = position
+    sp = _sampling(api, logprob_token_ids=dup, n_logprob_token_ids=3, max_tokens=1)
+    api.ok(lib.vllm_request_add(engine, b"dup", prompt, ffi.NULL, 0, sp))
+    (entry,) = [e for out in _step_all(api, engine) for e in out["logprobs"] or []]
+    assert [(t, r) for t, r, _ in entry[3]] == [(first, 1), (7, 2), (first, 3)]
 
 
 def test_n_sequences_carry_their_index_and_timings(api, engine):

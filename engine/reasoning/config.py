@@ -22,7 +22,6 @@ from engine.sampling_params import ReasoningTokenIds
 logger = logging.getLogger(__name__)
 
 
-
 def resolve_reasoning_token_ids(config: EngineConfig, tokenizer,
                                 vocab_size: int) -> ReasoningTokenIds | None:
     """The markers' ids (None: no markers); ids past the logits' width are refused."""
