@@ -268,3 +268,47 @@ def test_async_outputs_equal_sync(model_path, sync_outputs, config):
     if "kv_cache_memory_bytes" in config:
         assert engine.scheduler.num_preemptions > 0
     _assert_same(sync_outputs, results)
+
+
+PENALTY_PARAMS = {  # no bad words: nothing makes the engine wait for the step in flight
+    "frequency": {"frequency_penalty": -1.0},
+    "all": {"frequency_penalty": 0.5, "presence_penalty": -0.8, "repetition_penalty": 1.3,
+            "logprobs": 2},
+    "seeded": {"temperature": 1.0, "seed": 3, "repetition_penalty": 0.7},
+    "plain": {},
+}
+
+
+@pytest.mark.slow
+def test_penalties_count_the_token_in_flight(model_path):
+    """Penalty rows read the token the step in flight samples on the device (vLLM's MRV2),
+    so their steps overlap: async outputs equal the synchronous engine's, and no step
+    waited for its predecessor's output."""
+    def run(async_scheduling: bool) -> dict:
+        engine = LLMEngine.from_config(EngineConfig(
+            model=model_path, max_model_len=128, max_num_seqs=8,
+            async_scheduling=async_scheduling))
+        waited = []
+        if async_scheduling:
+            schedule = engine.scheduler.schedule
+
+            def spy():
+                out = schedule()
+                waited.append(out.pending_output_tokens)
+                return out
+            engine.scheduler.schedule = spy
+        for name, extra in PENALTY_PARAMS.items():
+            for i, prompt in enumerate(PROMPTS):
+                engine.add_request(f"{name}-{i}", prompt, SamplingParams(
+                    **{"temperature": 0.0, "max_tokens": 12, "min_tokens": 10, **extra},
+                    output_kind=RequestOutputKind.FINAL_ONLY))
+        results = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                c = out.outputs[0]
+                results[out.request_id] = (list(c.token_ids), c.logprobs, None)
+        engine.shutdown()
+        assert not any(waited)
+        return results
+
+    _assert_same(run(False), run(True))

@@ -8,7 +8,8 @@ update_from_output retires them. The model runner feeds the token in flight from
 device (ModelRunner._prepare_inputs). A step whose sampling reads the output so far
 while a placeholder is unresolved is flagged pending_output_tokens: the engine takes the
 step in flight's output first. That is a grammar's own request, or any request of a step
-in which a row has penalties or bad words (the sampler reads every row's ids then).
+in which a row has bad words (the sampler matches every row's ids on the host then).
+Penalties and a thinking budget read the token in flight on the device (vLLM's MRV2).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from engine.sample.metadata import reads_output_token_ids
 class AsyncScheduler(Scheduler):
     def _update_after_schedule(self, out: SchedulerOutput) -> None:
         super()._update_after_schedule(out)
-        in_flight = reads = False  # penalties and bad words read every sampled row's ids
+        in_flight = reads = False  # bad words read every sampled row's ids on the host
         for req_id in out.num_scheduled_tokens:
             request = self.requests[req_id]
             if request.is_prefill_chunk:

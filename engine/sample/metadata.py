@@ -36,7 +36,8 @@ class SamplingMetadata:
     frequency_penalties: torch.Tensor | None = None  # [num_reqs] fp32
     presence_penalties: torch.Tensor | None = None  # [num_reqs] fp32
     repetition_penalties: torch.Tensor | None = None  # [num_reqs] fp32
-    output_token_ids: list[list[int]] = field(default_factory=list)  # per row
+    output_token_ids: list[list[int]] = field(default_factory=list)  # per row; -1: in flight
+    last_token_ids: torch.Tensor | None = None  # [num_reqs] S[-1] per row, for the -1s
     allowed_token_ids_mask: torch.Tensor | None = None  # [num_reqs, vocab] bool, True = banned
     bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)  # row -> words
     min_tokens: dict[int, set[int]] = field(default_factory=dict)  # row -> blocked stop ids
@@ -53,8 +54,9 @@ def has_penalties(sp: SamplingParams) -> bool:
 
 
 def reads_output_token_ids(sp: SamplingParams) -> bool:
-    """Penalties and bad words read the ids sampled so far (not just their count)."""
-    return has_penalties(sp) or bool(sp.bad_words_token_ids)
+    """Bad words match the ids sampled so far on the host (penalties count them on the
+    device, the token in flight included)."""
+    return bool(sp.bad_words_token_ids)
 
 
 def build_sampling_metadata(sps: list[SamplingParams], token_ids: list[list[int]],
@@ -97,6 +99,7 @@ def build_sampling_metadata(sps: list[SamplingParams], token_ids: list[list[int]
         md.frequency_penalties = floats([sp.frequency_penalty for sp in sps])
         md.presence_penalties = floats([sp.presence_penalty for sp in sps])
         md.repetition_penalties = floats([sp.repetition_penalty for sp in sps])
+        md.last_token_ids = last_token_ids
     md.bad_words_token_ids = {i: sp.bad_words_token_ids for i, sp in enumerate(sps)
                               if sp.bad_words_token_ids}
     if not md.no_penalties or md.bad_words_token_ids:  # both read the outputs so far

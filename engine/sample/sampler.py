@@ -60,7 +60,7 @@ class Sampler(nn.Module):
         if not md.no_penalties:
             logits = apply_all_penalties(logits, md.prompt_token_ids, md.presence_penalties,
                                          md.frequency_penalties, md.repetition_penalties,
-                                         md.output_token_ids)
+                                         md.output_token_ids, md.last_token_ids)
         if md.thinking_budget_targets is not None:  # last, as vLLM's MRV2
             logits = apply_thinking_budget(logits, md.thinking_budget_targets)
         return logits

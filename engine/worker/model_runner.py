@@ -457,7 +457,7 @@ class ModelRunner:
 
     def _sampling_metadata(self, states: list[CachedRequestState],
                            last_ids: torch.Tensor) -> SamplingMetadata:
-        # penalties and bad words read the outputs: the engine resolves placeholders first
+        # bad words read the outputs on the host: the engine resolves placeholders first
         assert not (any(s.pending_positions for s in states)  # empty without async
                     and any(reads_output_token_ids(s.sampling_params) for s in states)), \
             "sampling needs a token still in flight"

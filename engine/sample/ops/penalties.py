@@ -14,6 +14,8 @@ import torch
 
 from engine.sample.ops.torch_utils import make_tensor_with_pad
 
+IN_FLIGHT = -1  # a token the step in flight samples (the model runner's placeholder)
+
 
 def get_token_bin_counts_and_mask(tokens: torch.Tensor, vocab_size: int,
                                   num_seqs: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,10 +44,16 @@ def apply_penalties(logits: torch.Tensor, prompt_tokens: torch.Tensor,
 
 def apply_all_penalties(logits: torch.Tensor, prompt_token_ids: torch.Tensor,
                         presence_penalties: torch.Tensor, frequency_penalties: torch.Tensor,
-                        repetition_penalties: torch.Tensor,
-                        output_token_ids: list[list[int]]) -> torch.Tensor:
+                        repetition_penalties: torch.Tensor, output_token_ids: list[list[int]],
+                        last_token_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """output_token_ids: each row's outputs so far, the last one -1 while in flight (async
+    scheduling); last_token_ids: [num_reqs] each row's last token on the device, which
+    takes the -1's place (vLLM's MRV2 counts the in-flight token on the device)."""
     vocab_size = logits.shape[1]
     output_tokens = make_tensor_with_pad(output_token_ids, vocab_size, logits.device)
+    if last_token_ids is not None:
+        output_tokens = torch.where(output_tokens == IN_FLIGHT, last_token_ids.unsqueeze(1),
+                                    output_tokens)
     return apply_penalties(logits, prompt_token_ids, output_tokens, presence_penalties,
                            frequency_penalties, repetition_penalties)
 
