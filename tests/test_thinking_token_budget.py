@@ -367,3 +367,28 @@ def test_async_budget_rows_equal_sync_without_waiting(model_path):
     for budget in (0, 1, 2, 5):
         assert sync[f"b{budget}"][budget:budget + len(end)] == end
     assert sync["plain"][1:1 + len(end)] != end
+
+
+def test_a_front_end_failure_shuts_the_core_down(model_path, monkeypatch):
+    """LLMEngine.from_config: when the front end's set-up fails after the core started
+    (here the reasoning markers' vocabulary check), the core client is shut down."""
+    import engine.llm_engine as llm_engine
+
+    shut = []
+    real = llm_engine.EngineCoreClient.make_client
+
+    def make_client(config):
+        client, tokenizer = real(config)
+        close = client.shutdown
+        monkeypatch.setattr(client, "shutdown", lambda: (shut.append(1), close()))
+        return client, tokenizer
+
+    def refuse(*args):
+        raise InvalidArgumentError("ReasoningConfig: the reasoning strings' token ids")
+
+    monkeypatch.setattr(llm_engine.EngineCoreClient, "make_client", make_client)
+    monkeypatch.setattr("engine.input_processor.resolve_reasoning_token_ids", refuse)
+    with pytest.raises(InvalidArgumentError, match="reasoning strings"):
+        LLMEngine.from_config(EngineConfig(model=model_path, device="cpu", max_model_len=64,
+                                           reasoning_start_str="<", reasoning_end_str=">"))
+    assert shut == [1]
