@@ -37,7 +37,9 @@ class SamplingMetadata:
     presence_penalties: torch.Tensor | None = None  # [num_reqs] fp32
     repetition_penalties: torch.Tensor | None = None  # [num_reqs] fp32
     output_token_ids: list[list[int]] = field(default_factory=list)  # per row; -1: in flight
-    last_token_ids: torch.Tensor | None = None  # [num_reqs] S[-1] per row, for the -1s
+    # [num_reqs] each row's last token S[-1] on the device (it may be in flight: the -1s),
+    # read by penalties and the thinking budget
+    last_token_ids: torch.Tensor | None = None
     allowed_token_ids_mask: torch.Tensor | None = None  # [num_reqs, vocab] bool, True = banned
     bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)  # row -> words
     min_tokens: dict[int, set[int]] = field(default_factory=dict)  # row -> blocked stop ids
@@ -99,7 +101,6 @@ def build_sampling_metadata(sps: list[SamplingParams], token_ids: list[list[int]
         md.frequency_penalties = floats([sp.frequency_penalty for sp in sps])
         md.presence_penalties = floats([sp.presence_penalty for sp in sps])
         md.repetition_penalties = floats([sp.repetition_penalty for sp in sps])
-        md.last_token_ids = last_token_ids
     md.bad_words_token_ids = {i: sp.bad_words_token_ids for i, sp in enumerate(sps)
                               if sp.bad_words_token_ids}
     if not md.no_penalties or md.bad_words_token_ids:  # both read the outputs so far
@@ -114,7 +115,10 @@ def build_sampling_metadata(sps: list[SamplingParams], token_ids: list[list[int]
     if any(sp.thinking_token_budget is not None for sp in sps):
         md.thinking_budget_targets = thinking_budget_targets(
             [sp.thinking_token_budget for sp in sps], [sp.reasoning_token_ids for sp in sps],
-            token_ids, thinking_scans or [ThinkingScan() for _ in sps], last_token_ids, device)
+            token_ids, thinking_scans or [ThinkingScan() for _ in sps], device)
+    if not md.no_penalties or md.thinking_budget_targets is not None:
+        md.last_token_ids = last_token_ids if last_token_ids is not None else \
+            async_tensor_h2d([ids[-1] for ids in token_ids], torch.long, device)
     return md
 
 

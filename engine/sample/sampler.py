@@ -62,7 +62,8 @@ class Sampler(nn.Module):
                                          md.frequency_penalties, md.repetition_penalties,
                                          md.output_token_ids, md.last_token_ids)
         if md.thinking_budget_targets is not None:  # last, as vLLM's MRV2
-            logits = apply_thinking_budget(logits, md.thinking_budget_targets)
+            logits = apply_thinking_budget(logits, md.thinking_budget_targets,
+                                           md.last_token_ids)
         return logits
 
     @staticmethod

@@ -89,15 +89,13 @@ class ThinkingBudgetTargets:
     candidates: torch.Tensor  # [B, C] int64, -1 padding
     forced: torch.Tensor  # [B, C] int64
     other: torch.Tensor  # [B] int64
-    last_token_ids: torch.Tensor  # [num_reqs] int64: each row's last input token, S[-1]
 
 
 def thinking_budget_targets(budgets: list[int | None], ids: list[ReasoningTokenIds | None],
                             token_ids: list[list[int]], scans: list[ThinkingScan],
-                            last_token_ids: torch.Tensor | None, device: torch.device
-                            ) -> ThinkingBudgetTargets | None:
-    """token_ids: each row's S (its last entry may be a placeholder); last_token_ids: S[-1]
-    on the device (None: read from token_ids)."""
+                            device: torch.device) -> ThinkingBudgetTargets | None:
+    """token_ids: each row's S (its last entry may be a placeholder, read on the device by
+    apply_thinking_budget)."""
     rows, cands, forced, other = [], [], [], []
     for row, (budget, row_ids) in enumerate(zip(budgets, ids, strict=True)):
         if budget is None or row_ids is None:
@@ -109,17 +107,17 @@ def thinking_budget_targets(budgets: list[int | None], ids: list[ReasoningTokenI
         other.append(default)
     if not rows:
         return None
-    if last_token_ids is None:
-        last_token_ids = async_tensor_h2d([ids[-1] for ids in token_ids], torch.long, device)
     return ThinkingBudgetTargets(
         async_tensor_h2d(rows, torch.long, device), make_tensor_with_pad(cands, -1, device),
         make_tensor_with_pad(forced, NO_FORCE, device),
-        async_tensor_h2d(other, torch.long, device), last_token_ids)
+        async_tensor_h2d(other, torch.long, device))
 
 
-def apply_thinking_budget(logits: torch.Tensor, tb: ThinkingBudgetTargets) -> torch.Tensor:
-    """logits: [num_reqs, vocab] fp32, in place; no host sync."""
-    last = tb.last_token_ids[tb.rows].unsqueeze(1)  # [B, 1]
+def apply_thinking_budget(logits: torch.Tensor, tb: ThinkingBudgetTargets,
+                          last_token_ids: torch.Tensor) -> torch.Tensor:
+    """logits: [num_reqs, vocab] fp32, in place; last_token_ids: [num_reqs] each row's S[-1]
+    on the device. No host sync."""
+    last = last_token_ids[tb.rows].unsqueeze(1)  # [B, 1]
     match = tb.candidates == last  # [B, C]: at most one per row
     picked = tb.forced.gather(1, match.int().argmax(1, keepdim=True)).squeeze(1)
     token = torch.where(match.any(1), picked, tb.other)  # [B]
