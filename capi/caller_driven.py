@@ -46,8 +46,7 @@ def glue_request_add(key, request_id, prompt, prompt_token_ids, n_prompt_token_i
         record.require_caller_driven("vllm_request_add")
         if rid in record.requests:  # includes ones whose last output is still due
             raise InvalidArgumentError(f"request id {rid!r} is already in use")
-        times = RequestTimes(top_k=sampling.num_logprobs or 0,
-                             top_ids=sampling.logprob_token_ids)
+        times = RequestTimes.for_params(sampling)
         record.engine.add_request(rid, prompt_arg(prompt, prompt_token_ids, n_prompt_token_ids),
                                   sampling)
         record.requests[rid] = times

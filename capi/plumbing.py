@@ -25,7 +25,12 @@ from engine.async_llm import AsyncLLM, StatsCollector
 from engine.config import EngineConfig
 from engine.errors import InvalidArgumentError, OutOfResourcesError, VllmError
 from engine.fair_lock import FairRLock
-from engine.sampling_params import RepetitionDetectionParams, RequestOutputKind, SamplingParams
+from engine.sampling_params import (
+    RepetitionDetectionParams,
+    RequestOutputKind,
+    SamplingParams,
+    check_num_logprob_token_ids,
+)
 from engine.structured_output.params import StructuredOutputsParams
 
 
@@ -127,6 +132,7 @@ def f32(value: float) -> float:
 
 def sampling_params(p) -> SamplingParams:
     """vllm_sampling_params -> SamplingParams (DELTA outputs: what the ABI streams)."""
+    check_num_logprob_token_ids(p.n_logprob_token_ids)  # before the ids are read
     return SamplingParams.from_optional(
         max_tokens=None if p.max_tokens < 0 else p.max_tokens,
         temperature=f32(p.temperature),

@@ -189,10 +189,6 @@ static vllm_status copy_sampling_params(vllm_sampling_params *copy,
         (copy->logprob_token_ids == NULL && copy->n_logprob_token_ids > 0))
         return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: a params array pointer is NULL but its "
                     "count is not 0", function);
-    if (copy->n_logprob_token_ids > 128) /* vLLM's limit, before the ids are read */
-        return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: Requested logprob_token_ids of length %zu, "
-                    "which is greater than max allowed: 128", function,
-                    copy->n_logprob_token_ids);
     for (size_t i = 0; i < copy->n_stop; i++)
         if (copy->stop[i] == NULL)
             return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: params->stop[%zu] is NULL", function, i);

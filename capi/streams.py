@@ -152,8 +152,7 @@ def glue_request_submit(key, request_id, prompt, prompt_token_ids, n_prompt_toke
     loop = record.require_loop("vllm_request_submit")
     rid = text(request_id, "request_id")
     sampling = sampling_params(params)
-    times = RequestTimes(top_k=sampling.num_logprobs or 0,
-                         top_ids=sampling.logprob_token_ids)
+    times = RequestTimes.for_params(sampling)
     on_output = None if callback == ffi.NULL else _pusher(rid, times, callback, user_data)
     stream = loop.add_request(rid, prompt_arg(prompt, prompt_token_ids, n_prompt_token_ids),
                               sampling, on_output=on_output)

@@ -32,6 +32,10 @@ class RequestTimes:
     num_output_tokens: dict[int, int] = field(default_factory=dict)  # index -> tokens so far
     first_token_latency: dict[int, float] = field(default_factory=dict)  # index -> s
 
+    @classmethod
+    def for_params(cls, sampling) -> RequestTimes:
+        return cls(top_k=sampling.num_logprobs or 0, top_ids=sampling.logprob_token_ids)
+
     def observe(self, completion) -> tuple[int, float]:
         """Counts a completion's new tokens: (its tokens so far, its first-token latency)."""
         i = completion.index

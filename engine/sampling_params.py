@@ -72,6 +72,14 @@ class RepetitionDetectionParams:
         return RepetitionDetectionParams(**{k: v for k, v in value.items() if k in names})
 
 
+def check_num_logprob_token_ids(n: int) -> None:
+    """vLLM's limit on logprob_token_ids (also checked before the C ABI reads them)."""
+    if n > MAX_LOGPROB_TOKEN_IDS:
+        raise InvalidArgumentError(
+            f"Requested logprob_token_ids of length {n}, which is greater than max allowed: "
+            f"{MAX_LOGPROB_TOKEN_IDS}")
+
+
 def validate_thinking_token_budget(value: object) -> int | None:
     """None / -1: unlimited (None); else an int >= 0 (vLLM's validator: no bool, float or
     string coercion)."""
@@ -249,10 +257,7 @@ class SamplingParams:
                         f"Requested {what} logprobs of {num}, which is greater than max "
                         f"allowed: {max_lp}")
         ids = self.logprob_token_ids
-        if ids is not None and len(ids) > MAX_LOGPROB_TOKEN_IDS:
-            raise InvalidArgumentError(
-                f"Requested logprob_token_ids of length {len(ids)}, which is greater than "
-                f"max allowed: {MAX_LOGPROB_TOKEN_IDS}")
+        check_num_logprob_token_ids(len(ids or ()))
         for name in ("logprob_token_ids", "logit_bias", "stop_token_ids"):
             bad = [t for t in (getattr(self, name) or ()) if not 0 <= t < vocab_size]
             if bad:

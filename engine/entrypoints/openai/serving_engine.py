@@ -21,9 +21,6 @@ from engine.sampling_params import RequestOutputKind, SamplingParams
 from engine.tool_parsers import ToolParserManager
 from engine.tool_parsers.structural_tag import ToolStrictLevel
 
-# vLLM SamplingParams fields whose engine counterpart may not exist yet, with vLLM's default:
-# a request that leaves them at the default is served, any other value is refused.
-_VLLM_SAMPLING_DEFAULTS: dict[str, Any] = {"extra_args": None}
 _DEFAULT_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0,
                      "frequency_penalty": 0.0, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
                      "min_p": 0.0}
@@ -135,7 +132,7 @@ def build_sampling_params(values: dict[str, Any], request_names: dict[str, str],
     for name, value in values.items():
         if name in supported:
             kept[name] = value
-        elif value not in (_VLLM_SAMPLING_DEFAULTS.get(name), None):
+        elif value is not None:  # a vLLM field without an engine counterpart yet
             raise not_supported(request_names.get(name, name))
     kept["output_kind"] = RequestOutputKind.DELTA
     SamplingParams.from_optional(**kept)  # vLLM's checks (n under greedy...) before any request
