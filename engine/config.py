@@ -20,6 +20,12 @@ from engine.worker.cudagraph_dispatcher import (
     resolve_cudagraph_mode,
 )
 
+# vLLM's names for what this engine implements (the full lists: vllm/config/cache.py
+# CacheDType, MambaDType; vllm/model_executor/layers/quantization QUANTIZATION_METHODS)
+SUPPORTED_QUANTIZATION = (None, "fp8", "compressed-tensors")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+MAMBA_DTYPES = ("auto", "float32", "float16", "bfloat16")
+
 
 @dataclass
 class EngineConfig:
@@ -83,6 +89,20 @@ class EngineConfig:
     tool_call_parser: str = ""  # "": none; hermes | llama3_json | mistral | pythonic | ...
     # vLLM's --tool-strict-level (auto | function | parameter); None: the parser's default
     tool_strict_level: str | None = None
+    # quantization (vllm/config/model.py `quantization`, vllm/config/cache.py CacheConfig)
+    # vLLM --quantization: None reads the checkpoint's quantization_config; "fp8" on an
+    # unquantized checkpoint quantizes its linear weights at load (online dynamic FP8)
+    quantization: str | None = None
+    # vLLM --kv-cache-dtype: auto (the model dtype) | fp8 | fp8_e4m3 (fp8 means e4m3)
+    kv_cache_dtype: str = "auto"
+    calculate_kv_scales: bool = False  # vLLM --calculate-kv-scales: k/v scales from data
+    # hybrid (Mamba / GDN) state: vLLM --mamba-cache-dtype / --mamba-ssm-cache-dtype
+    # (auto | float32 | float16 | bfloat16; auto: the model config's mamba_ssm_dtype, else
+    # the model dtype) and --mamba-cache-mode (none | align; None: align with prefix
+    # caching, else none)
+    mamba_cache_dtype: str = "auto"
+    mamba_ssm_cache_dtype: str = "auto"
+    mamba_cache_mode: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_logprobs < -1:
@@ -130,7 +150,26 @@ class EngineConfig:
             raise InvalidArgumentError("max_cudagraph_capture_size must be >= 1, got "
                                        f"{self.max_cudagraph_capture_size}")
         CUDAGraphMode.parse(self.cudagraph_mode)
+        self._check_quantization()
         self._check_parsers()
+
+    def _check_quantization(self) -> None:
+        """The quantization, KV-cache and Mamba-state dtypes the engine supports, with
+        vLLM's messages (vllm/config/cache.py _validate_cache_dtype)."""
+        if self.quantization not in SUPPORTED_QUANTIZATION:
+            raise InvalidArgumentError(
+                f"Unknown quantization method: {self.quantization!r}. Must be one of "
+                f"{[q for q in SUPPORTED_QUANTIZATION if q]}.")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InvalidArgumentError(f"Invalid kv_cache_dtype: {self.kv_cache_dtype!r}. "
+                                       f"Valid values are: {list(KV_CACHE_DTYPES)}")
+        for name in ("mamba_cache_dtype", "mamba_ssm_cache_dtype"):
+            if getattr(self, name) not in MAMBA_DTYPES:
+                raise InvalidArgumentError(f"{name} must be one of {list(MAMBA_DTYPES)}, "
+                                           f"got {getattr(self, name)!r}")
+        if self.mamba_cache_mode not in (None, "none", "align"):
+            raise InvalidArgumentError("mamba_cache_mode must be none or align, got "
+                                       f"{self.mamba_cache_mode!r}")
 
     def _check_parsers(self) -> None:
         """Parser names as vLLM's serve-args checks (unknown name, auto without parser)."""
