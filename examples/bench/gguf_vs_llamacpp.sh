@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# GGUF side by side with llama.cpp on the GPU machine (issue 16): the same random-weight
-# Llama-3.1-8B GGUF files through llama-bench and through our `latency` benchmark.
+# GGUF side by side with llama.cpp on the GPU machine: the same random-weight GGUF files
+# through llama-bench and through our `latency` benchmark.
 #
-#   bash ../shared/device/llamacpp-src.sh            # here, once: writes .lc/ (never commit)
-#   ../shared/device/fetch-wheels.sh gguf            # here, once: .whl/gguf-*.whl
+#   .lc/: a llama.cpp source tree and its llama-bench build script, prepared outside the
+#         repository (never committed); .whl/: a cp312 wheel of gguf for the GPU machine
 #   device call, carry [".lc", ".whl"]:  bash examples/bench/gguf_vs_llamacpp.sh [KIND ...]
 #
-# KIND: q4_k_m and/or q8_0 (default both). For each: (1) .lc/random_gguf_quant.py writes the
-# file (kept in $GGUF_DIR across calls of one warm machine), (2) llama-bench -p 512 -n 128
+# KIND: q4_k_m and/or q8_0 (Llama-3.1-8B shapes; default both), qwen35moe-q4_k_m or
+# qwen35moe-q8_0 (Qwen3.5-35B-A3B, llama.cpp's qwen35moe). For each: (1)
+# examples/bench/random_gguf_quant.py writes the file (kept in $GGUF_DIR across calls of
+# one warm machine), (2) llama-bench -p 512 -n 128
 # -ngl 99 -fa 1 -r 3 (.lc/llamacpp-bench.sh builds it once per machine, ~260 s), (3) ours:
 # batch-1 decode (latency, input 32, output 128: decode tok/s excluding the first step) and
 # a 512-token prefill (latency, input 512, output 1: 512 / latency, llama-bench's pp512
@@ -25,8 +27,7 @@ res=$dir/results${SMALL:+-small}
 steps=" ${STEPS:-gen lc ours} "
 mkdir -p "$out" "$res"
 kinds=("$@"); [ ${#kinds[@]} -gt 0 ] || kinds=(q4_k_m q8_0)
-gen=.lc/random_gguf_quant.py
-[ -f "$gen" ] || gen=../shared/device/random_gguf_quant.py
+gen=examples/bench/random_gguf_quant.py
 if ! python3 -c "import gguf" 2>/dev/null && compgen -G ".whl/gguf-*.whl" > /dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/gguf-*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
@@ -39,10 +40,13 @@ ours() {  # ours NAME FILE INPUT_LEN OUTPUT_LEN
     grep -E "Avg latency|decode throughput" "$res/$1.log" || true
 }
 for kind in "${kinds[@]}"; do
-    f=$dir/llama-3.1-8b-$kind${SMALL:+-small}.gguf
+    arch=llama quant=$kind name=llama-3.1-8b-$kind
+    [[ $kind == qwen35moe-* ]] && arch=qwen35moe quant=${kind#qwen35moe-} \
+        name=qwen3.5-35b-a3b-$quant
+    f=$dir/$name${SMALL:+-small}.gguf
     if [[ $steps == *" gen "* && ! -f $f ]]; then
         echo "== writing $f"
-        python3 "$gen" "$f.tmp" "$kind" && mv "$f.tmp" "$f"
+        python3 "$gen" "$f.tmp" "$quant" --arch "$arch" ${SMALL:+--small} && mv "$f.tmp" "$f"
     fi
     if [[ $steps == *" lc "* ]]; then
         echo "== llama-bench $kind"
@@ -83,7 +87,7 @@ def ours(name: str, key: str) -> float | None:
     return r.get("decode_tokens_per_second") if key == "decode" else 512 / r["avg_latency"]
 
 
-print(f"\n{'file':<8}{'metric':<26}{'ours tok/s':>12}{'llama.cpp':>12}{'ratio':>8}")
+print(f"\n{'file':<18}{'metric':<26}{'ours tok/s':>12}{'llama.cpp':>12}{'ratio':>8}")
 for kind in kinds:
     for label, mine, theirs in (
             ("batch-1 decode (tg128)", ours(f"decode-{kind}", "decode"), lc(kind, "tg128")),
@@ -91,5 +95,5 @@ for kind in kinds:
              lc(kind, "pp512"))):
         ratio = f"{mine / theirs:.2f}x" if mine and theirs else "-"
         fmt = lambda v: f"{v:12.1f}" if v else f"{'-':>12}"  # noqa: E731
-        print(f"{kind:<8}{label:<26}{fmt(mine)}{fmt(theirs)}{ratio:>8}")
+        print(f"{kind:<18}{label:<26}{fmt(mine)}{fmt(theirs)}{ratio:>8}")
 PY
