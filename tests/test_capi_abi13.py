@@ -235,6 +235,32 @@ def test_check_health_in_process_never_waits_for_the_engine_lock(api, dummy):
     api.ok(lib.vllm_engine_check_health(e), lib.VLLM_ERR_INVALID_HANDLE)
 
 
+def test_check_health_after_the_in_process_loop_failed(api, dummy):
+    """A step that raises ends the background loop (AsyncLLM): the engine is dead."""
+    lib, ffi = api.lib, api.ffi
+    e = _create(api, dummy, multiprocessing=-1)
+    try:
+        api.ok(lib.vllm_engine_start_loop(e))
+        engine = _record(api, e).engine
+
+        def failing_step():
+            raise RuntimeError("injected step failure")
+
+        engine.step = failing_step  # the instance attribute shadows LLMEngine.step
+        request = ffi.new("vllm_request **")
+        ids = ffi.new("int32_t[]", PROMPT_IDS)
+        api.ok(lib.vllm_request_submit(e, b"x", ffi.NULL, ids, len(PROMPT_IDS),
+                                       _sampling(api, max_tokens=2), ffi.NULL, ffi.NULL,
+                                       request))
+        events = api.pull_all(request[0])  # its last event is the failure
+        lib.vllm_request_free(request[0])
+        assert events[-1]["finish_reason"] == lib.VLLM_FINISH_ERROR
+        api.ok(lib.vllm_engine_check_health(e), lib.VLLM_ERR_ENGINE_DEAD)
+        assert "injected step failure" in api.error()
+    finally:
+        lib.vllm_engine_free(e)
+
+
 @pytest.mark.slow
 def test_check_health_and_reset_with_a_child_core_then_sigkill(api, dummy):
     lib = api.lib
