@@ -234,11 +234,12 @@ typedef struct vllm_engine_params {
                                         "compressed-tensors" */
     const char *kv_cache_dtype;      /* --kv-cache-dtype: NULL or "auto" (the model's
                                         dtype), "fp8", "fp8_e4m3" (fp8 is e4m3) */
-    const char *mamba_cache_dtype;   /* --mamba-cache-dtype, the recurrent state of
-                                        hybrid models: NULL or "auto" (the model
-                                        config's, else the model dtype), "float32",
-                                        "float16", "bfloat16" */
-    const char *mamba_ssm_cache_dtype; /* --mamba-ssm-cache-dtype: as mamba_cache_dtype */
+    const char *mamba_cache_dtype;   /* --mamba-cache-dtype, hybrid models' recurrent
+                                        state (conv and SSM): NULL or "auto" (from the
+                                        model config), "float32", "float16", "bfloat16" */
+    const char *mamba_ssm_cache_dtype; /* --mamba-ssm-cache-dtype, the SSM state only:
+                                        NULL or "auto" (as mamba_cache_dtype), or one of
+                                        its dtypes */
     const char *mamba_cache_mode;    /* --mamba-cache-mode: NULL (derived: "align" with
                                         prefix caching, else "none"), "none", "align" */
     int32_t calculate_kv_scales;     /* --calculate-kv-scales: 1 computes the fp8 KV
