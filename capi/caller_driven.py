@@ -21,6 +21,7 @@ import threading
 from _libvllm import ffi
 
 from capi import streams, typed_outputs
+from capi.generation_defaults import apply_generation_config
 from capi.plumbing import (
     FINISH_REASONS,
     EngineRecord,
@@ -41,6 +42,7 @@ _EMPTY = ffi.new("char[]", b"")
 def glue_request_add(key, request_id, prompt, prompt_token_ids, n_prompt_token_ids, params):
     record = engines.get_live(key)
     rid = text(request_id, "request_id")
+    apply_generation_config(params, record.engine.default_sampling_params)
     sampling = sampling_params(params)
     with record.lock:
         record.require_caller_driven("vllm_request_add")

@@ -66,6 +66,8 @@ vllm_status glue_openai_request(uint64_t engine, const char *method, const char 
 vllm_status glue_openai_stream_next(uint64_t stream, int32_t timeout_ms, char **chunk_json);
 vllm_status glue_openai_stream_cancel(uint64_t stream);
 vllm_status glue_openai_stream_free(uint64_t stream);
+vllm_status glue_engine_check_health(uint64_t engine);
+vllm_status glue_engine_reset_prefix_cache(uint64_t engine);
 /* GLUE_PYTHON_END */
 
 /* GLUE_C_BEGIN */

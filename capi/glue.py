@@ -18,6 +18,7 @@ from _libvllm import ffi, lib
 
 from capi import (  # noqa: F401  (glue_* bodies)
     caller_driven,
+    engine_state,
     logs,
     model_meta,
     openai_glue,
@@ -122,6 +123,15 @@ def _engine_config(model: str, p) -> EngineConfig:
         reasoning_start_str=optional_text(
             p.reasoning_start_str, "params->reasoning_start_str") or "",
         reasoning_end_str=optional_text(p.reasoning_end_str, "params->reasoning_end_str") or "",
+        # since 1.3: NULL (or "") is vLLM's default; EngineConfig checks the values
+        quantization=optional_text(p.quantization, "params->quantization") or None,
+        kv_cache_dtype=optional_text(p.kv_cache_dtype, "params->kv_cache_dtype") or "auto",
+        calculate_kv_scales=bool(p.calculate_kv_scales),
+        mamba_cache_dtype=optional_text(
+            p.mamba_cache_dtype, "params->mamba_cache_dtype") or "auto",
+        mamba_ssm_cache_dtype=optional_text(
+            p.mamba_ssm_cache_dtype, "params->mamba_ssm_cache_dtype") or "auto",
+        mamba_cache_mode=optional_text(p.mamba_cache_mode, "params->mamba_cache_mode") or None,
     )
 
 

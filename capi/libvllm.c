@@ -122,6 +122,7 @@ VLLM_API const char *vllm_status_string(vllm_status status) {
         "VLLM_END_OF_STREAM",
         "VLLM_ERR_INVALID_STATE",
         "VLLM_ERR_CANCELLED",
+        "VLLM_ERR_ENGINE_DEAD",
     };
     if (status < 0 || (size_t)status >= sizeof names / sizeof names[0]) return "VLLM_ERR_UNKNOWN";
     return names[status];

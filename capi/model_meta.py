@@ -1,7 +1,8 @@
 """capi.model_meta: the model metadata of include/vllm.h (since ABI 1.0):
 vllm_model_meta_count / _key / _value (as llama.h's llama_model_meta_*) and the 1.0
 fields of vllm_model_info (n_params, n_layers, kv_capacity_tokens, device, dtype,
-chat_template, eog_token_ids).
+chat_template, eog_token_ids) and the 1.3 ones (quantization, kv_cache_dtype: see
+capi.weight_format).
 
 Read by the front end, once per engine: the key/values of the GGUF file
 (engine/gguf/reader.py; tensor infos give the parameter count) or the config.json and
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from _libvllm import ffi
 
+from capi import weight_format
 from capi.plumbing import copy_out, engines, export, text
 from engine.errors import InvalidArgumentError, NotFoundError
 from engine.gguf.reader import GGUFReader
@@ -68,11 +70,13 @@ def _hf(path: str, dummy: bool) -> tuple[dict, int, int]:
 def _meta(record) -> ModelMeta:
     if record.meta is None:
         config, engine = record.config, record.engine
+        kind = "hf"
         if config.load_format == "dummy":
             kv, n_params, n_layers = _hf(config.model, dummy=True)
         else:
             kind, path = resolve_model_path(config.model)
             kv, n_params, n_layers = _gguf(path) if kind == "gguf" else _hf(path, False)
+        quant = weight_format.quantization(config.quantization, kv, kind == "gguf")
         device, dtype = engine.engine_core.ready.device, engine.engine_core.ready.dtype
         template = None if engine.tokenizer is None else engine.tokenizer.chat_template
         eog = sorted({engine.model_info.eos_token_id, *engine.engine_core.ready.eos_token_ids}
@@ -81,7 +85,11 @@ def _meta(record) -> ModelMeta:
                  "dtype": ffi.new("char[]", dtype.encode()),
                  "chat_template": ffi.NULL if template is None else ffi.new(
                      "char[]", template.encode("utf-8")),
-                 "eog": ffi.new("int32_t[]", eog) if eog else ffi.NULL, "n_eog": len(eog)}
+                 "eog": ffi.new("int32_t[]", eog) if eog else ffi.NULL, "n_eog": len(eog),
+                 "quantization": ffi.NULL if quant is None else ffi.new(
+                     "char[]", quant.encode()),
+                 "kv_cache_dtype": ffi.new("char[]", weight_format.kv_cache_dtype(
+                     config.kv_cache_dtype, dtype).encode())}
         record.meta = ModelMeta(kv, list(kv), n_params, n_layers, cdata)
     return record.meta
 
@@ -95,6 +103,7 @@ def fill_info(record, out) -> None:
     c = meta.cdata
     out.device, out.dtype, out.chat_template = c["device"], c["dtype"], c["chat_template"]
     out.eog_token_ids, out.n_eog_token_ids = c["eog"], c["n_eog"]
+    out.quantization, out.kv_cache_dtype = c["quantization"], c["kv_cache_dtype"]  # 1.3
 
 
 def value_text(value: object) -> str:

@@ -296,3 +296,19 @@ VLLM_API vllm_status vllm_engine_metrics(vllm_engine *engine, vllm_metrics *out)
     out->struct_size = size;
     return VLLM_OK;
 }
+
+VLLM_API vllm_status vllm_engine_check_health(vllm_engine *engine) {
+    vllm_status status;
+    clear_error();
+    if (engine == NULL) return null_argument(__func__, "engine");
+    if ((status = ensure_runtime()) != VLLM_OK) return status;
+    return glue_engine_check_health(engine_key(engine));
+}
+
+VLLM_API vllm_status vllm_engine_reset_prefix_cache(vllm_engine *engine) {
+    vllm_status status;
+    clear_error();
+    if (engine == NULL) return null_argument(__func__, "engine");
+    if ((status = ensure_runtime()) != VLLM_OK) return status;
+    return glue_engine_reset_prefix_cache(engine_key(engine));
+}

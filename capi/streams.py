@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from _libvllm import ffi, lib
 
 from capi import typed_outputs
+from capi.generation_defaults import apply_generation_config
 from capi.plumbing import (
     FINISH_REASONS,
     EndOfStream,
@@ -151,6 +152,7 @@ def glue_request_submit(key, request_id, prompt, prompt_token_ids, n_prompt_toke
     record = engines.get_live(key)
     loop = record.require_loop("vllm_request_submit")
     rid = text(request_id, "request_id")
+    apply_generation_config(params, record.engine.default_sampling_params)  # since 1.3
     sampling = sampling_params(params)
     times = RequestTimes.for_params(sampling)
     on_output = None if callback == ffi.NULL else _pusher(rid, times, callback, user_data)

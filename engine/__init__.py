@@ -3,4 +3,4 @@
 Module names mirror vllm/v1 so each file traces to its upstream counterpart.
 """
 
-__version__ = "0.1.0"
+__version__ = "1.3.0"  # ABI major.minor (include/vllm.h) + a patch number

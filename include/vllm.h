@@ -66,7 +66,7 @@
 
 /* ABI version: the major changes on any incompatible change (and with it the SONAME). */
 #define VLLM_ABI_VERSION_MAJOR 1
-#define VLLM_ABI_VERSION_MINOR 2
+#define VLLM_ABI_VERSION_MINOR 3
 #define VLLM_ABI_VERSION ((VLLM_ABI_VERSION_MAJOR << 16) | VLLM_ABI_VERSION_MINOR)
 
 #ifdef __cplusplus
@@ -97,8 +97,11 @@ enum vllm_status_code {
                                        vllm_last_error() stays "") */
     VLLM_ERR_INVALID_STATE = 12,    /* since 0.2: not allowed now (e.g. a step while the
                                        background loop runs, a call after shutdown) */
-    VLLM_ERR_CANCELLED = 13         /* since 1.0: the caller stopped it (a progress
+    VLLM_ERR_CANCELLED = 13,        /* since 1.0: the caller stopped it (a progress
                                        callback returned 0) */
+    VLLM_ERR_ENGINE_DEAD = 14       /* since 1.3: the engine's loop failed or its
+                                       engine-core process died (vLLM's EngineDeadError;
+                                       vllm_engine_check_health) */
 };
 
 /* Why a request finished (vllm_request_output.finish_reason). */
@@ -222,6 +225,25 @@ typedef struct vllm_engine_params {
     const char *reasoning_end_str;   /* forced when the budget is spent (may put a
                                         phrase before the parser's end marker); NULL:
                                         the parser's ("</think>") */
+    /* since 1.3: quantization and cache dtypes (vLLM's flags of the same names; an
+     * unknown value fails vllm_engine_create with VLLM_ERR_INVALID_ARGUMENT) */
+    const char *quantization;        /* --quantization: NULL or "": the checkpoint's
+                                        (config.json quantization_config, a GGUF's
+                                        types); "fp8": an unquantized checkpoint's
+                                        linear weights quantized at load (dynamic FP8);
+                                        "compressed-tensors" */
+    const char *kv_cache_dtype;      /* --kv-cache-dtype: NULL or "auto" (the model's
+                                        dtype), "fp8", "fp8_e4m3" (fp8 is e4m3) */
+    const char *mamba_cache_dtype;   /* --mamba-cache-dtype, hybrid models' recurrent
+                                        state (conv and SSM): NULL or "auto" (from the
+                                        model config), "float32", "float16", "bfloat16" */
+    const char *mamba_ssm_cache_dtype; /* --mamba-ssm-cache-dtype, the SSM state only:
+                                        NULL or "auto" (as mamba_cache_dtype), or one of
+                                        its dtypes */
+    const char *mamba_cache_mode;    /* --mamba-cache-mode: NULL (derived: "align" with
+                                        prefix caching, else "none"), "none", "align" */
+    int32_t calculate_kv_scales;     /* --calculate-kv-scales: 1 computes the fp8 KV
+                                        cache's scales from the data; default 0 */
 } vllm_engine_params;
 
 /* What vllm_engine_model_info() reports. */
@@ -245,6 +267,16 @@ typedef struct vllm_model_info {
     const int32_t *eog_token_ids; /* the tokens that end generation (EOS and the model's
                                    generation_config stop tokens); NULL when none */
     size_t n_eog_token_ids;
+    /* since 1.3; the pointers stay valid until the engine is freed */
+    const char *quantization;   /* the weights' format, vLLM's quantization method:
+                                   "fp8", "compressed-tensors" (the engine's
+                                   params.quantization, else config.json's
+                                   quantization_config.quant_method), "gguf:<type>"
+                                   (the GGUF's general.file_type, e.g. "gguf:Q4_K_M");
+                                   NULL: unquantized */
+    const char *kv_cache_dtype; /* the KV cache's dtype: params.kv_cache_dtype ("fp8",
+                                   "fp8_e4m3"), or with "auto" the model's dtype
+                                   ("bfloat16", "float16", "float32") */
 } vllm_model_info;
 
 /* Per-request generation controls (vLLM's SamplingParams; same defaults and checks). */
@@ -310,6 +342,14 @@ typedef struct vllm_sampling_params {
      * ids, each in the vocabulary (copied; may be NULL when n is 0) */
     const int32_t *logprob_token_ids;
     size_t n_logprob_token_ids;
+    /* since 1.3: 1 applies the model's generation_config.json defaults (temperature,
+     * top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty,
+     * max_new_tokens as max_tokens, skip_special_tokens) to each of these fields that
+     * still holds its vllm_sampling_params_init value, as vLLM's OpenAI layer does for
+     * request fields left unset (--generation-config auto: the request's value, else
+     * the model's, else vLLM's). Default 0: vLLM's defaults only (as vLLM's LLM class
+     * given SamplingParams). */
+    int32_t use_generation_config;
 } vllm_sampling_params;
 
 /* One candidate for a generated token (since 1.0). */
@@ -419,9 +459,10 @@ typedef struct vllm_openai_stream vllm_openai_stream;
 /* Version and errors (pure C: these never start the runtime)                 */
 /* ------------------------------------------------------------------------- */
 
-/* The library version, e.g. "0.1.0": the Python package's engine.__version__, the same
- * as pkg-config --modversion libvllm (one source, pyproject.toml). Its ABI is
- * vllm_abi_version(). Static string. */
+/* The library version "MAJOR.MINOR.PATCH" (since 1.3): MAJOR is the ABI major (the
+ * SONAME's), MINOR the ABI minor, PATCH counts releases of that ABI; e.g. "1.3.0".
+ * The Python package's engine.__version__, the same as pkg-config --modversion
+ * libvllm. Its ABI as a number is vllm_abi_version(). Static string. */
 VLLM_API const char *vllm_version(void);
 
 /* The ABI version of the loaded library: (major << 16) | minor. Compare with
@@ -484,6 +525,21 @@ VLLM_API void vllm_engine_free(vllm_engine *engine);
 /* Fills *out (set out->struct_size first). The strings stay valid until the engine
  * is freed. */
 VLLM_API vllm_status vllm_engine_model_info(vllm_engine *engine, vllm_model_info *out);
+
+/* Whether the engine can still run (since 1.3; vLLM's EngineClient.check_health):
+ * VLLM_OK while its background loop (if started) and its engine core (in process, or
+ * the child process of params.multiprocessing) are alive; VLLM_ERR_ENGINE_DEAD with
+ * the reason (vllm_last_error) once the loop failed or the child died (the engine's
+ * other calls then fail too; vllm_engine_free still works). It never waits for a
+ * running step: call it from any thread, e.g. a server's /health. */
+VLLM_API vllm_status vllm_engine_check_health(vllm_engine *engine);
+
+/* Drops the prefix cache: every cached KV block is forgotten, so later prompts are
+ * computed again (vLLM's reset_prefix_cache, e.g. after the weights changed, or to
+ * measure without cache hits). VLLM_OK: reset. VLLM_ERR_INVALID_STATE: not reset,
+ * because running requests hold KV blocks (vLLM returns false); retry once they are
+ * done. Works in both driving modes. Since 1.3. */
+VLLM_API vllm_status vllm_engine_reset_prefix_cache(vllm_engine *engine);
 
 /* The model's metadata key/values (since 1.0; as llama_model_meta_*): a GGUF's
  * key/values in file order, or the top-level keys of a Hugging Face directory's

@@ -63,7 +63,7 @@ def test_header_compiles_strictly(compiler):
 def test_abi_version_matches_header_macros(abi):
     _, lib = abi
     major, minor = abi_version()
-    assert (major, minor) == (1, 2)
+    assert (major, minor) == (1, 3)
     assert lib.vllm_abi_version() == (major << 16) | minor
 
 

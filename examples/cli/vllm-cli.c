@@ -58,6 +58,12 @@ static const char usage_text[] =
     "      --grammar GRAMMAR    constrain answers to a GBNF/EBNF (llama.cpp) or Lark grammar\n"
     "      --grammar-file FILE  the same, read from FILE\n"
     "  -j, --json-schema SCHEMA answers are JSON following this JSON schema\n"
+    "  -q, --quantization Q     fp8 | compressed-tensors (default: the checkpoint's)\n"
+    "      --kv-cache-dtype D   auto (the model's dtype, default) | fp8 | fp8_e4m3\n"
+    "      --calculate-kv-scales  compute the fp8 KV cache's scales from the data\n"
+    "      --mamba-cache-dtype D, --mamba-ssm-cache-dtype D\n"
+    "                           hybrid models' state: auto | float32 | float16 | bfloat16\n"
+    "      --mamba-cache-mode M none | align (default: align with prefix caching)\n"
     "  -h, --help               show this help and exit\n"
     "\n"
     "After each answer, stderr gets a line\n"
@@ -65,25 +71,15 @@ static const char usage_text[] =
     "with X measured from adding the request to its last token.\n";
 
 typedef struct {
-    const char *command;
-    const char *model;
-    const char *prompt;
-    const char *system;
-    long max_tokens;
-    double temperature;
-    double top_p;
-    long top_k;
-    double min_p;
-    double repeat_penalty;
-    double presence_penalty;
-    double frequency_penalty;
+    const char *command, *model, *prompt, *system;
+    long max_tokens, top_k, max_model_len, threads;
+    double temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
     long long seed;
     int has_seed;
-    long max_model_len;
-    long threads;
     const char *grammar;      /* --grammar, or the text of --grammar-file */
     const char *grammar_file;
     const char *json_schema;
+    vllm_engine_params engine; /* the engine flags named as vLLM's (-q, --kv-cache-dtype...) */
 } options;
 
 enum { EXIT_LIBRARY_ERROR = 1, EXIT_USAGE = 2 };
@@ -169,30 +165,39 @@ static void buffer_json_string(buffer *b, const char *s) {
 typedef enum {
     OPT_MODEL, OPT_PROMPT, OPT_SYSTEM, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_P, OPT_TOP_K,
     OPT_MIN_P, OPT_REPEAT_PENALTY, OPT_PRESENCE_PENALTY, OPT_FREQUENCY_PENALTY,
-    OPT_SEED, OPT_MAX_MODEL_LEN, OPT_THREADS, OPT_GRAMMAR, OPT_GRAMMAR_FILE, OPT_JSON_SCHEMA
+    OPT_SEED, OPT_MAX_MODEL_LEN, OPT_THREADS, OPT_GRAMMAR, OPT_GRAMMAR_FILE, OPT_JSON_SCHEMA,
+    OPT_ENGINE_TEXT, OPT_CALCULATE_KV_SCALES
 } option_id;
 
 static const struct {
     const char *short_name, *long_name, *alias;
     option_id id;
+    size_t field; /* OPT_ENGINE_TEXT: the offset of its vllm_engine_params string */
 } flags[] = {
-    {"-m", "--model", NULL, OPT_MODEL},
-    {"-p", "--prompt", NULL, OPT_PROMPT},
-    {"-s", "--system", NULL, OPT_SYSTEM},
-    {"-n", "--max-tokens", NULL, OPT_MAX_TOKENS},
-    {NULL, "--temperature", "--temp", OPT_TEMPERATURE},
-    {NULL, "--top-p", NULL, OPT_TOP_P},
-    {NULL, "--top-k", NULL, OPT_TOP_K},
-    {NULL, "--min-p", NULL, OPT_MIN_P},
-    {NULL, "--repeat-penalty", NULL, OPT_REPEAT_PENALTY},
-    {NULL, "--presence-penalty", NULL, OPT_PRESENCE_PENALTY},
-    {NULL, "--frequency-penalty", NULL, OPT_FREQUENCY_PENALTY},
-    {NULL, "--seed", NULL, OPT_SEED},
-    {NULL, "--max-model-len", NULL, OPT_MAX_MODEL_LEN},
-    {"-t", "--threads", NULL, OPT_THREADS},
-    {NULL, "--grammar", NULL, OPT_GRAMMAR},
-    {NULL, "--grammar-file", NULL, OPT_GRAMMAR_FILE},
-    {"-j", "--json-schema", NULL, OPT_JSON_SCHEMA},
+    {"-m", "--model", NULL, OPT_MODEL, 0},
+    {"-p", "--prompt", NULL, OPT_PROMPT, 0},
+    {"-s", "--system", NULL, OPT_SYSTEM, 0},
+    {"-n", "--max-tokens", NULL, OPT_MAX_TOKENS, 0},
+    {NULL, "--temperature", "--temp", OPT_TEMPERATURE, 0},
+    {NULL, "--top-p", NULL, OPT_TOP_P, 0},
+    {NULL, "--top-k", NULL, OPT_TOP_K, 0},
+    {NULL, "--min-p", NULL, OPT_MIN_P, 0},
+    {NULL, "--repeat-penalty", NULL, OPT_REPEAT_PENALTY, 0},
+    {NULL, "--presence-penalty", NULL, OPT_PRESENCE_PENALTY, 0},
+    {NULL, "--frequency-penalty", NULL, OPT_FREQUENCY_PENALTY, 0},
+    {NULL, "--seed", NULL, OPT_SEED, 0},
+    {NULL, "--max-model-len", NULL, OPT_MAX_MODEL_LEN, 0},
+    {"-t", "--threads", NULL, OPT_THREADS, 0},
+    {NULL, "--grammar", NULL, OPT_GRAMMAR, 0},
+    {NULL, "--grammar-file", NULL, OPT_GRAMMAR_FILE, 0},
+    {"-j", "--json-schema", NULL, OPT_JSON_SCHEMA, 0},
+#define ENGINE_TEXT(field) OPT_ENGINE_TEXT, offsetof(vllm_engine_params, field)
+    {"-q", "--quantization", NULL, ENGINE_TEXT(quantization)},
+    {NULL, "--kv-cache-dtype", NULL, ENGINE_TEXT(kv_cache_dtype)},
+    {NULL, "--mamba-cache-dtype", NULL, ENGINE_TEXT(mamba_cache_dtype)},
+    {NULL, "--mamba-ssm-cache-dtype", NULL, ENGINE_TEXT(mamba_ssm_cache_dtype)},
+    {NULL, "--mamba-cache-mode", NULL, ENGINE_TEXT(mamba_cache_mode)},
+    {NULL, "--calculate-kv-scales", NULL, OPT_CALCULATE_KV_SCALES, 0}, /* takes no value */
 };
 
 static int same(const char *a, const char *b) { return a != NULL && strcmp(a, b) == 0; }
@@ -223,10 +228,17 @@ static int parse_number(const char *text, double *out) {
     return errno != 0 || end == text || *end != '\0' ? -1 : 0;
 }
 
-/* Stores one flag's value; -1 if it is not a valid number. */
-static int set_option(options *o, option_id id, const char *value) {
+/* *out = text as an integer in [min, INT32_MAX]; -1 if it is not one. */
+static int parse_int32(const char *text, long long min, long *out) {
     long long n = 0;
-    switch (id) {
+    if (parse_integer(text, min, INT32_MAX, &n) != 0) return -1;
+    *out = (long)n;
+    return 0;
+}
+
+/* Stores one flag's value; -1 if it is not a valid number. */
+static int set_option(options *o, int flag, const char *value) {
+    switch (flags[flag].id) {
     case OPT_MODEL: o->model = value; return 0;
     case OPT_PROMPT: o->prompt = value; return 0;
     case OPT_SYSTEM: o->system = value; return 0;
@@ -242,22 +254,14 @@ static int set_option(options *o, option_id id, const char *value) {
     case OPT_SEED:
         o->has_seed = 1;
         return parse_integer(value, INT64_MIN, INT64_MAX, &o->seed);
-    case OPT_MAX_TOKENS:
-        if (parse_integer(value, INT32_MIN, INT32_MAX, &n) != 0) return -1;
-        o->max_tokens = (long)n;
+    case OPT_MAX_TOKENS: return parse_int32(value, INT32_MIN, &o->max_tokens);
+    case OPT_TOP_K: return parse_int32(value, INT32_MIN, &o->top_k);
+    case OPT_MAX_MODEL_LEN: return parse_int32(value, 0, &o->max_model_len);
+    case OPT_THREADS: return parse_int32(value, 0, &o->threads);
+    case OPT_ENGINE_TEXT: /* checked by the library: its message names a bad value */
+        *(const char **)(void *)((char *)&o->engine + flags[flag].field) = value;
         return 0;
-    case OPT_TOP_K:
-        if (parse_integer(value, INT32_MIN, INT32_MAX, &n) != 0) return -1;
-        o->top_k = (long)n;
-        return 0;
-    case OPT_MAX_MODEL_LEN:
-        if (parse_integer(value, 0, INT32_MAX, &n) != 0) return -1;
-        o->max_model_len = (long)n;
-        return 0;
-    case OPT_THREADS:
-        if (parse_integer(value, 0, INT32_MAX, &n) != 0) return -1;
-        o->threads = (long)n;
-        return 0;
+    case OPT_CALCULATE_KV_SCALES: o->engine.calculate_kv_scales = 1; return 0;
     }
     return -1;
 }
@@ -267,9 +271,9 @@ static int parse_args(int argc, char **argv, options *o) {
     int i;
     memset(o, 0, sizeof *o);
     o->max_tokens = 256;
-    o->top_p = 1.0;
-    o->repeat_penalty = 1.0;
+    o->top_p = o->repeat_penalty = 1.0;
     o->max_model_len = 2048;
+    vllm_engine_params_init(&o->engine, sizeof o->engine); /* pure C: no runtime yet */
     for (i = 1; i < argc; i++) {
         char name[64];
         const char *arg = argv[i], *value, *eq = strchr(arg, '=');
@@ -285,13 +289,16 @@ static int parse_args(int argc, char **argv, options *o) {
         if (arg[0] != '-') return usage_error("unexpected argument: ", arg);
         snprintf(name, sizeof name, "%.*s", (int)(eq && arg[1] == '-' ? eq - arg : 63), arg);
         if ((flag = find_flag(name)) < 0) return usage_error("unknown option: ", arg);
-        if (eq != NULL && arg[1] == '-')
+        if (flags[flag].id == OPT_CALCULATE_KV_SCALES)
+            value = eq == NULL ? "" : NULL;
+        else if (eq != NULL && arg[1] == '-')
             value = eq + 1;
         else if (i + 1 < argc)
             value = argv[++i];
         else
             return usage_error("missing value for ", arg);
-        if (set_option(o, flags[flag].id, value) != 0)
+        if (value == NULL) return usage_error("takes no value: ", arg);
+        if (set_option(o, flag, value) != 0)
             return usage_error("not a valid number: ", arg);
     }
     if (o->command == NULL) return usage_error("missing command (generate or chat)", "");
@@ -477,7 +484,7 @@ int main(int argc, char **argv) {
             return usage_error("cannot read --grammar-file ", o.grammar_file);
         o.grammar = grammar_text;
     }
-    vllm_engine_params_init(&params, sizeof params);
+    params = o.engine;
     params.max_model_len = (int32_t)o.max_model_len;
     params.n_threads = (int32_t)o.threads;
     if ((status = vllm_engine_create(o.model, &params, &engine)) != VLLM_OK)

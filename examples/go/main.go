@@ -68,6 +68,17 @@ func NewEngine(modelPath string, maxModelLen int32) (*Engine, error) {
 
 func (e *Engine) Close() { C.vllm_engine_free(e.handle) }
 
+// CheckHealth is nil while the engine can run; an error (VLLM_ERR_ENGINE_DEAD and the
+// reason) once its loop failed or its engine-core process died. Since ABI 1.3.
+func (e *Engine) CheckHealth() error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if st := C.vllm_engine_check_health(e.handle); st != C.VLLM_OK {
+		return lastError(st)
+	}
+	return nil
+}
+
 // Generate submits a greedy request and returns a channel of its events; the channel
 // closes after the last one.
 func (e *Engine) Generate(id, prompt string, maxTokens int32) (<-chan Event, error) {
@@ -150,6 +161,10 @@ func run(modelPath, prompt string) int {
 		}
 		fmt.Print(ev.Text)
 		tokens += len(ev.Tokens)
+	}
+	if err := engine.CheckHealth(); err != nil {
+		fmt.Fprintln(os.Stderr, "health:", err)
+		return 1
 	}
 	fmt.Printf("\n[%d tokens]\n", tokens)
 	return 0

@@ -66,6 +66,12 @@ class EngineParams(Structure):
         ("tool_strict_level", c_char_p),  # since 1.1
         ("reasoning_start_str", c_char_p),  # since 1.2
         ("reasoning_end_str", c_char_p),  # since 1.2
+        ("quantization", c_char_p),  # since 1.3
+        ("kv_cache_dtype", c_char_p),  # since 1.3
+        ("mamba_cache_dtype", c_char_p),  # since 1.3
+        ("mamba_ssm_cache_dtype", c_char_p),  # since 1.3
+        ("mamba_cache_mode", c_char_p),  # since 1.3
+        ("calculate_kv_scales", c_int32),  # since 1.3
     ]
 
 
@@ -112,6 +118,7 @@ class SamplingParams(Structure):
         ("thinking_token_budget", c_int32),  # since 1.2
         ("logprob_token_ids", POINTER(c_int32)),  # since 1.2
         ("n_logprob_token_ids", c_size_t),  # since 1.2
+        ("use_generation_config", c_int32),  # since 1.3
     ]
 
 
@@ -175,6 +182,8 @@ def load(path: str | None = None) -> ctypes.CDLL:
         "vllm_engine_free": (None, [engine]),
         "vllm_engine_start_loop": (c_int32, [engine]),
         "vllm_engine_metrics": (c_int32, [engine, POINTER(Metrics)]),
+        "vllm_engine_check_health": (c_int32, [engine]),  # since 1.3
+        "vllm_engine_reset_prefix_cache": (c_int32, [engine]),  # since 1.3
         "vllm_sampling_params_init": (None, [POINTER(SamplingParams), c_size_t]),
         "vllm_request_submit": (c_int32, [engine, c_char_p, c_char_p, POINTER(c_int32),
                                           c_size_t, POINTER(SamplingParams), c_void_p,
@@ -228,6 +237,14 @@ class Engine:
         m = Metrics(struct_size=ctypes.sizeof(Metrics))
         self._check(self.lib.vllm_engine_metrics(self.handle, byref(m)))
         return m
+
+    def healthy(self) -> bool:
+        """vllm_engine_check_health: False once the engine died (since 1.3)."""
+        return self.lib.vllm_engine_check_health(self.handle) == VLLM_OK
+
+    def reset_prefix_cache(self) -> None:
+        """Forget the cached prefixes; raises while running requests hold KV blocks."""
+        self._check(self.lib.vllm_engine_reset_prefix_cache(self.handle))
 
     def close(self) -> None:
         if self.handle:

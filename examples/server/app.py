@@ -52,6 +52,7 @@ STATUS_TO_HTTP = {
     10: (503, "ServiceUnavailableError"),  # VLLM_ERR_TIMEOUT
     12: (503, "ServiceUnavailableError"),  # VLLM_ERR_INVALID_STATE: e.g. shutting down
     13: (503, "ServiceUnavailableError"),  # VLLM_ERR_CANCELLED: a load the caller stopped
+    14: (503, "ServiceUnavailableError"),  # VLLM_ERR_ENGINE_DEAD: vLLM's /health 503
 }
 
 

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 VLLM_OK, VLLM_ERR_TIMEOUT, VLLM_END_OF_STREAM = 0, 10, 11
+VLLM_ERR_ENGINE_DEAD = 14  # since 1.3
 VLLM_OPENAI_DEFER_RESPONSE = 1
 DEFAULT_LIB = Path(__file__).resolve().parents[2] / "build" / "libvllm.so"
 
@@ -42,6 +43,9 @@ class EngineParams(ctypes.Structure):
         ("tensor_parallel_size", _c_int32),  # since 1.0
         ("tool_strict_level", _c_char_p),  # since 1.1
         ("reasoning_start_str", _c_char_p), ("reasoning_end_str", _c_char_p),  # since 1.2
+        ("quantization", _c_char_p), ("kv_cache_dtype", _c_char_p),  # since 1.3
+        ("mamba_cache_dtype", _c_char_p), ("mamba_ssm_cache_dtype", _c_char_p),
+        ("mamba_cache_mode", _c_char_p), ("calculate_kv_scales", _c_int32),
     ]
 
 
@@ -75,6 +79,8 @@ def _signatures(lib: ctypes.CDLL) -> None:
         "vllm_engine_free": (None, [_c_void_p]),
         "vllm_engine_start_loop": (_c_int32, [_c_void_p]),
         "vllm_engine_metrics": (_c_int32, [_c_void_p, ctypes.POINTER(Metrics)]),
+        "vllm_engine_check_health": (_c_int32, [_c_void_p]),  # since 1.3
+        "vllm_engine_reset_prefix_cache": (_c_int32, [_c_void_p]),  # since 1.3
         "vllm_openai_request": (_c_int32, [
             _c_void_p, _c_char_p, _c_char_p, _c_char_p, ctypes.POINTER(_c_int32),
             ctypes.POINTER(_c_void_p), ctypes.POINTER(_c_void_p)]),
@@ -147,6 +153,16 @@ class LibVLLM:
         out = Metrics(struct_size=ctypes.sizeof(Metrics))
         self._check(self.lib.vllm_engine_metrics(self.engine, ctypes.byref(out)))
         return {name: getattr(out, name) for name in METRIC_FIELDS}
+
+    def check_health(self) -> None:
+        """vllm_engine_check_health (since 1.3): raises VllmError (status
+        VLLM_ERR_ENGINE_DEAD with the reason) once the engine died; never waits for a step."""
+        self._check(self.lib.vllm_engine_check_health(self.engine))
+
+    def reset_prefix_cache(self) -> None:
+        """vllm_engine_reset_prefix_cache (since 1.3): VllmError (VLLM_ERR_INVALID_STATE)
+        while running requests hold KV blocks."""
+        self._check(self.lib.vllm_engine_reset_prefix_cache(self.engine))
 
     def openai_request(self, method: str, path: str, body: bytes | bytearray | None,
                        defer: bool = False) -> tuple[int, str | None, int | None]:

@@ -81,6 +81,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tool-strict-level", choices=["auto", "function", "parameter"],
                    help="the floor of strict tool calling (default: the parser's, auto: "
                    "calls constrained when a tool is strict)")
+    p.add_argument("--quantization", "-q", help="fp8 | compressed-tensors; default: the "
+                   "checkpoint's (fp8 on an unquantized checkpoint: dynamic FP8 at load)")
+    p.add_argument("--kv-cache-dtype", help="auto (the model's dtype) | fp8 | fp8_e4m3")
+    p.add_argument("--calculate-kv-scales", action="store_true", default=None,
+                   help="compute the fp8 KV cache's scales from the data")
+    p.add_argument("--mamba-cache-dtype", help="hybrid models' recurrent state: auto | "
+                   "float32 | float16 | bfloat16")
+    p.add_argument("--mamba-ssm-cache-dtype", help="as --mamba-cache-dtype, the SSM state")
+    p.add_argument("--mamba-cache-mode", help="none | align; default: align with prefix "
+                   "caching, else none")
     p.add_argument("--max-num-queued-reqs", "--max-queued-requests", type=int, default=1024,
                    help="requests in flight beyond which new ones get 503 + Retry-After")
     p.add_argument("--shutdown-timeout", type=float, default=0.0,
@@ -124,7 +134,8 @@ def engine_fields(args: argparse.Namespace) -> dict:
              "tokenizer", "structured_outputs_backend", "reasoning_parser", "tool_call_parser",
              "enable_auto_tool_choice", "load_format", "gpu_memory_utilization",
              "skip_tokenizer_init", "tool_strict_level", "reasoning_start_str",
-             "reasoning_end_str")
+             "reasoning_end_str", "quantization", "kv_cache_dtype", "calculate_kv_scales",
+             "mamba_cache_dtype", "mamba_ssm_cache_dtype", "mamba_cache_mode")
     fields = {name: getattr(args, name) for name in names}
     if args.max_num_batched_tokens is None and args.enable_chunked_prefill is not False:
         fields["max_num_batched_tokens"] = 8192  # `vllm serve`'s (the library's: 16384 on H200)

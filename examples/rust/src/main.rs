@@ -28,6 +28,7 @@ fn run(model: &str, prompt: &str) -> Result<(usize, &'static str), vllm::Error> 
                 .unwrap_or("?");
         }
     }
+    engine.check_health()?;
     Ok((tokens, reason))
 }
 

@@ -55,6 +55,12 @@ mod sys {
         pub tool_strict_level: *const c_char, // since 1.1
         pub reasoning_start_str: *const c_char, // since 1.2
         pub reasoning_end_str: *const c_char, // since 1.2
+        pub quantization: *const c_char,        // since 1.3
+        pub kv_cache_dtype: *const c_char,      // since 1.3
+        pub mamba_cache_dtype: *const c_char,   // since 1.3
+        pub mamba_ssm_cache_dtype: *const c_char, // since 1.3
+        pub mamba_cache_mode: *const c_char,    // since 1.3
+        pub calculate_kv_scales: i32,           // since 1.3
     }
 
     #[repr(C)]
@@ -100,6 +106,7 @@ mod sys {
         pub thinking_token_budget: i32,       // since 1.2
         pub logprob_token_ids: *const i32,    // since 1.2
         pub n_logprob_token_ids: usize,       // since 1.2
+        pub use_generation_config: i32,       // since 1.3
     }
 
     #[repr(C)]
@@ -137,6 +144,7 @@ mod sys {
         ) -> vllm_status;
         pub fn vllm_engine_free(engine: *mut vllm_engine);
         pub fn vllm_engine_start_loop(engine: *mut vllm_engine) -> vllm_status;
+        pub fn vllm_engine_check_health(engine: *mut vllm_engine) -> vllm_status; // since 1.3
         pub fn vllm_sampling_params_init(params: *mut vllm_sampling_params, size: usize);
         pub fn vllm_request_submit(
             engine: *mut vllm_engine,
@@ -217,6 +225,12 @@ impl Engine {
         let engine = Engine { handle };
         check(unsafe { sys::vllm_engine_start_loop(engine.handle) })?;
         Ok(engine)
+    }
+
+    /// Ok while the engine can run; the status VLLM_ERR_ENGINE_DEAD and the reason once
+    /// its loop failed or its engine-core process died (since ABI 1.3).
+    pub fn check_health(&self) -> Result<(), Error> {
+        check(unsafe { sys::vllm_engine_check_health(self.handle) })
     }
 
     /// Submits a greedy request; its events are read from the returned `Request`.
