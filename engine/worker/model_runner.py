@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from engine.core.kv_cache_interface import HybridKVCacheConfig
 from engine.core.sched_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
 from engine.errors import InvalidArgumentError
 from engine.layers.attention import Attention, AttentionMetadata, num_leading_decodes
@@ -165,13 +166,15 @@ class ModelRunner:
         if kv_caches is not None:
             self.initialize_kv_cache(kv_caches)
 
-    def initialize_kv_cache(self, kv_caches: list[torch.Tensor]) -> None:
+    def initialize_kv_cache(self, kv_caches: list[torch.Tensor],
+                            hybrid: HybridKVCacheConfig | None = None) -> None:
         """Bind one [2, num_blocks, block_size, nkv, hd] cache per attention layer (vLLM's
-        bind_kv_cache) and size the block table."""
+        bind_kv_cache) and size the block table. A hybrid GDN model passes its
+        HybridKVCacheConfig and the shared raw buffers (engine/worker/mamba_utils.py)."""
         attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.mamba = MambaStateCache.for_model(self.model, self.max_num_reqs, self.device)
-        if self.mamba is not None:  # hybrid: KV caches only for the attention layers
-            kv_caches = kv_caches[:len(attn_layers)]  # (the engine should allocate no more)
+        if hybrid is not None:
+            self.mamba, kv_caches = MambaStateCache.bind(self.model, kv_caches, hybrid,
+                                                         self.max_num_reqs, self.device)
         for layer, cache in zip(attn_layers, kv_caches, strict=True):
             layer.kv_cache = cache
         max_blocks = -(-self.max_model_len // self.block_size) if self.max_model_len \
@@ -197,7 +200,8 @@ class ModelRunner:
                 self.block_table.free_row(old.row)
             sp = new.sampling_params
             if self.mamba is not None:
-                self.mamba.add(new.req_id, new.num_computed_tokens, new.mamba_restore_slot)
+                self.mamba.add(new.req_id, new.state_block_ids, new.num_computed_tokens,
+                               new.mamba_restore_block_ids)
             state = CachedRequestState(
                 new.req_id, list(new.token_ids), sp, self.block_table.add_row(new.block_ids),
                 new.num_computed_tokens,
