@@ -16,8 +16,8 @@ of the sampled token ids (plus logprobs when asked). execute_model_async returns
 it (async scheduling, vLLM's AsyncGPUModelRunnerOutput): the next step can be prepared
 while this one runs; a token still in flight is a -1 placeholder in the request's token
 ids, and the next step's input takes it from the device tensor of sampled ids (vLLM's
-_prepare_input_ids). profile_run is vLLM's profiling forward pass (KV cache sizing,
-engine/worker/gpu_worker.py).
+_prepare_input_ids). A hybrid GDN model's KV and state share one block pool
+(engine/worker/mamba_utils.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.core.kv_cache_interface import HybridKVCacheConfig
 from engine.core.sched_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
 from engine.errors import InvalidArgumentError
 from engine.layers.attention import Attention, AttentionMetadata, num_leading_decodes
@@ -52,7 +51,7 @@ from engine.worker.cudagraph_dispatcher import (
     CUDAGraphMode,
 )
 from engine.worker.input_batch import BlockTable, CpuGpuBuffer
-from engine.worker.mamba_utils import MambaStateCache
+from engine.worker.mamba_utils import HybridKVCacheConfig, MambaStateCache
 
 _PROMPT_LOGITS_ROWS = 512  # prompt positions per logits matmul (bounds [rows, vocab] memory)
 PAD_SLOT_ID = -1  # slot of a padding token: the cache kernel skips it
@@ -169,8 +168,7 @@ class ModelRunner:
     def initialize_kv_cache(self, kv_caches: list[torch.Tensor],
                             hybrid: HybridKVCacheConfig | None = None) -> None:
         """Bind one [2, num_blocks, block_size, nkv, hd] cache per attention layer (vLLM's
-        bind_kv_cache) and size the block table. A hybrid GDN model passes its
-        HybridKVCacheConfig and the shared raw buffers (engine/worker/mamba_utils.py)."""
+        bind_kv_cache; hybrid: views of the pool's raw buffers) and size the block table."""
         attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         if hybrid is not None:
             self.mamba, kv_caches = MambaStateCache.bind(self.model, kv_caches, hybrid,
