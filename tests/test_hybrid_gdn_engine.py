@@ -165,6 +165,22 @@ def test_prefix_caching_align_mode_hits_and_matches(model_dir):
     assert _run(chunked, prompts[2:3], cached) == ref[2:3] and cached == [16]
 
 
+def test_cache_mode_dtypes_and_block_size_resolved(model_dir):
+    """vLLM's MambaModelConfig: prefix caching off -> mamba_cache_mode "none" (even if
+    "align" was asked), no saved states; mamba_ssm_cache_dtype / mamba_cache_dtype pick the
+    state dtypes; the raised block size reaches the front end (EngineCoreReady)."""
+    path, prompts, ref = model_dir
+    engine = _engine(path, mamba_cache_mode="align", mamba_ssm_cache_dtype="bfloat16")
+    assert engine.config.mamba_cache_mode == "none" and engine.scheduler.mamba_align is None
+    assert engine.config.block_size == 16 and engine.engine_core.ready.block_size == 16
+    layer = engine.model_runner.mamba.layers[0]
+    assert (layer.conv_state.dtype, layer.ssm_state.dtype) == (torch.float32, torch.bfloat16)
+    assert len(_run(engine, prompts[:1])[0]) == MAX_TOKENS
+    engine = _engine(path, mamba_cache_dtype="bfloat16")
+    layer = engine.model_runner.mamba.layers[0]
+    assert (layer.conv_state.dtype, layer.ssm_state.dtype) == (torch.bfloat16, torch.bfloat16)
+
+
 def test_prefix_cache_hit_without_state_is_an_error(model_dir):
     path, prompts, _ = model_dir
     engine = _engine(path, enable_prefix_caching=True)

@@ -16,6 +16,7 @@ from test_scheduler import create_requests, mock_output
 
 from engine.config import EngineConfig
 from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.kv_cache_utils import get_num_kv_blocks
 from engine.core.scheduler import Scheduler
 from engine.errors import OutOfResourcesError
 from engine.request import RequestStatus
@@ -107,3 +108,11 @@ def test_request_that_cannot_fit_with_its_state_is_refused():
     (req,) = create_requests(1, num_tokens=64, max_tokens=1)
     with pytest.raises(OutOfResourcesError, match="needs 4 KV cache blocks .* has 2 blocks"):
         sched.add_request(req)
+
+
+def test_start_up_needs_one_full_request_with_its_states():
+    """vLLM's _check_enough_kv_cache_memory with the state blocks: max_model_len 256 in
+    16-token blocks is 16 KV blocks, + 3 state blocks + the null block = 20."""
+    assert get_num_kv_blocks(20 * 100, 100, 16, 256, state_blocks=GROUPS) == 20
+    with pytest.raises(OutOfResourcesError, match="max seq len"):
+        get_num_kv_blocks(19 * 100, 100, 16, 256, state_blocks=GROUPS)
