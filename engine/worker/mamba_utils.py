@@ -15,7 +15,8 @@ presented as [2, num_blocks, block_size, nkv, hd] with strides), GDN layer t of 
 sees conv_state then ssm_state at the page's start ([num_blocks, K-1, conv_dim] and
 [num_blocks, Hv, dv, dk], block stride one page). A request's state blocks are zeroed
 when it is scheduled new (first time, or resumed after preemption: recomputed), or start
-as a copy of the saved state blocks its prefix hit names (align mode); after a step the
+as a copy of the saved state blocks its prefix hit names (align mode), batched per step
+before the forward pass (build_metadata); after a step the
 states the scheduler asks for (SchedulerOutput.mamba_saves) are copied into blocks that
 become cached. Block 0 is the pool's null block: padding rows' state index.
 """
@@ -37,6 +38,7 @@ from engine.core.kv_cache_utils import group_hybrid_layers
 from engine.errors import InvalidArgumentError, ModelLoadError
 from engine.layers.gdn import GatedDeltaNetAttention, GDNMetadata
 from engine.models.config import ModelArchConfig
+from engine.sample.ops.torch_utils import async_tensor_h2d
 from engine.worker.input_batch import CpuGpuBuffer
 
 NULL_BLOCK = 0
@@ -135,6 +137,9 @@ class MambaStateCache:
                               for _ in groups]
         self.has_initial_state = CpuGpuBuffer(max_num_reqs, dtype=torch.bool, device=device)
         self.blocks_of: dict[str, list[int]] = {}  # req_id -> its state block per group
+        # new requests' state blocks to zero / (saved blocks, own blocks) to copy
+        self._pending_zeros: list[list[int]] = []
+        self._pending_copies: list[tuple[list[int], list[int]]] = []
 
     @classmethod
     def bind(cls, model: nn.Module, buffers: list[torch.Tensor],
@@ -161,33 +166,47 @@ class MambaStateCache:
 
     def add(self, req_id: str, state_block_ids: list[int], num_computed_tokens: int,
             restore_block_ids: list[int] | None = None) -> None:
-        """A request scheduled new: its state blocks zeroed, or copies of the saved state
-        blocks its prefix hit starts from."""
+        """A request scheduled new: its state blocks are zeroed, or start as copies of the
+        saved state blocks its prefix hit names (done with the step's next metadata)."""
         if num_computed_tokens and restore_block_ids is None:
             raise InvalidArgumentError(
                 f"request {req_id!r} starts at token {num_computed_tokens} without a saved "
                 "Gated DeltaNet state: prefix caching of hybrid models needs "
                 "mamba_cache_mode align")
         self.blocks_of[req_id] = state_block_ids
+        if num_computed_tokens:
+            self._pending_copies.append((restore_block_ids, state_block_ids))
+        else:
+            self._pending_zeros.append(state_block_ids)
+
+    def _init_new_states(self) -> None:
+        """The new requests' state blocks, zeroed or copied: one indexed op per layer and
+        tensor (pinned, non-blocking index copies: no host sync)."""
         for j, group in enumerate(self.groups):
-            dst = state_block_ids[j]
-            for layer in group:
-                if num_computed_tokens:
-                    src = restore_block_ids[j]
-                    layer.conv_state[dst].copy_(layer.conv_state[src])
-                    layer.ssm_state[dst].copy_(layer.ssm_state[src])
-                else:
-                    layer.conv_state[dst].zero_()
-                    layer.ssm_state[dst].zero_()
+            if self._pending_zeros:
+                idx = async_tensor_h2d([b[j] for b in self._pending_zeros], torch.long,
+                                       self.device)
+                for layer in group:
+                    layer.conv_state[idx] = 0
+                    layer.ssm_state[idx] = 0
+            if self._pending_copies:
+                self._copy(group, [s[j] for s, _ in self._pending_copies],
+                           [d[j] for _, d in self._pending_copies])
+        self._pending_zeros, self._pending_copies = [], []
+
+    def _copy(self, group: list[GatedDeltaNetAttention], src: list[int], dst: list[int]
+              ) -> None:
+        src_t = async_tensor_h2d(src, torch.long, self.device)
+        dst_t = async_tensor_h2d(dst, torch.long, self.device)
+        for layer in group:
+            layer.conv_state[dst_t] = layer.conv_state[src_t]
+            layer.ssm_state[dst_t] = layer.ssm_state[src_t]
 
     def save(self, saves: list[tuple[str, list[int]]]) -> None:
         """Copy the listed requests' states into the named blocks (after a step)."""
         for j, group in enumerate(self.groups):
-            src = torch.tensor([self.blocks_of[r][j] for r, _ in saves], device=self.device)
-            dst = torch.tensor([blocks[j] for _, blocks in saves], device=self.device)
-            for layer in group:
-                layer.conv_state[dst] = layer.conv_state[src]
-                layer.ssm_state[dst] = layer.ssm_state[src]
+            self._copy(group, [self.blocks_of[r][j] for r, _ in saves],
+                       [blocks[j] for _, blocks in saves])
 
     def free(self, req_id: str) -> None:
         self.blocks_of.pop(req_id, None)
@@ -198,7 +217,9 @@ class MambaStateCache:
                        ) -> list[GDNMetadata]:
         """This step's GDN metadata per group (decode rows and prefill chunks alike) over
         `rows` rows (a padded decode graph's size; the rows past the requests are
-        padding). query_start_loc_t is the runner's device copy ([rows + 1] int32)."""
+        padding). query_start_loc_t is the runner's device copy ([rows + 1] int32). The
+        states of requests added since the last call are initialised first."""
+        self._init_new_states()
         n = len(req_ids)
         rows = rows or n
         init = [c > 0 for c in num_computed]
