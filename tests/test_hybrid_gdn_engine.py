@@ -216,6 +216,20 @@ def test_cuda_eager_and_decode_graphs(model_dir, prefill_backend, monkeypatch):
             assert got[0] == ref
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_small_pool_preempts_under_async_scheduling(model_dir):
+    """On CUDA with async scheduling and CUDA graphs: a pool of 10 blocks preempts, state
+    blocks are handed to new requests while the step before is still queued, and the
+    fp32 greedy tokens stay transformers'; every block comes back."""
+    path, prompts, ref = model_dir
+    engine = _engine(path, device="cuda", kv_cache_memory_bytes=10 * 2 * 4096,
+                     async_scheduling=True, max_num_batched_tokens=8)
+    assert _run(engine, prompts) == ref
+    assert engine.scheduler.num_preemptions > 0
+    _assert_slots_back(engine, prompts[1])
+
+
 def test_triton_path_through_the_engine(kernel_model_dir, monkeypatch):
     """The GDN layers' Triton kernels (under TRITON_INTERPRET on CPU) through the engine:
     batched, chunked (8-token chunks, mixed prefill + decode steps), prefix-cached. One
