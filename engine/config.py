@@ -219,14 +219,14 @@ class EngineConfig:
                 f"be greater than the max_model_len ({max_model_len}).")
 
 
-def batch_defaults(device_name: str, device_memory: int, hybrid: bool) -> tuple[int, int]:
+def batch_defaults(device_name: str, device_memory: int) -> tuple[int, int]:
     """(max_num_seqs, max_num_batched_tokens with chunked prefill): vLLM's
     get_batch_defaults for its LLM class (vllm/engine/arg_utils.py): (1024, 16384) on a
     GPU of at least 70 GiB that is not an A100 (H100, H200), else (256, 8192), the CPU
-    too (`vllm serve` takes 8192 tokens on the large GPUs: examples/server passes it). A
-    hybrid GDN model keeps (256, 8192): every seat holds a recurrent-state slot, and on
-    the H200 256 slots of Qwen3.5-27B already leave no memory for KV blocks
-    (docs/BENCHMARKS.md, session 6)."""
-    if hybrid or device_memory < 70 << 30 or "a100" in device_name.lower():
+    too (`vllm serve` takes 8192 tokens on the large GPUs: examples/server passes it).
+    Hybrid GDN models get the same: their recurrent state comes out of the KV block pool
+    (one state block per running request and group), so the pool, not the seat count,
+    limits how many run (docs/hybrid-gdn.md)."""
+    if device_memory < 70 << 30 or "a100" in device_name.lower():
         return 256, 8192
     return 1024, 16384

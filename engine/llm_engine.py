@@ -56,6 +56,7 @@ class LLMEngine:
         config.max_num_batched_tokens = ready.max_num_batched_tokens
         config.max_num_seqs = ready.max_num_seqs
         config.async_scheduling = ready.async_scheduling
+        config.block_size = ready.block_size  # a hybrid GDN model's is raised
         self.max_model_len = ready.max_model_len
         self.cudagraph_capture_time_s = ready.cudagraph_capture_time_s
         self.memory_profile = ready.memory_profile  # bytes (CUDA), as the core measured

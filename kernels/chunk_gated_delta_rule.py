@@ -157,7 +157,8 @@ def _chunk_wy_fwd_kernel(k_ptr, v_ptr, g_ptr, b_ptr, alog_ptr, dtb_ptr, qsl_ptr,
 @cached_launch
 @triton.jit
 def _chunk_fwd_h_o_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, o_ptr, s_ptr, qsl_ptr, idx_ptr,
-                          init_ptr, scale, stride_q, stride_k, stride_o, L2NORM: tl.constexpr,
+                          init_ptr, scale, stride_q, stride_k, stride_o, stride_s: tl.int64,
+                          L2NORM: tl.constexpr,
                           HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
                           DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           BT: tl.constexpr, DOT_PREC: tl.constexpr):
@@ -177,7 +178,7 @@ def _chunk_fwd_h_o_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, o_ptr, s_ptr, qsl_
     mv = ov < DV
     DT = k_ptr.dtype.element_ty
     # state tile h [BK, BV] = S^T of the slot's [dv, dk] rows (fp32 while in registers)
-    s_off = s_ptr + (slot * HV + hv) * DV * DK + ov[None, :] * DK + ok[:, None]
+    s_off = s_ptr + slot * stride_s + hv * DV * DK + ov[None, :] * DK + ok[:, None]
     dv_init = tl.where((tl.load(init_ptr + n).to(tl.int32) != 0) & (slot >= 0), DV, 0)
     h = tl.load(s_off, mask=mk[:, None] & (ov < dv_init)[None, :], other=0.0).to(tl.float32)
     causal = ot[:, None] >= ot[None, :]
@@ -280,6 +281,7 @@ def _launch(q, k, v, g, beta, A_log, dt_bias, ssm_states, query_start_loc, state
     _chunk_fwd_h_o_kernel[(triton.cdiv(DV, BV), N * HV)](
         q, k, w, u, gc, o, ssm_states, query_start_loc, state_indices,
         has_initial_state, DK ** -0.5, q.stride(0), k.stride(0), o.stride(0),
-        L2NORM=l2norm, HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV, BT=BT, DOT_PREC=prec,
+        ssm_states.stride(0), L2NORM=l2norm, HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV, BT=BT,
+        DOT_PREC=prec,
         num_warps=8, num_stages=1 if k.dtype == torch.float32 else 2)
     return o

@@ -141,7 +141,8 @@ def gdn_gates(a, b, alog_ptr, dtb_ptr, hv):
 def _fused_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, s_ptr, qsl_ptr, idx_ptr,
                             init_ptr, alog_ptr, dtb_ptr, scale, num_seqs, num_tokens, stride_q,
                             stride_k, stride_v, stride_o, stride_g, stride_b,
-                            GATING: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr,
+                            stride_s: tl.int64, GATING: tl.constexpr, HK: tl.constexpr,
+                            HV: tl.constexpr,
                             DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
                             BV: tl.constexpr, L2NORM: tl.constexpr, ZERO_FILL: tl.constexpr,
                             USE_PDL: tl.constexpr):
@@ -160,7 +161,7 @@ def _fused_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, o_ptr, s_ptr, qsl
     ov = i_v * BV + tl.arange(0, BV)
     mk = ok < DK
     mv = ov < DV
-    s_off = s_ptr + (slot * HV + hv) * DV * DK + ov[:, None] * DK + ok[None, :]
+    s_off = s_ptr + slot * stride_s + hv * DV * DK + ov[:, None] * DK + ok[None, :]
     # scalar conditions folded into vector bounds (the interpreter rejects scalar masks)
     dv_init = tl.where((tl.load(init_ptr + n).to(tl.int32) != 0) & (slot >= 0), DV, 0)
     h = tl.load(s_off, mask=(ov < dv_init)[:, None] & mk[None, :], other=0.0).to(tl.float32)
@@ -231,15 +232,16 @@ def check_gdn_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                      beta: torch.Tensor, ssm_states: torch.Tensor) -> None:
     """The layouts both GDN kernels (this recurrent one, kernels/chunk_gated_delta_rule.py)
     take: q, k [T, Hk, dk] and v [T, Hv, dv] with contiguous heads, Hv a multiple of Hk,
-    contiguous ssm_states [slots, Hv, dv, dk], gates with contiguous rows."""
+    ssm_states [slots, Hv, dv, dk] contiguous within a slot (any slot stride: the state
+    may be a view of a block pool), gates with contiguous rows."""
     HK, DK = k.shape[1:]
     HV, DV = v.shape[1:]
     check(HV % HK == 0, lambda: f"value heads {HV} must be a multiple of key heads {HK}")
     check(q.shape == k.shape and all(x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]
                                      for x in (q, k, v)), "q/k/v need [T, H, d] with "
           "contiguous heads")
-    check(ssm_states.shape[1:] == (HV, DV, DK) and ssm_states.is_contiguous(),
-          lambda: f"ssm_states must be contiguous [slots, {HV}, {DV}, {DK}]")
+    check(ssm_states.shape[1:] == (HV, DV, DK) and ssm_states[0].is_contiguous(),
+          lambda: f"ssm_states must be [slots, {HV}, {DV}, {DK}], contiguous in a slot")
     check(g.stride(-1) == 1 and beta.stride(-1) == 1, "gates need contiguous rows")
 
 
@@ -264,7 +266,8 @@ def _launch(q, k, v, g, beta, A_log, dt_bias, ssm_states, query_start_loc, state
     _fused_recurrent_kernel[(cdiv(DV, BV), N * HV)](
         q, k, v, g, beta, o, ssm_states, query_start_loc, state_indices, has_initial_state,
         A_log if gating else g, dt_bias if gating else g, DK ** -0.5, N, T, q.stride(0),
-        k.stride(0), v.stride(0), o.stride(0), g.stride(0), beta.stride(0), GATING=gating,
+        k.stride(0), v.stride(0), o.stride(0), g.stride(0), beta.stride(0),
+        ssm_states.stride(0), GATING=gating,
         HK=HK, HV=HV, DK=DK, DV=DV, BK=BK, BV=BV, L2NORM=l2norm, ZERO_FILL=out is None,
         **pdl_launch(v))
     return o

@@ -97,6 +97,7 @@ def reshape_and_cache_ref(
     key, value [T, nkv, hd] copied into kv_cache [2, num_blocks, block_size, nkv, hd]."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    flat = kv_cache.view(2, -1, *kv_cache.shape[3:])  # [2, num_slots, nkv, hd]
-    flat[0].index_copy_(0, slots, key[keep].to(kv_cache.dtype))
-    flat[1].index_copy_(0, slots, value[keep].to(kv_cache.dtype))
+    # by block and offset: the cache may be a strided view of a block pool
+    blocks, offsets = slots // kv_cache.shape[2], slots % kv_cache.shape[2]
+    kv_cache[0, blocks, offsets] = key[keep].to(kv_cache.dtype)
+    kv_cache[1, blocks, offsets] = value[keep].to(kv_cache.dtype)

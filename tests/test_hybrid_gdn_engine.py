@@ -1,14 +1,17 @@
 """Hybrid GDN models through LLMEngine (CPU): the same prompts batched, alone, with
 chunked prefill (chunks smaller than a prompt) and under preemption give transformers'
-greedy tokens; state slots return to the pool after finish, abort and preemption.
+greedy tokens; state blocks return to the block pool after finish, abort and preemption.
 
 Mirrors vLLM 0.33 tests/models/language/generation/test_hybrid.py (batching, chunked
 prefill) and tests/v1/core/test_single_type_kv_cache_manager.py (test_mamba_* freeing)
 on the tiny random Qwen3-Next / Qwen3.5 models of test_models_hybrid_gdn.py. With prefix
 caching off the state is vLLM's mamba_cache_mode "none"; with it on, "align" mode
-(engine/core/mamba_align.py): hits come from saved GDN state snapshots (vLLM
+(engine/core/mamba_align.py): hits come from saved GDN state blocks (vLLM
 tests/v1/core/test_prefix_caching.py test_prefill_hybrid_model_mamba_align and
 tests/v1/e2e/general/test_mamba_prefix_cache.py: same tokens, cache hits counted).
+The tiny models' state page (3,200 bytes in fp32) raises the attention block size from 8
+to 16 tokens (a 4,096-byte page: 16 tokens x 2 kv heads x 16 x 2 x 4 bytes), so hits come
+in 16-token blocks.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from engine.config import EngineConfig
 from engine.errors import InvalidArgumentError
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from engine.worker.mamba_utils import setup_hybrid_prefix_caching
 
 pytest.importorskip("transformers")
 
@@ -91,14 +93,17 @@ def _run(engine: LLMEngine, prompts: list[list[int]], cached: list[int] | None =
 
 
 def _assert_slots_back(engine: LLMEngine, prompt: list[int]) -> None:
-    """The runner hears of finished requests with the next step: run one more request,
-    then only it may hold a slot."""
+    """Run one more request to its end; then no request holds a state block, every block
+    but the null one is free (prefix caching off), and the runner, which hears of
+    finished requests with the next step, knows at most that last one."""
     engine.add_request("last", prompt, SamplingParams(temperature=0.0, max_tokens=2))
     while engine.has_unfinished_requests():
         engine.step()
-    mamba = engine.model_runner.mamba
-    assert set(mamba.slot_of) <= {"last"}
-    assert len(mamba.slot_of) + len(mamba.free_slots) == 4
+    kv = engine.scheduler.kv_cache_manager
+    assert len(kv.mamba_managers) == 3  # 6 GDN layers in groups of 2 (2 attention layers)
+    assert all(not m.req_to_block for m in kv.mamba_managers)
+    assert kv.block_pool.get_num_free_blocks() == kv.block_pool.num_gpu_blocks - 1
+    assert set(engine.model_runner.mamba.blocks_of) <= {"last"}
 
 
 def test_batched_and_alone_match_transformers(model_dir):
@@ -119,7 +124,7 @@ def test_preemption_matches_and_frees_state(model_dir, async_scheduling):
     """Preemption (recompute) with chunked prefill; also under async scheduling, where a
     freed slot is handed out while the step before is still queued."""
     path, prompts, ref = model_dir
-    block_bytes = 2 * 2 * 8 * 2 * 16 * 4  # attention layers * block * kv heads * hd * fp32
+    block_bytes = 2 * 4096  # a block id: one 4,096-byte page in each of the 2 buffers
     engine = _engine(path, kv_cache_memory_bytes=10 * block_bytes,
                      async_scheduling=async_scheduling, max_num_batched_tokens=8)
     assert _run(engine, prompts) == ref
@@ -132,40 +137,56 @@ def test_abort_frees_state(model_dir):
     engine = _engine(path)
     engine.add_request("a", prompts[0], SamplingParams(temperature=0.0, max_tokens=50))
     engine.step()
-    assert "a" in engine.model_runner.mamba.slot_of
+    assert "a" in engine.model_runner.mamba.blocks_of
+    assert all("a" in m.req_to_block for m in engine.scheduler.kv_cache_manager.mamba_managers)
     engine.abort_request("a")
     _assert_slots_back(engine, prompts[1])
 
 
 def test_prefix_caching_align_mode_hits_and_matches(model_dir):
     path, prompts, ref = model_dir
-    engine = _engine(path, enable_prefix_caching=True)
-    setup_hybrid_prefix_caching(engine.model_runner, engine.scheduler, 8)
+    pool = 64 * 2 * 4096  # 64 blocks: the 4 prompts' saved states outlive the run
+    engine = _engine(path, enable_prefix_caching=True, kv_cache_memory_bytes=pool)
+    assert engine.config.mamba_cache_mode == "align" and engine.config.block_size == 16
     cached: list[int] = []
     assert _run(engine, prompts, cached) == ref
     assert cached == [0, 0, 0, 0]
     # again: each prompt's state was saved at its last full block boundary
     assert _run(engine, prompts, cached) == ref
-    assert cached == [16, 8, 24, 8]
-    # a shared prefix (prompt 2's first 3 blocks) followed by other tokens
-    other = prompts[2][:24] + prompts[0][:5]
+    assert cached == [16, 0, 16, 0]
+    # a shared prefix (prompt 2's first block and 4 more tokens) followed by other tokens
+    other = prompts[2][:20] + prompts[0][:5]
     want = _run(_engine(path, enable_prefix_caching=False), [other])
-    assert _run(engine, [other], cached) == want and cached == [24]
+    assert _run(engine, [other], cached) == want and cached == [16]
     # chunked prefill (8-token chunks): states kept at every block boundary
-    chunked = _engine(path, enable_prefix_caching=True, max_num_batched_tokens=8)
-    setup_hybrid_prefix_caching(chunked.model_runner, chunked.scheduler, 8)
+    chunked = _engine(path, enable_prefix_caching=True, max_num_batched_tokens=8,
+                      kv_cache_memory_bytes=pool)
     assert _run(chunked, prompts[2:3]) == ref[2:3]
-    assert _run(chunked, prompts[2:3], cached) == ref[2:3] and cached == [24]
-    # prefill states after 8, 16 and 24 tokens, a decode-time one after 32 (the last free slot)
-    assert len(chunked.scheduler.mamba_align.slot_of) == 4
+    assert _run(chunked, prompts[2:3], cached) == ref[2:3] and cached == [16]
+
+
+def test_cache_mode_dtypes_and_block_size_resolved(model_dir):
+    """vLLM's MambaModelConfig: prefix caching off -> mamba_cache_mode "none" (even if
+    "align" was asked), no saved states; mamba_ssm_cache_dtype / mamba_cache_dtype pick the
+    state dtypes; the raised block size reaches the front end (EngineCoreReady)."""
+    path, prompts, ref = model_dir
+    engine = _engine(path, mamba_cache_mode="align", mamba_ssm_cache_dtype="bfloat16")
+    assert engine.config.mamba_cache_mode == "none" and engine.scheduler.mamba_align is None
+    assert engine.config.block_size == 16 and engine.engine_core.ready.block_size == 16
+    layer = engine.model_runner.mamba.layers[0]
+    assert (layer.conv_state.dtype, layer.ssm_state.dtype) == (torch.float32, torch.bfloat16)
+    assert len(_run(engine, prompts[:1])[0]) == MAX_TOKENS
+    engine = _engine(path, mamba_cache_dtype="bfloat16")
+    layer = engine.model_runner.mamba.layers[0]
+    assert (layer.conv_state.dtype, layer.ssm_state.dtype) == (torch.bfloat16, torch.bfloat16)
 
 
 def test_prefix_cache_hit_without_state_is_an_error(model_dir):
     path, prompts, _ = model_dir
     engine = _engine(path, enable_prefix_caching=True)
-    engine.scheduler.mamba_align = None  # mamba_cache_mode "none": no state snapshots
+    engine.scheduler.mamba_align = None  # prefix caching without saved states
     _run(engine, [prompts[2]])
-    with pytest.raises(InvalidArgumentError, match="enable_prefix_caching"):
+    with pytest.raises(InvalidArgumentError, match="mamba_cache_mode align"):
         _run(engine, [prompts[2]])
 
 
@@ -187,13 +208,26 @@ def test_cuda_eager_and_decode_graphs(model_dir, prefill_backend, monkeypatch):
             engine = _engine(path, device="cuda", dtype=dtype, enforce_eager=eager,
                              enable_prefix_caching=True,
                              kv_cache_memory_bytes=64 << 20)  # engines live side by side
-            setup_hybrid_prefix_caching(engine.model_runner, engine.scheduler, 8)
             assert (engine.model_runner.cudagraphs is None) == eager
             got.append(_run(engine, prompts))
             assert _run(engine, prompts) == got[-1]  # cache hits, same tokens
         assert got[0] == got[1]
         if dtype == "float32":
             assert got[0] == ref
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_small_pool_preempts_under_async_scheduling(model_dir):
+    """On CUDA with async scheduling and CUDA graphs: a pool of 10 blocks preempts, state
+    blocks are handed to new requests while the step before is still queued, and the
+    fp32 greedy tokens stay transformers'; every block comes back."""
+    path, prompts, ref = model_dir
+    engine = _engine(path, device="cuda", kv_cache_memory_bytes=10 * 2 * 4096,
+                     async_scheduling=True, max_num_batched_tokens=8)
+    assert _run(engine, prompts) == ref
+    assert engine.scheduler.num_preemptions > 0
+    _assert_slots_back(engine, prompts[1])
 
 
 def test_triton_path_through_the_engine(kernel_model_dir, monkeypatch):
@@ -211,10 +245,9 @@ def test_triton_path_through_the_engine(kernel_model_dir, monkeypatch):
     path, prompts, ref = kernel_model_dir
     want = ref[:3]
     engine = _engine(path, enable_prefix_caching=True, max_num_batched_tokens=16)
-    setup_hybrid_prefix_caching(engine.model_runner, engine.scheduler, 8)
     assert _run(engine, prompts[:3], max_tokens=KERNEL_TOKENS) == want
     cached: list[int] = []
-    assert _run(engine, prompts[:3], cached, KERNEL_TOKENS) == want and cached[2] == 24
+    assert _run(engine, prompts[:3], cached, KERNEL_TOKENS) == want and cached[2] == 16
 
 
 def test_chunked_prefill_kernels_through_the_engine(kernel_model_dir, monkeypatch):

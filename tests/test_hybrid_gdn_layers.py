@@ -99,7 +99,7 @@ def test_gdn_decode_kernel_path_equals_torch(monkeypatch) -> None:
     outs, states = {}, {}
     for kernels in (False, True):
         monkeypatch.setattr(gdn, "use_kernels", lambda x, on=kernels: on)
-        layer.conv_state, layer.ssm_state = conv0.clone(), ssm0.clone()
+        layer.conv_state, layer.ssm_state = _pooled(conv0, ssm0)
         torch.manual_seed(3)
         steps = []
         for init in ([True, False], [True, True]):
@@ -115,8 +115,25 @@ def test_gdn_decode_kernel_path_equals_torch(monkeypatch) -> None:
 
 def _md(g: gdn.GDNMetadata) -> AttentionMetadata:
     md = _attn_md([1] * len(g.state_indices), [0] * len(g.state_indices))
-    md.gdn = g
+    md.gdn = [g]  # one KV cache group of GDN layers (the layer's state_group 0)
     return md
+
+
+def _pooled(conv0: torch.Tensor, ssm0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copies of the states as views of a block pool (engine/worker/mamba_utils.py): one
+    padded page a slot, conv then SSM state, so the slot stride exceeds a state's size."""
+    from engine.core.kv_cache_interface import MambaSpec
+    from engine.worker.mamba_utils import state_views
+
+    shapes = (tuple(conv0.shape[1:]), tuple(ssm0.shape[1:]))
+    raw = MambaSpec(shapes, (conv0.dtype, ssm0.dtype)).page_size_bytes
+    spec = MambaSpec(shapes, (conv0.dtype, ssm0.dtype), page_size_padded=raw + 256)
+    buf = torch.zeros(conv0.shape[0] * spec.page_size_bytes, dtype=torch.int8,
+                      device=conv0.device)
+    conv, ssm = state_views(buf, spec, conv0.shape[0])
+    conv.copy_(conv0)
+    ssm.copy_(ssm0)
+    return conv, ssm
 
 
 def test_gdn_mixed_chunked_prefill_and_decode_equals_torch(monkeypatch) -> None:
@@ -142,7 +159,7 @@ def test_gdn_mixed_chunked_prefill_and_decode_equals_torch(monkeypatch) -> None:
     outs, states = {}, {}
     for kernels in (False, True):
         monkeypatch.setattr(gdn, "use_kernels", lambda x, on=kernels: on)
-        layer.conv_state, layer.ssm_state = conv0.clone(), ssm0.clone()
+        layer.conv_state, layer.ssm_state = _pooled(conv0, ssm0)
         rows = 3 if kernels else 2  # the torch path takes no padding rows
         qsl, slots, init = [0, 70, 71, 72], [1, 2, 0], [True, True, False]
         g = gdn.GDNMetadata(qsl[:3], slots[:2], init[:2], 70,

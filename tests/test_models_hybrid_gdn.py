@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -24,6 +25,10 @@ if not torch.cuda.is_available():  # before kernels/ are imported: the Triton pa
 
 from engine.layers.attention import AttentionMetadata  # noqa: E402
 from engine.model_loader import load_model  # noqa: E402
+from engine.worker.mamba_utils import (  # noqa: E402
+    allocate_hybrid_kv_cache,
+    hybrid_kv_cache_config,
+)
 from engine.worker.model_runner import ModelRunner  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
@@ -71,23 +76,28 @@ def pair(request, tmp_path_factory):
 
 
 class OneRequest:
-    """Drives our model for one request: paged KV for attention layers, one state slot."""
+    """Drives our model for one request: the hybrid block pool (engine/worker/mamba_utils.py)
+    with paged KV for attention layers and one state block per GDN group."""
 
     def __init__(self, model, cfg, max_len: int) -> None:
-        nblocks = math.ceil(max_len / BLOCK)
-        kv = [torch.zeros(2, nblocks + 1, BLOCK, cfg.num_key_value_heads, cfg.head_dim)
-              for _ in range(cfg.num_hidden_layers)]
-        self.runner = ModelRunner(model, kv, torch.device("cpu"), BLOCK, max_num_reqs=2)
-        self.runner.mamba.add("r", 0)
+        cpu = torch.device("cpu")
+        hybrid = hybrid_kv_cache_config(cfg, next(model.parameters()).dtype, BLOCK)
+        self.block = bs = hybrid.attn_spec.block_size  # raised: a page holds a state
+        nblocks = math.ceil(max_len / bs)
+        groups = len(hybrid.mamba_groups)
+        hybrid = replace(hybrid, num_blocks=nblocks + 1 + groups)
+        self.runner = ModelRunner(model, None, cpu, bs, max_num_reqs=2)
+        self.runner.initialize_kv_cache(allocate_hybrid_kv_cache(hybrid, cpu), hybrid)
+        self.runner.mamba.add("r", list(range(nblocks + 1, nblocks + 1 + groups)), 0)
         self.model = model
         self.table = torch.arange(1, nblocks + 1, dtype=torch.int32)[None]
         self.pos = 0
 
     @torch.inference_mode()
     def forward(self, ids: list[int]) -> torch.Tensor:
-        n, p = len(ids), self.pos
+        n, p, bs = len(ids), self.pos, self.block
         positions = torch.arange(p, p + n)
-        slots = (positions // BLOCK + 1) * BLOCK + positions % BLOCK
+        slots = (positions // bs + 1) * bs + positions % bs
         md = AttentionMetadata(n, slots, [0, n], [p + n], self.table)
         md.gdn = self.runner.mamba.build_metadata(["r"], [p], [0, n], n,
                                                   torch.tensor([0, n], dtype=torch.int32))

@@ -22,6 +22,7 @@ external_launcher.py). The KV cache holds this rank's kv heads.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
 import torch
 
@@ -34,9 +35,10 @@ from engine.core.engine_core_messages import (
     EngineCoreReady,
     EngineCoreRequest,
 )
+from engine.core.kv_cache_interface import HybridKVCacheConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.kv_cache_utils import get_num_kv_blocks
-from engine.core.mamba_spec import mamba_state_bytes, num_attention_layers, num_gdn_layers
+from engine.core.mamba_align import MambaAlignCache
 from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
 from engine.distributed.parallel_state import device_backend
@@ -53,7 +55,12 @@ from engine.structured_output import (
 )
 from engine.tokenizer import Tokenizer
 from engine.worker.gpu_worker import determine_available_memory
-from engine.worker.mamba_utils import setup_hybrid_prefix_caching
+from engine.worker.mamba_utils import (
+    allocate_hybrid_kv_cache,
+    hybrid_kv_cache_config,
+    num_attention_layers,
+    num_gdn_layers,
+)
 from engine.worker.model_runner import (
     AsyncModelRunnerOutput,
     ModelRunner,
@@ -64,10 +71,25 @@ from engine.worker.torch_threads import set_torch_threads_for_runtime
 _CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
 
 
-def _batch_defaults(device: torch.device, arch: ModelArchConfig) -> tuple[int, int]:
+def _hybrid_config(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dtype,
+                   max_model_len: int) -> HybridKVCacheConfig | None:
+    """A hybrid GDN model's unified specs (vLLM's HybridAttentionMambaModelConfig /
+    MambaModelConfig.verify_and_update_config): mamba_cache_mode from prefix caching,
+    the attention block size raised so its page holds a state page; None otherwise."""
+    if not num_gdn_layers(arch):
+        return None
+    config.mamba_cache_mode = "align" if config.enable_prefix_caching else "none"
+    hybrid = hybrid_kv_cache_config(
+        arch, dtype, config.block_size, mamba_cache_dtype=config.mamba_cache_dtype,
+        mamba_ssm_cache_dtype=config.mamba_ssm_cache_dtype,
+        mamba_cache_mode=config.mamba_cache_mode, max_model_len=max_model_len)
+    config.block_size = hybrid.attn_spec.block_size
+    return hybrid
+
+
+def _batch_defaults(device: torch.device) -> tuple[int, int]:
     props = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
-    return batch_defaults(props.name if props else "cpu", props.total_memory if props else 0,
-                          num_gdn_layers(arch) > 0)
+    return batch_defaults(props.name if props else "cpu", props.total_memory if props else 0)
 
 
 class EngineCore:
@@ -86,12 +108,13 @@ class EngineCore:
             raise InvalidArgumentError(
                 f"max_model_len ({self.max_model_len}) is greater than the model's context "
                 f"length ({arch.max_position_embeddings})")
-        seqs, tokens = _batch_defaults(device, arch)
+        seqs, tokens = _batch_defaults(device)
         config.max_num_seqs = config.max_num_seqs or seqs
         if not config.max_num_batched_tokens:
             config.max_num_batched_tokens = tokens if config.enable_chunked_prefill else max(
                 self.max_model_len, 2048)
         config.verify_max_model_len(self.max_model_len)  # vLLM's SchedulerConfig checks
+        self.hybrid = _hybrid_config(config, arch, dtype, self.max_model_len)
         self.model_runner = ModelRunner(
             model, None, device, config.block_size, max_num_reqs=config.max_num_seqs,
             max_num_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len)
@@ -102,12 +125,19 @@ class EngineCore:
         self.num_gpu_blocks = self._num_kv_blocks(arch, dtype)
         if executor is not None:
             executor.initialize_kv_cache(self.num_gpu_blocks)
-        shape = kv_cache_shape(arch, self.num_gpu_blocks, config.block_size, self.tp_size)
-        kv_caches = [torch.empty(shape, dtype=dtype, device=device)  # hybrid: attention only
-                     for _ in range(num_attention_layers(arch))]
-        self.model_runner.initialize_kv_cache(kv_caches)
+        if self.hybrid is not None:  # one pool for KV and GDN state (vLLM's layout)
+            self.hybrid = replace(self.hybrid, num_blocks=self.num_gpu_blocks)
+            self.model_runner.initialize_kv_cache(
+                allocate_hybrid_kv_cache(self.hybrid, device), self.hybrid)
+        else:
+            shape = kv_cache_shape(arch, self.num_gpu_blocks, config.block_size, self.tp_size)
+            self.model_runner.initialize_kv_cache(
+                [torch.empty(shape, dtype=dtype, device=device)
+                 for _ in range(arch.num_hidden_layers)])
+        num_mamba_groups = 0 if self.hybrid is None else len(self.hybrid.mamba_groups)
         kv = KVCacheManager(self.num_gpu_blocks, config.block_size, self.max_model_len,
-                            config.enable_prefix_caching, watermark=config.watermark)
+                            config.enable_prefix_caching, watermark=config.watermark,
+                            num_mamba_groups=num_mamba_groups)
         self.structured_output_manager = None if tokenizer is None else \
             _structured_output_manager(config, tokenizer, arch.vocab_size)
         if config.async_scheduling is None:  # vLLM: on unless incompatible; ours: CUDA
@@ -115,8 +145,9 @@ class EngineCore:
         scheduler_cls = AsyncScheduler if config.async_scheduling else Scheduler
         self.scheduler = scheduler_cls(config, kv, self.max_model_len,
                                        structured_output_manager=self.structured_output_manager)
-        if config.enable_prefix_caching:  # hybrid GDN models: vLLM's mamba_cache_mode align
-            setup_hybrid_prefix_caching(self.model_runner, self.scheduler, config.block_size)
+        if num_mamba_groups and config.mamba_cache_mode == "align":  # GDN prefix caching
+            self.scheduler.mamba_align = MambaAlignCache(kv.block_pool, config.block_size,
+                                                         num_mamba_groups)
         # CUDA graphs, captured at start-up (vLLM's capture_model); 0.0 without
         self.cudagraph_capture_time_s = self.model_runner.capture_model(
             config.cudagraph_batch_sizes())
@@ -134,7 +165,8 @@ class EngineCore:
             default_sampling_params=get_diff_sampling_param(arch.generation_config),
             memory_profile=dict(self.model_runner.memory_profile),
             device=device.type, dtype=str(dtype).removeprefix("torch."),
-            eos_token_ids=_eos_token_ids(arch.generation_config))
+            eos_token_ids=_eos_token_ids(arch.generation_config),
+            block_size=config.block_size)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, Tokenizer | None]:
@@ -162,19 +194,20 @@ class EngineCore:
         kv_heads = num_kv_heads_per_rank(arch, self.tp_size)
         block_bytes = (2 * num_attention_layers(arch) * bs * kv_heads * arch.head_dim
                        * torch.finfo(dtype).bits // 8)
+        state_blocks = 0  # hybrid: a block is a page of each buffer, a request holds states
+        if self.hybrid is not None:
+            block_bytes, state_blocks = self.hybrid.block_bytes, len(self.hybrid.mamba_groups)
         budget = self.config.kv_cache_memory_bytes
         if not budget:
             if self.device.type == "cuda":  # vLLM's profile run + gpu_memory_utilization
                 budget = determine_available_memory(
                     self.model_runner, self.config.max_num_batched_tokens,
                     self.config.gpu_memory_utilization)
-                # hybrid GDN models: the runner's state pool (snapshots with prefix caching)
-                slots = self.config.max_num_seqs * (2 if self.config.enable_prefix_caching else 1)
-                budget -= mamba_state_bytes(arch, dtype, slots)
             else:  # the CPU default, capped at what max_num_seqs full contexts need
-                need = self.config.max_num_seqs * (-(-self.max_model_len // bs) + 1) * block_bytes
+                need = self.config.max_num_seqs * (
+                    -(-self.max_model_len // bs) + 1 + state_blocks) * block_bytes
                 budget = min(_CPU_KV_CACHE_BYTES, need)
-        return get_num_kv_blocks(budget, block_bytes, bs, self.max_model_len)
+        return get_num_kv_blocks(budget, block_bytes, bs, self.max_model_len, state_blocks)
 
     # ---------------------------------------------------------------- requests
 

@@ -98,6 +98,7 @@ class EngineCoreReady(msgspec.Struct, array_like=True, gc=False):
     # generation_config.json's eos_token_id (or a GGUF's end-of-generation ids) as a list:
     # only these cross, the file's other keys being arbitrary JSON msgpack may not encode
     eos_token_ids: list[int]
+    block_size: int = 16  # resolved: a hybrid GDN model's attention page holds a state
 
 
 class EngineCoreStartupFailure(msgspec.Struct, array_like=True, gc=False):

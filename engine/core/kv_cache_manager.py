@@ -1,10 +1,13 @@
 """KVCacheManager: the scheduler's interface to the KV cache, as
-vllm/v1/core/kv_cache_manager.py with its single-group coordinator folded in.
+vllm/v1/core/kv_cache_manager.py with its coordinator folded in (one full-attention group;
+for a hybrid model also one MambaManager per Gated DeltaNet group, vLLM's
+HybridKVCacheCoordinator in mamba_cache_mode "none": every group draws from one pool).
 
 get_computed_blocks finds the longest cached prefix (never the last token, which must be
 recomputed for logits); allocate_slots adopts those hits and grows a request's blocks
-for this step's tokens, or returns None when the pool is short (the scheduler then
-preempts or waits); free returns a request's blocks tail-first.
+for this step's tokens (plus, at its first allocation, one state block per GDN group),
+or returns None when the pool is short (the scheduler then preempts or waits); free
+returns a request's blocks tail-first, then its state blocks.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 
 from engine.core.block_pool import BlockPool
 from engine.core.kv_cache_utils import KVCacheBlock
-from engine.core.single_type_kv_cache_manager import FullAttentionManager
+from engine.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
 from engine.metrics import PrefixCacheStats
 from engine.request import Request, RequestStatus
 
@@ -31,7 +34,8 @@ class KVCacheBlocks:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
-                 enable_caching: bool, log_stats: bool = True, watermark: float = 0.0) -> None:
+                 enable_caching: bool, log_stats: bool = True, watermark: float = 0.0,
+                 num_mamba_groups: int = 0) -> None:
         assert 0.0 <= watermark < 1.0, "watermark must be in [0, 1)"
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -40,6 +44,7 @@ class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.block_pool = BlockPool(num_blocks, enable_caching)
         self.single_type_manager = FullAttentionManager(self.block_pool, block_size)
+        self.mamba_managers = [MambaManager(self.block_pool) for _ in range(num_mamba_groups)]
         # blocks kept free when admitting waiting/preempted requests
         self.watermark_blocks = int(watermark * num_blocks)
         self.empty_kv_cache_blocks = KVCacheBlocks(())
@@ -94,19 +99,22 @@ class KVCacheManager:
         if has_scheduled_reqs and request.status in (RequestStatus.WAITING,
                                                      RequestStatus.PREEMPTED):
             watermark = self.watermark_blocks
-        free = self.block_pool.get_num_free_blocks()
+        rid = request.request_id
+        # the state blocks a new request takes come out of the same pool
+        free = self.block_pool.get_num_free_blocks() - watermark - sum(
+            m.get_num_blocks_to_allocate(rid) for m in self.mamba_managers)
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
-            if manager.get_num_blocks_to_allocate(request.request_id, full, hits) \
-                    + watermark > free:
+            if manager.get_num_blocks_to_allocate(rid, full, hits) > free:
                 return None
         num_tokens_need_slot = min(num_computed + num_new_tokens, self.max_model_len)
-        if manager.get_num_blocks_to_allocate(request.request_id, num_tokens_need_slot,
-                                              hits) + watermark > free:
+        if manager.get_num_blocks_to_allocate(rid, num_tokens_need_slot, hits) > free:
             return None
-        if request.request_id not in manager.num_cached_block and hits:
-            manager.add_local_computed_blocks(request.request_id, hits)
-        new_blocks = manager.allocate_new_blocks(request.request_id, num_tokens_need_slot)
+        if rid not in manager.num_cached_block and hits:
+            manager.add_local_computed_blocks(rid, hits)
+        for mamba in self.mamba_managers:
+            mamba.allocate_new_blocks(rid)
+        new_blocks = manager.allocate_new_blocks(rid, num_tokens_need_slot)
         if self.enable_caching:
             manager.cache_blocks(request, min(num_computed + num_new_tokens,
                                               request.num_tokens))
@@ -114,6 +122,8 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         self.single_type_manager.free(request.request_id)
+        for mamba in self.mamba_managers:
+            mamba.free(request.request_id)
 
     def reset_prefix_cache(self) -> bool:
         if not self.block_pool.reset_prefix_cache():
@@ -127,3 +137,7 @@ class KVCacheManager:
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return self.get_blocks(request_id).get_block_ids()
+
+    def get_state_block_ids(self, request_id: str) -> list[int]:
+        """The request's state block per GDN group ([] for a model without GDN layers)."""
+        return [m.req_to_block[request_id].block_id for m in self.mamba_managers]

@@ -1,6 +1,8 @@
 """KV cache building blocks, as vllm/v1/core/kv_cache_utils.py: the chained block hash,
 KVCacheBlock, FreeKVCacheBlockQueue (O(1) LRU free list), and the start-up KV sizing of
-vllm/v1/core/kv_cache_planning.py (_check_enough_kv_cache_memory).
+vllm/v1/core/kv_cache_planning.py (_check_enough_kv_cache_memory) and its grouping of a
+hybrid model's layers into KV cache groups of one page size
+(_get_kv_cache_groups_uniform_page_size).
 
 Block hash: sha256(parent hash || token count + token ids as int64 LE || extra keys), the
 chain vLLM builds with its default sha256; the first block's parent is NONE_HASH, derived
@@ -210,15 +212,16 @@ def _gib(num_bytes: int) -> str:
 
 
 def get_num_kv_blocks(available_memory: int, block_bytes: int, block_size: int,
-                      max_model_len: int) -> int:
+                      max_model_len: int, state_blocks: int = 0) -> int:
     """Blocks `available_memory` buys (block 0 becomes the null block); fails fast, with
-    vLLM's wording, when one request of max_model_len cannot fit."""
+    vLLM's wording, when one request of max_model_len (and its `state_blocks` hybrid state
+    blocks) cannot fit."""
     if available_memory <= 0:
         raise OutOfResourcesError(
             "No available memory for the cache blocks. Try increasing "
             "`kv_cache_memory_bytes` when initializing the engine.")
     num_blocks = available_memory // block_bytes
-    needed_blocks = -(-max_model_len // block_size) + 1  # + the null block
+    needed_blocks = -(-max_model_len // block_size) + state_blocks + 1  # + the null block
     if num_blocks < needed_blocks:
         estimated = max(num_blocks - 1, 0) * block_size
         estimated_msg = (f"Based on the available memory, the estimated maximum model "
@@ -230,3 +233,23 @@ def get_num_kv_blocks(available_memory: int, block_bytes: int, block_size: int,
             f"{estimated_msg}Try increasing `kv_cache_memory_bytes` or decreasing "
             f"`max_model_len` when initializing the engine.")
     return num_blocks
+
+
+def group_hybrid_layers(num_attn_layers: int, num_mamba_layers: int
+                        ) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+    """(attention groups, mamba groups) as _get_kv_cache_groups_uniform_page_size: the
+    group size is the smaller layer count (the larger one when below 1.5x of it), layer
+    i of a kind goes to group i % num_groups of that kind; a short group is padded."""
+    counts = (num_attn_layers, num_mamba_layers)
+    group_size = min(counts)
+    if max(counts) < group_size * 1.5:
+        group_size = max(counts)
+
+    def split(n: int) -> tuple[tuple[int, ...], ...]:
+        num_groups = -(-n // group_size)
+        return tuple(tuple(range(i, n, num_groups)) for i in range(num_groups))
+
+    attn, mamba = split(num_attn_layers), split(num_mamba_layers)
+    attn = tuple(g + (-1,) * (group_size - len(g)) for g in attn)  # -1: padding layer
+    mamba = tuple(g + (-1,) * (group_size - len(g)) for g in mamba)
+    return attn, mamba

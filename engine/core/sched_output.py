@@ -27,8 +27,10 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     prompt_token_ids: list[int] = field(default_factory=list)
-    # hybrid models, prefix caching ("align"): the GDN state snapshot its hit starts from
-    mamba_restore_slot: int | None = None
+    # hybrid models: its state block per GDN group (the block pool's ids)
+    state_block_ids: list[int] = field(default_factory=list)
+    # hybrid models, prefix caching ("align"): the saved state blocks its hit starts from
+    mamba_restore_block_ids: list[int] | None = None
 
 
 @dataclass
@@ -58,9 +60,9 @@ class SchedulerOutput:
     # step still in flight (vLLM's pending_structured_output_tokens, widened to penalties
     # and bad words, which read the output ids so far): that step's output comes first
     pending_output_tokens: bool = False
-    # hybrid models, prefix caching ("align"): (req_id, snapshot slot) whose GDN state the
-    # runner keeps after this step (engine/core/mamba_align.py)
-    mamba_saves: list[tuple[str, int]] = field(default_factory=list)
+    # hybrid models, prefix caching ("align"): (req_id, block per GDN group) the runner
+    # copies the request's state into after this step (engine/core/mamba_align.py)
+    mamba_saves: list[tuple[str, list[int]]] = field(default_factory=list)
 
 
 @dataclass

@@ -2,7 +2,8 @@
 vllm/v1/core/sched/scheduler.py (no spec decode, connectors or encoder inputs).
 
 Each step serves running requests first (a decode token or the next prefill chunk);
-when the KV pool is short a running request is preempted (recompute: its blocks are
+when the block pool (KV blocks, and for a hybrid model the GDN state block each running
+request holds per group) is short a running request is preempted (recompute: its blocks are
 freed and it waits again), the newest under FCFS, the lowest priority (then latest
 arrival) under the priority policy. If nobody was preempted, waiting requests are
 admitted in policy order while budget, seats (max_num_seqs) and blocks last, reusing
@@ -60,7 +61,7 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.reset_preempted_req_ids: set[str] = set()
         self.num_preemptions = 0  # total, for vllm:num_preemptions
-        # hybrid GDN models with prefix caching: state snapshots (engine/core/mamba_align.py)
+        # hybrid GDN models with prefix caching: saved states (engine/core/mamba_align.py)
         self.mamba_align: MambaAlignCache | None = None
         self.structured_output_manager = structured_output_manager
         self.errored_requests: list[Request] = []  # FINISHED_ERROR, not yet reported
@@ -76,7 +77,9 @@ class Scheduler:
         # the last sampled token is never fed back, so it needs no KV slot
         num_slots = min(request.num_prompt_tokens + request.max_tokens, self.max_model_len) - 1
         needed = -(-max(num_slots, request.num_prompt_tokens) // self.block_size)
-        usable = self.kv_cache_manager.block_pool.num_gpu_blocks - 1
+        # the null block and the request's GDN state blocks are not for KV
+        usable = self.kv_cache_manager.block_pool.num_gpu_blocks - 1 - len(
+            self.kv_cache_manager.mamba_managers)
         if needed > usable:
             raise OutOfResourcesError(
                 f"Request {request.request_id} needs {needed} KV cache blocks "
@@ -116,7 +119,9 @@ class Scheduler:
         scheduled_running: list[Request] = []
         scheduled_new: list[Request] = []
         preempted: list[Request] = []
-        restore_slots: dict[str, int | None] = {}  # new request -> GDN state snapshot
+        restore_blocks: dict[str, list[int] | None] = {}  # new request -> saved GDN state
+        if self.mamba_align is not None:  # the last step's state copies are issued
+            self.mamba_align.release_pending()
 
         # First, the RUNNING requests.
         req_index = 0
@@ -178,9 +183,9 @@ class Scheduler:
                     skipped_waiting.append(request)
                 continue
             hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
-            restore_slot = None
+            restore = None
             if self.mamba_align is not None:  # hits need a saved GDN state
-                k, restore_slot = self.mamba_align.trim_hit(request, len(hit_blocks.blocks))
+                k, restore = self.mamba_align.trim_hit(request, len(hit_blocks.blocks))
                 hit_blocks = KVCacheBlocks(hit_blocks.blocks[:k])
                 num_hit_tokens = k * self.kv_cache_manager.block_size
             num_new = request.num_tokens - num_hit_tokens
@@ -204,7 +209,7 @@ class Scheduler:
             self.waiting.pop_request()
             self.running.append(request)
             scheduled_new.append(request)
-            restore_slots[request.request_id] = restore_slot
+            restore_blocks[request.request_id] = restore
             req_to_new_blocks[request.request_id] = self.kv_cache_manager.get_blocks(
                 request.request_id)
             num_scheduled_tokens[request.request_id] = num_new
@@ -221,7 +226,8 @@ class Scheduler:
                 NewRequestData(r.request_id, list(r.all_token_ids), r.sampling_params,
                                req_to_new_blocks[r.request_id].get_block_ids(),
                                r.num_computed_tokens, list(r.prompt_token_ids),
-                               restore_slots[r.request_id])
+                               self.kv_cache_manager.get_state_block_ids(r.request_id),
+                               restore_blocks[r.request_id])
                 for r in scheduled_new],
             scheduled_cached_reqs=CachedRequestData(
                 [r.request_id for r in scheduled_running],
@@ -232,8 +238,9 @@ class Scheduler:
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids=self.reset_preempted_req_ids)
         if self.mamba_align is not None:
-            out.mamba_saves = [(r.request_id, slot) for r in (*scheduled_running, *scheduled_new)
-                               if (slot := self.mamba_align.plan_save(
+            out.mamba_saves = [(r.request_id, blocks)
+                               for r in (*scheduled_running, *scheduled_new)
+                               if (blocks := self.mamba_align.plan_save(
                                    r, num_scheduled_tokens[r.request_id])) is not None]
         self._update_after_schedule(out)
         return out
@@ -392,11 +399,9 @@ class Scheduler:
         if reset_running_requests:
             while self.running:
                 self._preempt_request(self.running.pop())
-        if not self.kv_cache_manager.reset_prefix_cache():
-            return False
-        if self.mamba_align is not None:
-            self.mamba_align.reset()
-        return True
+        if self.mamba_align is not None:  # the held blocks' copies are issued
+            self.mamba_align.release_pending()
+        return self.kv_cache_manager.reset_prefix_cache()
 
     def make_stats(self) -> SchedulerStats | None:
         """This step's stats (prefix-cache counts since the previous call)."""

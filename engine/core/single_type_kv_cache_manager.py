@@ -1,6 +1,8 @@
-"""FullAttentionManager: per-request block lists for the one full-attention KV group, as
-vllm/v1/core/single_type_kv_cache_manager.py (SingleTypeKVCacheManager +
-FullAttentionManager; no sliding window, no null-block padding, no partial hits).
+"""Per-group block managers, as vllm/v1/core/single_type_kv_cache_manager.py:
+FullAttentionManager (per-request block lists of the full-attention KV group; no sliding
+window, no null-block padding, no partial hits) and MambaManager in mamba_cache_mode
+"none" (one state block per running request of a Gated DeltaNet group, from the same
+block pool; prefix-cache snapshots of the state are engine/core/mamba_align.py's).
 """
 
 from __future__ import annotations
@@ -86,3 +88,26 @@ class FullAttentionManager:
         blocks = self.req_to_blocks.pop(request_id, [])
         self.num_cached_block.pop(request_id, None)
         self.block_pool.free_blocks(reversed(blocks))
+
+
+class MambaManager:
+    """One Gated DeltaNet group: a running request holds exactly one state block (the
+    state summarises its whole prefix), taken at its first allocation, freed with it."""
+
+    def __init__(self, block_pool: BlockPool) -> None:
+        self.block_pool = block_pool
+        self.req_to_block: dict[str, KVCacheBlock] = {}
+
+    def get_num_blocks_to_allocate(self, request_id: str) -> int:
+        return 0 if request_id in self.req_to_block else 1
+
+    def allocate_new_blocks(self, request_id: str) -> list[KVCacheBlock]:
+        if request_id in self.req_to_block:
+            return []
+        block = self.req_to_block[request_id] = self.block_pool.get_new_blocks(1)[0]
+        return [block]
+
+    def free(self, request_id: str) -> None:
+        block = self.req_to_block.pop(request_id, None)
+        if block is not None:
+            self.block_pool.free_blocks((block,))

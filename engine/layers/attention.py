@@ -55,7 +55,8 @@ class AttentionMetadata:
     # longest context of the step (host), 0 when unknown (a CUDA graph): decode splits
     # the KV range only past NO_SPLIT_SEQ_LEN
     max_seq_len: int = 0
-    # hybrid models: the Gated DeltaNet layers' state slots (engine/layers/gdn.py GDNMetadata)
+    # hybrid models: per KV cache group of Gated DeltaNet layers, its state blocks
+    # (a list of engine/layers/gdn.py GDNMetadata)
     gdn: object | None = None
     # an eager mixed step: its first num_decodes rows have one query token each (the decode
     # kernel's, at its occupancy); the query_start_loc of the rows after them, rebased to
@@ -221,9 +222,10 @@ def reshape_and_cache(
     k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
     # k, v: [num_tokens, nkv, hd]; kv_cache: [2, num_blocks, block_size, nkv, hd]
-    flat = kv_cache.view(2, -1, *kv_cache.shape[3:])  # [2, num_slots, nkv, hd]
-    flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
-    flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+    # by block and offset: a hybrid model's cache is a strided view of the block pool
+    blocks, offsets = slot_mapping // kv_cache.shape[2], slot_mapping % kv_cache.shape[2]
+    kv_cache[0, blocks, offsets] = k.to(kv_cache.dtype)
+    kv_cache[1, blocks, offsets] = v.to(kv_cache.dtype)
 
 
 def paged_attention_ref(

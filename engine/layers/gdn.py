@@ -15,8 +15,11 @@ Qwen3-Next checkpoints give in_proj_qkvz and in_proj_ba interleaved per key-head
 ([q_g, k_g, v_g, z_g] and [b_g, a_g]), undone at load time (vLLM's
 fix_query_key_value_ordering, done once).
 
-State (bound by engine/worker/mamba_utils.py): conv_state [slots, K-1, conv_dim] (vLLM's
-"SD" layout) and ssm_state [slots, Hv, dv, dk]; slot 0 is the null slot. CUDA runs the
+State (bound by engine/worker/mamba_utils.py): conv_state [num_blocks, K-1, conv_dim]
+(vLLM's "SD" layout) and ssm_state [num_blocks, Hv, dv, dk], strided views of the block
+pool shared with the attention KV (one page per block); the state index of a request is
+its state block in this layer's KV cache group (`state_group`, the metadata md.gdn holds
+one GDNMetadata per group); block 0 is the null block. CUDA runs the
 Triton kernels (kernels/causal_conv1d.py, kernels/gated_delta_rule.py), the CPU their torch
 references. Without metadata (the profile run) the core is skipped (zeros), as attention.
 Prefill rows (more than one token) on CUDA run the chunked kernels of
@@ -62,7 +65,7 @@ class GDNMetadata:
     """One step's view of the GDN state (vLLM's GDNAttentionMetadata, non-spec part)."""
 
     query_start_loc: list[int]  # [num_reqs + 1] host
-    state_indices: list[int]  # [num_reqs] host: each request's state slot
+    state_indices: list[int]  # [num_reqs] host: each request's state block
     has_initial_state: list[bool]  # [num_reqs] host: continues from its state
     max_query_len: int
     # device copies (the Triton kernels read these)
@@ -158,9 +161,11 @@ class GatedDeltaNetAttention(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(num_v_heads), requires_grad=False)
         self.norm = RMSNormGated(head_v_dim, rms_norm_eps)
         self.out_proj = RowParallelLinear(self.value_dim, hidden_size)
-        # bound by engine/worker/mamba_utils.py: [slots, K-1, conv_dim], [slots, Hv, dv, dk]
+        # bound by engine/worker/mamba_utils.py: [num_blocks, K-1, conv_dim],
+        # [num_blocks, Hv, dv, dk] (block stride: one page), and its KV cache group
         self.conv_state: torch.Tensor | None = None
         self.ssm_state: torch.Tensor | None = None
+        self.state_group = 0
 
     def _qkvz_from_grouped(self, w: torch.Tensor) -> torch.Tensor:
         # Qwen3-Next rows per key head g: [q_g, k_g, v_g (r*dv), z_g (r*dv)] -> [Q | K | V | Z]
@@ -182,7 +187,8 @@ class GatedDeltaNetAttention(nn.Module):
         # strided views of one [n, conv_dim + value_dim + 2 Hv] output: the kernels take strides
         mixed_qkv, z, b, a = self.in_proj(hidden_states).split(
             [self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
-        gdn: GDNMetadata | None = None if md is None else md.gdn
+        gdn: GDNMetadata | None = None if md is None or md.gdn is None \
+            else md.gdn[self.state_group]
         if gdn is None:  # profile run: activations only
             core = hidden_states.new_zeros(n, self.num_v_heads, self.head_v_dim)
         else:

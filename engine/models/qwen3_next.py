@@ -10,7 +10,7 @@ gated one is zero-centred (GemmaRMSNorm, x * (1 + w)). The FFN is the sparse MoE
 sigmoid(shared_expert_gate(x)) (FusedMoE(shared_experts=SharedExpertMLP); the two gates
 are one [E + 1, H] router weight, so at decode one GEMV serves both), or a dense
 SwiGLU on the layers decoder_sparse_step / mlp_only_layers select. The GDN state is
-hybrid-cache state (engine/worker/mamba_utils.py, engine/core/mamba_spec.py); `mtp.*`
+hybrid-cache state (engine/worker/mamba_utils.py, engine/core/kv_cache_interface.py); `mtp.*`
 weights (the multi-token-prediction head) are skipped, as vLLM's main model does.
 """
 

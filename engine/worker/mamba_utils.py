@@ -1,20 +1,24 @@
-"""The model runner's Gated DeltaNet state: one slot per running request, as vLLM v1's
-MambaManager in mamba_cache_mode "none" (vllm/v1/core/single_type_kv_cache_manager.py:
-one state block per request) plus the state-index part of
-vllm/v1/attention/backends/gdn_attn.py (GDNAttentionMetadataBuilder.build:
-`has_initial_state = num_computed_tokens > 0`, state indices per request).
+"""The hybrid cache on the runner's side: one memory pool for attention KV and Gated
+DeltaNet state, as vllm/v1/worker/gpu_model_runner.py (_reshape_kv_cache_tensors and the
+hybrid attention layout: one raw buffer per layer slot, shared by one layer of every KV
+cache group, viewed as KV blocks by attention layers and as (conv, ssm) state by GDN
+layers; state index = block id) plus the state-index part of
+vllm/v1/attention/backends/gdn_attn.py (GDNAttentionMetadataBuilder.build, one metadata
+per GDN group: `has_initial_state = num_computed_tokens > 0`).
 
-MambaStateCache allocates, per GDN layer, conv_state [slots, K-1, conv_dim] and ssm_state
-[slots, Hv, dv, dk] (dtypes from engine/core/mamba_spec.py; fp32 SSM state where the
-config says so) and binds them to the layers; slot 0 is the null slot (padding rows).
-A request gets a zeroed slot when it is scheduled new (first time, or resumed after
-preemption: recomputed from its first token) and gives it back when it finishes, is
-aborted or is preempted. With prefix caching (vLLM's "align" mode, engine/core/mamba_align.py)
-the pool also holds snapshot slots after the running ones: a request whose prefix hit
-starts from a snapshot gets a copy of it, and after a step the states the scheduler asks
-for (SchedulerOutput.mamba_saves) are copied into snapshots. A request that arrives with
-computed tokens but no snapshot is an error (prefix caching without align mode).
-setup_hybrid_prefix_caching wires align mode into a runner and its scheduler.
+hybrid_kv_cache_config turns a model config into the unified specs and layer groups
+(engine/core/kv_cache_interface.py); allocate_hybrid_kv_cache makes the buffers
+[num_blocks * page] int8; MambaStateCache binds the views and keeps each running
+request's state block per group (the scheduler's MambaManager hands them out). Buffer
+t, block b: attention layer t of the group sees K then V of block b ([num_blocks, 2, ...]
+presented as [2, num_blocks, block_size, nkv, hd] with strides), GDN layer t of group j
+sees conv_state then ssm_state at the page's start ([num_blocks, K-1, conv_dim] and
+[num_blocks, Hv, dv, dk], block stride one page). A request's state blocks are zeroed
+when it is scheduled new (first time, or resumed after preemption: recomputed), or start
+as a copy of the saved state blocks its prefix hit names (align mode), batched per step
+before the forward pass (build_metadata); after a step the
+states the scheduler asks for (SchedulerOutput.mamba_saves) are copied into blocks that
+become cached. Block 0 is the pool's null block: padding rows' state index.
 """
 
 from __future__ import annotations
@@ -22,118 +26,211 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.core.mamba_align import MambaAlignCache
-from engine.core.mamba_spec import gdn_state_dtypes, gdn_state_shapes
-from engine.errors import InvalidArgumentError, OutOfResourcesError
+from engine.core.kv_cache_interface import (
+    FullAttentionSpec,
+    HybridKVCacheConfig,
+    MambaSpec,
+    gated_delta_net_state_dtype,
+    gated_delta_net_state_shape,
+    unify_hybrid_specs,
+)
+from engine.core.kv_cache_utils import group_hybrid_layers
+from engine.errors import InvalidArgumentError, ModelLoadError
 from engine.layers.gdn import GatedDeltaNetAttention, GDNMetadata
+from engine.models.config import ModelArchConfig
+from engine.sample.ops.torch_utils import async_tensor_h2d
 from engine.worker.input_batch import CpuGpuBuffer
 
-NULL_SLOT = 0
+NULL_BLOCK = 0
+
+
+def num_gdn_layers(cfg: ModelArchConfig) -> int:
+    return sum(t == "linear_attention" for t in cfg.layer_types or ())
+
+
+def num_attention_layers(cfg: ModelArchConfig) -> int:
+    """Layers that hold a paged KV cache (all layers for a non-hybrid model)."""
+    return cfg.num_hidden_layers - num_gdn_layers(cfg)
+
+
+def gdn_mamba_spec(cfg: ModelArchConfig, model_dtype: torch.dtype,
+                   mamba_cache_dtype: str = "auto", mamba_ssm_cache_dtype: str = "auto",
+                   mamba_cache_mode: str = "none", block_size: int = -1) -> MambaSpec:
+    """The GDN state spec; an "auto" SSM dtype takes the config's mamba_ssm_dtype first
+    (Qwen3.5/3.6: float32), as vLLM's Qwen3.5 config update does."""
+    if mamba_ssm_cache_dtype == "auto" and cfg.mamba_ssm_dtype:
+        mamba_ssm_cache_dtype = cfg.mamba_ssm_dtype
+    shapes = gated_delta_net_state_shape(
+        cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+        cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim)
+    dtypes = gated_delta_net_state_dtype(model_dtype, mamba_cache_dtype, mamba_ssm_cache_dtype)
+    return MambaSpec(shapes, dtypes, block_size, mamba_cache_mode=mamba_cache_mode)
+
+
+def hybrid_kv_cache_config(cfg: ModelArchConfig, model_dtype: torch.dtype, block_size: int,
+                           num_blocks: int = 0, kv_dtype: torch.dtype | None = None,
+                           mamba_cache_dtype: str = "auto",
+                           mamba_ssm_cache_dtype: str = "auto",
+                           mamba_cache_mode: str = "none",
+                           max_model_len: int = -1) -> HybridKVCacheConfig:
+    """The unified specs and groups of a hybrid model (num_blocks filled in later)."""
+    attn_layers, gdn_layers = num_attention_layers(cfg), num_gdn_layers(cfg)
+    attn = FullAttentionSpec(block_size, cfg.num_key_value_heads, cfg.head_dim,
+                             kv_dtype or model_dtype)
+    mamba = gdn_mamba_spec(cfg, model_dtype, mamba_cache_dtype, mamba_ssm_cache_dtype,
+                           mamba_cache_mode)
+    attn, mamba = unify_hybrid_specs(attn, mamba)
+    mamba = MambaSpec(mamba.shapes, mamba.dtypes,  # vLLM's mamba_block_size
+                      attn.block_size if mamba_cache_mode == "align" else max_model_len,
+                      mamba.page_size_padded, mamba_cache_mode)
+    attn_groups, mamba_groups = group_hybrid_layers(attn_layers, gdn_layers)
+    if len(attn_groups) != 1:
+        raise ModelLoadError(f"a hybrid model with {attn_layers} attention and {gdn_layers} "
+                             "Gated DeltaNet layers (more attention than GDN layers) is not "
+                             "supported")
+    return HybridKVCacheConfig(num_blocks, attn, mamba, attn_groups, mamba_groups)
+
+
+def allocate_hybrid_kv_cache(kv_config: HybridKVCacheConfig, device: torch.device
+                             ) -> list[torch.Tensor]:
+    """group_size buffers [num_blocks * page] int8 (zeroed, as vLLM's allocate_kv_cache)."""
+    size = kv_config.num_blocks * kv_config.page_size_bytes
+    return [torch.zeros(size, dtype=torch.int8, device=device)
+            for _ in range(kv_config.group_size)]
+
+
+def attention_view(buf: torch.Tensor, spec: FullAttentionSpec, num_blocks: int
+                   ) -> torch.Tensor:
+    """[2, num_blocks, block_size, nkv, hd] over [num_blocks, 2, block_size, nkv, hd]."""
+    half = spec.block_size * spec.num_kv_heads * spec.head_size  # elements of K of a block
+    return buf.view(spec.dtype).as_strided(
+        (2, num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size),
+        (half, 2 * half, spec.num_kv_heads * spec.head_size, spec.head_size, 1))
+
+
+def state_views(buf: torch.Tensor, spec: MambaSpec, num_blocks: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(conv_state [num_blocks, K-1, conv_dim], ssm_state [num_blocks, Hv, dv, dk]), one
+    page apart; the SSM state starts right after the conv state."""
+    (conv_shape, ssm_shape), (conv_dtype, ssm_dtype) = spec.shapes, spec.dtypes
+    page = spec.page_size_bytes
+    conv_bytes = conv_shape[0] * conv_shape[1] * conv_dtype.itemsize
+    assert page % ssm_dtype.itemsize == 0 and conv_bytes % ssm_dtype.itemsize == 0
+    conv = buf.view(conv_dtype).as_strided(
+        (num_blocks, *conv_shape), (page // conv_dtype.itemsize, conv_shape[1], 1))
+    hv, dv, dk = ssm_shape
+    ssm = buf.view(ssm_dtype).as_strided(
+        (num_blocks, hv, dv, dk), (page // ssm_dtype.itemsize, dv * dk, dk, 1),
+        conv_bytes // ssm_dtype.itemsize)
+    return conv, ssm
 
 
 class MambaStateCache:
-    def __init__(self, layers: list[GatedDeltaNetAttention], num_slots: int,
-                 device: torch.device, conv_dtype: torch.dtype, ssm_dtype: torch.dtype,
-                 conv_shape: tuple[int, ...], ssm_shape: tuple[int, ...],
-                 num_snapshots: int = 0) -> None:
+    def __init__(self, groups: list[list[GatedDeltaNetAttention]], max_num_reqs: int,
+                 device: torch.device) -> None:
         self.device = device
-        total = num_slots + 1 + num_snapshots  # null slot, running slots, snapshots
-        for layer in layers:  # vLLM's bind_kv_cache for MambaBase layers
-            layer.conv_state = torch.zeros(total, *conv_shape, dtype=conv_dtype, device=device)
-            layer.ssm_state = torch.zeros(total, *ssm_shape, dtype=ssm_dtype, device=device)
-        self.layers = layers
+        self.groups = groups  # the GDN layers of each KV cache group
+        self.layers = [layer for group in groups for layer in group]
         # persistent per-row metadata (a decode CUDA graph reads these device buffers;
-        # padding rows point at the null slot)
-        self.state_indices = CpuGpuBuffer(num_slots, dtype=torch.long, device=device)
-        self.has_initial_state = CpuGpuBuffer(num_slots, dtype=torch.bool, device=device)
-        self.free_slots = list(range(num_slots, 0, -1))  # pop() hands out 1 first
-        self.slot_of: dict[str, int] = {}
+        # padding rows point at the null block)
+        self.state_indices = [CpuGpuBuffer(max_num_reqs, dtype=torch.long, device=device)
+                              for _ in groups]
+        self.has_initial_state = CpuGpuBuffer(max_num_reqs, dtype=torch.bool, device=device)
+        self.blocks_of: dict[str, list[int]] = {}  # req_id -> its state block per group
+        # new requests' state blocks to zero / (saved blocks, own blocks) to copy
+        self._pending_zeros: list[list[int]] = []
+        self._pending_copies: list[tuple[list[int], list[int]]] = []
 
     @classmethod
-    def for_model(cls, model: nn.Module, num_slots: int, device: torch.device,
-                  num_snapshots: int = 0) -> MambaStateCache | None:
-        """The state pool of a hybrid model (None for a model without GDN layers)."""
-        layers = [m for m in model.modules() if isinstance(m, GatedDeltaNetAttention)]
-        if not layers:
-            return None
-        cfg = model.config
-        dtype = next(model.parameters()).dtype
-        conv_dtype, ssm_dtype = gdn_state_dtypes(cfg, dtype)
-        conv_shape, ssm_shape = gdn_state_shapes(cfg)
-        return cls(layers, num_slots, device, conv_dtype, ssm_dtype, conv_shape, ssm_shape,
-                   num_snapshots)
+    def bind(cls, model: nn.Module, buffers: list[torch.Tensor],
+             kv_config: HybridKVCacheConfig, max_num_reqs: int, device: torch.device
+             ) -> tuple[MambaStateCache, list[torch.Tensor]]:
+        """Bind the GDN layers' state views (vLLM's bind_kv_cache); -> (the cache, the KV
+        view of each attention layer in model order)."""
+        gdn = [m for m in model.modules() if isinstance(m, GatedDeltaNetAttention)]
+        n = kv_config.num_blocks
+        groups = []
+        for j, group in enumerate(kv_config.mamba_groups):
+            groups.append([])
+            for t, i in enumerate(group):
+                if i < 0:
+                    continue
+                gdn[i].conv_state, gdn[i].ssm_state = state_views(
+                    buffers[t], kv_config.mamba_spec, n)
+                gdn[i].state_group = j
+                groups[-1].append(gdn[i])
+        attn_index = kv_config.attn_groups[0]
+        kv = [attention_view(buffers[attn_index.index(i)], kv_config.attn_spec, n)
+              for i in range(sum(i >= 0 for i in attn_index))]
+        return cls(groups, max_num_reqs, device), kv
 
-    def add(self, req_id: str, num_computed_tokens: int, restore_slot: int | None = None
-            ) -> None:
-        """A slot for a request scheduled new: zeroed, or a copy of the snapshot its
-        prefix hit starts from."""
-        if num_computed_tokens and restore_slot is None:
+    def add(self, req_id: str, state_block_ids: list[int], num_computed_tokens: int,
+            restore_block_ids: list[int] | None = None) -> None:
+        """A request scheduled new: its state blocks are zeroed, or start as copies of the
+        saved state blocks its prefix hit names (done with the step's next metadata)."""
+        if num_computed_tokens and restore_block_ids is None:
             raise InvalidArgumentError(
                 f"request {req_id!r} starts at token {num_computed_tokens} without a saved "
-                "Gated DeltaNet state: prefix caching of hybrid models needs align mode "
-                "(setup_hybrid_prefix_caching), else enable_prefix_caching off")
-        self.free(req_id)
-        if not self.free_slots:
-            raise OutOfResourcesError("no free Gated DeltaNet state slot (more running "
-                                      "requests than max_num_seqs)")
-        slot = self.slot_of[req_id] = self.free_slots.pop()
-        for layer in self.layers:
-            if num_computed_tokens:
-                layer.conv_state[slot].copy_(layer.conv_state[restore_slot])
-                layer.ssm_state[slot].copy_(layer.ssm_state[restore_slot])
-            else:
-                layer.conv_state[slot].zero_()
-                layer.ssm_state[slot].zero_()
+                "Gated DeltaNet state: prefix caching of hybrid models needs "
+                "mamba_cache_mode align")
+        self.blocks_of[req_id] = state_block_ids
+        if num_computed_tokens:
+            self._pending_copies.append((restore_block_ids, state_block_ids))
+        else:
+            self._pending_zeros.append(state_block_ids)
 
-    def save(self, saves: list[tuple[str, int]]) -> None:
-        """Copy the listed requests' states into their snapshot slots (after a step)."""
-        src = torch.tensor([self.slot_of[r] for r, _ in saves], device=self.device)
-        dst = torch.tensor([s for _, s in saves], device=self.device)
-        for layer in self.layers:
-            layer.conv_state[dst] = layer.conv_state[src]
-            layer.ssm_state[dst] = layer.ssm_state[src]
+    def _init_new_states(self) -> None:
+        """The new requests' state blocks, zeroed or copied: one indexed op per layer and
+        tensor (pinned, non-blocking index copies: no host sync)."""
+        for j, group in enumerate(self.groups):
+            if self._pending_zeros:
+                idx = async_tensor_h2d([b[j] for b in self._pending_zeros], torch.long,
+                                       self.device)
+                for layer in group:
+                    layer.conv_state[idx] = 0
+                    layer.ssm_state[idx] = 0
+            if self._pending_copies:
+                self._copy(group, [s[j] for s, _ in self._pending_copies],
+                           [d[j] for _, d in self._pending_copies])
+        self._pending_zeros, self._pending_copies = [], []
+
+    def _copy(self, group: list[GatedDeltaNetAttention], src: list[int], dst: list[int]
+              ) -> None:
+        src_t = async_tensor_h2d(src, torch.long, self.device)
+        dst_t = async_tensor_h2d(dst, torch.long, self.device)
+        for layer in group:
+            layer.conv_state[dst_t] = layer.conv_state[src_t]
+            layer.ssm_state[dst_t] = layer.ssm_state[src_t]
+
+    def save(self, saves: list[tuple[str, list[int]]]) -> None:
+        """Copy the listed requests' states into the named blocks (after a step)."""
+        for j, group in enumerate(self.groups):
+            self._copy(group, [self.blocks_of[r][j] for r, _ in saves],
+                       [blocks[j] for _, blocks in saves])
 
     def free(self, req_id: str) -> None:
-        slot = self.slot_of.pop(req_id, None)
-        if slot is not None:
-            self.free_slots.append(slot)
+        self.blocks_of.pop(req_id, None)
 
     def build_metadata(self, req_ids: list[str], num_computed: list[int],
                        query_start_loc: list[int], max_query_len: int,
                        query_start_loc_t: torch.Tensor, rows: int | None = None
-                       ) -> GDNMetadata:
-        """This step's GDN metadata (decode rows and prefill chunks alike) over `rows`
-        rows (a padded decode graph's size; the rows past the requests are padding).
-        query_start_loc_t is the runner's device copy ([rows + 1] int32)."""
+                       ) -> list[GDNMetadata]:
+        """This step's GDN metadata per group (decode rows and prefill chunks alike) over
+        `rows` rows (a padded decode graph's size; the rows past the requests are
+        padding). query_start_loc_t is the runner's device copy ([rows + 1] int32). The
+        states of requests added since the last call are initialised first."""
+        self._init_new_states()
         n = len(req_ids)
         rows = rows or n
-        slots = [self.slot_of[r] for r in req_ids]
         init = [c > 0 for c in num_computed]
-        self.state_indices.np[:n] = slots
-        self.state_indices.np[n:rows] = NULL_SLOT
         self.has_initial_state.np[:n] = init
         self.has_initial_state.np[n:rows] = False
-        return GDNMetadata(query_start_loc, slots, init, max_query_len, query_start_loc_t,
-                           self.state_indices.copy_to_gpu(rows),
-                           self.has_initial_state.copy_to_gpu(rows))
-
-
-def setup_hybrid_prefix_caching(runner, scheduler, block_size: int,
-                                num_snapshots: int | None = None) -> None:
-    """Align-mode prefix caching for a hybrid model (nothing otherwise): the runner's
-    pool grows num_snapshots (default max_num_reqs) snapshot slots, handed out by the
-    scheduler's MambaAlignCache. Call after the runner's KV cache is bound, before the
-    CUDA graphs are captured (they read the pool's tensors) and before any request; a
-    second call does nothing (the engine core makes the first)."""
-    if runner.mamba is None or not scheduler.kv_cache_manager.enable_caching \
-            or getattr(scheduler, "mamba_align", None) is not None:
-        return
-    if runner.cudagraphs is not None:
-        raise RuntimeError("setup_hybrid_prefix_caching must run before capture_model")
-    n = runner.max_num_reqs
-    snaps = num_snapshots or n
-    for layer in runner.mamba.layers:  # the old pool goes before the new one is allocated
-        layer.conv_state = layer.ssm_state = None
-    runner.mamba = MambaStateCache.for_model(runner.model, n, runner.device,
-                                             num_snapshots=snaps)
-    scheduler.mamba_align = MambaAlignCache(block_size, first_slot=n + 1, num_slots=snaps)
+        init_t = self.has_initial_state.copy_to_gpu(rows)
+        out = []
+        for j, buf in enumerate(self.state_indices):
+            blocks = [self.blocks_of[r][j] for r in req_ids]
+            buf.np[:n] = blocks
+            buf.np[n:rows] = NULL_BLOCK
+            out.append(GDNMetadata(query_start_loc, blocks, init, max_query_len,
+                                   query_start_loc_t, buf.copy_to_gpu(rows), init_t))
+        return out

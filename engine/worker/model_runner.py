@@ -16,8 +16,8 @@ of the sampled token ids (plus logprobs when asked). execute_model_async returns
 it (async scheduling, vLLM's AsyncGPUModelRunnerOutput): the next step can be prepared
 while this one runs; a token still in flight is a -1 placeholder in the request's token
 ids, and the next step's input takes it from the device tensor of sampled ids (vLLM's
-_prepare_input_ids). profile_run is vLLM's profiling forward pass (KV cache sizing,
-engine/worker/gpu_worker.py).
+_prepare_input_ids). A hybrid GDN model's KV and state share one block pool
+(engine/worker/mamba_utils.py).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from engine.worker.cudagraph_dispatcher import (
     CUDAGraphMode,
 )
 from engine.worker.input_batch import BlockTable, CpuGpuBuffer
-from engine.worker.mamba_utils import MambaStateCache
+from engine.worker.mamba_utils import HybridKVCacheConfig, MambaStateCache
 
 _PROMPT_LOGITS_ROWS = 512  # prompt positions per logits matmul (bounds [rows, vocab] memory)
 PAD_SLOT_ID = -1  # slot of a padding token: the cache kernel skips it
@@ -165,13 +165,14 @@ class ModelRunner:
         if kv_caches is not None:
             self.initialize_kv_cache(kv_caches)
 
-    def initialize_kv_cache(self, kv_caches: list[torch.Tensor]) -> None:
+    def initialize_kv_cache(self, kv_caches: list[torch.Tensor],
+                            hybrid: HybridKVCacheConfig | None = None) -> None:
         """Bind one [2, num_blocks, block_size, nkv, hd] cache per attention layer (vLLM's
-        bind_kv_cache) and size the block table."""
+        bind_kv_cache; hybrid: views of the pool's raw buffers) and size the block table."""
         attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.mamba = MambaStateCache.for_model(self.model, self.max_num_reqs, self.device)
-        if self.mamba is not None:  # hybrid: KV caches only for the attention layers
-            kv_caches = kv_caches[:len(attn_layers)]  # (the engine should allocate no more)
+        if hybrid is not None:
+            self.mamba, kv_caches = MambaStateCache.bind(self.model, kv_caches, hybrid,
+                                                         self.max_num_reqs, self.device)
         for layer, cache in zip(attn_layers, kv_caches, strict=True):
             layer.kv_cache = cache
         max_blocks = -(-self.max_model_len // self.block_size) if self.max_model_len \
@@ -197,7 +198,8 @@ class ModelRunner:
                 self.block_table.free_row(old.row)
             sp = new.sampling_params
             if self.mamba is not None:
-                self.mamba.add(new.req_id, new.num_computed_tokens, new.mamba_restore_slot)
+                self.mamba.add(new.req_id, new.state_block_ids, new.num_computed_tokens,
+                               new.mamba_restore_block_ids)
             state = CachedRequestState(
                 new.req_id, list(new.token_ids), sp, self.block_table.add_row(new.block_ids),
                 new.num_computed_tokens,
