@@ -32,9 +32,9 @@ GROUP_EPS = 1e-10  # per_token_group_quant_fp8's default eps
 
 
 @cached_launch
-@triton.jit(do_not_specialize=["M"])
+@triton.jit
 def _per_token_group_quant_fp8_kernel(
-    y_ptr, q_ptr, s_ptr, M, num_groups, group_size,
+    y_ptr, q_ptr, s_ptr, num_groups, group_size,
     stride_ym, stride_qm, stride_sm, stride_sg, eps,
     FP8_MAX_C: tl.constexpr, BLOCK: tl.constexpr, GROUPS: tl.constexpr,
 ):
@@ -78,7 +78,7 @@ def per_token_group_quant_fp8(x: torch.Tensor, group_size: int, eps: float = GRO
     block = next_pow2(group_size)
     groups = max(1, min(next_pow2(num_groups), 2048 // block))  # ~2K elements a program
     _per_token_group_quant_fp8_kernel[(m, cdiv(num_groups, groups))](
-        x, x_q, x_s, m, num_groups, group_size,
+        x, x_q, x_s, num_groups, group_size,
         x.stride(0), x_q.stride(0), x_s.stride(0), x_s.stride(1), eps,
         FP8_MAX_C=FP8_MAX, BLOCK=block, GROUPS=groups,
         num_warps=min(max(block * groups // 256, 1), 8), num_stages=1,
@@ -97,9 +97,9 @@ def per_token_group_quant_fp8_ref(x: torch.Tensor, group_size: int, eps: float =
 
 
 @cached_launch
-@triton.jit(do_not_specialize=["M"])
+@triton.jit
 def _scaled_fp8_quant_kernel(
-    x_ptr, q_ptr, scale_ptr, M, K, stride_xm, stride_qm,
+    x_ptr, q_ptr, scale_ptr, K, stride_xm, stride_qm,
     PER_ROW: tl.constexpr, FP8_MAX_C: tl.constexpr, BLOCK: tl.constexpr,
 ):
     # x [M, K] -> q [M, K] fp8 = clamp(x * (1 / scale)); scale [1] or [M] (PER_ROW)
@@ -156,10 +156,10 @@ def scaled_fp8_quant(input: torch.Tensor, scale: torch.Tensor | None = None,
     if input.stride(-1) != 1:
         input = input.contiguous()
     block = min(4096, next_pow2(n))
-    _scaled_fp8_quant_kernel[(m, cdiv(n, block))](
-        input, output, scale.contiguous(), m, n, input.stride(0), output.stride(0),
-        PER_ROW=scale.numel() != 1, FP8_MAX_C=FP8_MAX,
-        BLOCK=block, num_warps=min(max(block // 512, 1), 8),
+    _scaled_fp8_quant_kernel[(m, cdiv(n, block))](  # scale never 0-D (Triton: a scalar)
+        input, output, scale.reshape(-1), n, input.stride(0), output.stride(0),
+        PER_ROW=scale.numel() != 1, FP8_MAX_C=FP8_MAX, BLOCK=block,
+        num_warps=min(max(block // 512, 1), 8),
     )
     return output, scale
 
