@@ -174,3 +174,18 @@ def scaled_fp8_quant_ref(input: torch.Tensor, scale: torch.Tensor | None = None,
     inv = scale.float().reshape(-1, 1).reciprocal()  # [1, 1] or [M, 1]
     out = (input.float() * inv).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return out, scale
+
+
+def dequantize_fp8(x_q: torch.Tensor, scale: torch.Tensor,
+                   block_shape: list[int] | None = None) -> torch.Tensor:
+    """x_q [..., N, K] fp8 -> fp32 x_q * scale. block_shape [bn, bk]: scale
+    [..., cdiv(N, bn), cdiv(K, bk)] (a weight's blocks; [1, bk] for per-token-group
+    activations); else scale broadcast over x_q's trailing dims: one value, [..., N, 1] per
+    row / channel, [E] per expert."""
+    if block_shape is not None:
+        n, k = x_q.shape[-2:]
+        scale = scale.repeat_interleave(block_shape[0], dim=-2)[..., :n, :]
+        scale = scale.repeat_interleave(block_shape[1], dim=-1)[..., :k]
+    else:
+        scale = scale.reshape(scale.shape + (1,) * (x_q.dim() - scale.dim()))
+    return x_q.float() * scale.float()
