@@ -11,6 +11,7 @@ scale group). Launch configs: the tuned JSON file
 "N={N},K={K},device_name={device},dtype=fp8_w8a8,block_shape=[{bn},{bk}].json" in
 kernels/configs/fp8_block/ (written by examples/bench/tune_fp8_block.py; upstream's names
 and format: batch size M -> config, the nearest M taken), else upstream's default.
+One row (batch-1 decode) without an explicit config takes kernels/fp8_gemv.py instead.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import cdiv, check, check_same_device
+from kernels.fp8_gemv import w8a8_block_fp8_gemv
 from kernels.launch_cache import cached_launch
 
 logger = logging.getLogger(__name__)
@@ -157,7 +159,7 @@ def w8a8_block_fp8_matmul(A: torch.Tensor, B: torch.Tensor, As: torch.Tensor,
                           config: dict | None = None) -> torch.Tensor:
     """A [..., K] fp8 (contiguous), B [N, K] fp8, As [..., cdiv(K, bk)] fp32,
     Bs [cdiv(N, bn), cdiv(K, bk)] fp32, block_size [bn, bk] -> C [..., N] output_dtype.
-    `config` overrides get_config (the tuner's)."""
+    `config` overrides get_config (the tuner's) and keeps one row on the GEMM."""
     _check_args(A, B, As, Bs, block_size, output_dtype)
     block_n, block_k = block_size
     N, K = B.shape
@@ -167,6 +169,9 @@ def w8a8_block_fp8_matmul(A: torch.Tensor, B: torch.Tensor, As: torch.Tensor,
     C = torch.empty((*A.shape[:-1], N), dtype=output_dtype, device=A.device)
     if M == 0 or N == 0:
         return C
+    if (M == 1 and config is None and B.is_contiguous() and as2.stride(1) == 1
+            and Bs.stride(1) == 1):
+        return w8a8_block_fp8_gemv(a2, B, as2, Bs, block_size, output_dtype).view(C.shape)
     config = dict(config or get_config(M, N, K, block_n, block_k))
     check(block_k % config["BLOCK_SIZE_K"] == 0,
           lambda: f"BLOCK_SIZE_K {config['BLOCK_SIZE_K']} must divide block_k {block_k}")

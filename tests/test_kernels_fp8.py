@@ -1,6 +1,6 @@
-"""kernels/fp8_quant.py, kernels/fp8_block_gemm.py and kernels/fp8_scaled_mm.py against
-their torch references (the dequantized fp32 matmul for the GEMMs), and the block GEMM's
-config loader.
+"""kernels/fp8_quant.py, kernels/fp8_block_gemm.py (with kernels/fp8_gemv.py, its one-row
+path) and kernels/fp8_scaled_mm.py against their torch references (the dequantized fp32
+matmul for the GEMMs), and the block GEMM's config loader.
 
 Mirrors vLLM 0.33 tests/kernels/quantization/test_block_fp8.py (test_per_token_group_quant_fp8,
 test_w8a8_block_fp8_matmul: native_w8a8_block_matmul as the oracle, block sizes [128, 128]
@@ -29,6 +29,7 @@ from kernels.fp8_block_gemm import (
     w8a8_block_fp8_matmul,
     w8a8_block_fp8_matmul_ref,
 )
+from kernels.fp8_gemv import w8a8_block_fp8_gemv
 from kernels.fp8_quant import (
     FP8_DTYPE,
     FP8_MAX,
@@ -193,6 +194,22 @@ def test_w8a8_block_fp8_matmul_model_shapes(m, n, k) -> None:
     exact = x.float() @ w.float().t()
     rel = (out.float() - exact).norm() / exact.norm()
     assert rel < 0.05, rel
+
+
+@pytest.mark.parametrize("n,k,block", [(70, 200, [32, 32]), (64, 256, [64, 128]),
+                                       (5, 96, [32, 32])])
+@pytest.mark.parametrize("config", [None, (2, 32, 4, 2), (8, 64, 4, 1)],
+                         ids=["default", "bn2-bk32", "bn8-bk64"])
+def test_w8a8_block_fp8_gemv(n, k, block, config) -> None:
+    """The one-row GEMV (masked and whole K steps, BK above and below block_k), and the
+    block GEMM's dispatch to it at M = 1."""
+    a, b, a_s, b_s = block_inputs(1, n, k, block, seed=n)
+    ref = w8a8_block_fp8_matmul_ref(a, b, a_s, b_s, block, torch.float32)
+    out = w8a8_block_fp8_gemv(a, b, a_s, b_s, block, torch.float32, config=config)
+    assert_gemm_close(out, ref)
+    if config is None:
+        dispatched = w8a8_block_fp8_matmul(a, b, a_s, b_s, block, torch.float32)
+        torch.testing.assert_close(dispatched, out, atol=0, rtol=0)
 
 
 def test_w8a8_block_fp8_matmul_errors() -> None:

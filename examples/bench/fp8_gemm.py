@@ -3,18 +3,21 @@
     python examples/bench/fp8_gemm.py --peak-tflops 1979 [--hbm-tbps 4.8]
         [--m 1 16 ...] [--models llama qwen] [--out DIR]
 
-Per model linear (N, K) and token count M: bf16 torch.matmul (cuBLAS), the block-FP8
-Triton GEMM (kernels/fp8_block_gemm.py, [128, 128] weight blocks, its tuned config or the
-default; "fp8_block+q" adds the activation's per-token-group quantization, what a linear
-layer runs), and torch._scaled_mm with per-token x per-channel scales (kernels/fp8_scaled_mm.py,
-row-wise, bf16 out). Each row: us per call, TFLOP/s, GB/s (the bytes a call must move:
-activation, weight, output, scales) and the ratio to the roofline max(FLOPs / peak,
+Per model linear (N, K) and token count M: bf16 torch.matmul (cuBLAS); the block-FP8
+Triton GEMM (kernels/fp8_block_gemm.py, [128, 128] weight blocks, its tuned config or
+the default; at M = 1 its one-row GEMV, kernels/fp8_gemv.py, with "fp8_block_gemm" the
+GEMM it replaces and "fp8_gemv(...)" other GEMV configs); "fp8_block+q", the same with
+the activation's per-token-group quantization, what a linear layer runs; and
+torch._scaled_mm with per-token x per-channel scales (kernels/fp8_scaled_mm.py,
+row-wise, bf16 out). Each row: us per call, TFLOP/s, GB/s (the bytes a GEMM must move:
+activation, weight, output) and the ratio to the roofline max(FLOPs / peak,
 bytes / bandwidth), with --peak-tflops the dense FP8 peak (bf16's is half of it) and the
 bandwidth --hbm-tbps, else the device-to-device copy bandwidth measured at the start
 (printed either way). Times are CUDA-graph replays (examples/bench/kernels.py gpu_time)
 over enough weight copies to miss the L2. "err" is the max relative error against the bf16
-matmul of the unquantized inputs (FP8's quantization error, ~1e-2). Prints a table last;
-writes fp8_gemm.json to --out (default $OUT, else nothing).
+matmul of the unquantized inputs (FP8's quantization error, ~1e-2). Prints a table last
+(and the M = 1 GEMV against the GEMM); writes fp8_gemm.json to --out (default $OUT, else
+nothing).
 """
 # ruff: noqa: B023  (every lambda is timed inside the loop iteration that defines it)
 
@@ -33,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.bench.kernels import copies, gpu_time, rel_err  # noqa: E402
 from kernels.fp8_block_gemm import get_config, w8a8_block_fp8_matmul  # noqa: E402
+from kernels.fp8_gemv import fp8_gemv_config, w8a8_block_fp8_gemv  # noqa: E402
 from kernels.fp8_quant import per_token_group_quant_fp8, scaled_fp8_quant  # noqa: E402
 from kernels.fp8_scaled_mm import fp8_scaled_mm  # noqa: E402
 
@@ -47,6 +51,8 @@ MODELS = {
              "shared_down": (2048, 512)},
 }
 MS = [1, 16, 64, 256, 1024, 4096, 16384]
+# (BN, BK, num_warps, num_stages) of the one-row GEMV timed at M = 1 beside its default
+GEMV_SWEEP = [(4, 1024, 4, 2), (8, 512, 4, 2), (2, 2048, 8, 1), (16, 512, 8, 2)]
 
 
 def copy_bandwidth() -> float:
@@ -96,6 +102,14 @@ def bench_shape(model: str, lin: str, n: int, k: int, ms: list[int], peak: float
                                            for d in ws_ch], len(ws_ch), 1,
                                   fp8_scaled_mm(xq_t, wq_ch, xs_t, w_ch, torch.bfloat16)),
         }
+        if m == 1:  # the GEMM the one-row GEMV replaces, and other GEMV configs
+            cfg = get_config(m, n, k, *BLOCK)
+            paths["fp8_block_gemm"] = (lambda: [w8a8_block_fp8_matmul(
+                xq, d, xs, ws, BLOCK, config=cfg) for d in ws_blk], len(ws_blk), 1, None)
+            for gc in GEMV_SWEEP:
+                paths[f"fp8_gemv{gc}"] = (lambda gc=gc: [w8a8_block_fp8_gemv(
+                    xq, d, xs, ws, BLOCK, torch.bfloat16, config=gc) for d in ws_blk],
+                    len(ws_blk), 1, None)
         for path, (fn, reps, elt, out) in paths.items():
             t = gpu_time(fn) / reps
             flops = 2 * m * n * k
@@ -107,7 +121,8 @@ def bench_shape(model: str, lin: str, n: int, k: int, ms: list[int], peak: float
                  "roofline_ratio": roof / t,
                  "err": None if out is None else rel_err(out, ref)}
             if path == "fp8_block":
-                r["config"] = get_config(m, n, k, *BLOCK)
+                r["config"] = (fp8_gemv_config(n, k, BLOCK[0]) if m == 1
+                               else get_config(m, n, k, *BLOCK))
             rows.append(r)
             print(f"  {model:5} {lin:14} M={m:<6} {path:18} {r['us']:10.1f} us "
                   f"{r['TFLOP/s']:7.1f} TF {r['GB/s']:7.0f} GB/s {100 * r['roofline_ratio']:5.1f}%"
@@ -128,6 +143,17 @@ def table(rows: list[dict]) -> None:
                        else f"{'-':>24}" for c in cells)
         speed = cells[0]["us"] / cells[1]["us"] if cells[0] and cells[1] else float("nan")
         print(f"{key[0]:6}{key[1]:15}{key[2]:>6} {line}{speed:10.2f}x")
+    print("\nM=1: the GEMV (default config, best of the sweep) against the block GEMM")
+    for model, lin, _ in (k for k in keys if k[2] == 1):
+        one = [r for r in rows if (r["model"], r["linear"], r["M"]) == (model, lin, 1)]
+        gemm = next((r for r in one if r["path"] == "fp8_block_gemm"), None)
+        gemv = [r for r in one if r["path"] == "fp8_block" or r["path"].startswith("fp8_gemv")]
+        if gemm and gemv:
+            best = min(gemv, key=lambda r: r["us"])
+            print(f"{model:6}{lin:15} gemv {gemv[0]['us']:8.1f}us "
+                  f"{100 * gemv[0]['roofline_ratio']:5.1f}%roof  best {best['path']:28} "
+                  f"{best['us']:8.1f}us  gemm {gemm['us']:8.1f}us "
+                  f"{100 * gemm['roofline_ratio']:5.1f}%roof")
 
 
 def main() -> None:
