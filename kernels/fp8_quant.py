@@ -106,7 +106,10 @@ def _scaled_fp8_quant_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < K
-    scale = tl.load(scale_ptr + row) if PER_ROW else tl.load(scale_ptr)
+    if PER_ROW:
+        scale = tl.load(scale_ptr + row)
+    else:
+        scale = tl.load(scale_ptr)
     inv = tl.div_rn(tl.full((BLOCK,), 1.0, tl.float32), scale)  # IEEE, as torch's
     x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
     q = tl.clamp(x * inv, -FP8_MAX_C, FP8_MAX_C)
