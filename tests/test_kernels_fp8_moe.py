@@ -165,15 +165,16 @@ def test_fused_moe_kernel_fp8_checks_its_arguments() -> None:
 
 
 def experts_fp8(m, e, h, i, topk, mode, block, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, h, generator=g).to(dtype).to(DEVICE)
-    w13 = torch.randn(e, 2 * i, h, generator=g) / h ** 0.5
-    w2 = torch.randn(e, h, i, generator=g) / i ** 0.5
+    """Made on the device (Qwen3.5's 256 experts are ~1.6e9 values in fp32)."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    x = torch.randn(m, h, generator=g, device=DEVICE).to(dtype)
+    w13 = torch.randn(e, 2 * i, h, generator=g, device=DEVICE) / h ** 0.5
+    w2 = torch.randn(e, h, i, generator=g, device=DEVICE) / i ** 0.5
     (w13_q, w13_s), (w2_q, w2_s) = quantize_weight(w13, mode, block), quantize_weight(
         w2, mode, block)
-    logits = torch.randn(m, e, generator=g).to(DEVICE)
+    logits = torch.randn(m, e, generator=g, device=DEVICE)
     weights, ids = fused_topk(logits, topk, renormalize=True)
-    return x, [t.to(DEVICE) for t in (w13_q, w13_s, w2_q, w2_s)], weights, ids
+    return x, [w13_q, w13_s, w2_q, w2_s], weights, ids
 
 
 def check_experts(m, e, h, i, topk, mode, block, dtype, config=None) -> None:
