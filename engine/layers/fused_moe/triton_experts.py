@@ -60,11 +60,18 @@ def _prepare_expert_assignment(topk_ids: torch.Tensor, config: dict, num_experts
 
 def fused_experts_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                          topk_weights: torch.Tensor, topk_ids: torch.Tensor, act: nn.Module,
-                         config: dict | None = None, allow_gemv: bool = True
-                         ) -> torch.Tensor:
+                         config: dict | None = None, allow_gemv: bool = True, *,
+                         use_fp8_w8a8: bool = False, w1_scale: torch.Tensor | None = None,
+                         w2_scale: torch.Tensor | None = None,
+                         a1_scale: torch.Tensor | None = None,
+                         a2_scale: torch.Tensor | None = None,
+                         block_shape: list[int] | None = None) -> torch.Tensor:
     """hidden_states [M, H]; w13 [E, 2I, H]; w2 [E, H, I]; topk_weights [M, k] fp32;
     topk_ids [M, k] -> [M, H]. `config` overrides try_get_optimal_moe_config (the GEMM
-    path's). The sparse regime with SiLU takes the GEMV path unless allow_gemv is False."""
+    path's). The sparse regime with SiLU takes the GEMV path unless allow_gemv is False.
+    use_fp8_w8a8: fp8 w13 / w2 with scales w1_scale / w2_scale (upstream's names and
+    layouts, kernels/fused_moe.py invoke_fused_moe_kernel), each GEMM's activations
+    quantized in its launcher (a1_scale / a2_scale static, None dynamic); no GEMV path."""
     from kernels.fused_moe import invoke_fused_moe_kernel  # lazy: triton
     from kernels.moe_sum import moe_sum
 
@@ -73,11 +80,17 @@ def fused_experts_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: tor
     top_k = topk_ids.shape[1]
     if m == 0:
         return torch.empty_like(hidden_states)
-    if allow_gemv and _takes_gemv(m, top_k, num_experts, act):
+    if allow_gemv and not use_fp8_w8a8 and _takes_gemv(m, top_k, num_experts, act):
         return _fused_experts_gemv(hidden_states, w13, w2, topk_weights, topk_ids)
     if config is None:
+        dtype_str = "fp8_w8a8" if use_fp8_w8a8 else get_config_dtype_str(hidden_states.dtype)
         config = try_get_optimal_moe_config(tuple(w13.shape), tuple(w2.shape), top_k,
-                                            get_config_dtype_str(hidden_states.dtype), m)
+                                            dtype_str, m)
+    q1 = q2 = {}  # each launch's FP8 keywords
+    if use_fp8_w8a8:
+        q1 = dict(use_fp8_w8a8=True, block_shape=block_shape, A_scale=a1_scale,
+                  B_scale=w1_scale)
+        q2 = dict(q1, A_scale=a2_scale, B_scale=w2_scale)
     hidden_states = hidden_states.contiguous()
     topk_weights = topk_weights.float().contiguous()
     sorted_ids, expert_ids, post_pad = _prepare_expert_assignment(topk_ids, config,
@@ -86,15 +99,16 @@ def fused_experts_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: tor
     if isinstance(act, SiluAndMul):  # SiLU-and-mul in the w13 launch's epilogue
         cache2 = torch.empty(m * top_k, n2 // 2, dtype=dtype, device=dev)  # [M * k, I]
         invoke_fused_moe_kernel(hidden_states, w13, cache2, topk_weights, sorted_ids,
-                                expert_ids, post_pad, False, top_k, config, silu_and_mul=True)
+                                expert_ids, post_pad, False, top_k, config, silu_and_mul=True,
+                                **q1)
     else:
         cache1 = torch.empty(m * top_k, n2, dtype=dtype, device=dev)  # gate | up per pair
         invoke_fused_moe_kernel(hidden_states, w13, cache1, topk_weights, sorted_ids,
-                                expert_ids, post_pad, False, top_k, config)
+                                expert_ids, post_pad, False, top_k, config, **q1)
         cache2 = act(cache1)  # [M * k, I]
     cache3 = torch.empty(m, top_k, h, dtype=dtype, device=dev)  # weighted, per pair
     invoke_fused_moe_kernel(cache2, w2, cache3, topk_weights, sorted_ids, expert_ids,
-                            post_pad, True, 1, config)
+                            post_pad, True, 1, config, **q2)
     return moe_sum(cache3)  # [M, H]
 
 
@@ -118,17 +132,26 @@ def fused_moe_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.T
                      gating_output: torch.Tensor, top_k: int, renormalize: bool,
                      act: nn.Module, allow_gemv: bool = True,
                      shared_out: torch.Tensor | None = None,
-                     shared_gate: torch.Tensor | None = None) -> torch.Tensor:
+                     shared_gate: torch.Tensor | None = None, *, use_fp8_w8a8: bool = False,
+                     w1_scale: torch.Tensor | None = None,
+                     w2_scale: torch.Tensor | None = None,
+                     a1_scale: torch.Tensor | None = None,
+                     a2_scale: torch.Tensor | None = None,
+                     block_shape: list[int] | None = None) -> torch.Tensor:
     """hidden_states [M, H]; w13 [E, 2I, H]; w2 [E, H, I]; gating_output [M, E] router
     logits (softmax top-k, as fused_topk; any row stride) -> [M, H]. With shared_out [M, H]
     and shared_gate [M, 1]: + sigmoid(shared_gate) * shared_out (a gated shared expert),
-    in the w2 launch's epilogue on the routed path, else as torch ops."""
+    in the w2 launch's epilogue on the routed path, else as torch ops. use_fp8_w8a8 and the
+    scales: fused_experts_triton's (no routed GEMV path)."""
     m = hidden_states.shape[0]
     num_experts = w13.shape[0]
-    if not (allow_gemv and _takes_routed_gemv(m, top_k, num_experts, act)):
+    if not (allow_gemv and not use_fp8_w8a8
+            and _takes_routed_gemv(m, top_k, num_experts, act)):
         topk_weights, topk_ids = fused_topk(gating_output, top_k, renormalize)
         out = fused_experts_triton(hidden_states, w13, w2, topk_weights, topk_ids, act,
-                                   allow_gemv=allow_gemv)
+                                   allow_gemv=allow_gemv, use_fp8_w8a8=use_fp8_w8a8,
+                                   w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale,
+                                   a2_scale=a2_scale, block_shape=block_shape)
         if shared_out is not None:
             out = out + torch.sigmoid(shared_gate) * shared_out
         return out
