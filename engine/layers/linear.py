@@ -16,6 +16,10 @@ kernels/gguf_gemm.py; a layer that has one
 decode) runs the Triton GEMV kernels/gemv.py (dense_linear), which beats cuBLAS there; a
 gated MLP (gated_mlp) takes its SiLU-and-mul into the gate_up GEMV's epilogue there, or into
 the q8_1 quantization of a GGUF down projection (forward_act_and_mul).
+A layer of an FP8 checkpoint (or online FP8) has a `quant_method`
+(engine/layers/quantization/fp8.py, vLLM's LinearMethodBase.apply) that owns its fp8
+`weight` and scales on CUDA; those parameters keep their dtypes through `.to(dtype)`
+(apply_keeping_dtypes).
 """
 
 from __future__ import annotations
@@ -75,6 +79,22 @@ def gated_mlp(x: torch.Tensor, gate_up_proj: nn.Module, down_proj: nn.Module,
     return down_proj.forward_act_and_mul(gate_up_proj(x), act_fn)
 
 
+def apply_keeping_dtypes(module: nn.Module, fn, recurse: bool, super_apply) -> nn.Module:
+    """nn.Module._apply where parameters marked `keep_dtype` (fp8 weights, fp32 scales)
+    only move to fn's device: `.to(device, dtype)` casts every other one."""
+    kept = {n: p for n, p in module._parameters.items()
+            if p is not None and getattr(p, "keep_dtype", False)}
+    for n in kept:
+        del module._parameters[n]
+    super_apply(fn, recurse)
+    for n, p in kept.items():
+        device = fn(torch.empty(0, device=p.device)).device
+        moved = nn.Parameter(p.data.to(device), requires_grad=False)
+        moved.__dict__.update(p.__dict__)
+        module._parameters[n] = moved
+    return module
+
+
 def _new_param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
 
@@ -122,6 +142,7 @@ class ReplicatedLinear(nn.Module):
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__()
         self.gguf_weight: GGUFWeight | None = None  # set by the GGUF loader on CUDA
+        self.quant_method = None  # engine/layers/quantization/fp8.py Fp8LinearMethod
         self.input_size = input_size
         self.output_size = output_size
         self.weight = _new_param(output_size, input_size)  # [out, in]
@@ -136,10 +157,15 @@ class ReplicatedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, in] -> [num_tokens, out]
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x, self.bias)
         if self.gguf_weight is not None:
             y = self.gguf_weight(x)
             return y if self.bias is None else y + self.bias
         return dense_linear(x, self.weight, self.bias)
+
+    def _apply(self, fn, recurse=True):
+        return apply_keeping_dtypes(self, fn, recurse, super()._apply)
 
     def forward_act_and_mul(self, gate_up: torch.Tensor, act_fn: nn.Module) -> torch.Tensor:
         """self(act_fn(gate_up)) for a gated MLP's down projection; SiLU-and-mul goes into
@@ -244,6 +270,8 @@ class RowParallelLinear(ReplicatedLinear):
         # x: [num_tokens, in / tp] -> [num_tokens, out]
         if self.tp_size == 1:
             return super().forward(x)
+        if self.quant_method is not None:  # CUDA: the shard's FP8 weight
+            return self._reduce(self.quant_method.apply(self, x, None))
         if self.gguf_weight is not None:  # CUDA: the shard's blocks stay quantized
             return self._reduce(self.gguf_weight(x))
         return self._reduce(dense_linear(x, self.weight, None))
