@@ -43,9 +43,10 @@ def _hf(family: str):
 def _check_greedy(ours, cfg, oracle, family: str) -> None:
     ids = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, cfg.vocab_size, (11,), generator=ids).tolist()
+    t = torch.tensor([prompt])  # an explicit mask: token 0 is the pad id
     with torch.no_grad():
-        ref = oracle.generate(torch.tensor([prompt]), max_new_tokens=STEPS, do_sample=False,
-                              min_new_tokens=STEPS)[0, len(prompt):].tolist()
+        ref = oracle.generate(t, attention_mask=torch.ones_like(t), max_new_tokens=STEPS,
+                              do_sample=False)[0, len(prompt):].tolist()
     if family == "qwen3_5_moe":
         req, got, nxt = OneRequest(ours, cfg, len(prompt) + STEPS + 1), [], prompt
         for _ in range(STEPS):
@@ -103,11 +104,13 @@ def _online_reference(hf) -> None:
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
 def test_online_fp8_quantizes_an_unquantized_checkpoint(family, tmp_path):
-    hf = make_hf_model(family)
-    hf.to(torch.bfloat16).save_pretrained(tmp_path)  # a bf16 checkpoint, as vLLM's test
+    make_hf_model(family, torch.bfloat16).save_pretrained(tmp_path)  # bf16, as vLLM's test
     ours, cfg, _ = load_model(str(tmp_path), quantization="fp8")
     plain, _, _ = load_model(str(tmp_path))
-    oracle = hf.float()
+    oracle = make_hf_model(family)  # fp32 (its rope tables too), weights as in the file
+    with torch.no_grad():
+        for p in oracle.parameters():
+            p.copy_(p.bfloat16().float())
     _online_reference(oracle)
     prompt = list(range(5, 30))
     with torch.no_grad():
