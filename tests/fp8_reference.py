@@ -5,7 +5,8 @@ and the fp32 twin whose weights are the dequantized FP8 ones (the oracle's).
 Quantization (per vLLM 0.33 tests/quantization/test_fp8.py's reference and Qwen's
 checkpoints): block FP8 scale_inv = absmax / 448 per bn x bk block, fp32; per channel
 (compressed-tensors FP8_DYNAMIC) scale = row absmax / 448, [N, 1]; per tensor
-scale = absmax / 448 with a static input_scale. q = clamp(w / scale, +-448) as
+scale = absmax / 448 with a static input_scale; compressed-tensors block (FP8_BLOCK) as
+block FP8 with the scale named weight_scale. q = clamp(w / scale, +-448) as
 float8_e4m3fn; dequantized = q * scale in fp32.
 """
 
@@ -58,9 +59,9 @@ def quantize_state(state: dict, scheme: str, block=(128, 128)) -> tuple[dict, di
             continue
         base = name[:-len("weight")]
         w = w.float()
-        if scheme == "fp8-block":
+        if scheme in ("fp8-block", "ct-block"):
             q, s = quant_block(w, *block)
-            out[base + "weight_scale_inv"] = s
+            out[base + ("weight_scale_inv" if scheme == "fp8-block" else "weight_scale")] = s
             twin[name] = dequant_block(q, s, *block)
         elif scheme == "ct-channel":
             s = (w.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(1e-12)  # [N, 1]
@@ -82,13 +83,15 @@ def quantization_config(scheme: str, ignore: list[str], block=(128, 128)) -> dic
     if scheme == "fp8-block":
         return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                 "weight_block_size": list(block), "modules_to_not_convert": ignore}
-    static = scheme == "ct-tensor"
+    static, blocks = scheme == "ct-tensor", scheme == "ct-block"
     weights = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False,
-               "strategy": "tensor" if static else "channel", "group_size": None,
-               "block_structure": None, "actorder": None, "observer": "minmax"}
+               "strategy": "tensor" if static else "block" if blocks else "channel",
+               "group_size": None, "block_structure": list(block) if blocks else None,
+               "actorder": None, "observer": "minmax"}
     inputs = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": not static,
-              "strategy": "tensor" if static else "token", "group_size": None,
-              "block_structure": None, "actorder": None, "observer": None}
+              "strategy": "tensor" if static else "group" if blocks else "token",
+              "group_size": block[1] if blocks else None, "block_structure": None,
+              "actorder": None, "observer": None}
     return {"quant_method": "compressed-tensors", "format": "float-quantized",
             "quantization_status": "compressed", "kv_cache_scheme": None,
             "global_compression_ratio": None, "ignore": ignore,

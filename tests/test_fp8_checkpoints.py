@@ -32,6 +32,7 @@ CASES = {  # name -> (model family, scheme, block)
     "llama-ct-tensor-static": ("llama", "ct-tensor", None),
     "qwen3_moe-block": ("qwen3_moe", "fp8-block", (32, 32)),
     "qwen3_moe-ct-channel": ("qwen3_moe", "ct-channel", None),
+    "qwen3_moe-ct-block": ("qwen3_moe", "ct-block", (32, 32)),
     "qwen3_5_moe-block": ("qwen3_5_moe", "fp8-block", (16, 32)),
 }
 

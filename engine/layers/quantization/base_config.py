@@ -27,17 +27,20 @@ class WeightScheme:
     """kind: "block" (scale_inv [ceil(N/bn), ceil(K/bk)]), "channel" (scale [N]) or
     "tensor" (one scale per checkpoint shard); serialized: the checkpoint holds FP8
     weights (else bf16/fp32 weights are quantized at load, vLLM's online FP8);
-    static_input: a per-tensor `input_scale` comes with each weight."""
+    static_input: a per-tensor `input_scale` comes with each weight; block_scale_name: the
+    checkpoint's name of a block scale (`weight_scale_inv` in fp8 checkpoints,
+    `weight_scale` in compressed-tensors ones)."""
 
     kind: str
     block: tuple[int, int] | None = None
     serialized: bool = True
     static_input: bool = False
+    block_scale_name: str = "weight_scale_inv"
 
     @property
     def scale_name(self) -> str:
-        """The checkpoint's name of the weight scale, after `<module>.`."""
-        return "weight_scale_inv" if self.kind == "block" else "weight_scale"
+        """The checkpoint's (and the layer's) name of the weight scale, after `<module>.`."""
+        return self.block_scale_name if self.kind == "block" else "weight_scale"
 
 
 class QuantizationConfig:

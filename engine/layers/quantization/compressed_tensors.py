@@ -50,7 +50,7 @@ def _fp8_scheme(group: str, weights: Any, inputs: Any, fmt: Any) -> WeightScheme
     if inputs.get("dynamic"):
         if inputs.get("strategy") not in ("token", "tensor", "group"):
             raise _scheme_error(group, weights, inputs, fmt)
-        return WeightScheme(strategy, block)
+        return WeightScheme(strategy, block, block_scale_name="weight_scale")
     if not inputs.get("symmetric", True) or inputs.get("strategy") != "tensor" or \
             strategy == "block":
         raise _scheme_error(group, weights, inputs, fmt)
