@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from engine.errors import ModelLoadError
-from engine.layers.linear import ColumnParallelLinear, RowParallelLinear
+from engine.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from engine.layers.quantization.base_config import WeightScheme
 from engine.layers.quantization.fp8_utils import cdiv
 
@@ -50,20 +50,23 @@ def load_linear_scale(layer: nn.Module, scheme: WeightScheme, input_scale: bool,
         start, rank = sum(widths[:i]), layer._shard_rank(i)
     size = widths[i]
     tp, col, row = _splits(layer)
+    # the checkpoint shard spans `parts` rank slices (kv heads replicated: fewer)
+    parts = tp // layer.num_kv_head_replicas \
+        if isinstance(layer, QKVParallelLinear) and i > 0 else tp
     loaded = loaded.float()
     if input_scale or scheme.kind == "tensor":
         _check("scale", loaded.reshape(-1), (1,))
         param.data[i] = loaded.reshape(())
         return 1
     if scheme.kind == "channel":
-        full = size * tp if col else size
+        full = size * parts if col else size
         loaded = loaded.reshape(-1) if loaded.dim() == 2 and loaded.shape[1] == 1 else loaded
         _check("per-channel scale", loaded, (full,))
         param.data[start:start + size] = loaded.narrow(0, rank * size if col else 0, size)
         return size
     bn, bk = scheme.block
     k = layer.input_size
-    rows, cols = cdiv(size * (tp if col else 1), bn), cdiv(k * (tp if row else 1), bk)
+    rows, cols = cdiv(size * (parts if col else 1), bn), cdiv(k * (tp if row else 1), bk)
     _check("block scale_inv", loaded, (rows, cols))
     if col:
         loaded = loaded.narrow(0, rank * size // bn, cdiv(size, bn))
