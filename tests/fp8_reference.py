@@ -17,6 +17,7 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -79,25 +80,21 @@ def quantize_state(state: dict, scheme: str, block=(128, 128)) -> tuple[dict, di
 
 
 def quantization_config(scheme: str, ignore: list[str], block=(128, 128)) -> dict:
-    """config.json's quantization_config as Qwen / llm-compressor write it."""
+    """config.json's quantization_config as Qwen / llm-compressor write it (the latter by
+    the compressed-tensors package: skips without it)."""
     if scheme == "fp8-block":
         return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                 "weight_block_size": list(block), "modules_to_not_convert": ignore}
-    static, blocks = scheme == "ct-tensor", scheme == "ct-block"
-    weights = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False,
-               "strategy": "tensor" if static else "block" if blocks else "channel",
-               "group_size": None, "block_structure": list(block) if blocks else None,
-               "actorder": None, "observer": "minmax"}
-    inputs = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": not static,
-              "strategy": "tensor" if static else "group" if blocks else "token",
-              "group_size": block[1] if blocks else None, "block_structure": None,
-              "actorder": None, "observer": None}
-    return {"quant_method": "compressed-tensors", "format": "float-quantized",
-            "quantization_status": "compressed", "kv_cache_scheme": None,
-            "global_compression_ratio": None, "ignore": ignore,
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
-                                          "input_activations": inputs,
-                                          "output_activations": None}}}
+    # compressed-tensors' own presets, as llm-compressor writes them
+    ct = pytest.importorskip("compressed_tensors.quantization")
+    preset = {"ct-channel": "FP8_DYNAMIC", "ct-tensor": "FP8", "ct-block": "FP8_BLOCK"}[scheme]
+    group = ct.preset_name_to_scheme(preset, ["Linear"])
+    if scheme == "ct-block":
+        group.weights.block_structure = list(block)
+        group.input_activations.group_size = block[1]
+    return ct.QuantizationConfig(config_groups={"group_0": group}, ignore=ignore,
+                                 quantization_status="compressed",
+                                 format="float-quantized").model_dump()
 
 
 def ignored_modules(state: dict) -> list[str]:
