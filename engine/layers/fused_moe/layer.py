@@ -19,8 +19,8 @@ slice of the intermediate dim (w13 rows of gate and of up, w2 columns); the rout
 is all-reduced (the shared experts reduce in their own RowParallelLinear).
 FP8 experts (vLLM's Fp8MoEMethod, engine/layers/quantization/fp8.py `quant_method`): w13 /
 w2 in fp8 with their scales (w13_weight_scale_inv, ...: loaded per expert through the
-method's scale loaders); on CUDA the method runs kernels/fused_moe.py fused_experts with
-the fp8 keywords after fused_topk; on the CPU the method has dequantized them at load.
+method's scale loaders); on CUDA the method runs fused_experts_triton with vLLM's fp8
+keywords after fused_topk; on the CPU the method has dequantized them at load.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from engine.errors import ModelLoadError
+from engine.layers.fused_moe import fused_experts_triton
 from engine.layers.quantization import fp8_utils as fu
 from engine.layers.quantization.base_config import (
     QuantizationConfig,
@@ -243,16 +244,18 @@ class Fp8MoEMethod:
 
     def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor) -> torch.Tensor:
-        """CUDA: kernels/fused_moe.py fused_experts with vLLM's fp8 keywords."""
+        """CUDA: engine/layers/fused_moe/triton_experts.py fused_experts_triton with vLLM's
+        fp8 keywords (scales [E, cdiv(2I, bn), cdiv(H, bk)] block, [E, N, 1] per channel,
+        [E] per tensor; a1 / a2 static [1] or None: dynamic)."""
         # x: [M, H], topk_*: [M, top_k] -> [M, H]
-        from kernels.fused_moe import fused_experts  # lazy: CUDA path only
-
         s = self.scheme
-        return fused_experts(
-            x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids,
-            use_fp8_w8a8=True, w1_scale=getattr(layer, f"w13_{s.scale_name}"),
-            w2_scale=getattr(layer, f"w2_{s.scale_name}"),
+        w1_scale = getattr(layer, f"w13_{s.scale_name}")
+        w2_scale = getattr(layer, f"w2_{s.scale_name}")
+        if s.kind == "channel":
+            w1_scale, w2_scale = w1_scale.unsqueeze(-1), w2_scale.unsqueeze(-1)
+        return fused_experts_triton(
+            x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids, layer.act,
+            use_fp8_w8a8=True, w1_scale=w1_scale, w2_scale=w2_scale,
             a1_scale=getattr(layer, "w13_input_scale", None),
             a2_scale=getattr(layer, "w2_input_scale", None),
-            per_channel_quant=s.kind == "channel",
             block_shape=list(s.block) if s.block else None)

@@ -3,7 +3,8 @@ quantizer, the block-shape checks, and the CUDA matmuls on kernels/.
 
 Mirrors vllm/model_executor/layers/quantization/utils/fp8_utils.py (validate_fp8_block_shape,
 validate_fp8_block_shape_moe, apply_w8a8_block_fp8_linear) and utils/w8a8_utils.py
-(requantize_with_max_scale, the per-tensor / per-channel fp8 linear) and
+(requantize_with_max_scale, the per-tensor / per-channel fp8 linear: per-token dynamic or
+static per-tensor activations, weight scale [N, 1] or one value) and
 online/fp8.py (per-tensor weight scale amax / 448). Dequantization is exact fp32 math:
 weight[n, k] * scale_inv[n // bn, k // bk] (block), * scale[n] (channel), * the shard's
 scale (tensor). The CUDA matmuls import kernels/fp8_quant.py, kernels/fp8_block_gemm.py and
@@ -104,6 +105,7 @@ def apply_fp8_linear(scheme: WeightScheme, x: torch.Tensor, weight: torch.Tensor
     per-tensor input_scale) activations and kernels/fp8_scaled_mm.py."""
     from kernels.fp8_quant import per_token_group_quant_fp8, scaled_fp8_quant  # lazy: CUDA
 
+    x = x.contiguous()  # [M, K]
     if scheme.kind == "block":
         from kernels.fp8_block_gemm import w8a8_block_fp8_matmul
 
@@ -116,4 +118,5 @@ def apply_fp8_linear(scheme: WeightScheme, x: torch.Tensor, weight: torch.Tensor
         x_q, x_s = scaled_fp8_quant(x, input_scale)  # static per-tensor
     else:
         x_q, x_s = scaled_fp8_quant(x, None, use_per_token_if_dynamic=True)  # [M, 1]
-    return fp8_scaled_mm(x_q, weight, x_s, scale, x.dtype, bias)
+    w_s = scale.view(-1, 1) if scale.numel() > 1 else scale  # [N, 1] per channel, or [1]
+    return fp8_scaled_mm(x_q, weight, x_s, w_s, x.dtype, bias)
