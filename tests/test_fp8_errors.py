@@ -18,7 +18,9 @@ import shutil
 import pytest
 import torch
 
+from engine.config import EngineConfig
 from engine.errors import InvalidArgumentError, ModelLoadError, UnsupportedError
+from engine.llm_engine import LLMEngine
 from engine.model_loader import build_model, load_model
 from engine.model_loader.safetensors_loader import load_hf_model
 from tests.fp8_reference import edit_checkpoint, edit_quant_config, write_fp8_pair
@@ -186,3 +188,12 @@ def test_cuda_layout_keeps_fp8_weights_and_stacked_scales(dirs):
         layer = getattr(attn, name)
         got = layer.quant_method.dequantize(layer)
         assert torch.equal(got, getattr(dense.model.layers[0].self_attn, name).weight)
+
+
+def test_engine_config_quantization_reaches_the_loader(dirs):
+    """EngineConfig.quantization (vLLM's --quantization) is what the engine core loads
+    with: a contradiction fails engine creation with vLLM's error."""
+    with pytest.raises(InvalidArgumentError, match=r"\(fp8\) does not match"):
+        LLMEngine.from_config(EngineConfig(str(dirs["block"]), device="cpu",
+                                           skip_tokenizer_init=True,
+                                           quantization="compressed-tensors"))
