@@ -24,6 +24,8 @@ A layer of an FP8 checkpoint (or online FP8) has a `quant_method`
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -95,8 +97,25 @@ def apply_keeping_dtypes(module: nn.Module, fn, recurse: bool, super_apply) -> n
     return module
 
 
-def _new_param(*shape: int) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+_WEIGHT_DEVICE: list[torch.device | None] = [None]  # None: the default device
+
+
+@contextlib.contextmanager
+def dense_weights_on(device: torch.device | str):
+    """Linear layers' and experts' weights built inside go to `device` ("meta": never
+    allocated; a quantized dummy model replaces them before materializing the rest)."""
+    _WEIGHT_DEVICE[0] = torch.device(device)
+    try:
+        yield
+    finally:
+        _WEIGHT_DEVICE[0] = None
+
+
+def new_weight(*shape: int) -> nn.Parameter:
+    """A layer weight of `shape` (on dense_weights_on's device when set)."""
+    return nn.Parameter(torch.empty(*shape, device=_WEIGHT_DEVICE[0]), requires_grad=False)
+
+
 
 
 class GGUFWeight(nn.Module):
@@ -145,8 +164,8 @@ class ReplicatedLinear(nn.Module):
         self.quant_method = None  # engine/layers/quantization/fp8.py Fp8LinearMethod
         self.input_size = input_size
         self.output_size = output_size
-        self.weight = _new_param(output_size, input_size)  # [out, in]
-        self.bias = _new_param(output_size) if bias else None
+        self.weight = new_weight(output_size, input_size)  # [out, in]
+        self.bias = new_weight(output_size) if bias else None
         for p in (self.weight, self.bias):
             if p is not None:
                 p.weight_loader = self.weight_loader

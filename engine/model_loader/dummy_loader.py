@@ -10,17 +10,20 @@ architectures' shapes (Llama-3.1-8B, Qwen3-30B-A3B) from a config directory alon
 With a quantization_config in config.json (or `quantization`), the layers take the real
 FP8 layout (engine/layers/quantization/): fp8 weights U[-1, 1) and positive scales
 U[1e-3, 2e-3) (so dequantized weights are about the dense dummy's size), then
-process_weights_after_loading as for a real checkpoint.
+process_weights_after_loading as for a real checkpoint. The layers' dense weights are then
+built on the meta device (never allocated) and only what stays dense is materialized.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
 from torch import nn
 
 from engine.errors import ModelLoadError
+from engine.layers.linear import dense_weights_on
 from engine.layers.quantization import apply_quant_config, process_weights_after_loading
 from engine.model_loader.safetensors_loader import read_hf_arch
 from engine.models.config import ModelArchConfig
@@ -45,6 +48,17 @@ def initialize_dummy_weights(model: nn.Module, low: float = DUMMY_LOW,
                     param.uniform_(low, high, generator=gen)
 
 
+def _materialize(model: nn.Module, device: torch.device) -> None:
+    """Parameters left on the meta device (the dense ones) allocated on `device`."""
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None and p.is_meta:
+                new = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device),
+                                   requires_grad=False)
+                new.__dict__.update(p.__dict__)
+                module._parameters[name] = new
+
+
 def load_dummy_model(model_dir: str, device: torch.device, dtype: torch.dtype,
                      quantization: str | None = None) -> tuple[nn.Module, ModelArchConfig]:
     """(model in eval mode on `device` in `dtype`, its config) from `model_dir`/config.json."""
@@ -55,10 +69,13 @@ def load_dummy_model(model_dir: str, device: torch.device, dtype: torch.dtype,
     old_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device(device):
+        # quantized: the dense weights are never allocated (peak memory = the FP8 model)
+        with torch.device(device), dense_weights_on("meta") if qcfg is not None \
+                else contextlib.nullcontext():
             model = cls(cfg)
             if qcfg is not None:
-                apply_quant_config(model, qcfg)
+                apply_quant_config(model, qcfg, device)
+        _materialize(model, device)
     finally:
         torch.set_default_dtype(old_dtype)
     initialize_dummy_weights(model)

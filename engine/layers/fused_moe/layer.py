@@ -45,7 +45,7 @@ from engine.layers.fused_moe.torch_experts import (
     fused_experts_grouped,
 )
 from engine.layers.fused_moe.triton_experts import fused_moe_triton
-from engine.layers.linear import apply_keeping_dtypes
+from engine.layers.linear import apply_keeping_dtypes, new_weight
 
 MOE_BACKENDS = ("triton", "torch")
 
@@ -79,10 +79,8 @@ class FusedMoE(nn.Module):
         self.quant_method = None  # engine/layers/quantization/fp8.py Fp8MoEMethod
         self.act = get_act_and_mul_fn(activation)
         i = self.intermediate_size
-        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * i, hidden_size),
-                                       requires_grad=False)  # [E, 2 * I / tp, H]
-        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, i),
-                                      requires_grad=False)  # [E, H, I / tp]
+        self.w13_weight = new_weight(num_experts, 2 * i, hidden_size)  # [E, 2 * I / tp, H]
+        self.w2_weight = new_weight(num_experts, hidden_size, i)  # [E, H, I / tp]
         self.w13_weight.weight_loader = self.weight_loader
         self.w2_weight.weight_loader = self.weight_loader
 

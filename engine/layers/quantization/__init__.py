@@ -85,19 +85,21 @@ def get_quant_config(config: dict[str, Any], quantization: str | None
     return None
 
 
-def apply_quant_config(model: nn.Module, qcfg: QuantizationConfig) -> None:
-    """Give each quantized layer its method and its FP8 parameters (before the load)."""
+def apply_quant_config(model: nn.Module, qcfg: QuantizationConfig,
+                       device: torch.device | None = None) -> None:
+    """Give each quantized layer its method and its FP8 parameters (before the load), on
+    `device` (default: where the layer's weight is)."""
     for prefix, module in model.named_modules():
         leaf = prefix.rpartition(".")[2]
         if isinstance(module, FusedMoE):
             if not qcfg.is_ignored(prefix):
                 module.quant_method = Fp8MoEMethod(qcfg.scheme)
-                module.quant_method.create_weights(module, prefix)
+                module.quant_method.create_weights(module, prefix, device)
         elif isinstance(module, ReplicatedLinear) and leaf not in _ROUTERS and \
                 not isinstance(module, MergedReplicatedLinear):
             if not qcfg.is_layer_skipped(prefix, PACKED_MODULES.get(leaf, [])):
                 module.quant_method = Fp8LinearMethod(qcfg.scheme)
-                module.quant_method.create_weights(module, prefix)
+                module.quant_method.create_weights(module, prefix, device)
 
 
 def process_weights_after_loading(model: nn.Module, device: torch.device) -> None:

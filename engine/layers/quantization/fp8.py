@@ -108,7 +108,8 @@ class Fp8LinearMethod:
     def __init__(self, scheme: WeightScheme) -> None:
         self.scheme = scheme
 
-    def create_weights(self, layer: nn.Module, prefix: str) -> None:
+    def create_weights(self, layer: nn.Module, prefix: str,
+                       device: torch.device | None = None) -> None:
         s, widths = self.scheme, linear_widths(layer)
         n, k = layer.output_size, layer.input_size  # this rank's
         tp, _, row = _splits(layer)
@@ -116,7 +117,7 @@ class Fp8LinearMethod:
             fu.validate_fp8_block_shape(prefix, widths, k, tp, row, s.block)
         if not s.serialized:
             return  # online: the dense weight loads, process_weights_after_loading quantizes
-        dev = layer.weight.device
+        dev = device or layer.weight.device
         layer.weight = _param(torch.empty(n, k, dtype=torch.float8_e4m3fn, device=dev),
                               layer.weight_loader)  # [N, K]
         shape = {"block": lambda: (fu.cdiv(n, s.block[0]), fu.cdiv(k, s.block[1])),
@@ -179,7 +180,8 @@ class Fp8MoEMethod:
     def __init__(self, scheme: WeightScheme) -> None:
         self.scheme = scheme
 
-    def create_weights(self, layer: nn.Module, prefix: str) -> None:
+    def create_weights(self, layer: nn.Module, prefix: str,
+                       device: torch.device | None = None) -> None:
         s = self.scheme
         e, i = layer.num_experts, layer.intermediate_size
         h = layer.w2_weight.shape[1]
@@ -187,7 +189,7 @@ class Fp8MoEMethod:
             fu.validate_fp8_block_shape_moe(prefix, i, layer.tp_size, s.block)
         if not s.serialized:
             return
-        dev = layer.w13_weight.device
+        dev = device or layer.w13_weight.device
         for name, shape in (("w13_weight", (e, 2 * i, h)), ("w2_weight", (e, h, i))):
             setattr(layer, name, _param(torch.empty(shape, dtype=torch.float8_e4m3fn,
                                                     device=dev), layer.weight_loader))
