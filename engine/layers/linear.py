@@ -111,6 +111,17 @@ def dense_weights_on(device: torch.device | str):
         _WEIGHT_DEVICE[0] = None
 
 
+def materialize_meta_weights(model: nn.Module, device: torch.device) -> None:
+    """Parameters left on the meta device (the dense ones) allocated, empty, on `device`."""
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None and p.is_meta:
+                new = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device),
+                                   requires_grad=False)
+                new.__dict__.update(p.__dict__)  # weight_loader
+                module._parameters[name] = new
+
+
 def new_weight(*shape: int) -> nn.Parameter:
     """A layer weight of `shape` (on dense_weights_on's device when set)."""
     return nn.Parameter(torch.empty(*shape, device=_WEIGHT_DEVICE[0]), requires_grad=False)

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from engine.errors import ModelLoadError
-from engine.layers.linear import dense_weights_on
+from engine.layers.linear import dense_weights_on, materialize_meta_weights
 from engine.layers.quantization import apply_quant_config, process_weights_after_loading
 from engine.model_loader.safetensors_loader import read_hf_arch
 from engine.models.config import ModelArchConfig
@@ -48,17 +48,6 @@ def initialize_dummy_weights(model: nn.Module, low: float = DUMMY_LOW,
                     param.uniform_(low, high, generator=gen)
 
 
-def _materialize(model: nn.Module, device: torch.device) -> None:
-    """Parameters left on the meta device (the dense ones) allocated on `device`."""
-    for module in model.modules():
-        for name, p in module._parameters.items():
-            if p is not None and p.is_meta:
-                new = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device),
-                                   requires_grad=False)
-                new.__dict__.update(p.__dict__)
-                module._parameters[name] = new
-
-
 def load_dummy_model(model_dir: str, device: torch.device, dtype: torch.dtype,
                      quantization: str | None = None) -> tuple[nn.Module, ModelArchConfig]:
     """(model in eval mode on `device` in `dtype`, its config) from `model_dir`/config.json."""
@@ -75,7 +64,7 @@ def load_dummy_model(model_dir: str, device: torch.device, dtype: torch.dtype,
             model = cls(cfg)
             if qcfg is not None:
                 apply_quant_config(model, qcfg, device)
-        _materialize(model, device)
+        materialize_meta_weights(model, device)
     finally:
         torch.set_default_dtype(old_dtype)
     initialize_dummy_weights(model)

@@ -13,12 +13,14 @@ the target device (base_loader.py's order).
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
 from torch import nn
 
 from engine.errors import ModelLoadError
+from engine.layers.linear import dense_weights_on, materialize_meta_weights
 from engine.layers.quantization import (
     QuantizationConfig,
     apply_quant_config,
@@ -63,9 +65,13 @@ def load_hf_model(model_dir: str, build, quantization: str | None = None,
     quantized layers are finished for `device` (dequantized unless it is CUDA)."""
     cls, cfg, qcfg = read_hf_arch(model_dir, quantization)
     files = safetensors_files(model_dir)
-    model = build(cls, cfg, checkpoint_numel(files))
+    fp8 = qcfg is not None and qcfg.scheme.serialized
+    # an FP8 checkpoint: the dense weights its layers replace are never allocated
+    with dense_weights_on("meta") if fp8 else contextlib.nullcontext():
+        model = build(cls, cfg, checkpoint_numel(files))
     if qcfg is not None:
-        apply_quant_config(model, qcfg)
+        apply_quant_config(model, qcfg, torch.device("cpu"))
+    materialize_meta_weights(model, torch.device("cpu"))
     model.load_weights(fp8_weights_iterator(files, qcfg))
     process_weights_after_loading(model, device or torch.device("cpu"))
     return model, cfg
