@@ -6,7 +6,8 @@ the directory: auto_map is ignored); generation_config.json is read into
 ModelArchConfig.generation_config for the engine's default sampling parameters.
 config.json's quantization_config (vllm/model_executor/model_loader/weight_utils.py
 get_quant_config, engine/layers/quantization/) quantizes the model's layers before the
-load (apply_quant_config); the fp8 tensors come with their scales
+load (apply_quant_config; the dense weights those layers replace are built on the meta
+device, never allocated); the fp8 tensors come with their scales
 (engine/model_loader/fp8_weights.py), and process_weights_after_loading finishes them for
 the target device (base_loader.py's order).
 """
