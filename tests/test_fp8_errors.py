@@ -197,3 +197,30 @@ def test_engine_config_quantization_reaches_the_loader(dirs):
         LLMEngine.from_config(EngineConfig(str(dirs["block"]), device="cpu",
                                            skip_tokenizer_init=True,
                                            quantization="compressed-tensors"))
+
+
+def test_cuda_layout_per_tensor_shards_share_their_max_scale(tmp_path):
+    """vLLM's requantize_with_max_scale: q, k, v (each with its own scale and static
+    input scale) become one fp8 weight under the largest scale, one input scale."""
+    fp8_dir, _ = write_fp8_pair(make_hf_model("llama"), tmp_path, "ct-tensor")
+    dense, _, _ = load_model(str(fp8_dir))
+    model, _ = load_hf_model(str(fp8_dir), build_model, None, torch.device("cuda"))
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    assert qkv.weight.dtype == torch.float8_e4m3fn
+    assert qkv.weight_scale.numel() == 1 and qkv.input_scale.numel() == 1
+    want = dense.model.layers[0].self_attn.qkv_proj.weight
+    got = qkv.weight.float() * qkv.weight_scale
+    assert ((got - want).abs() <= want.abs() / 8 + qkv.weight_scale).all()  # one fp8 step
+
+
+def test_cuda_layout_of_block_fp8_experts(tmp_path):
+    fp8_dir, _ = write_fp8_pair(make_hf_model("qwen3_moe"), tmp_path, "fp8-block", (16, 32))
+    dense, _, _ = load_model(str(fp8_dir))
+    model, _ = load_hf_model(str(fp8_dir), build_model, None, torch.device("cuda"))
+    experts = model.model.layers[0].mlp.experts
+    # 8 experts, I = 32 (2 x 2 blocks of 16 rows for gate | up), H = 64 (2 of 32 columns)
+    assert tuple(experts.w13_weight_scale_inv.shape) == (8, 4, 2)
+    assert tuple(experts.w2_weight_scale_inv.shape) == (8, 4, 1)
+    got = experts.quant_method._dequantize(experts.w13_weight, experts.w13_weight_scale_inv,
+                                           True)
+    assert torch.equal(got, dense.model.layers[0].mlp.experts.w13_weight)
