@@ -31,7 +31,8 @@ def load_model_and_tokenizer(config: EngineConfig) -> tuple[
     dtype = _DTYPES.get(config.dtype) or (
         torch.bfloat16 if device.type == "cuda" else torch.float32)
     torch.manual_seed(config.seed)
-    model, arch, source = load_model(config.model, config.load_format, device, dtype)
+    model, arch, source = load_model(config.model, config.load_format, device, dtype,
+                                       config.quantization)
     try:
         tokenizer = load_tokenizer(config, source)
     finally:

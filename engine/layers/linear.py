@@ -16,9 +16,15 @@ kernels/gguf_gemm.py; a layer that has one
 decode) runs the Triton GEMV kernels/gemv.py (dense_linear), which beats cuBLAS there; a
 gated MLP (gated_mlp) takes its SiLU-and-mul into the gate_up GEMV's epilogue there, or into
 the q8_1 quantization of a GGUF down projection (forward_act_and_mul).
+A layer of an FP8 checkpoint (or online FP8) has a `quant_method`
+(engine/layers/quantization/fp8.py, vLLM's LinearMethodBase.apply) that owns its fp8
+`weight` and scales on CUDA; those parameters keep their dtypes through `.to(dtype)`
+(apply_keeping_dtypes).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -75,8 +81,52 @@ def gated_mlp(x: torch.Tensor, gate_up_proj: nn.Module, down_proj: nn.Module,
     return down_proj.forward_act_and_mul(gate_up_proj(x), act_fn)
 
 
-def _new_param(*shape: int) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+def apply_keeping_dtypes(module: nn.Module, fn, recurse: bool, super_apply) -> nn.Module:
+    """nn.Module._apply where parameters marked `keep_dtype` (fp8 weights, fp32 scales)
+    only move to fn's device: `.to(device, dtype)` casts every other one."""
+    kept = {n: p for n, p in module._parameters.items()
+            if p is not None and getattr(p, "keep_dtype", False)}
+    for n in kept:
+        del module._parameters[n]
+    super_apply(fn, recurse)
+    for n, p in kept.items():
+        device = fn(torch.empty(0, device=p.device)).device
+        moved = nn.Parameter(p.data.to(device), requires_grad=False)
+        moved.__dict__.update(p.__dict__)
+        module._parameters[n] = moved
+    return module
+
+
+_WEIGHT_DEVICE: list[torch.device | None] = [None]  # None: the default device
+
+
+@contextlib.contextmanager
+def dense_weights_on(device: torch.device | str):
+    """Linear layers' and experts' weights built inside go to `device` ("meta": never
+    allocated; a quantized dummy model replaces them before materializing the rest)."""
+    _WEIGHT_DEVICE[0] = torch.device(device)
+    try:
+        yield
+    finally:
+        _WEIGHT_DEVICE[0] = None
+
+
+def materialize_meta_weights(model: nn.Module, device: torch.device) -> None:
+    """Parameters left on the meta device (the dense ones) allocated, empty, on `device`."""
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None and p.is_meta:
+                new = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device),
+                                   requires_grad=False)
+                new.__dict__.update(p.__dict__)  # weight_loader
+                module._parameters[name] = new
+
+
+def new_weight(*shape: int) -> nn.Parameter:
+    """A layer weight of `shape` (on dense_weights_on's device when set)."""
+    return nn.Parameter(torch.empty(*shape, device=_WEIGHT_DEVICE[0]), requires_grad=False)
+
+
 
 
 class GGUFWeight(nn.Module):
@@ -122,10 +172,11 @@ class ReplicatedLinear(nn.Module):
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__()
         self.gguf_weight: GGUFWeight | None = None  # set by the GGUF loader on CUDA
+        self.quant_method = None  # engine/layers/quantization/fp8.py Fp8LinearMethod
         self.input_size = input_size
         self.output_size = output_size
-        self.weight = _new_param(output_size, input_size)  # [out, in]
-        self.bias = _new_param(output_size) if bias else None
+        self.weight = new_weight(output_size, input_size)  # [out, in]
+        self.bias = new_weight(output_size) if bias else None
         for p in (self.weight, self.bias):
             if p is not None:
                 p.weight_loader = self.weight_loader
@@ -136,10 +187,15 @@ class ReplicatedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, in] -> [num_tokens, out]
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x, self.bias)
         if self.gguf_weight is not None:
             y = self.gguf_weight(x)
             return y if self.bias is None else y + self.bias
         return dense_linear(x, self.weight, self.bias)
+
+    def _apply(self, fn, recurse=True):
+        return apply_keeping_dtypes(self, fn, recurse, super()._apply)
 
     def forward_act_and_mul(self, gate_up: torch.Tensor, act_fn: nn.Module) -> torch.Tensor:
         """self(act_fn(gate_up)) for a gated MLP's down projection; SiLU-and-mul goes into
@@ -244,6 +300,8 @@ class RowParallelLinear(ReplicatedLinear):
         # x: [num_tokens, in / tp] -> [num_tokens, out]
         if self.tp_size == 1:
             return super().forward(x)
+        if self.quant_method is not None:  # CUDA: the shard's FP8 weight
+            return self._reduce(self.quant_method.apply(self, x, None))
         if self.gguf_weight is not None:  # CUDA: the shard's blocks stay quantized
             return self._reduce(self.gguf_weight(x))
         return self._reduce(dense_linear(x, self.weight, None))

@@ -11,6 +11,9 @@ load_format "dummy" (vLLM's DummyModelLoader, engine/model_loader/dummy_loader.p
 config.json only and fills random weights on the target device. On CUDA, a GGUF file's
 quantized linear weights stay quantized (engine/model_loader/gguf_quant.py), under tensor
 parallelism as this rank's blocks (engine/model_loader/gguf_shard.py).
+`quantization` is EngineConfig.quantization (vLLM's --quantization): checked against the
+checkpoint's quantization_config (engine/layers/quantization/); a GGUF file is its own
+method ("gguf"), so any value there is vLLM's mismatch error.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import os
 import torch
 from torch import nn
 
-from engine.errors import ModelLoadError
+from engine.errors import InvalidArgumentError, ModelLoadError
 from engine.gguf.reader import GGUFReader
 from engine.model_loader import gguf_hybrid, gguf_loader
 from engine.model_loader.dummy_loader import load_dummy_model
@@ -43,7 +46,7 @@ def build_model(cls: type[nn.Module], cfg: ModelArchConfig, checkpoint_numel: in
 
 
 def load_model(path: str, load_format: str = "auto", device: torch.device | None = None,
-               dtype: torch.dtype = torch.float32
+               dtype: torch.dtype = torch.float32, quantization: str | None = None
                ) -> tuple[nn.Module, ModelArchConfig, GGUFReader | str]:
     """(model in eval mode, its config, tokenizer source).
 
@@ -55,12 +58,17 @@ def load_model(path: str, load_format: str = "auto", device: torch.device | None
     if load_format == "dummy":
         if not os.path.isdir(path):
             raise ModelLoadError(f"load_format 'dummy' needs a model directory, got {path}")
-        model, cfg = load_dummy_model(path, device or torch.device("cpu"), dtype)
+        model, cfg = load_dummy_model(path, device or torch.device("cpu"), dtype,
+                                      quantization)
         return model, cfg, path
     kind, resolved = resolve_model_path(path)
     if kind == "hf":
-        model, cfg = load_hf_model(resolved, build_model)
+        model, cfg = load_hf_model(resolved, build_model, quantization, device)
         return model.eval(), cfg, resolved
+    if quantization is not None:
+        raise InvalidArgumentError(
+            "Quantization method specified in the model config (gguf) does not match the "
+            f"quantization method specified in the `quantization` argument ({quantization}).")
     return load_gguf_model(resolved, keep_quantized=device is not None and device.type == "cuda")
 
 

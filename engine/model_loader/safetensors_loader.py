@@ -4,15 +4,31 @@ vllm/model_executor/model_loader/default_loader.py (DefaultModelLoader).
 architectures in config.json select the model class through the registry (never code from
 the directory: auto_map is ignored); generation_config.json is read into
 ModelArchConfig.generation_config for the engine's default sampling parameters.
+config.json's quantization_config (vllm/model_executor/model_loader/weight_utils.py
+get_quant_config, engine/layers/quantization/) quantizes the model's layers before the
+load (apply_quant_config; the dense weights those layers replace are built on the meta
+device, never allocated); the fp8 tensors come with their scales
+(engine/model_loader/fp8_weights.py), and process_weights_after_loading finishes them for
+the target device (base_loader.py's order).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
+import torch
 from torch import nn
 
 from engine.errors import ModelLoadError
+from engine.layers.linear import dense_weights_on, materialize_meta_weights
+from engine.layers.quantization import (
+    QuantizationConfig,
+    apply_quant_config,
+    get_quant_config,
+    process_weights_after_loading,
+)
+from engine.model_loader.fp8_weights import fp8_weights_iterator
 from engine.model_loader.hf_config import (
     arch_config_from_hf,
     read_generation_config,
@@ -21,7 +37,6 @@ from engine.model_loader.hf_config import (
 from engine.model_loader.weight_utils import (
     checkpoint_numel,
     safetensors_files,
-    safetensors_weights_iterator,
 )
 from engine.models.config import ModelArchConfig
 from engine.models.registry import resolve_model_cls
@@ -29,8 +44,10 @@ from engine.models.registry import resolve_model_cls
 MAX_ARCHITECTURES = 16
 
 
-def read_hf_arch(model_dir: str) -> tuple[type[nn.Module], ModelArchConfig]:
-    """Model class and config of an HF directory (config.json + generation_config.json)."""
+def read_hf_arch(model_dir: str, quantization: str | None = None
+                 ) -> tuple[type[nn.Module], ModelArchConfig, QuantizationConfig | None]:
+    """Model class, config and quantization of an HF directory (config.json +
+    generation_config.json; `quantization` is EngineConfig.quantization)."""
     config = read_json_object(os.path.join(model_dir, "config.json"))
     archs = config.get("architectures")
     if not isinstance(archs, list) or not archs or len(archs) > MAX_ARCHITECTURES or \
@@ -40,13 +57,22 @@ def read_hf_arch(model_dir: str) -> tuple[type[nn.Module], ModelArchConfig]:
     cls, arch = resolve_model_cls(archs)
     cfg = arch_config_from_hf(config, arch, os.path.basename(os.path.normpath(model_dir)))
     cfg.generation_config = read_generation_config(model_dir)
-    return cls, cfg
+    return cls, cfg, get_quant_config(config, quantization)
 
 
-def load_hf_model(model_dir: str, build) -> tuple[nn.Module, ModelArchConfig]:
-    """Model and config of an HF directory; `build(cls, cfg, numel)` makes the module."""
-    cls, cfg = read_hf_arch(model_dir)
+def load_hf_model(model_dir: str, build, quantization: str | None = None,
+                  device: torch.device | None = None) -> tuple[nn.Module, ModelArchConfig]:
+    """Model and config of an HF directory; `build(cls, cfg, numel)` makes the module;
+    quantized layers are finished for `device` (dequantized unless it is CUDA)."""
+    cls, cfg, qcfg = read_hf_arch(model_dir, quantization)
     files = safetensors_files(model_dir)
-    model = build(cls, cfg, checkpoint_numel(files))
-    model.load_weights(safetensors_weights_iterator(files))
+    fp8 = qcfg is not None and qcfg.scheme.serialized
+    # an FP8 checkpoint: the dense weights its layers replace are never allocated
+    with dense_weights_on("meta") if fp8 else contextlib.nullcontext():
+        model = build(cls, cfg, checkpoint_numel(files))
+    if qcfg is not None:
+        apply_quant_config(model, qcfg, torch.device("cpu"))
+    materialize_meta_weights(model, torch.device("cpu"))
+    model.load_weights(fp8_weights_iterator(files, qcfg))
+    process_weights_after_loading(model, device or torch.device("cpu"))
     return model, cfg

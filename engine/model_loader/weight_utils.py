@@ -4,7 +4,8 @@ Mirrors vllm/model_executor/model_loader/weight_utils.py (filter_duplicate_safet
 safetensors_weights_iterator) and default_loader.py's file selection: the files named by
 model.safetensors.index.json when it exists, else every *.safetensors file. Index entries
 must be plain file names inside the directory. Headers are parsed by the `safetensors`
-library (bounded header, checked offsets); only F32 / F16 / BF16 tensors are accepted.
+library (bounded header, checked offsets); only F32 / F16 / BF16 tensors are accepted, and
+F8_E4M3 (float8_e4m3fn), whose scales and config engine/model_loader/fp8_weights.py checks.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from engine.model_loader.hf_config import read_json_object
 
 INDEX_FILE = "model.safetensors.index.json"
 MAX_INDEX_BYTES = 64 << 20
-_DTYPES = {torch.float32, torch.float16, torch.bfloat16}
-_HEADER_DTYPES = {"F32", "F16", "BF16"}
+_DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn}
+_HEADER_DTYPES = {"F32", "F16", "BF16", "F8_E4M3"}
 
 
 def safetensors_files(model_dir: str) -> list[str]:
@@ -51,7 +52,7 @@ def safetensors_files(model_dir: str) -> list[str]:
     return files
 
 
-def _open(path: str):
+def open_safetensors(path: str):
     try:
         return safe_open(path, framework="pt")
     except (SafetensorError, OSError, ValueError) as e:
@@ -62,12 +63,12 @@ def checkpoint_numel(files: list[str]) -> int:
     """Total elements over every tensor header (no tensor data is read); dtypes checked."""
     total = 0
     for path in files:
-        with _open(path) as f:
+        with open_safetensors(path) as f:
             for name in f.keys():
                 sl = f.get_slice(name)
                 if sl.get_dtype() not in _HEADER_DTYPES:
                     raise UnsupportedError(f"{path}: tensor {name!r} has dtype {sl.get_dtype()}; "
-                                           "supported: F32, F16, BF16")
+                                           "supported: F32, F16, BF16, F8_E4M3")
                 shape = sl.get_shape()
                 n = 1
                 for d in shape:
@@ -79,7 +80,7 @@ def checkpoint_numel(files: list[str]) -> int:
 def safetensors_weights_iterator(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every tensor of every file; tensors are memory-mapped views."""
     for path in files:
-        with _open(path) as f:
+        with open_safetensors(path) as f:
             for name in f.keys():
                 try:
                     t = f.get_tensor(name)
@@ -87,5 +88,6 @@ def safetensors_weights_iterator(files: list[str]) -> Iterator[tuple[str, torch.
                     raise ModelLoadError(f"{path}: tensor {name!r}: {e}") from None
                 if t.dtype not in _DTYPES:
                     raise UnsupportedError(f"{path}: tensor {name!r} has dtype {t.dtype}; "
-                                           "supported: float32, float16, bfloat16")
+                                           "supported: float32, float16, bfloat16, "
+                                           "float8_e4m3fn")
                 yield name, t

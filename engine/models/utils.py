@@ -4,7 +4,11 @@ Mirrors vllm/model_executor/models/utils.py (AutoWeightsLoader) and the load_wei
 of vLLM's model files: a checkpoint tensor goes to an expert shard (FusedMoE mapping), a
 stacked shard (q/k/v -> qkv_proj, gate/up -> gate_up_proj) or a whole parameter, through the
 parameter's `weight_loader`. Unknown or duplicate names, wrong shapes and parameters left
-(partly) unloaded are ModelLoadErrors naming the tensor.
+(partly) unloaded are ModelLoadErrors naming the tensor. An fp8 checkpoint weight carries
+its scales (engine/model_loader/fp8_weights.py): into an fp8 parameter they load into the
+layer's `<param>_scale_inv` / `_scale` / input_scale parameters with the weight's shard
+arguments (vLLM's scale weight loaders); into a dense parameter (a layer the model keeps
+unquantized) the weight is dequantized first. A dense tensor for an fp8 parameter is an error.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from torch import nn
 
 from engine.errors import ModelLoadError
 from engine.layers.linear import default_weight_loader
+from engine.layers.quantization.fp8_utils import dequantize_checkpoint_weight
 
 # (param fragment, checkpoint fragment, shard id), as vLLM's stacked_params_mapping
 STACKED_PARAMS_MAPPING = [
@@ -45,12 +50,25 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
         if (target, shard) in seen:
             raise ModelLoadError(f"duplicate weight {name!r}")
         seen.add((target, shard))
-        loader = getattr(param, "weight_loader", default_weight_loader)
-        try:
-            written = loader(param, w, *args)  # sharding loaders: this rank's elements
-        except ModelLoadError as e:
-            raise ModelLoadError(f"{name}: {e}") from None
-        filled[target] += w.numel() if written is None else written
+        scales = getattr(w, "fp8_scales", None)
+        fp8_param = param.dtype == torch.float8_e4m3fn
+        if scales is not None and not fp8_param:
+            w, scales = dequantize_checkpoint_weight(w), None
+        elif scales is None and fp8_param:
+            raise ModelLoadError(f"{name} has dtype {w.dtype}, want float8_e4m3fn: the "
+                                 "quantization_config quantizes this layer")
+        pairs = [(target, param, w, name)] + [
+            (target[:-len("weight")] + s, params.get(target[:-len("weight")] + s), t,
+             name[:-len("weight")] + s) for s, t in (scales or {}).items()]
+        for tname, p, t, what in pairs:
+            if p is None:
+                raise ModelLoadError(f"unexpected weight {what!r} for {type(model).__name__}")
+            loader = getattr(p, "weight_loader", default_weight_loader)
+            try:
+                written = loader(p, t, *args)  # sharding loaders: this rank's elements
+            except ModelLoadError as e:
+                raise ModelLoadError(f"{what}: {e}") from None
+            filled[tname] += t.numel() if written is None else written
     partial = [n for n, p in params.items() if filled[n] != p.numel()]
     if partial:
         raise ModelLoadError(f"checkpoint is missing weights: {sorted(partial)[:5]}")

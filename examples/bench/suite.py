@@ -5,6 +5,7 @@
         [--steps llama8b-graphs llama8b-seqs64 llama8b-eager qwen3-8b qwen3-30b-a3b]
     PYTHONPATH=. python -m examples.bench.suite --budget-s 560 \
         --steps qwen3.5-35b-a3b qwen3.5-27b     # the hybrid GDN steps (issue 18), opt-in
+    PYTHONPATH=. python -m examples.bench.suite --steps llama8b-fp8 qwen3.5-35b-a3b-fp8
 
 Every step is a child process (`--step NAME`) that builds one engine with random weights
 of a real architecture (examples/bench/models/, --load-format dummy, bf16, token-id
@@ -22,6 +23,9 @@ prompts) and runs benchmarks on it through examples/bench/{startup,latency,throu
 - qwen3.5-35b-a3b, qwen3.5-27b (hybrid Gated DeltaNet, issue 18; not in the default
   --steps: with 70 / 54 GB of weights they need a device call of their own): `latency`
   batch 1 and `throughput` random N x (1024 in, 128 out), CUDA graphs.
+- llama8b-fp8, qwen3.5-35b-a3b-fp8 (opt-in): the same two benchmarks on block-FP8 weights
+  (`quantization_config` of Qwen's FP8 releases in the model folder: fp8 weights with
+  128 x 128 block scales, dynamic per-token-group activations; engine/layers/quantization/).
 
 Batch-1 decode is latency's decode throughput excluding the first step. Prefix caching is
 off in every step (latency's default; the random prompts share no prefix). A child writes
@@ -63,10 +67,14 @@ STEPS = {  # name: (model directory, extra engine flags, latency batch sizes)
     # the profile run's activations take the rest), so 27B runs 128 state slots (19.7 GiB).
     "qwen3.5-35b-a3b": ("qwen3.5-35b-a3b", [], [1]),
     "qwen3.5-27b": ("qwen3.5-27b", ["--max-num-seqs", "128"], [1]),
+    # block FP8 (opt-in): 8.0 GB / 35.8 GB of weights
+    "llama8b-fp8": ("llama-3.1-8b-fp8", [], [1]),
+    "qwen3.5-35b-a3b-fp8": ("qwen3.5-35b-a3b-fp8", [], [1]),
 }
 DEFAULT_STEPS = ["llama8b-graphs", "llama8b-seqs64", "llama8b-eager", "qwen3-8b",
                  "qwen3-30b-a3b"]
-RANDOM_THROUGHPUT_STEPS = {"llama8b-graphs", "qwen3-30b-a3b", "qwen3.5-35b-a3b", "qwen3.5-27b"}
+RANDOM_THROUGHPUT_STEPS = {"llama8b-graphs", "qwen3-30b-a3b", "qwen3.5-35b-a3b", "qwen3.5-27b",
+                           "llama8b-fp8", "qwen3.5-35b-a3b-fp8"}
 # batch-1 decode rooflines, tok/s: bytes read per step (weights less the embedding table)
 # over 4.28 TB/s; Llama-3.1-8B as the brief's 286 (15.01 GB at 4.3 TB/s)
 BW = 4.28e12
@@ -82,7 +90,14 @@ ROOFLINE_B1 = {"llama-3.1-8b": 286.0, "qwen3-8b": BW / (2 * (8.191e9 - 151936 * 
                # 0.021e9 + shared experts 0.126e9 + top-8 experts 1.007e9 + lm_head 0.509e9
                # = 2.946e9 x 2 B = 5.89 GB, 726 tok/s. State (30 x 2.1 MB) not counted.
                "qwen3.5-35b-a3b": BW / (2 * (34_660_610_688 - 248320 * 2048
-                                             - 40 * 248 * 3 * 2048 * 512))}
+                                             - 40 * 248 * 3 * 2048 * 512)),
+               # FP8: the quantized linear weights at 1 B, the LM head (and routers) at 2 B.
+               # Llama: 8.030e9 less embedding and LM head (2 x 128256 x 4096) at 1 B plus
+               # the LM head at 2 B = 8.03 GB, 533 tok/s. Qwen3.5-35B-A3B: of the 2.946e9
+               # active above, GDN + attention + shared + top-8 experts (2.418e9) at 1 B,
+               # routers + LM head (0.530e9) at 2 B = 3.48 GB, 1231 tok/s
+               "llama-3.1-8b-fp8": BW / (8_030_261_248 - 128256 * 4096),
+               "qwen3.5-35b-a3b-fp8": BW / (2.418e9 + 2 * 0.530e9)}
 THROUGHPUT_BOUND = 47.7  # req/s, 1000 x (1024, 128) at 799 TFLOP/s (performance anchors)
 VLLM_H200 = 22.6  # req/s, vLLM CI throughput_llama8B_tp1 (ShareGPT, 200 prompts, H200)
 THROUGHPUT_LENS = (1024, 128)  # (input, output) tokens of the random throughput run
@@ -227,6 +242,7 @@ def table(results: dict[str, dict], status: dict[str, str]) -> str:
                      " GiB", ""))
     rows += _moe_rows(get, status)
     rows += _gdn_rows(get, results, status)
+    rows += _fp8_rows(get, results, status)
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return "\n".join(" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
 
@@ -280,6 +296,26 @@ def _gdn_rows(get, results: dict, status: dict) -> list[tuple[str, str, str, str
             ratio = "no ratio: not like-for-like" if value is None else \
                 "b1 " + (_ratio(v, value) if v is not None else "PENDING") + " of it (MI300X)"
             rows.append((f"  vLLM published ({label})", "", ratio, ref))
+    return rows
+
+
+def _fp8_rows(get, results: dict, status: dict) -> list[tuple[str, str, str, str]]:
+    """The block-FP8 steps' rows, when they ran or were asked for."""
+    rows = []
+    for step, label in (("llama8b-fp8", "Llama-8B FP8"),
+                        ("qwen3.5-35b-a3b-fp8", "Qwen3.5-35B-A3B FP8")):
+        if step not in results and step not in status:
+            continue
+        roof = ROOFLINE_B1[STEPS[step][0]]
+        v = get(step, "latency_b1", "decode_tokens_per_second")
+        ratio = f"{_ratio(v, roof)} of {roof:.0f} roofline" if v is not None \
+            else status.get(step, "not run")
+        rows.append((f"{label} b1 decode, CUDA graphs", f"{_fmt(v)} tok/s", ratio, ""))
+        tp = get(step, "throughput") or {}
+        rows.append((f"{label} throughput {tp.get('num_requests', '-')} x {THROUGHPUT_LENS}",
+                     f"{_fmt(tp.get('requests_per_second'), '.2f')} req/s, "
+                     f"{_fmt(tp.get('output_tokens_per_second'))} out tok/s",
+                     f"peak {_fmt(tp.get('peak_gpu_memory_gib'))} GiB", ""))
     return rows
 
 

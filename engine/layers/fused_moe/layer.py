@@ -17,6 +17,10 @@ sigmoid(gate) * shared, in the routed w2 launch's epilogue at decode.
 Tensor parallel (vLLM's TP MoE, no expert parallel): every rank holds every expert and its
 slice of the intermediate dim (w13 rows of gate and of up, w2 columns); the routed output
 is all-reduced (the shared experts reduce in their own RowParallelLinear).
+FP8 experts (vLLM's Fp8MoEMethod, engine/layers/quantization/fp8.py `quant_method`): w13 /
+w2 in fp8 with their scales (w13_weight_scale_inv, ...: loaded per expert through the
+method's scale loaders); on CUDA the method runs fused_experts_triton with vLLM's fp8
+keywords after fused_topk; on the CPU the method has dequantized them at load.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from engine.layers.fused_moe.torch_experts import (
     fused_experts_grouped,
 )
 from engine.layers.fused_moe.triton_experts import fused_moe_triton
+from engine.layers.linear import apply_keeping_dtypes, new_weight
 
 MOE_BACKENDS = ("triton", "torch")
 
@@ -71,12 +76,11 @@ class FusedMoE(nn.Module):
         self.renormalize = renormalize
         self.backend = moe_backend()
         self.gguf_experts: GGUFExperts | None = None  # set by the GGUF loader on CUDA
+        self.quant_method = None  # engine/layers/quantization/fp8.py Fp8MoEMethod
         self.act = get_act_and_mul_fn(activation)
         i = self.intermediate_size
-        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * i, hidden_size),
-                                       requires_grad=False)  # [E, 2 * I / tp, H]
-        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, i),
-                                      requires_grad=False)  # [E, H, I / tp]
+        self.w13_weight = new_weight(num_experts, 2 * i, hidden_size)  # [E, 2 * I / tp, H]
+        self.w2_weight = new_weight(num_experts, hidden_size, i)  # [E, H, I / tp]
         self.w13_weight.weight_loader = self.weight_loader
         self.w2_weight.weight_loader = self.weight_loader
 
@@ -121,16 +125,20 @@ class FusedMoE(nn.Module):
         """Whether the gated shared expert goes to fused_moe_triton (on CUDA, unsharded),
         which adds it in its routed w2 launch at decode and as torch ops otherwise."""
         return (hidden_states.is_cuda and self.backend == "triton" and self.tp_size == 1
-                and self.gguf_experts is None and self.shared_experts is not None)
+                and self.gguf_experts is None and self.quant_method is None
+                and self.shared_experts is not None)
 
     def routed_experts(self, hidden_states: torch.Tensor, router_logits: torch.Tensor
                        ) -> torch.Tensor:
         # the routing is fused_topk (softmax) everywhere: the Triton path may fold it into
         # the experts' GEMV launches (fused_moe_triton), which route as fused_topk does
-        if hidden_states.is_cuda and self.backend == "triton" and self.gguf_experts is None:
+        if hidden_states.is_cuda and self.backend == "triton" and self.gguf_experts is None \
+                and self.quant_method is None:
             return fused_moe_triton(hidden_states, self.w13_weight, self.w2_weight,
                                     router_logits, self.top_k, self.renormalize, self.act)
         topk_weights, topk_ids = fused_topk(router_logits, self.top_k, self.renormalize)
+        if self.quant_method is not None:  # CUDA: fp8 experts
+            return self.quant_method.apply(self, hidden_states, topk_weights, topk_ids)
         if self.gguf_experts is not None:
             return self.gguf_experts(hidden_states, topk_weights, topk_ids, self.act)
         args = (hidden_states, self.w13_weight, self.w2_weight, topk_weights)
@@ -139,6 +147,9 @@ class FusedMoE(nn.Module):
             experts = fused_experts_grouped if hidden_states.dtype == torch.bfloat16 \
                 else fused_experts_dense
         return experts(*args, topk_ids.long(), self.act)
+
+    def _apply(self, fn, recurse=True):
+        return apply_keeping_dtypes(self, fn, recurse, super()._apply)
 
     @staticmethod
     def make_expert_params_mapping(ckpt_gate_proj_name: str, ckpt_down_proj_name: str,
