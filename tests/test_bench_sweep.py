@@ -13,6 +13,7 @@ max(--num-prompts, ceil(M * C))) and the JSON files the table is built from.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import socket
@@ -85,7 +86,7 @@ def test_failed_server_is_recorded_and_the_sweep_goes_on(swept):
     failure = json.loads((out / "broken-server.failure.json").read_text())
     assert failure["error_type"] == "RuntimeError"
     assert failure["error"].startswith("Server process crashed with return code")
-    assert any("NoSuchForCausalLM" in line for line in failure["server_log_tail"])
+    assert any("NoSuchForCausalLM" in line for line in failure["log_tail"])
     assert not list(out.glob("broken-concurrency*"))
     assert rc == 1 and "Not done: broken: server RuntimeError" in text
 
@@ -148,7 +149,8 @@ def test_bad_arguments(tmp_path, capsys):
 
 
 def test_failed_point_is_recorded_and_later_points_kept(monkeypatch, tmp_path):
-    """vLLM's test_run_comb_continue_on_error_keeps_later_runs, with a fake server."""
+    """vLLM's test_run_comb_continue_on_error_keeps_later_runs, with a fake server; the
+    label has a dot, as qwen3.5-35b-a3b."""
     class FakeServer:
         def __init__(self, *args) -> None:
             pass
@@ -167,19 +169,22 @@ def test_failed_point_is_recorded_and_later_points_kept(monkeypatch, tmp_path):
     def fake_run_point(args, server, label, vocab, concurrency, out_dir, deadline):
         calls.append(concurrency)
         if concurrency == 1:
+            (out_dir / f"{label}-concurrency1.log").write_text("client said why\n")
             raise RuntimeError("synthetic run failure")
         return {"max_concurrency": concurrency}
 
     monkeypatch.setattr(sweep, "ServerProcess", FakeServer)
     monkeypatch.setattr(sweep, "run_point", fake_run_point)
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.json").write_text(json.dumps(TINY))
-    parser = sweep.argparse.ArgumentParser()
+    model = tmp_path / "m3.5"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY))
+    parser = argparse.ArgumentParser()
     sweep.add_cli_args(parser)
-    args = parser.parse_args(["--model-path", str(tmp_path / "m"), "--concurrency", "1", "4"])
-    done, missed = sweep.run_model(args, "m", tmp_path / "m", tmp_path, math.inf)
+    args = parser.parse_args(["--model-path", str(model), "--concurrency", "1", "4"])
+    done, missed = sweep.run_model(args, "m3.5", model, tmp_path, math.inf)
     assert calls == [1, 4] and done == [{"max_concurrency": 4}]
-    assert missed == ["m max_concurrency=1: RuntimeError"]
-    failure = json.loads((tmp_path / "m-concurrency1.failure.json").read_text())
+    assert missed == ["m3.5 max_concurrency=1: RuntimeError"]
+    failure = json.loads((tmp_path / "m3.5-concurrency1.failure.json").read_text())
     assert failure["error"] == "synthetic run failure"
     assert failure["bench_overrides"] == {"max_concurrency": 1}
+    assert failure["log_tail"] == ["client said why"]

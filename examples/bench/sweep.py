@@ -29,7 +29,7 @@ point, vLLM's bench-serve result (its per-request lists dropped unless --save-de
 vLLM's --save-result) plus run_number and the overrides (served model, max_concurrency,
 num_prompts, seed), as _update_run_data; MODEL-concurrencyC.log (the client's output),
 MODEL-server.log, and MODEL-concurrencyC.failure.json / MODEL-server.failure.json for what
-failed (a server's with the last lines of its log). The sweep ends by printing
+failed (with the last lines of its log). The sweep ends by printing
 examples/bench/sweep_plot.py's table of the points done; it exits 1 when any point failed
 or was skipped. Plot with `python -m examples.bench.sweep_plot OUT_DIR`.
 """
@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 MODELS_DIR = ROOT / "examples" / "bench" / "models"
 DETAILED_FIELDS = ("input_lens", "output_lens", "start_times", "ttfts", "itls",
                    "generated_texts", "errors", "server_queue_times", "server_ttfts")
-LOG_TAIL = 20  # server log lines kept in its failure record
+LOG_TAIL = 20  # log lines kept in a failure record
 STOP_GRACE_S = 30.0  # SIGINT, then SIGKILL for the group (examples/bench/serve_gpu.sh)
 
 
@@ -194,9 +194,12 @@ class ServerProcess:
             time.sleep(1)
 
 
-def write_failure(path: Path, exc: BaseException, **record) -> None:
-    body = {**record, "error_type": type(exc).__name__, "error": str(exc)}
+def write_failure(path: Path, exc: BaseException, log: Path, **record) -> None:
+    """vLLM's failure record, plus the last lines of the log of what failed."""
+    tail = log.read_text(errors="replace").splitlines()[-LOG_TAIL:] if log.exists() else []
+    body = {**record, "error_type": type(exc).__name__, "error": str(exc), "log_tail": tail}
     path.write_text(json.dumps(body, indent=2) + "\n")
+    print("\n".join(tail))
     print(f"[FAILED] {type(exc).__name__}: {exc}\nFailure details: {path}")
 
 
@@ -251,24 +254,25 @@ def run_model(args: argparse.Namespace, label: str, path: Path, out_dir: Path,
                     done.append(run_point(args, server, label, vocab, concurrency, out_dir,
                                           deadline))
                 except (subprocess.SubprocessError, OSError, RuntimeError, ValueError) as exc:
-                    write_failure(out_dir / f"{label}-concurrency{concurrency}.failure.json",
-                                  exc, run_number=0, serve_overrides={"model": label},
+                    stem = f"{label}-concurrency{concurrency}"  # labels hold dots
+                    write_failure(out_dir / f"{stem}.failure.json", exc,
+                                  out_dir / f"{stem}.log", run_number=0,
+                                  serve_overrides={"model": label},
                                   bench_overrides={"max_concurrency": concurrency})
                     missed.append(f"{point}: {type(exc).__name__}")
     except (OSError, RuntimeError, TimeoutError) as exc:
-        log = out_dir / f"{label}-server.log"
-        tail = log.read_text(errors="replace").splitlines()[-LOG_TAIL:] if log.exists() else []
-        print("\n".join(tail))
         write_failure(out_dir / f"{label}-server.failure.json", exc,
-                      serve_overrides={"model": label}, server_log_tail=tail)
+                      out_dir / f"{label}-server.log", serve_overrides={"model": label})
         missed.append(f"{label}: server {type(exc).__name__}")
     print(f"[END SERVER] {label}")
     return done, missed
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m examples.bench.sweep",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.bench.sweep",
+        description="Run examples/bench/serve.py at several max concurrencies against "
+                    "examples/server, one server a model (as vllm bench sweep serve).")
     add_cli_args(parser)
     args = parser.parse_args(argv)
     try:

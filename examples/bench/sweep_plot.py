@@ -156,8 +156,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(prog="python -m examples.bench.sweep_plot",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.bench.sweep_plot",
+        description="Plot performance curves from parameter sweep results.")
     add_cli_args(parser)
     args = parser.parse_args(argv)
     output_dir = Path(args.EXPERIMENT_DIR)
