@@ -44,6 +44,8 @@ from engine.errors import InvalidArgumentError, VllmError
 from engine.executor.external_launcher import ExternalLauncherExecutor
 from engine.executor.kv_heads import kv_cache_shape, num_kv_heads_per_rank, verify_tensor_parallel
 from engine.executor.multiproc_executor import MultiprocExecutor
+from engine.layers.kv_cache_dtype import kv_cache_torch_dtype
+from engine.layers.kv_scales import configure_kv_cache
 from engine.models.config import ModelArchConfig, get_diff_sampling_param
 from engine.request import Request, RequestStatus
 from engine.structured_output import (
@@ -103,7 +105,9 @@ class EngineCore:
         if executor is not None:
             executor.initialize_kv_cache(self.num_gpu_blocks)
         shape = kv_cache_shape(arch, self.num_gpu_blocks, config.block_size, self.tp_size)
-        kv_caches = [torch.empty(shape, dtype=dtype, device=device)  # hybrid: attention only
+        kv_dtype = configure_kv_cache(model, config.kv_cache_dtype, config.calculate_kv_scales,
+                                      dtype)  # engine/layers/kv_scales.py
+        kv_caches = [torch.empty(shape, dtype=kv_dtype, device=device)  # hybrid: attention only
                      for _ in range(num_attention_layers(arch))]
         self.model_runner.initialize_kv_cache(kv_caches)
         kv = KVCacheManager(self.num_gpu_blocks, config.block_size, self.max_model_len,
@@ -161,7 +165,8 @@ class EngineCore:
         bs = self.config.block_size
         kv_heads = num_kv_heads_per_rank(arch, self.tp_size)
         block_bytes = (2 * num_attention_layers(arch) * bs * kv_heads * arch.head_dim
-                       * torch.finfo(dtype).bits // 8)
+                       * torch.finfo(kv_cache_torch_dtype(self.config.kv_cache_dtype,
+                                                          dtype)).bits // 8)
         budget = self.config.kv_cache_memory_bytes
         if not budget:
             if self.device.type == "cuda":  # vLLM's profile run + gpu_memory_utilization
