@@ -21,7 +21,7 @@ rounding), stores q heads into q and k, v heads into kv_cache at slot_mapping[0]
 q/k norm: other layers keep the GEMV + rotary_cache pair.
 
 An fp8 cache (float8_e4m3fn) takes k and v through kernels/reshape_and_cache.py's
-quantize_kv with the layer's k_scale / v_scale (one-element float32 device tensors).
+quantize_kv_value with the layer's k_scale / v_scale (one-element float32 device tensors).
 
 Preconditions as kernels/rotary_cache.py: positions < cos_sin_cache.shape[0], slots <
 num_blocks * block_size (checking would need a host sync; the launch is CUDA-graph safe).
@@ -42,7 +42,7 @@ from kernels._common import (
 )
 from kernels.gemv import check_one_row_gemv, dense_gemv_ref
 from kernels.launch_cache import cached_launch
-from kernels.reshape_and_cache import check_kv_cache_dtype, quantize_kv
+from kernels.reshape_and_cache import check_kv_cache_dtype, quantize_kv_value
 from kernels.rotary import _check_cos_sin_cache, _check_positions
 from kernels.rotary_cache import rotary_embedding_and_cache_ref
 
@@ -114,13 +114,10 @@ def _qkv_gemv_rope_cache_kernel(
         dst = (cache_ptr + (slot // block_size) * stride_block
                + (slot % block_size) * stride_slot + is_v.to(tl.int64) * stride_kv
                + (kv - is_v.to(tl.int32) * n_kv_heads) * stride_head + j)
-        if FP8:  # quantize_kv with the k or v scale
-            if is_v:
-                o1 = quantize_kv(o1, v_scale_ptr, FP8)
-                o2 = quantize_kv(o2, v_scale_ptr, FP8)
-            else:
-                o1 = quantize_kv(o1, k_scale_ptr, FP8)
-                o2 = quantize_kv(o2, k_scale_ptr, FP8)
+        if FP8:  # the v or k scale
+            scale = tl.where(is_v, tl.load(v_scale_ptr), tl.load(k_scale_ptr))
+            o1 = quantize_kv_value(o1, scale)
+            o2 = quantize_kv_value(o2, scale)
         tl.store(dst, o1.to(cache_ptr.dtype.element_ty))
         tl.store(dst + HALF, o2.to(cache_ptr.dtype.element_ty))
 

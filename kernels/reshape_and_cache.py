@@ -41,12 +41,18 @@ KV_CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, FP8_KV_DTYPE)
 
 
 @triton.jit
+def quantize_kv_value(x, scale):
+    """x / scale (fp32, IEEE division) saturated to +-448: the value an fp8 cache store
+    takes, its cast rounding it to e4m3."""
+    return tl.minimum(tl.maximum(tl.div_rn(x.to(tl.float32), scale), -448.0), 448.0)
+
+
+@triton.jit
 def quantize_kv(x, scale_ptr, FP8: tl.constexpr):
-    """x as a KV-cache store takes it: with FP8, x / scale (fp32, IEEE division) saturated
-    to +-448, the store's cast rounding it to e4m3; else x unchanged."""
+    """x as a KV-cache store takes it: with FP8, quantize_kv_value with the scale at
+    scale_ptr; else x unchanged."""
     if FP8:
-        y = tl.div_rn(x.to(tl.float32), tl.load(scale_ptr))
-        return tl.minimum(tl.maximum(y, -448.0), 448.0)
+        return quantize_kv_value(x, tl.load(scale_ptr))
     return x
 
 
