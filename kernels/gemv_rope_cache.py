@@ -116,10 +116,11 @@ def _qkv_gemv_rope_cache_kernel(
                + (kv - is_v.to(tl.int32) * n_kv_heads) * stride_head + j)
         if FP8:  # the v or k scale
             scale = tl.where(is_v, tl.load(v_scale_ptr), tl.load(k_scale_ptr))
-            o1 = quantize_kv_value(o1, scale)
-            o2 = quantize_kv_value(o2, scale)
-        tl.store(dst, o1.to(cache_ptr.dtype.element_ty))
-        tl.store(dst + HALF, o2.to(cache_ptr.dtype.element_ty))
+            tl.store(dst, quantize_kv_value(o1, scale).to(cache_ptr.dtype.element_ty))
+            tl.store(dst + HALF, quantize_kv_value(o2, scale).to(cache_ptr.dtype.element_ty))
+        else:
+            tl.store(dst, o1.to(cache_ptr.dtype.element_ty))
+            tl.store(dst + HALF, o2.to(cache_ptr.dtype.element_ty))
 
 
 def gemv_rope_cache_config(k: int) -> tuple[int, int, int, int]:

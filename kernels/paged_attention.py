@@ -65,9 +65,10 @@ def _tile_rows(bt_ptr, kv_off, t, seq_len, stride_block, stride_slot,
 def _dequant(x, scale_ptr, dtype, FP8: tl.constexpr):
     """A loaded KV tile as attention reads it: with FP8, x * scale in fp32 rounded to
     dtype (q's); else x."""
-    if FP8:
-        return (x.to(tl.float32) * tl.load(scale_ptr)).to(dtype)
-    return x
+    y = x
+    if FP8:  # a constexpr branch: y may change type (one return, one type)
+        y = (x.to(tl.float32) * tl.load(scale_ptr)).to(dtype)
+    return y
 
 
 @triton.jit

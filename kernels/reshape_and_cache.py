@@ -51,9 +51,10 @@ def quantize_kv_value(x, scale):
 def quantize_kv(x, scale_ptr, FP8: tl.constexpr):
     """x as a KV-cache store takes it: with FP8, quantize_kv_value with the scale at
     scale_ptr; else x unchanged."""
-    if FP8:
-        return quantize_kv_value(x, tl.load(scale_ptr))
-    return x
+    y = x
+    if FP8:  # a constexpr branch: y may change type (one return, one type)
+        y = quantize_kv_value(x, tl.load(scale_ptr))
+    return y
 
 
 def check_kv_cache_dtype(kv_cache: torch.Tensor, k_scale: torch.Tensor | None,
