@@ -53,6 +53,17 @@ def _fp8_runner(kv_cache_dtype: str = "fp8", calculate: bool = False):
     return bind
 
 
+def save_with_scales(hf, path, scales: dict[int, tuple[float, float]]) -> None:
+    """hf saved with `model.layers.{i}.self_attn.k_scale` / `v_scale` tensors added."""
+    hf.save_pretrained(path)
+    f = path / "model.safetensors"
+    tensors = load_file(f)
+    for i, (k, v) in scales.items():
+        tensors[f"model.layers.{i}.self_attn.k_scale"] = torch.tensor(k)
+        tensors[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor(v)
+    save_file(tensors, f, metadata={"format": "pt"})
+
+
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     """(hf, path of the checkpoint, path of the checkpoint with k/v scales)."""
@@ -60,13 +71,7 @@ def llama(tmp_path_factory):
     path = tmp_path_factory.mktemp("llama")
     hf.save_pretrained(path)
     scaled = tmp_path_factory.mktemp("llama_scaled")
-    hf.save_pretrained(scaled)
-    f = scaled / "model.safetensors"
-    tensors = load_file(f)
-    for i, (k, v) in CKPT_SCALES.items():
-        tensors[f"model.layers.{i}.self_attn.k_scale"] = torch.tensor(k)
-        tensors[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor(v)
-    save_file(tensors, f, metadata={"format": "pt"})
+    save_with_scales(hf, scaled, CKPT_SCALES)
     return hf, str(path), str(scaled)
 
 

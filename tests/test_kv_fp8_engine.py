@@ -19,7 +19,7 @@ import test_models_parity as parity  # noqa: E402
 from kv_fp8_oracle import use_fp8_kv  # noqa: E402
 from test_dummy_loader import write_config  # noqa: E402
 from test_hybrid_gdn_engine import _hf_greedy, _saved_model  # noqa: E402
-from test_kv_fp8 import _attn_layers, _fp8_runner  # noqa: E402
+from test_kv_fp8 import _attn_layers, _fp8_runner, save_with_scales  # noqa: E402
 
 from engine.config import EngineConfig  # noqa: E402
 from engine.layers.attention import Attention  # noqa: E402
@@ -99,3 +99,19 @@ def test_hybrid_gdn_fp8_attention_kv_only(tmp_path_factory) -> None:
     hf = __import__("test_models_hybrid_gdn").make_hf_model("qwen3_next")
     with torch.no_grad(), use_fp8_kv(hf):
         assert got == [_hf_greedy(hf, p, 12) for p in prompts]
+
+
+@pytest.mark.slow
+def test_tensor_parallel_fp8_equals_one_rank(tmp_path) -> None:
+    """Every rank's worker allocates fp8 caches with the checkpoint's scales too
+    (engine/executor/multiproc_worker.py): TP=2 gives TP=1's greedy tokens
+    (tests/test_tensor_parallel.py). Scales that saturate many keys and values make the
+    tokens depend on them (a rank with float caches would not)."""
+    from tests.test_tensor_parallel import _generate
+
+    save_with_scales(parity.make_hf_model("qwen3"), tmp_path, {0: (0.002, 0.003),
+                                                              1: (0.003, 0.002)})
+    prompts = parity.make_prompts(300)
+    want = _generate(str(tmp_path), 1, prompts, kv_cache_dtype="fp8")
+    assert _generate(str(tmp_path), 2, prompts, kv_cache_dtype="fp8") == want
+    assert want != _generate(str(tmp_path), 1, prompts)  # the scales change the tokens
