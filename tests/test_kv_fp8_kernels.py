@@ -43,7 +43,7 @@ def _scales(k: float = 0.05, v: float = 0.02) -> tuple[torch.Tensor, torch.Tenso
 
 def _fp8_cache(blocks: int, bs: int, nkv: int, hd: int, ks, vs) -> torch.Tensor:
     """A random fp8 cache whose values span the e4m3 range after dequantization."""
-    kv = torch.randn(2, blocks, bs, nkv, hd, device=DEVICE) * 3
+    kv = torch.randn(2, blocks, bs, nkv, hd, device=DEVICE) * 2
     return torch.stack([quantize_kv_ref(kv[0], ks), quantize_kv_ref(kv[1], vs)])
 
 
