@@ -13,7 +13,8 @@ before the wait, all but the newest: the older ones were written in earlier step
 one row no other request writes the cache this step; the newest key, written by the kernel
 just before, and q are loaded after the wait. Its latency is then one L2 round trip after
 the wait instead of three (seq_len, block table, then the keys).
-Layout and metadata as kernels/paged_attention.py (the engine's, engine/layers/attention.py).
+Layout and metadata as kernels/paged_attention.py (the engine's, engine/layers/attention.py);
+an fp8 cache is dequantized as there (_dequant, after the PDL wait for ONE_ROW's early tile).
 The step's RoPE and KV-cache write run in an earlier launch (kernels/rotary_cache.py or
 kernels/gemv_rope_cache.py): a request admitted this step with a prefix-cache hit may read
 the block another request's new token fills, so that write must finish before any program
@@ -34,6 +35,7 @@ from kernels.paged_attention import (
     _attend_tiles,
     _check_cache,
     _check_window,
+    _dequant,
     _gate,
     _kv_splits,
     _out,
@@ -51,13 +53,14 @@ from kernels.paged_attention import (
 @triton.jit(do_not_specialize=["num_splits"])  # one compile for every split count
 def _paged_attention_decode_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr, gate_ptr,
-    stride_qt: tl.int64, stride_qh, stride_bt: tl.int64, stride_block: tl.int64,
+    k_scale_ptr, v_scale_ptr, stride_qt: tl.int64, stride_qh, stride_bt: tl.int64,
+    stride_block: tl.int64,
     stride_slot: tl.int64, stride_head, stride_ot: tl.int64, stride_oh, stride_gt: tl.int64,
     stride_gh, num_q_heads, head_size, group, qk_scale, num_splits, window,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr,
     BLOCK_H: tl.constexpr, SPLIT: tl.constexpr, USE_WINDOW: tl.constexpr,
     DOT_PREC: tl.constexpr, GATED: tl.constexpr, ONE_ROW: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    FP8: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     # program (request, kv head, split): the `group` query heads of one kv head, one token.
     # Before the wait: seq_lens, the block table (copied in before the step) and, with
@@ -98,13 +101,15 @@ def _paged_attention_decode_kernel(
         new = (kmask & (kpos == seq_len - 1))[:, None] & dmask
         k = tl.where(new, tl.load(kp, mask=new, other=0.0), k)
         v = tl.where(new, tl.load(vp, mask=new, other=0.0), v)
+        k = _dequant(k, k_scale_ptr, q.dtype, FP8)
+        v = _dequant(v, v_scale_ptr, q.dtype, FP8)
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, kpos, kmask, qpos, qk_scale,
                                      window, False, USE_WINDOW, DOT_PREC)
         t_begin += 1
     acc, m_i, l_i = _attend_tiles(
         q, acc, m_i, l_i, k_ptr, v_ptr, bt_row, kvh * stride_head, qpos, seq_len, t_begin,
-        t_end, stride_block, stride_slot, qk_scale, head_size, window,
-        BLOCK_SIZE, TILE_N, HEAD_PAD, False, USE_WINDOW, DOT_PREC)
+        t_end, stride_block, stride_slot, qk_scale, head_size, window, k_scale_ptr, v_scale_ptr,
+        BLOCK_SIZE, TILE_N, HEAD_PAD, False, USE_WINDOW, DOT_PREC, FP8)
     if SPLIT and used > 1:
         # partials: acc [reqs, nq, splits, HEAD_PAD], (m, l) [reqs, nq, splits, 2]
         ph = (req * num_q_heads + heads) * num_splits + split  # [BLOCK_H]
@@ -123,18 +128,21 @@ def paged_attention_decode(
     seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None,
     sliding_window: int | None = None, num_splits: int | None = None, tile_n: int = 64,
     num_warps: int = 4, num_stages: int = 2, output_gate: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per request. q: [num_reqs, nq, hd] -> out [num_reqs, nq, hd].
 
     sliding_window: each query sees its last `sliding_window` positions (None: all).
     num_splits: KV splits per (request, kv head) (flash-decoding); default fills the SMs.
     output_gate: [num_reqs, nq, hd] like q (any strides): out * sigmoid(output_gate).
+    k_scale, v_scale: [1] float32, the dequantization scales of an fp8 kv_cache.
     One row (num_reqs 1) reads its keys older than position seq_len - 1 before the PDL
     wait: the launch just before may write only the row's newest key and value (and q).
     """
     _check_window(sliding_window)
     n, nq, hd = q.shape
-    block_size, nkv, group = _check_cache(q, kv_cache, block_table, seq_lens, n)
+    block_size, nkv, group, fp8 = _check_cache(q, kv_cache, block_table, seq_lens, n, k_scale,
+                                               v_scale)
     out = _out(q, out)
     gate, sgt, sgh = _gate(q, output_gate, out)
     if n == 0:
@@ -153,12 +161,13 @@ def paged_attention_decode(
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     _paged_attention_decode_kernel[(n, nkv, num_splits)](
         q, kv_cache[0], kv_cache[1], block_table, seq_lens, out, part_acc, part_ml, gate,
-        q.stride(0), q.stride(1), block_table.stride(0), kv_cache.stride(1), kv_cache.stride(2),
+        k_scale if fp8 else None, v_scale if fp8 else None, q.stride(0), q.stride(1),
+        block_table.stride(0), kv_cache.stride(1), kv_cache.stride(2),
         kv_cache.stride(3), out.stride(0), out.stride(1), sgt, sgh, nq, hd, group,
         scale * LOG2E, num_splits, sliding_window or 0, BLOCK_SIZE=block_size, TILE_N=tile_n,
         HEAD_PAD=head_pad, BLOCK_H=max(16, next_pow2(group)), SPLIT=split,
         USE_WINDOW=sliding_window is not None, DOT_PREC=prec, GATED=output_gate is not None,
-        ONE_ROW=n == 1, num_warps=num_warps, num_stages=num_stages, **pdl_launch(q),
+        ONE_ROW=n == 1, FP8=fp8, num_warps=num_warps, num_stages=num_stages, **pdl_launch(q),
     )
     if split:
         _paged_attention_decode_reduce_kernel[(n, nq)](
@@ -174,8 +183,9 @@ def paged_attention_decode(
 def paged_attention_decode_ref(
     q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
     seq_lens: torch.Tensor, scale: float, sliding_window: int | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode is prefill with one query token per request."""
     qsl = torch.arange(q.shape[0] + 1, dtype=torch.int32)
     return paged_attention_prefill_ref(q, kv_cache, qsl, seq_lens, block_table, scale,
-                                       sliding_window)
+                                       sliding_window, k_scale, v_scale)

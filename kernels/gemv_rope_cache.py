@@ -20,6 +20,9 @@ rounding), stores q heads into q and k, v heads into kv_cache at slot_mapping[0]
 < 0, vLLM's PAD_SLOT_ID, is not written). Full rotary only (rotary_dim == head_size), no
 q/k norm: other layers keep the GEMV + rotary_cache pair.
 
+An fp8 cache (float8_e4m3fn) takes k and v through kernels/reshape_and_cache.py's
+quantize_kv_value with the layer's k_scale / v_scale (one-element float32 device tensors).
+
 Preconditions as kernels/rotary_cache.py: positions < cos_sin_cache.shape[0], slots <
 num_blocks * block_size (checking would need a host sync; the launch is CUDA-graph safe).
 """
@@ -32,7 +35,6 @@ import triton.language as tl
 
 from kernels._common import (
     check,
-    check_float,
     check_same_device,
     next_pow2,
     pdl_launch,
@@ -40,6 +42,7 @@ from kernels._common import (
 )
 from kernels.gemv import check_one_row_gemv, dense_gemv_ref
 from kernels.launch_cache import cached_launch
+from kernels.reshape_and_cache import check_kv_cache_dtype, quantize_kv_value
 from kernels.rotary import _check_cos_sin_cache, _check_positions
 from kernels.rotary_cache import rotary_embedding_and_cache_ref
 
@@ -47,11 +50,12 @@ from kernels.rotary_cache import rotary_embedding_and_cache_ref
 @cached_launch
 @triton.jit
 def _qkv_gemv_rope_cache_kernel(
-    x_ptr, w_ptr, bias_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_ptr, cache_ptr, K,
+    x_ptr, w_ptr, bias_ptr, pos_ptr, slot_ptr, cos_sin_ptr, q_ptr, cache_ptr, k_scale_ptr,
+    v_scale_ptr, K,
     n_q_heads, n_kv_heads, stride_cos, stride_kv: tl.int64, stride_block: tl.int64,
     stride_slot: tl.int64, stride_head, block_size,
     HEAD: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-    BP: tl.constexpr, BK: tl.constexpr, USE_PDL: tl.constexpr,
+    BP: tl.constexpr, BK: tl.constexpr, FP8: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # the kernel before wrote this one's inputs
         pdl_wait()
@@ -110,8 +114,13 @@ def _qkv_gemv_rope_cache_kernel(
         dst = (cache_ptr + (slot // block_size) * stride_block
                + (slot % block_size) * stride_slot + is_v.to(tl.int64) * stride_kv
                + (kv - is_v.to(tl.int32) * n_kv_heads) * stride_head + j)
-        tl.store(dst, o1.to(cache_ptr.dtype.element_ty))
-        tl.store(dst + HALF, o2.to(cache_ptr.dtype.element_ty))
+        if FP8:  # the v or k scale
+            scale = tl.where(is_v, tl.load(v_scale_ptr), tl.load(k_scale_ptr))
+            tl.store(dst, quantize_kv_value(o1, scale).to(cache_ptr.dtype.element_ty))
+            tl.store(dst + HALF, quantize_kv_value(o2, scale).to(cache_ptr.dtype.element_ty))
+        else:
+            tl.store(dst, o1.to(cache_ptr.dtype.element_ty))
+            tl.store(dst + HALF, o2.to(cache_ptr.dtype.element_ty))
 
 
 def gemv_rope_cache_config(k: int) -> tuple[int, int, int, int]:
@@ -125,13 +134,15 @@ def qkv_gemv_rope_cache(
     cos_sin_cache: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
     num_q_heads: int, num_kv_heads: int, head_size: int,
     config: tuple[int, int, int, int] | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x: [1, K], w: [(nq + 2 nkv) * hs, K] (q, k, v rows), bias: [(nq + 2 nkv) * hs] or
     None, positions: [1], cos_sin_cache: [max_position, hs] float32 (cos then sin halves),
     kv_cache: [2, num_blocks, block_size, nkv, hs], slot_mapping: [1] -> q: [1, nq * hs] in
     x's dtype, rotated; k (rotated) and v written into kv_cache at slot_mapping[0].
     config: (BN, BK, num_warps, num_stages) for sweeps, BN / 2 dividing hs / 2; None:
-    gemv_rope_cache_config's (with fewer pairs when hs / 2 needs it)."""
+    gemv_rope_cache_config's (with fewer pairs when hs / 2 needs it). k_scale, v_scale: [1]
+    float32, the quantization scales of an fp8 kv_cache."""
     nq, nkv, hs = num_q_heads, num_kv_heads, head_size
     check(nq > 0 and nkv > 0 and hs > 0 and hs % 2 == 0, lambda: f"need q and kv heads and an "
           f"even head_size, got {nq} q, {nkv} kv heads of {hs}")
@@ -143,7 +154,7 @@ def qkv_gemv_rope_cache(
           and kv_cache.shape[4] == hs and kv_cache.stride(4) == 1,
           lambda: f"kv_cache must be [2, num_blocks, block_size, {nkv}, {hs}] with a "
           f"contiguous last dimension, got {tuple(kv_cache.shape)}")
-    check_float("kv_cache", kv_cache)
+    fp8 = check_kv_cache_dtype(kv_cache, k_scale, v_scale)
     check(slot_mapping.shape == (1,) and slot_mapping.dtype in (torch.int32, torch.int64),
           "slot_mapping must be a [1] int32/int64 tensor")
     check_same_device(x=x, positions=positions, cos_sin_cache=cos_sin_cache,
@@ -161,9 +172,10 @@ def qkv_gemv_rope_cache(
     q = torch.empty(1, nq * hs, dtype=x.dtype, device=x.device)
     _qkv_gemv_rope_cache_kernel[((nq + 2 * nkv) * (half // bp),)](
         x, w, bias if bias is not None else w, positions, slot_mapping, cos_sin_cache, q,
-        kv_cache, k, nq, nkv, cos_sin_cache.stride(0), kv_cache.stride(0),
+        kv_cache, k_scale if fp8 else None, v_scale if fp8 else None, k, nq, nkv,
+        cos_sin_cache.stride(0), kv_cache.stride(0),
         kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), kv_cache.shape[2],
-        HEAD=hs, HAS_BIAS=bias is not None, EVEN_K=k % bk == 0, BP=bp, BK=bk,
+        HEAD=hs, HAS_BIAS=bias is not None, EVEN_K=k % bk == 0, BP=bp, BK=bk, FP8=fp8,
         num_warps=warps, num_stages=stages, **pdl_launch(x),
     )
     return q
@@ -173,10 +185,12 @@ def qkv_gemv_rope_cache_ref(
     x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, positions: torch.Tensor,
     cos_sin_cache: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
     num_q_heads: int, num_kv_heads: int, head_size: int,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The unfused path in torch: dense_gemv_ref (F.linear in fp32 rounded to x's dtype),
     split into q, k, v, then rotary_embedding_and_cache_ref; writes the cache, returns q."""
     q, k, v = dense_gemv_ref(x, w, bias).split(
         [num_q_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size], dim=-1)
     return rotary_embedding_and_cache_ref(positions, q, k, v, cos_sin_cache, head_size,
-                                          kv_cache, slot_mapping)
+                                          kv_cache, slot_mapping, k_scale=k_scale,
+                                          v_scale=v_scale)

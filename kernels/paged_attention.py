@@ -13,6 +13,11 @@ block_table [num_reqs, max_blocks] int32, seq_lens [num_reqs] (context incl. thi
 tokens), query_start_loc [num_reqs + 1]; query token j of request i sits at position
 seq_len - q_len + j and sees keys <= it. All metadata stays on the device: no host sync.
 
+An fp8 cache (float8_e4m3fn, written by kernels/reshape_and_cache.py's quantize_kv) is
+read as vLLM's triton_unified_attention _cast_kv_tile (FP8 per-tensor): each loaded tile
+times the layer's k_scale / v_scale (one-element float32 device tensors) in fp32, rounded
+to q's dtype before the dots.
+
 Precondition: block_table entries of the first cdiv(seq_len, block_size) columns are valid
 block ids (the KV cache manager owns them). A request with seq_len 0 yields zeros; prefill
 leaves the rows past query_start_loc[num_reqs] untouched.
@@ -36,6 +41,7 @@ from kernels._common import (
 )
 from kernels._common import num_sms as _num_sms
 from kernels.launch_cache import cached_launch
+from kernels.reshape_and_cache import check_kv_cache_dtype, dequantize_kv_ref
 
 LOG2E = 1.4426950408889634
 
@@ -53,6 +59,16 @@ def _tile_rows(bt_ptr, kv_off, t, seq_len, stride_block, stride_slot,
     else:
         blk = tl.load(bt_ptr + kpos // BLOCK_SIZE).to(tl.int64)
     return kpos, kmask, blk * stride_block + (kpos % BLOCK_SIZE) * stride_slot + kv_off
+
+
+@triton.jit
+def _dequant(x, scale_ptr, dtype, FP8: tl.constexpr):
+    """A loaded KV tile as attention reads it: with FP8, x * scale in fp32 rounded to
+    dtype (q's); else x."""
+    y = x
+    if FP8:  # a constexpr branch: y may change type (one return, one type)
+        y = (x.to(tl.float32) * tl.load(scale_ptr)).to(dtype)
+    return y
 
 
 @triton.jit
@@ -84,10 +100,10 @@ def _attend_tile(q, acc, m_i, l_i, k, v, kpos, kmask, qpos, qk_scale, window,
 @triton.jit
 def _attend_tiles(
     q, acc, m_i, l_i, k_ptr, v_ptr, bt_ptr, kv_off, qpos, seq_len, t_begin, t_end,
-    stride_block, stride_slot, qk_scale, head_size, window,
+    stride_block, stride_slot, qk_scale, head_size, window, k_scale_ptr, v_scale_ptr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PREC: tl.constexpr,
-    MASKED: tl.constexpr = True,
+    FP8: tl.constexpr, MASKED: tl.constexpr = True,
 ):
     """Online softmax of q [BLOCK_M, HEAD_PAD] over KV tiles [t_begin, t_end) of TILE_N keys.
 
@@ -95,6 +111,7 @@ def _attend_tiles(
     qpos [BLOCK_M]: each row's position; with USE_WINDOW a row sees keys > qpos - window.
     MASKED False: the caller knows every row sees every key of these tiles (the tiles
     before the diagonal of a causal block): no key, causal or window mask.
+    FP8: the cache is fp8, dequantized with k_scale_ptr / v_scale_ptr (_dequant).
     """
     d = tl.arange(0, HEAD_PAD)
     for t in range(t_begin, t_end):
@@ -105,6 +122,8 @@ def _attend_tiles(
             ld_mask = kmask[:, None] & ld_mask
         k = tl.load(k_ptr + row[:, None] + d[None, :], mask=ld_mask, other=0.0)  # [TILE_N, HP]
         v = tl.load(v_ptr + row[:, None] + d[None, :], mask=ld_mask, other=0.0)
+        k = _dequant(k, k_scale_ptr, q.dtype, FP8)
+        v = _dequant(v, v_scale_ptr, q.dtype, FP8)
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k, v, kpos, kmask, qpos, qk_scale,
                                      window, CAUSAL, USE_WINDOW, DOT_PREC, MASKED)
     return acc, m_i, l_i
@@ -202,13 +221,14 @@ def _find_request(qsl_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
             do_not_specialize_on_alignment=["bt_ptr", "seq_lens_ptr", "qsl_ptr"])
 def _paged_attention_prefill_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-    gate_ptr, num_reqs, stride_qt: tl.int64, stride_qh, stride_bt: tl.int64,
+    gate_ptr, k_scale_ptr, v_scale_ptr, num_reqs, stride_qt: tl.int64, stride_qh,
+    stride_bt: tl.int64,
     stride_block: tl.int64, stride_slot: tl.int64, stride_head, stride_ot: tl.int64, stride_oh,
     stride_gt: tl.int64, stride_gh, num_q_heads, head_size, group, qk_scale, window,
     num_segments, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SPLIT: tl.constexpr,
     USE_WINDOW: tl.constexpr, DOT_PREC: tl.constexpr, GATED: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    FP8: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # the kernel before wrote this one's inputs
         pdl_wait()
@@ -254,12 +274,12 @@ def _paged_attention_prefill_kernel(
     bt_row = bt_ptr + req.to(tl.int64) * stride_bt
     acc, m_i, l_i = _attend_tiles(
         q, acc, m_i, l_i, k_ptr, v_ptr, bt_row, kvh * stride_head, ctx + tok, seq_len,
-        t_begin, t_full, stride_block, stride_slot, qk_scale, head_size, window,
-        BLOCK_SIZE, TILE_N, HEAD_PAD, True, USE_WINDOW, DOT_PREC, False)
+        t_begin, t_full, stride_block, stride_slot, qk_scale, head_size, window, k_scale_ptr,
+        v_scale_ptr, BLOCK_SIZE, TILE_N, HEAD_PAD, True, USE_WINDOW, DOT_PREC, FP8, False)
     acc, m_i, l_i = _attend_tiles(
         q, acc, m_i, l_i, k_ptr, v_ptr, bt_row, kvh * stride_head, ctx + tok, seq_len,
-        t_full, t_end, stride_block, stride_slot, qk_scale, head_size, window,
-        BLOCK_SIZE, TILE_N, HEAD_PAD, True, USE_WINDOW, DOT_PREC)
+        t_full, t_end, stride_block, stride_slot, qk_scale, head_size, window, k_scale_ptr,
+        v_scale_ptr, BLOCK_SIZE, TILE_N, HEAD_PAD, True, USE_WINDOW, DOT_PREC, FP8)
     if SPLIT:  # partials (empty: m -inf, l 0): acc [T, nq, segs, HEAD_PAD], (m, l) [.., 2]
         ph = (row * num_q_heads + heads) * num_segments + seg  # [BLOCK_M]
         tl.store(part_acc_ptr + ph[:, None] * HEAD_PAD + d[None, :], acc, mask=rmask[:, None])
@@ -273,8 +293,9 @@ def _paged_attention_prefill_kernel(
 
 
 def _check_cache(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                 seq_lens: torch.Tensor, num_reqs: int) -> tuple[int, int, int]:
-    """Validate the shared arguments; -> (block_size, num_kv_heads, group)."""
+                 seq_lens: torch.Tensor, num_reqs: int, k_scale: torch.Tensor | None,
+                 v_scale: torch.Tensor | None) -> tuple[int, int, int, bool]:
+    """Validate the shared arguments; -> (block_size, num_kv_heads, group, fp8 cache)."""
     check_float("q", q)
     check(q.dim() == 3 and q.stride(2) == 1,
           lambda: f"q must be [num_tokens, num_heads, head_size] "
@@ -283,7 +304,7 @@ def _check_cache(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Ten
           and kv_cache.stride(4) == 1, lambda: "kv_cache must be [2, num_blocks, block_size, "
           f"num_kv_heads, {q.shape[2]}] with a contiguous last dimension, got "
           f"{tuple(kv_cache.shape)}")
-    check_float("kv_cache", kv_cache)
+    fp8 = check_kv_cache_dtype(kv_cache, k_scale, v_scale)
     nkv = kv_cache.shape[3]
     check(q.shape[1] % nkv == 0,
           lambda: f"num_heads {q.shape[1]} must be a multiple of num_kv_heads "
@@ -296,7 +317,7 @@ def _check_cache(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Ten
           lambda: f"seq_lens must be [{num_reqs}] int32, got {tuple(seq_lens.shape)} "
           f"{seq_lens.dtype}")
     check_same_device(q=q, kv_cache=kv_cache, block_table=block_table, seq_lens=seq_lens)
-    return kv_cache.shape[2], nkv, q.shape[1] // nkv
+    return kv_cache.shape[2], nkv, q.shape[1] // nkv, fp8
 
 
 def _out(q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
@@ -353,6 +374,7 @@ def paged_attention_prefill(
     out: torch.Tensor | None = None, sliding_window: int | None = None, block_m: int = 64,
     tile_n: int = 64, num_warps: int | None = None, num_stages: int = 2,
     num_segments: int | None = None, output_gate: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Varlen causal attention over cached prefixes. q: [num_tokens, nq, hd] -> same shape.
 
@@ -360,6 +382,7 @@ def paged_attention_prefill(
     num_segments: KV segments per (q block, kv head) program, merged by a reduce (vLLM's 3D
     kernel); default: up to 16 while the 2D grid leaves SMs idle (batch-1 decode), else 1.
     output_gate: [num_tokens, nq, hd] like q (any strides): out * sigmoid(output_gate).
+    k_scale, v_scale: [1] float32, the dequantization scales of an fp8 kv_cache.
     """
     _check_window(sliding_window)
     check(num_segments is None or (isinstance(num_segments, int) and 1 <= num_segments <= 256),
@@ -371,7 +394,8 @@ def paged_attention_prefill(
           f"{tuple(query_start_loc.shape)} "
           f"{query_start_loc.dtype}")
     n, nq, hd = q.shape
-    block_size, nkv, group = _check_cache(q, kv_cache, block_table, seq_lens, num_reqs)
+    block_size, nkv, group, fp8 = _check_cache(q, kv_cache, block_table, seq_lens, num_reqs,
+                                               k_scale, v_scale)
     check_same_device(q=q, query_start_loc=query_start_loc)
     out = _out(q, out)
     gate, sgt, sgh = _gate(q, output_gate, out)
@@ -390,13 +414,14 @@ def paged_attention_prefill(
         part_ml = torch.empty(n, nq, segs, 2, dtype=torch.float32, device=q.device)
     _paged_attention_prefill_kernel[(q_blocks, nkv, segs)](
         q, kv_cache[0], kv_cache[1], block_table, seq_lens, query_start_loc, out, part_acc,
-        part_ml, gate, num_reqs, q.stride(0), q.stride(1), block_table.stride(0),
+        part_ml, gate, k_scale if fp8 else None, v_scale if fp8 else None, num_reqs,
+        q.stride(0), q.stride(1), block_table.stride(0),
         kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), out.stride(0),
         out.stride(1), sgt, sgh, nq, hd, group, scale * LOG2E, sliding_window or 0, segs,
         BLOCK_SIZE=block_size, TILE_N=tile_n, HEAD_PAD=head_pad, BLOCK_M=block_m,
         BLOCK_Q=block_q, SPLIT=split, USE_WINDOW=sliding_window is not None,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", GATED=output_gate is not None,
-        num_warps=num_warps or (4 if head_pad <= 128 else 8), num_stages=num_stages,
+        FP8=fp8, num_warps=num_warps or (4 if head_pad <= 128 else 8), num_stages=num_stages,
         **pdl_launch(q),
     )
     if split:
@@ -412,11 +437,13 @@ def paged_attention_prefill(
 def paged_attention_prefill_ref(
     q: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor, block_table: torch.Tensor, scale: float,
-    sliding_window: int | None = None,
+    sliding_window: int | None = None, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Plain torch on the same metadata: one SDPA per request over its gathered blocks (the
     engine's CPU path, engine/layers/attention.py paged_attention_ref, computes the same;
-    tests/test_kernels_paged_attention.py checks the two agree bit for bit)."""
+    tests/test_kernels_paged_attention.py checks the two agree bit for bit); an fp8 cache
+    dequantized with k_scale / v_scale (dequantize_kv_ref)."""
     # q: [num_tokens, nq, hd] -> same shape; a request with seq_len 0 gets zeros
     qsl, lens = query_start_loc.tolist(), seq_lens.tolist()
     block_size = kv_cache.shape[2]
@@ -433,6 +460,9 @@ def paged_attention_prefill_ref(
         mask = kpos <= qpos[:, None]  # [q_len, seq_len]
         if sliding_window is not None:
             mask &= kpos > qpos[:, None] - sliding_window
+        if kv_cache.dtype == torch.float8_e4m3fn:
+            kc, vc = dequantize_kv_ref(kc, k_scale, q.dtype), dequantize_kv_ref(vc, v_scale,
+                                                                                q.dtype)
         group = q.shape[1] // kc.shape[1]
         kc = kc.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)  # [nq, seq, hd]
         vc = vc.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)

@@ -46,6 +46,8 @@ from engine.errors import InvalidArgumentError, VllmError
 from engine.executor.external_launcher import ExternalLauncherExecutor
 from engine.executor.kv_heads import kv_cache_shape, num_kv_heads_per_rank, verify_tensor_parallel
 from engine.executor.multiproc_executor import MultiprocExecutor
+from engine.layers.kv_cache_dtype import kv_cache_torch_dtype
+from engine.layers.kv_scales import configure_kv_cache
 from engine.models.config import ModelArchConfig, get_diff_sampling_param
 from engine.request import Request, RequestStatus
 from engine.structured_output import (
@@ -82,7 +84,8 @@ def _hybrid_config(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dty
     hybrid = hybrid_kv_cache_config(
         arch, dtype, config.block_size, mamba_cache_dtype=config.mamba_cache_dtype,
         mamba_ssm_cache_dtype=config.mamba_ssm_cache_dtype,
-        mamba_cache_mode=config.mamba_cache_mode, max_model_len=max_model_len)
+        mamba_cache_mode=config.mamba_cache_mode, max_model_len=max_model_len,
+        kv_dtype=kv_cache_torch_dtype(config.kv_cache_dtype, dtype))
     config.block_size = hybrid.attn_spec.block_size
     return hybrid
 
@@ -125,6 +128,8 @@ class EngineCore:
         self.num_gpu_blocks = self._num_kv_blocks(arch, dtype)
         if executor is not None:
             executor.initialize_kv_cache(self.num_gpu_blocks)
+        kv_dtype = configure_kv_cache(model, config.kv_cache_dtype, config.calculate_kv_scales,
+                                      dtype)  # engine/layers/kv_scales.py
         if self.hybrid is not None:  # one pool for KV and GDN state (vLLM's layout)
             self.hybrid = replace(self.hybrid, num_blocks=self.num_gpu_blocks)
             self.model_runner.initialize_kv_cache(
@@ -132,7 +137,7 @@ class EngineCore:
         else:
             shape = kv_cache_shape(arch, self.num_gpu_blocks, config.block_size, self.tp_size)
             self.model_runner.initialize_kv_cache(
-                [torch.empty(shape, dtype=dtype, device=device)
+                [torch.empty(shape, dtype=kv_dtype, device=device)
                  for _ in range(arch.num_hidden_layers)])
         num_mamba_groups = 0 if self.hybrid is None else len(self.hybrid.mamba_groups)
         kv = KVCacheManager(self.num_gpu_blocks, config.block_size, self.max_model_len,
@@ -193,7 +198,8 @@ class EngineCore:
         bs = self.config.block_size
         kv_heads = num_kv_heads_per_rank(arch, self.tp_size)
         block_bytes = (2 * num_attention_layers(arch) * bs * kv_heads * arch.head_dim
-                       * torch.finfo(dtype).bits // 8)
+                       * torch.finfo(kv_cache_torch_dtype(self.config.kv_cache_dtype,
+                                                          dtype)).bits // 8)
         state_blocks = 0  # hybrid: a block is a page of each buffer, a request holds states
         if self.hybrid is not None:
             block_bytes, state_blocks = self.hybrid.block_bytes, len(self.hybrid.mamba_groups)

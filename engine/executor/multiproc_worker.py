@@ -29,6 +29,7 @@ from engine.distributed.parallel_state import (
 from engine.executor import messages
 from engine.executor.kv_heads import kv_cache_shape
 from engine.executor.multiproc_executor import dist_timeout
+from engine.layers.kv_scales import configure_kv_cache
 from engine.worker.gpu_worker import determine_available_memory
 from engine.worker.model_runner import ModelRunner
 from engine.worker.torch_threads import set_torch_threads_for_runtime
@@ -58,7 +59,9 @@ def run_worker(config: EngineConfig, rank: int, backend: str) -> None:
                                    config.gpu_memory_utilization)
     num_blocks = messages.recv(int)
     shape = kv_cache_shape(arch, num_blocks, config.block_size, tp)
-    runner.initialize_kv_cache([torch.empty(shape, dtype=dtype, device=device)
+    kv_dtype = configure_kv_cache(model, config.kv_cache_dtype, config.calculate_kv_scales,
+                                  dtype)  # engine/layers/kv_scales.py
+    runner.initialize_kv_cache([torch.empty(shape, dtype=kv_dtype, device=device)
                                 for _ in range(arch.num_hidden_layers)])
     runner.capture_model(config.cudagraph_batch_sizes())
     torch.manual_seed(config.seed)  # the draws of rank 0's sampler, step after step

@@ -20,6 +20,14 @@ of a Llama-family layer (forward_qkv) writes its K/V in the qkv GEMV's epilogue
 Sliding window (vLLM's `per_layer_sliding_window`): a query at position p sees keys at
 positions p - window + 1 .. p, as flash-attention's window (window - 1, 0) and
 transformers' sliding-window mask. The KV cache still keeps every block.
+
+KV-cache dtype (vLLM's --kv-cache-dtype): a float8_e4m3fn cache stores x / scale and reads
+fp8 * scale with the layer's per-tensor k_scale / v_scale (vLLM's _k_scale / _v_scale:
+float32 [] device tensors, made from kv_scale_values when the cache is bound; the values
+come from engine/layers/kv_scales.py, or with calculate_kv_scales from the first forward
+with tokens, engine/layers/kv_cache_dtype.py calc_kv_scales); every path (the torch
+reference and each kernel that writes or reads the cache) takes them. A float cache
+ignores the scales.
 """
 
 from __future__ import annotations
@@ -34,6 +42,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers import linear
+from engine.layers.kv_cache_dtype import (
+    FP8_KV_DTYPE,
+    calc_kv_scales,
+    dequantize_kv,
+    quantize_kv,
+)
 
 NO_SPLIT_SEQ_LEN = 512  # eager decode: no split-K (one launch, no reduce) up to this context
 
@@ -94,8 +108,30 @@ class Attention(nn.Module):
         self.scale = scale
         self.num_kv_heads = num_kv_heads
         self.sliding_window = per_layer_sliding_window  # None: full causal attention
+        # the checkpoint's k_scale, v_scale (-1.0: absent; engine/layers/kv_scales.py)
+        self.checkpoint_kv_scales = [-1.0, -1.0]
+        self.kv_scale_values = (1.0, 1.0)  # host (k, v): the scales of the next bound cache
+        self.calculate_kv_scales = False  # k/v scales from the first forward with tokens
+        # float32 [] each on the cache's device, and the [] bool "not calculated yet" flag
+        self.k_scale: torch.Tensor | None = None
+        self.v_scale: torch.Tensor | None = None
+        self._kv_scales_pending: torch.Tensor | None = None
         # [2, num_blocks, block_size, num_kv_heads, head_size], bound by the model runner
         self.kv_cache: torch.Tensor | None = None
+
+    @property
+    def kv_cache(self) -> torch.Tensor | None:
+        return self._kv_cache
+
+    @kv_cache.setter
+    def kv_cache(self, cache: torch.Tensor | None) -> None:
+        """Bind the cache, and the k/v scale tensors on its device (vLLM's bind_kv_cache)."""
+        self._kv_cache = cache
+        if cache is not None:
+            self.k_scale, self.v_scale = (torch.tensor(s, dtype=torch.float32,
+                                                       device=cache.device)
+                                          for s in self.kv_scale_values)
+            self._kv_scales_pending = torch.ones((), dtype=torch.bool, device=cache.device)
 
     def forward_qkv(self, hidden_states: torch.Tensor, qkv_proj: nn.Module,
                     md: AttentionMetadata, positions: torch.Tensor, rotary_emb: nn.Module,
@@ -111,12 +147,13 @@ class Attention(nn.Module):
         if (x.shape[0] == 1 and md is not None and qk_norm is None and use_kernels(x)
                 and rotary_emb.rotary_dim == hd and qkv_proj.gguf_weight is None
                 and linear._one_row_gemv(x, qkv_proj.weight, qkv_proj.bias)
-                and _qkv_rope_fold_enabled()):
+                and _qkv_rope_fold_enabled() and not self.calculate_kv_scales):
             from kernels.gemv_rope_cache import qkv_gemv_rope_cache
 
             q = qkv_gemv_rope_cache(x, qkv_proj.weight, qkv_proj.bias, positions,
                                     rotary_emb.cos_sin_cache_on(x.device), self.kv_cache,
-                                    md.slot_mapping, nq, nkv, hd)  # [1, nq * hd]
+                                    md.slot_mapping, nq, nkv, hd, k_scale=self.k_scale,
+                                    v_scale=self.v_scale)  # [1, nq * hd]
             return self._attend_cuda(q.view(1, nq, hd), md, None)
         q, k, v = qkv_proj(x).split([nq * hd, nkv * hd, nkv * hd], dim=-1)
         return self(q, k, v, md, positions, rotary_emb, qk_norm)
@@ -136,11 +173,13 @@ class Attention(nn.Module):
         gated attention, [num_tokens, nq, hd]) scales the output by sigmoid(output_gate);
         on CUDA the attention kernel's store does it. q and output_gate may be strided
         [num_tokens, nq, hd] views (the rows of q_proj's interleaved [q_h | gate_h]): on
-        CUDA with rotary_emb no copy is made."""
+        CUDA with rotary_emb no copy is made. While the k/v scales are to be calculated
+        the rotation runs unfused, so that they come from the cached (rotated) keys."""
         # q: [num_tokens, nq * hd] or [num_tokens, nq, hd]; k, v: [num_tokens, nkv * hd]
         # -> [num_tokens, nq * hd]
         n = q.shape[0]
-        fused = rotary_emb is not None and md is not None and use_kernels(q)
+        fused = (rotary_emb is not None and md is not None and use_kernels(q)
+                 and not self.calculate_kv_scales)
         if q.dim() == 3 and not fused:
             q = q.reshape(n, -1)
         if qk_norm is not None and not fused:
@@ -154,12 +193,18 @@ class Attention(nn.Module):
             return q.new_zeros(n, self.num_heads * self.head_size)
         k = k.view(n, self.num_kv_heads, self.head_size)
         v = v.view(n, self.num_kv_heads, self.head_size)
+        if self.calculate_kv_scales:
+            calc_kv_scales(k, v, md.slot_mapping, self.k_scale, self.v_scale,
+                           self._kv_scales_pending)
+            # an eager step with requests (a graph's capture has none): done; graphs
+            # captured before keep the device-side check, which the flag now skips
+            self.calculate_kv_scales = not md.seq_lens
         if use_kernels(q):
             return self._forward_cuda(q.view(n, self.num_heads, self.head_size), k, v, md,
                                       positions, rotary_emb, qk_norm, output_gate)
-        reshape_and_cache(k, v, self.kv_cache, md.slot_mapping)
+        reshape_and_cache(k, v, self.kv_cache, md.slot_mapping, self.k_scale, self.v_scale)
         out = paged_attention_ref(q.view(n, self.num_heads, self.head_size), self.kv_cache, md,
-                                  self.scale, self.sliding_window)
+                                  self.scale, self.sliding_window, self.k_scale, self.v_scale)
         if output_gate is not None:
             out = out * torch.sigmoid(output_gate)
         return out.reshape(n, self.num_heads * self.head_size)
@@ -181,9 +226,9 @@ class Attention(nn.Module):
             rotary_embedding_and_cache(positions, q, k, v,
                                        rotary_emb.cos_sin_cache_on(q.device),
                                        rotary_emb.head_size, self.kv_cache, md.slot_mapping,
-                                       *norm)
+                                       *norm, k_scale=self.k_scale, v_scale=self.v_scale)
         else:
-            cache_kernel(k, v, self.kv_cache, md.slot_mapping)
+            cache_kernel(k, v, self.kv_cache, md.slot_mapping, self.k_scale, self.v_scale)
         return self._attend_cuda(q, md, output_gate)
 
     def _attend_cuda(self, q: torch.Tensor, md: AttentionMetadata,
@@ -192,12 +237,13 @@ class Attention(nn.Module):
         from kernels.decode_attention import paged_attention_decode
         from kernels.paged_attention import paged_attention_prefill
 
+        scales = {"k_scale": self.k_scale, "v_scale": self.v_scale}
         if md.max_query_len == 1 and md.seq_lens_t.shape[0] == q.shape[0]:  # a row per token
             short = 0 < md.max_seq_len <= NO_SPLIT_SEQ_LEN
             out = paged_attention_decode(q, self.kv_cache, md.block_table, md.seq_lens_t,
                                          self.scale, sliding_window=self.sliding_window,
                                          num_splits=1 if short else None,
-                                         output_gate=output_gate)
+                                         output_gate=output_gate, **scales)
         elif md.num_decodes:  # decode rows first, then the prefill rows
             out = torch.empty_like(q, memory_format=torch.contiguous_format)
             d, gate = md.num_decodes, output_gate
@@ -205,23 +251,29 @@ class Attention(nn.Module):
                 md.prefill_query_start_loc_t = md.query_start_loc_t[d:] - d
             paged_attention_decode(q[:d], self.kv_cache, md.block_table[:d], md.seq_lens_t[:d],
                                    self.scale, out=out[:d], sliding_window=self.sliding_window,
-                                   output_gate=None if gate is None else gate[:d])
+                                   output_gate=None if gate is None else gate[:d], **scales)
             paged_attention_prefill(q[d:], self.kv_cache, md.prefill_query_start_loc_t,
                                     md.seq_lens_t[d:], md.block_table[d:], self.scale,
                                     out=out[d:], sliding_window=self.sliding_window,
-                                    output_gate=None if gate is None else gate[d:])
+                                    output_gate=None if gate is None else gate[d:], **scales)
         else:
             out = paged_attention_prefill(q, self.kv_cache, md.query_start_loc_t, md.seq_lens_t,
                                           md.block_table, self.scale,
                                           sliding_window=self.sliding_window,
-                                          output_gate=output_gate)
+                                          output_gate=output_gate, **scales)
         return out.view(q.shape[0], self.num_heads * self.head_size)
 
 
 def reshape_and_cache(
-    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> None:
-    # k, v: [num_tokens, nkv, hd]; kv_cache: [2, num_blocks, block_size, nkv, hd]
+    # k, v: [num_tokens, nkv, hd]; kv_cache: [2, num_blocks, block_size, nkv, hd];
+    # an fp8 cache takes quantize_kv(k, k_scale), quantize_kv(v, v_scale) (as bytes)
+    if kv_cache.dtype == FP8_KV_DTYPE:
+        k, v = quantize_kv(k, k_scale).view(torch.uint8), quantize_kv(v, v_scale).view(
+            torch.uint8)
+        kv_cache = kv_cache.view(torch.uint8)
     # by block and offset: a hybrid model's cache is a strided view of the block pool
     blocks, offsets = slot_mapping // kv_cache.shape[2], slot_mapping % kv_cache.shape[2]
     kv_cache[0, blocks, offsets] = k.to(kv_cache.dtype)
@@ -230,9 +282,11 @@ def reshape_and_cache(
 
 def paged_attention_ref(
     q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, scale: float,
-    sliding_window: int | None = None,
+    sliding_window: int | None = None, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    # q: [num_tokens, nq, hd] -> [num_tokens, nq, hd]; one SDPA call per request
+    # q: [num_tokens, nq, hd] -> [num_tokens, nq, hd]; one SDPA call per request; an fp8
+    # cache is read as dequantize_kv(kv, k_scale / v_scale, q.dtype)
     block_size = kv_cache.shape[2]
     out = torch.empty_like(q)
     for i, seq_len in enumerate(md.seq_lens):
@@ -248,6 +302,8 @@ def paged_attention_ref(
         mask = kpos <= qpos[:, None]  # [q_len, seq_len]
         if sliding_window is not None:
             mask &= kpos > qpos[:, None] - sliding_window
+        if kv_cache.dtype == FP8_KV_DTYPE:
+            kc, vc = dequantize_kv(kc, k_scale, q.dtype), dequantize_kv(vc, v_scale, q.dtype)
         group = q.shape[1] // kc.shape[1]  # GQA: each KV head serves `group` query heads
         kc = kc.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)  # [nq, seq, hd]
         vc = vc.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)

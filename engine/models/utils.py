@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from engine.errors import ModelLoadError
+from engine.layers.kv_scales import load_kv_scale
 from engine.layers.linear import default_weight_loader
 from engine.layers.quantization.fp8_utils import dequantize_checkpoint_weight
 
@@ -42,6 +43,8 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
     tied = model.config.tie_word_embeddings
     for name, w in weights:
         if "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight"):
+            continue
+        if load_kv_scale(model, name, w):  # k_scale / v_scale: engine/layers/kv_scales.py
             continue
         target, args, shard = _route(name, expert_params_mapping or [])
         param = params.get(target)
