@@ -139,9 +139,20 @@ Thinking = Annotated[ThinkingEnabled | ThinkingDisabled | ThinkingAdaptive,
                      Field(discriminator="type")]
 
 
+class JsonOutputFormat(_Model):
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    type: Literal["json_schema"] = "json_schema"
+
+
+class OutputConfig(_Model):
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: JsonOutputFormat | None = None
+
+
 class CountTokensRequest(_Model):
     model: str
     messages: list[Message]
+    output_config: OutputConfig | None = None
     system: str | list[ContentBlock] | None = None
     thinking: Thinking | None = None
     tool_choice: ToolChoice | None = None

@@ -4,7 +4,8 @@ Mirrors vllm/entrypoints/anthropic/serving.py: to_chat_completion_request (syste
 blocks joined, billing-header blocks dropped; text / thinking / tool_use / tool_result
 blocks -> chat content, reasoning, tool_calls and tool messages; stop_sequences -> stop;
 tool_choice auto / any / tool / none -> auto / required / named / none; thinking enabled ->
-thinking_token_budget, disabled -> reasoning_effort "none"), messages_full_converter
+thinking_token_budget, disabled -> reasoning_effort "none"; output_config.format ->
+response_format json_schema, output_config.effort -> reasoning_effort), messages_full_converter
 (thinking, text and tool_use blocks; one empty text block for an empty answer),
 _to_anthropic_stop_reason and count_tokens. The generation is a chat completion
 (engine/entrypoints/openai/serving_chat.py); stream.py converts its chunks.
@@ -26,6 +27,7 @@ from engine.entrypoints.anthropic.protocol import (
 from engine.entrypoints.anthropic.stream import stream_events
 from engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
 from engine.entrypoints.openai.chat_render import render_prompt
+from engine.entrypoints.openai.errors import not_supported
 from engine.entrypoints.openai.serving_chat import ChatJob
 from engine.entrypoints.openai.serving_engine import ServingContext
 
@@ -72,8 +74,7 @@ def _message(msg, out: list[dict]) -> None:
             else:
                 parts.append({"type": "text", "text": f"Tool result: {block.content or ''}"})
         elif block.type == "image":
-            raise NotImplementedError("image content blocks are not supported yet by this "
-                                      "server.")
+            raise not_supported("image content blocks")
     if reasoning:
         chat["reasoning"] = "".join(reasoning)
     if calls:
@@ -103,6 +104,12 @@ def to_chat_request(request: CountTokensRequest) -> dict:
         if request.stream:
             chat.update(stream=True, stream_options={"include_usage": True,
                                                      "continuous_usage_stats": True})
+    config = request.output_config
+    if config is not None and config.format is not None and config.format.json_schema:
+        chat["response_format"] = {"type": "json_schema", "json_schema": {
+            "schema": config.format.json_schema, "name": config.format.type}}
+    if config is not None and config.effort is not None:
+        chat["reasoning_effort"] = config.effort
     if request.thinking is not None and request.thinking.type == "disabled":
         chat["reasoning_effort"] = "none"
     elif request.thinking is not None and request.thinking.type == "enabled":
