@@ -28,7 +28,7 @@ from agent_server import start as start_server
 from agent_server import stop as stop_server
 
 from engine.entrypoints.anthropic.protocol import MessagesRequest, translate_error_type
-from engine.entrypoints.anthropic.serving import to_chat_request
+from engine.entrypoints.anthropic.serving import content_blocks, to_chat_request
 from engine.entrypoints.anthropic.stream import stream_events
 
 anthropic = pytest.importorskip("anthropic")
@@ -83,6 +83,16 @@ def test_request_conversion():
         ("required", False, ["END"])
     assert chat["tools"][0]["function"]["parameters"] == {"properties": {}, "type": "object"}
     assert chat["thinking_token_budget"] == 1024 and chat["max_tokens"] == 2048
+
+
+def test_full_message_blocks():
+    """messages_full_converter: thinking, text, tool_use; an empty answer: one text block."""
+    blocks = content_blocks({"reasoning": "Hmm", "content": "Sure.", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]})
+    assert [b["type"] for b in blocks] == ["thinking", "text", "tool_use"]
+    assert blocks[0]["thinking"] == "Hmm" and blocks[0]["signature"]
+    assert blocks[2] == {"type": "tool_use", "id": "c1", "name": "f", "input": {"a": 1}}
+    assert content_blocks({"content": None}) == [{"type": "text", "text": ""}]
 
 
 def _chunk(delta=None, finish=None, usage=None, choices=True):

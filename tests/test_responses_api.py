@@ -28,6 +28,7 @@ from agent_server import KEY, MODEL, STORE_MAX_ENTRIES, WEATHER_PARAMETERS, post
 from agent_server import start as start_server
 from agent_server import stop as stop_server
 
+from engine.entrypoints.openai.responses.serving import output_items
 from engine.entrypoints.openai.responses.store import ResponseStore
 from engine.entrypoints.openai.responses.stream import ResponseEvents
 
@@ -94,6 +95,23 @@ def test_events_reasoning_then_text_then_tool_calls():
         ("call_a", '{"a": 1}', "completed")
     assert (items[3]["name"], items[3]["status"]) == ("g", "incomplete")
     assert [e["output_index"] for e in out if e["type"].endswith("item.done")] == [0, 1, 2, 3]
+
+
+def test_output_items_reasoning_message_calls():
+    """vLLM's build_response_output_items: reasoning, message, then one item per call; only
+    the last item takes the finish reason's status."""
+    items = output_items({"reasoning": "Hmm", "content": "Sure.", "tool_calls": [
+        {"id": "c1", "function": {"name": "f", "arguments": "{}"}},
+        {"id": "c2", "function": {"name": "g", "arguments": "{\"a\": 1"}}]},
+        {"content": [{"token": "Sure", "logprob": -1.0}]}, "length")
+    assert [i["type"] for i in items] == ["reasoning", "message", "function_call",
+                                          "function_call"]
+    assert items[0]["content"] == [{"text": "Hmm", "type": "reasoning_text"}]
+    assert items[1]["status"] == "completed"
+    assert items[1]["content"][0]["logprobs"] == [{"token": "Sure", "logprob": -1.0}]
+    assert [(i["call_id"], i["status"]) for i in items[2:]] == [("c1", "completed"),
+                                                                 ("c2", "incomplete")]
+    assert output_items({"content": "Hi"}, None, "length")[0]["status"] == "incomplete"
 
 
 # ---- through the server ---------------------------------------------------------------------

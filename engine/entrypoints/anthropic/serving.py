@@ -127,6 +127,21 @@ def to_chat_request(request: CountTokensRequest) -> dict:
     return chat
 
 
+def content_blocks(message: dict) -> list[dict]:
+    """A chat message as thinking, text and tool_use blocks (messages_full_converter);
+    an empty answer is one empty text block, as Anthropic's API answers."""
+    content: list[dict] = []
+    if message.get("reasoning"):
+        content.append({"type": "thinking", "thinking": message["reasoning"],
+                        "signature": uuid.uuid4().hex})
+    if message.get("content"):
+        content.append({"type": "text", "text": message["content"]})
+    content += [{"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
+                 "input": json.loads(c["function"]["arguments"])}
+                for c in message.get("tool_calls") or ()]
+    return content or [{"type": "text", "text": ""}]
+
+
 class MessagesJob:
     """One /v1/messages request, generating as a chat completion."""
 
@@ -141,17 +156,9 @@ class MessagesJob:
         message, calls = choice["message"], choice["message"].get("tool_calls") or []
         reason, sequence = stop_reason(choice["finish_reason"], choice.get("stop_reason"),
                                        bool(calls), bool(calls))
-        content: list[dict] = []
-        if message.get("reasoning"):
-            content.append({"type": "thinking", "thinking": message["reasoning"],
-                            "signature": uuid.uuid4().hex})
-        if message.get("content"):
-            content.append({"type": "text", "text": message["content"]})
-        content += [{"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
-                     "input": json.loads(c["function"]["arguments"])} for c in calls]
         return json.dumps({
             "id": data["id"], "type": "message", "role": "assistant",
-            "content": content or [{"type": "text", "text": ""}], "model": data["model"],
+            "content": content_blocks(message), "model": data["model"],
             "stop_reason": reason, "stop_sequence": sequence, "usage": usage(data["usage"])})
 
     def chunks(self, clock):
