@@ -199,6 +199,7 @@ async def _sse(st: ServerState, stream: int):
     is taken on the event loop (a look, timeout 0); only a wait goes to a worker thread,
     so a stream that lags behind the engine costs no thread hop per chunk."""
     st.streams.add(stream)
+    named = False  # events that name themselves end without [DONE], as vLLM's
     try:
         while True:
             try:
@@ -207,7 +208,8 @@ async def _sse(st: ServerState, stream: int):
                     chunk = await anyio.to_thread.run_sync(
                         st.lib.stream_next, stream, STREAM_POLL_MS, limiter=st.limiter)
             except EOFError:
-                yield b"data: [DONE]\n\n"
+                if not named:
+                    yield b"data: [DONE]\n\n"
                 return
             except VllmError as exc:  # libvllm failed mid-stream: vLLM's error event
                 note_failure(st, exc.message)
@@ -219,7 +221,9 @@ async def _sse(st: ServerState, stream: int):
             if chunk is not None:
                 if chunk.startswith('{"error"'):
                     note_failure(st, chunk)
-                yield sse_event(chunk) + b"data: " + chunk.encode() + b"\n\n"
+                event = sse_event(chunk)
+                named = named or bool(event)
+                yield event + b"data: " + chunk.encode() + b"\n\n"
     finally:
         st.streams.discard(stream)
         with anyio.CancelScope(shield=True):
