@@ -178,6 +178,17 @@ def test_streamed_events_through_the_sdk_helper(client):
     assert final.usage.output_tokens > 0
 
 
+def test_output_text_logprobs(client):
+    res = client.responses.create(model=MODEL, input=QUESTION, temperature=0,
+                                  max_output_tokens=6, store=False, top_logprobs=2,
+                                  include=["message.output_text.logprobs"])
+    logprobs = res.output[0].content[0].logprobs
+    assert len(logprobs) == res.usage.output_tokens and res.top_logprobs == 2
+    assert "".join(lp.token for lp in logprobs) == res.output_text
+    for lp in logprobs:  # greedy: the sampled token is the most likely one
+        assert len(lp.top_logprobs) == 2 and lp.logprob == lp.top_logprobs[0].logprob
+
+
 def test_raw_stream_frames_name_their_event(server):
     frames = sse_frames(server, "/v1/responses", {"model": MODEL, "input": "Hi",
                                                   "max_output_tokens": 3, "stream": True},
