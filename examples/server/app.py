@@ -28,9 +28,13 @@ from starlette.routing import Route
 
 logger = logging.getLogger("vllm.server")
 
+AGENT_ROUTES = {"/v1/responses": "POST", "/v1/responses/{response_id}": "GET",
+                "/v1/responses/{response_id}/cancel": "POST", "/v1/messages": "POST",
+                "/v1/messages/count_tokens": "POST"}  # {..}: a Starlette path parameter
 PUBLIC_PATHS = frozenset({"/health", "/version"})  # liveness and version: no data, no key
 OPENAI_ROUTES = {"/v1/completions": "POST", "/v1/chat/completions": "POST",
-                 "/v1/models": "GET", "/tokenize": "POST", "/detokenize": "POST"}
+                 "/v1/models": "GET", "/tokenize": "POST", "/detokenize": "POST",
+                 **AGENT_ROUTES}
 STREAM_POLL_MS = 250  # how often a silent stream looks for a disconnected client
 _BUSY = ("The engine is currently busy and cannot accept new requests. Please try again later "
          "or on a different instance.")
@@ -196,6 +200,7 @@ async def _sse(st: ServerState, stream: int):
     is taken on the event loop (a look, timeout 0); only a wait goes to a worker thread,
     so a stream that lags behind the engine costs no thread hop per chunk."""
     st.streams.add(stream)
+    named = False  # events that name themselves end without [DONE], as vLLM's
     try:
         while True:
             try:
@@ -204,7 +209,8 @@ async def _sse(st: ServerState, stream: int):
                     chunk = await anyio.to_thread.run_sync(
                         st.lib.stream_next, stream, STREAM_POLL_MS, limiter=st.limiter)
             except EOFError:
-                yield b"data: [DONE]\n\n"
+                if not named:
+                    yield b"data: [DONE]\n\n"
                 return
             except VllmError as exc:  # libvllm failed mid-stream: vLLM's error event
                 note_failure(st, exc.message)
@@ -216,12 +222,22 @@ async def _sse(st: ServerState, stream: int):
             if chunk is not None:
                 if chunk.startswith('{"error"'):
                     note_failure(st, chunk)
-                yield b"data: " + chunk.encode() + b"\n\n"
+                event = sse_event(chunk)
+                named = named or bool(event)
+                yield event + b"data: " + chunk.encode() + b"\n\n"
     finally:
         st.streams.discard(stream)
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(st.lib.stream_free, stream, limiter=st.limiter)
         st.in_flight -= 1
+
+
+def sse_event(chunk: str) -> bytes:
+    """The `event:` line of an event that names itself ({"type": "<event>", ...}: the
+    Responses and Messages APIs, as vLLM frames them); none for chat / completion chunks."""
+    if not chunk.startswith('{"type": "'):
+        return b""
+    return b"event: " + chunk[10:chunk.index('"', 10)].encode() + b"\n"
 
 
 async def health(request: Request) -> Response:

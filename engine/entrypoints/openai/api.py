@@ -18,6 +18,8 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from engine.entrypoints.agent_routes import PREFIXES as AGENT_PREFIXES
+from engine.entrypoints.agent_routes import agent_request
 from engine.entrypoints.openai.accumulate import StreamClock
 from engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
 from engine.entrypoints.openai.completion_protocol import CompletionRequest
@@ -121,6 +123,8 @@ def handle_openai_request(client, method: str, endpoint: str, body: str, *,
     interface); errors come back as OpenAI error bodies, never as exceptions. defer: a
     non-streamed generation comes back as a DeferredResponse (status 0)."""
     path = endpoint.split("?", 1)[0]
+    if path.startswith(AGENT_PREFIXES):  # /v1/responses*, /v1/messages*
+        return OpenAIResult(*agent_request(client, method, path, body, served_model_name))
     if path not in _ROUTES:
         return _http_error(HTTPStatus.NOT_FOUND)
     if method.upper() != _ROUTES[path]:
