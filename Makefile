@@ -76,7 +76,7 @@ $(GEMMA_MODEL): | $(VPY)
 	echo "$(GEMMA_SHA256)  $@.part" | sha256sum -c --quiet
 	mv $@.part $@
 
-build/libvllm.so: include/vllm.h capi/build.py capi/header.py capi/libvllm.pc.in \
+build/libvllm.so: include/vllm.h capi/build.py capi/header.py capi/forwarders.py capi/libvllm.pc.in \
 		$(wildcard capi/*.c capi/*.h) \
 		| $(VENV)/.stamp-install
 	$(VPY) capi/build.py
