@@ -17,6 +17,7 @@ import warnings
 from _libvllm import ffi, lib
 
 from capi import (  # noqa: F401  (glue_* bodies)
+    at_exit,
     caller_driven,
     logs,
     model_meta,
@@ -177,6 +178,7 @@ def glue_engine_create(model_path, params, out) -> None:
         engine.shutdown()
         raise _load_aborted(1.0)
     out[0] = engines.add(EngineRecord(engine, config))
+    at_exit.install(glue_shutdown)  # torch is loaded now: its exit destructors run after
 
 
 def _free(key: int) -> None:
