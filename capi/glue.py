@@ -40,6 +40,8 @@ from capi.plumbing import (
     optional_text,
     text,
 )
+from capi.release import release_memory
+from engine import load_progress
 from engine.config import EngineConfig
 from engine.errors import InvalidArgumentError
 
@@ -168,7 +170,8 @@ def glue_engine_create(model_path, params, out) -> None:
     check_create_inputs(config.model, chat_template)  # vLLM fails at start-up
     if not _report_progress(params, 0.0):
         raise _load_aborted(0.0)
-    engine = _engine_class().from_config(config)
+    with load_progress.reporting(lambda fraction: _report_progress(params, fraction)):
+        engine = _engine_class().from_config(config)
     if chat_template is not None:
         if engine.tokenizer is None:
             engine.shutdown()
@@ -187,6 +190,8 @@ def _free(key: int) -> None:
         record.loop.shutdown()
     with record.lock:  # stops the engine-core process, if any
         record.engine.shutdown()
+    del record
+    release_memory()
 
 
 @export
