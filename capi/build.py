@@ -59,7 +59,9 @@ def _start():
             sys.path.insert(0, source_dir)
         import capi.glue  # noqa: F401  (registers the glue_* functions)
     except BaseException as e:
-        message = f"cannot load libvllm's Python side from {source_dir}: {type(e).__name__}: {e}"
+        message = (f"cannot load libvllm's Python side from {source_dir}: {type(e).__name__}: "
+                   f"{e} (python: {sys.executable}; LIBVLLM_PYTHON names the python of an "
+                   "environment that has torch and the libvllm package)")
         lib.glue_set_start_error(message.encode("utf-8", "replace"))
 
 

@@ -249,33 +249,41 @@ static int run_python(const char *python, const char *code, char *out, size_t si
 }
 
 /* Loads the libpython of found_python RTLD_GLOBAL (the runtime library's Python
- * symbols resolve against it): that python's LIBDIR/INSTSONAME, else INSTSONAME from
- * the loader's search path (a python linked statically, its libpython packaged apart). */
+ * symbols resolve against it). That python names the candidates, in order: its shared
+ * library names (INSTSONAME, LDLIBRARY, libpython3.X.so.1.0, libpython3.X.so) in LIBDIR,
+ * in sys.base_prefix/lib (an installation that moved since it was built), then the bare
+ * names for the loader's search path (a python linked statically, its libpython
+ * packaged apart). */
 static int load_libpython(void) {
     static const char code[] =
-        "import sys, sysconfig as s; v = s.get_config_var\n"
-        "print('%d.%d' % sys.version_info[:2]); print(v('LIBDIR') or '')\n"
-        "print(v('INSTSONAME') or v('LDLIBRARY') or '')";
-    char answer[3 * PATH_MAX], path[2 * PATH_MAX + 2];
-    char *version, *libdir, *soname, *save = NULL;
+        "import os, sys, sysconfig as s; v = s.get_config_var; lv = v('LDVERSION') or ''\n"
+        "names = [n for n in (v('INSTSONAME'), v('LDLIBRARY'), 'libpython%s.so.1.0' % lv,\n"
+        "         'libpython%s.so' % lv) if n and '.so' in n]\n"
+        "dirs = [d for d in (v('LIBDIR'), os.path.join(sys.base_prefix, 'lib')) if d]\n"
+        "print('%d.%d' % sys.version_info[:2])\n"
+        "print('\\n'.join(dict.fromkeys([os.path.join(d, n) for n in names for d in dirs\n"
+        "                                if os.path.isfile(os.path.join(d, n))] + names)))";
+    char answer[8 * PATH_MAX], tried[2048] = "";
+    char *version, *candidate, *save = NULL;
+    size_t used = 0;
     if (!run_python(found_python, code, answer, sizeof answer)) return 0;
     version = strtok_r(answer, "\n", &save);
-    libdir = strtok_r(NULL, "\n", &save);
-    soname = strtok_r(NULL, "\n", &save);
     if (version == NULL || strcmp(version, LIBVLLM_PY_VERSION) != 0)
         return load_failed("cannot start Python: %s is Python %s, libvllm was built for Python "
                            "%s (set LIBVLLM_PYTHON to a python %s of an environment that has "
                            "torch and the libvllm package)", found_python,
                            version != NULL ? version : "(unknown)", LIBVLLM_PY_VERSION,
                            LIBVLLM_PY_VERSION);
-    if (libdir == NULL || soname == NULL)
-        return load_failed("cannot start Python: %s names no libpython (LIBDIR, INSTSONAME)",
-                           found_python);
-    snprintf(path, sizeof path, "%s/%s", libdir, soname);
-    if (dlopen(path, RTLD_NOW | RTLD_GLOBAL) != NULL || dlopen(soname, RTLD_NOW | RTLD_GLOBAL))
-        return 1;
-    return load_failed("cannot start Python: cannot load the libpython of %s (%s, or %s from "
-                       "the loader's search path): %s", found_python, path, soname, dlerror());
+    while ((candidate = strtok_r(NULL, "\n", &save)) != NULL) {
+        if (dlopen(candidate, RTLD_NOW | RTLD_GLOBAL) != NULL) return 1;
+        if (used < sizeof tried)
+            used += (size_t)snprintf(tried + used, sizeof tried - used, "%s%s",
+                                     used > 0 ? ", " : "", candidate);
+    }
+    return load_failed("cannot start Python: no shared libpython of %s loads (tried: %s; a "
+                       "python built without --enable-shared and no libpython%s.so installed "
+                       "cannot host libvllm)", found_python, tried[0] ? tried : "none named",
+                       LIBVLLM_PY_VERSION);
 }
 
 /* ------------------------------------------------------------------------- */
