@@ -31,7 +31,8 @@ def _n_tensors(model_path: str) -> int:
 
 def _create(api, model_path, on_progress) -> int:
     ffi, lib = api.ffi, api.lib
-    p, _keep = api.params(progress_callback=on_progress)
+    # the core in this process (multiprocessing -1): a child's load reports only 0 and 1
+    p, _keep = api.params(progress_callback=on_progress, multiprocessing=-1)
     out = ffi.new("vllm_engine **")
     status = lib.vllm_engine_create(model_path.encode(), p, out)
     if status == lib.VLLM_OK:
