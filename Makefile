@@ -1,10 +1,12 @@
 # Makefile: the two documented entry points and the steps behind them.
 #   make run      set up .venv, fetch the default model, build, one chat turn
 #   make test     the same setup plus test extras (and Go for examples/go), then ruff and pytest
-#   make install  PREFIX=/usr/local: lib/libvllm.so.<major>, lib/libvllm.cfg, the Python
-#                 side in lib/libvllm/python, include/vllm.h, lib/pkgconfig/libvllm.pc,
-#                 bin/vllm-cli (DESTDIR is honoured; capi/install.py). The installed
-#                 library runs this .venv's python (the environment that holds torch).
+#   make install  PREFIX=/usr/local: lib/libvllm.so.<major> (the loader),
+#                 lib/libvllm-python.so.<major>, lib/libvllm.cfg, the Python side in
+#                 lib/libvllm/python, include/vllm.h, lib/pkgconfig/libvllm.pc, bin/vllm-cli
+#                 (DESTDIR is honoured; capi/install.py). The installed library runs
+#                 LIBVLLM_PYTHON, else this .venv's python (named in lib/libvllm.cfg), else
+#                 PREFIX/bin/python3.X; it links no libpython (docs/c_api.md).
 #   make clean    remove build/
 # build/libvllm.so is rebuilt only when C sources or the header change: it imports
 # capi/ and engine/ from this source tree at run time (build/libvllm.cfg).
@@ -76,7 +78,8 @@ $(GEMMA_MODEL): | $(VPY)
 	echo "$(GEMMA_SHA256)  $@.part" | sha256sum -c --quiet
 	mv $@.part $@
 
-build/libvllm.so: include/vllm.h capi/build.py capi/header.py capi/libvllm.pc.in \
+build/libvllm.so: include/vllm.h engine/__init__.py capi/build.py capi/header.py capi/forwarders.py \
+		capi/libvllm.pc.in \
 		$(wildcard capi/*.c capi/*.h) \
 		| $(VENV)/.stamp-install
 	$(VPY) capi/build.py

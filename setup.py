@@ -1,8 +1,9 @@
 """setup.py: only the build step pyproject.toml cannot express. `pip install .` (and a
-wheel) compile libvllm.so into the capi package with its libvllm.cfg, vllm.h and
-libvllm.pc (capi/install.py, wheel_payload): the environment that holds torch is the
-installation. The wheel is tied to this Python minor version and platform. An editable
-install (`pip install -e .`, the Makefile's) skips it: a checkout uses build/.
+wheel) compile libvllm.so (the loader) and libvllm-python.so.<major> into the capi
+package with vllm.h and libvllm.pc (capi/install.py, wheel_payload): the environment
+that holds torch is the installation, found above capi/lib at run time. Neither library
+links or bundles libpython. The wheel is tied to this Python minor version and platform.
+An editable install (`pip install -e .`, the Makefile's) skips it: a checkout uses build/.
 """
 
 import sys

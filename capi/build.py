@@ -1,16 +1,20 @@
-"""Builds build/libvllm.so (SONAME libvllm.so.<major>) with cffi's embedding mode.
+"""Builds build/libvllm.so (SONAME libvllm.so.<major>, the loader) and
+build/libvllm-python.so.<major> (the runtime library, cffi's embedding mode).
 
 Run with the python of the environment that holds the engine's packages:
     .venv/bin/python capi/build.py
-No path is compiled into the library: it finds its Python side from its own location
-(dladdr) and the libvllm.cfg written beside it (capi/libvllm.c, locate_runtime). Here
-that is build/libvllm.cfg (pythonpath: this source tree, python: this python, both
-relative when inside the tree), so only C and header changes need a rebuild. The same
-binary is installed by capi/install.py. build/libvllm.pc lets pkg-config find it.
+Neither library links libpython or records a path (no RUNPATH): the loader
+(capi/loader.c) finds a python at run time (LIBVLLM_PYTHON, libvllm.cfg beside it, the
+environment it is installed into), loads that python's libpython RTLD_GLOBAL, then the
+runtime library beside itself. build/libvllm.cfg names this python (relative when inside
+the tree) and pythonpath `..` (this source tree), so only C and header changes need a
+rebuild. The same binaries are installed by capi/install.py. build/libvllm.pc lets
+pkg-config find them.
 
-Layout of the generated C file (cffi): cffi's support code, then C_SOURCES (every
-vllm.h function), then the cffi-generated bodies of the glue_* functions of
-capi/glue.h, which call into capi/glue.py and the modules it imports.
+Layout of the runtime library's generated C file (cffi): cffi's support code, then
+C_SOURCES (every vllm.h function), then the cffi-generated bodies of the glue_*
+functions of capi/glue.h, which call into capi/glue.py and the modules it imports. The
+loader is capi/pure.c, capi/loader.c and the forwarders of capi/forwarders.py.
 """
 
 from __future__ import annotations
@@ -23,12 +27,16 @@ import sysconfig
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from capi.forwarders import forwarders_source  # noqa: E402
 from capi.header import GLUE_HEADER, ROOT, abi_version, api_cdef, cdef_source, region  # noqa: E402
 
 BUILD = ROOT / "build"
 MODULE = "_libvllm"
-C_SOURCES = ["libvllm.c", "shims.c", "stream_shims.c"]  # one translation unit, in order
+C_SOURCES = ["pure.c", "libvllm.c", "shims.c", "stream_shims.c"]  # one unit, in order
+LOADER_SOURCES = ["pure.c", "loader.c"]  # then the generated forwarders
 SONAME = f"libvllm.so.{abi_version()[0]}"
+RUNTIME = f"libvllm-python.so.{abi_version()[0]}"
+PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 # Runs inside the embedded interpreter on the first Python-backed call. Failures
 # are recorded for vllm_last_error(), never printed.
@@ -45,11 +53,15 @@ def _start():
         source_dir = ffi.string(lib.glue_python_path()).decode("utf-8", "surrogateescape")
         if "torch" not in sys.modules:  # its OpenMP threads then sleep between calls, not spin
             os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        if source_dir not in sys.path:
+        if not source_dir:  # the package is installed in this environment
+            source_dir = f"the sys.path of {sys.executable}"
+        elif source_dir not in sys.path:
             sys.path.insert(0, source_dir)
         import capi.glue  # noqa: F401  (registers the glue_* functions)
     except BaseException as e:
-        message = f"cannot load libvllm's Python side from {source_dir}: {type(e).__name__}: {e}"
+        message = (f"cannot load libvllm's Python side from {source_dir}: {type(e).__name__}: "
+                   f"{e} (python: {sys.executable}; LIBVLLM_PYTHON names the python of an "
+                   "environment that has torch and the libvllm package)")
         lib.glue_set_start_error(message.encode("utf-8", "replace"))
 
 
@@ -87,34 +99,45 @@ def make_ffi():
     return ffi
 
 
-def compile_command(c_file: Path, output: Path) -> list[str]:
-    cfg = sysconfig.get_config_var
-    libdir = cfg("LIBDIR")
+def _compile(sources: list[Path], output: Path, *extra: str) -> None:
     flags = "-shared -fPIC -O2 -g -pthread -fvisibility=hidden -Wall -Wextra -Wno-unused-parameter"
-    includes = [ROOT / "include", ROOT / "capi", sysconfig.get_paths()["include"]]
-    return [
-        os.environ.get("CC", "cc"),
-        *flags.split(),
-        *(f"-I{path}" for path in includes),
-        str(c_file),
-        *("-o", str(output)),
-        # the libpython of the Python installation this environment is based on
-        *(f"-L{libdir}", f"-lpython{cfg('LDVERSION')}", f"-Wl,-rpath,{libdir}"),
-        f"-Wl,-soname,{SONAME}",
-        # never unmapped by dlclose: the embedded runtime keeps pointers into this library
-        # (its module stays in sys.modules; a Python host that dlcloses it must not crash)
-        "-Wl,-z,nodelete",
-    ]
+    python_include = sysconfig.get_paths()["include"]
+    includes = [ROOT / "include", ROOT / "capi", python_include]
+    # the debug information names no folder of this machine (the sources are libvllm/...)
+    prefix_maps = {os.getcwd(): ".", python_include: "python", str(ROOT): "libvllm",
+                   str(sources[0].parent): "libvllm/build"}
+    tmp = output.with_name(output.name + ".tmp")
+    subprocess.run([os.environ.get("CC", "cc"), *flags.split(),
+                    *(f"-ffile-prefix-map={k}={v}" for k, v in prefix_maps.items()),
+                    *(f"-I{path}" for path in includes), *map(str, sources), "-o", str(tmp),
+                    *extra], check=True)
+    os.replace(tmp, output)  # a running program keeps its old copy
 
 
-def compile_library(work_dir: Path, output: Path) -> None:
-    """Generates work_dir/_libvllm.c and compiles it into output (atomically)."""
+def loader_c_source() -> str:
+    """The loader's one C file (capi/loader.c's header comment)."""
+    defines = {"VLLM_LIB_VERSION": project_version(), "LIBVLLM_PY_VERSION": PY_VERSION,
+               "LIBVLLM_RUNTIME": RUNTIME}
+    return "#define _GNU_SOURCE\n" + "".join(
+        f"#define {k} {c_string(v)}\n" for k, v in defines.items()) + "".join(
+        (ROOT / "capi" / name).read_text(encoding="utf-8") for name in LOADER_SOURCES
+    ) + forwarders_source()
+
+
+def compile_library(work_dir: Path, lib_dir: Path) -> None:
+    """lib_dir/SONAME (the loader) and lib_dir/RUNTIME (the runtime library); the C
+    files are generated in work_dir."""
     work_dir.mkdir(parents=True, exist_ok=True)
+    lib_dir.mkdir(parents=True, exist_ok=True)
     c_file = work_dir / f"{MODULE}.c"
     make_ffi().emit_c_code(str(c_file))
-    tmp = output.with_name(output.name + ".tmp")
-    subprocess.run(compile_command(c_file, tmp), check=True)
-    os.replace(tmp, output)  # a running program keeps its old copy
+    # Python's symbols stay undefined: the loader has loaded a libpython RTLD_GLOBAL
+    # first. -Bsymbolic: its own vllm_* calls bind to itself, not to the loader's.
+    # -z nodelete: never unmapped by dlclose (the embedded runtime keeps pointers into it)
+    _compile([c_file], lib_dir / RUNTIME, "-Wl,-Bsymbolic", "-Wl,-z,nodelete")
+    loader = work_dir / "libvllm_loader.c"
+    loader.write_text(loader_c_source(), encoding="utf-8")
+    _compile([loader], lib_dir / SONAME, f"-Wl,-soname,{SONAME}", "-ldl")
 
 
 def relative_or_absolute(path: Path, base: Path, within: Path) -> str:
@@ -149,7 +172,7 @@ def link_soname(lib_dir: Path) -> None:
 
 
 def main() -> None:
-    compile_library(BUILD, BUILD / SONAME)
+    compile_library(BUILD, BUILD)
     link_soname(BUILD)
     python = Path(os.path.abspath(sys.executable))  # unresolved: a venv's python finds its venv
     write_runtime_cfg(BUILD, relative_or_absolute(python, BUILD, ROOT), "..")

@@ -17,6 +17,7 @@ import warnings
 from _libvllm import ffi, lib
 
 from capi import (  # noqa: F401  (glue_* bodies)
+    at_exit,
     caller_driven,
     engine_state,
     logs,
@@ -40,6 +41,8 @@ from capi.plumbing import (
     optional_text,
     text,
 )
+from capi.release import release_memory
+from engine import load_progress
 from engine.config import EngineConfig
 from engine.errors import InvalidArgumentError
 
@@ -177,7 +180,8 @@ def glue_engine_create(model_path, params, out) -> None:
     check_create_inputs(config.model, chat_template)  # vLLM fails at start-up
     if not _report_progress(params, 0.0):
         raise _load_aborted(0.0)
-    engine = _engine_class().from_config(config)
+    with load_progress.reporting(lambda fraction: _report_progress(params, fraction)):
+        engine = _engine_class().from_config(config)
     if chat_template is not None:
         if engine.tokenizer is None:
             engine.shutdown()
@@ -187,6 +191,7 @@ def glue_engine_create(model_path, params, out) -> None:
         engine.shutdown()
         raise _load_aborted(1.0)
     out[0] = engines.add(EngineRecord(engine, config))
+    at_exit.install(glue_shutdown)  # torch is loaded now: its exit destructors run after
 
 
 def _free(key: int) -> None:
@@ -195,6 +200,8 @@ def _free(key: int) -> None:
         record.loop.shutdown()
     with record.lock:  # stops the engine-core process, if any
         record.engine.shutdown()
+    del record
+    release_memory()
 
 
 @export

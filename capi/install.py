@@ -2,18 +2,21 @@
 
     .venv/bin/python capi/install.py --prefix /usr/local [--destdir DIR]
 
-PREFIX/lib/libvllm.so.<major> (+ libvllm.so), PREFIX/lib/libvllm.cfg,
+PREFIX/lib/libvllm.so.<major> (+ libvllm.so; the loader), PREFIX/lib/
+libvllm-python.so.<major> (the runtime library), PREFIX/lib/libvllm.cfg,
 PREFIX/lib/libvllm/python/{capi,engine,kernels} (the Python side, sources only),
 PREFIX/lib/pkgconfig/libvllm.pc, PREFIX/include/vllm.h, PREFIX/bin/vllm-cli. The
 library finds the Python side relative to itself (libvllm.cfg: pythonpath
-libvllm/python) and starts the python that ran this script: the environment that
-holds torch (relative when inside PREFIX). Copying or moving the prefix keeps it
-working; the source tree is not used any more.
+libvllm/python). The python it starts: LIBVLLM_PYTHON when set, else the cfg's python
+(the environment that ran this script, or --python; relative when inside PREFIX), else
+PREFIX/bin/python3.X (a prefix that is itself such an environment). Copying or moving
+the prefix keeps it working; the source tree is not used any more.
 
 wheel_payload(capi_dir): what `pip install .` adds to the capi package (setup.py):
-capi/lib/libvllm.so.<major> (+ libvllm.so), capi/lib/libvllm.cfg (python: the
-environment's bin/python3.X, pythonpath: site-packages), capi/lib/pkgconfig/libvllm.pc
-and capi/include/vllm.h. `python -m capi --pkg-config-path` prints where.
+capi/lib/libvllm.so.<major> (+ libvllm.so), capi/lib/libvllm-python.so.<major>,
+capi/lib/pkgconfig/libvllm.pc and capi/include/vllm.h; no libvllm.cfg: the loader finds
+ENV/bin/python3.X above ENV/lib/python3.X/site-packages/capi/lib and the packages in
+site-packages. `python -m capi --pkg-config-path` prints where.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from capi.build import (  # noqa: E402
     BUILD,
     ROOT,
+    RUNTIME,
     SONAME,
     compile_library,
     link_soname,
@@ -68,7 +72,8 @@ def _install_file(source: Path, target: Path, mode: int) -> None:
 def install_prefix(prefix: Path, destdir: str = "", python: Path | None = None) -> None:
     root = Path(destdir + str(prefix)) if destdir else prefix
     lib = root / "lib"
-    _install_file(BUILD / SONAME, lib / SONAME, 0o755)
+    for name in (SONAME, RUNTIME):
+        _install_file(BUILD / name, lib / name, 0o755)
     link_soname(lib)
     python_side = lib / "libvllm" / "python"
     shutil.rmtree(python_side, ignore_errors=True)  # no stale modules of an older version
@@ -83,15 +88,11 @@ def install_prefix(prefix: Path, destdir: str = "", python: Path | None = None) 
 
 
 def wheel_payload(capi_dir: Path) -> None:
-    """The library, its cfg, header and pkg-config file inside the built capi package."""
+    """The libraries, header and pkg-config file inside the built capi package."""
     lib = capi_dir / "lib"
-    lib.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as work:
-        compile_library(Path(work), lib / SONAME)
+        compile_library(Path(work), lib)
     shutil.copyfile(lib / SONAME, lib / "libvllm.so")  # wheels hold no symlinks
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    # capi/lib -> site-packages (../..) -> ENV/lib/python3.X/site-packages -> ENV/bin
-    write_runtime_cfg(lib, f"../../../../../bin/python{version}", "../..")
     write_pkg_config(lib / "pkgconfig" / "libvllm.pc", "${pcfiledir}/../..", "${pcfiledir}/..",
                      "${pcfiledir}/../../include")
     (capi_dir / "include").mkdir(exist_ok=True)

@@ -1,134 +1,36 @@
 /*
- * capi/libvllm.c - the C side of libvllm.so: every function of include/vllm.h.
+ * capi/libvllm.c - the C side of the runtime library (libvllm-python.so): every
+ * function of include/vllm.h, built as a cffi embedding module that links no libpython.
+ * The loader libvllm.so (capi/loader.c) finds a Python, loads its libpython and this
+ * library, and forwards to it.
  *
  * Two kinds of exports:
- *   - pure C (version, status strings, last error, string free, *_init): they never
- *     start the Python runtime;
+ *   - pure C (capi/pure.c: version, status strings, last error, string free, *_init):
+ *     they never start the Python runtime;
  *   - shims: check their arguments in C (NULL pointers, struct_size, capacity vs
  *     buffer), start the runtime once, then call the Python side through the
  *     glue_* functions of capi/glue.h.
  *
- * The C files are not compiled on their own: capi/build.py pastes capi/libvllm.c
- * (this file: last error, pure-C functions, callbacks, starting the runtime),
- * capi/shims.c (the engine, tokenizer, chat template and caller-driven request
- * shims) and capi/stream_shims.c (background loop, streaming, OpenAI layer), in this
- * order, into the C file that cffi generates (after Python.h and cffi's embedding
- * support, which provides cffi_start_python()), with VLLM_LIB_VERSION defined.
+ * The C files are not compiled on their own: capi/build.py pastes capi/pure.c,
+ * capi/libvllm.c (this file: callbacks, starting the runtime), capi/shims.c (the
+ * engine, tokenizer, chat template and caller-driven request shims) and
+ * capi/stream_shims.c (background loop, streaming, OpenAI layer), in this order, into
+ * the C file that cffi generates (after Python.h and cffi's embedding support, which
+ * provides cffi_start_python()), with VLLM_LIB_VERSION defined.
  *
- * No path is compiled in: the library finds its Python side from its own location
- * (dladdr) and the libvllm.cfg file beside it (see locate_runtime).
+ * No path is compiled in: the loader passes the python to start and the folder of the
+ * Python side (libvllm_runtime_configure).
  */
 
-#include <dlfcn.h>
 #include <limits.h>
-#include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 #include "glue.h"
-#include "vllm.h"
-
-#define PRINTF_LIKE(fmt, args) __attribute__((format(printf, fmt, args)))
-
-/* ------------------------------------------------------------------------- */
-/* Last error (thread-local)                                                  */
-/* ------------------------------------------------------------------------- */
-
-static _Thread_local char *tls_error;
-static _Thread_local size_t tls_error_capacity;
-static pthread_key_t error_key; /* frees a thread's message when the thread exits */
-static pthread_once_t error_key_once = PTHREAD_ONCE_INIT;
-
-static void make_error_key(void) { (void)pthread_key_create(&error_key, free); }
-
-static void set_error(const char *message) {
-    size_t n = strlen(message);
-    if (n + 1 > tls_error_capacity) {
-        char *grown = realloc(tls_error, n + 1);
-        if (grown != NULL) {
-            tls_error = grown;
-            tls_error_capacity = n + 1;
-            pthread_once(&error_key_once, make_error_key);
-            (void)pthread_setspecific(error_key, grown);
-        } else if (tls_error_capacity == 0) {
-            return;
-        } else {
-            n = tls_error_capacity - 1;  /* out of memory: keep what fits */
-        }
-    }
-    memcpy(tls_error, message, n);
-    tls_error[n] = '\0';
-}
-
-static void clear_error(void) {
-    if (tls_error != NULL) tls_error[0] = '\0';
-}
-
-PRINTF_LIKE(2, 3)
-static vllm_status fail(vllm_status status, const char *format, ...) {
-    char message[1024];
-    va_list args;
-    va_start(args, format);
-    vsnprintf(message, sizeof message, format, args);
-    va_end(args);
-    set_error(message);
-    return status;
-}
-
-static vllm_status null_argument(const char *function, const char *name) {
-    return fail(VLLM_ERR_INVALID_ARGUMENT, "%s: %s is NULL", function, name);
-}
 
 void glue_set_error(const char *message) { set_error(message); }
 
-VLLM_API const char *vllm_last_error(void) { return tls_error != NULL ? tls_error : ""; }
-
-VLLM_API size_t vllm_last_error_copy(char *buf, size_t size) {
-    const char *message = vllm_last_error();
-    size_t n = strlen(message);
-    if (buf != NULL && size > 0) {
-        size_t k = n < size - 1 ? n : size - 1;
-        memcpy(buf, message, k);
-        buf[k] = '\0';
-    }
-    return n;
-}
-
-/* ------------------------------------------------------------------------- */
-/* Pure C                                                                     */
-/* ------------------------------------------------------------------------- */
-
-VLLM_API const char *vllm_version(void) { return VLLM_LIB_VERSION; }
-
-VLLM_API uint32_t vllm_abi_version(void) { return VLLM_ABI_VERSION; }
-
-VLLM_API const char *vllm_status_string(vllm_status status) {
-    static const char *const names[] = {
-        "VLLM_OK",
-        "VLLM_ERR_INVALID_ARGUMENT",
-        "VLLM_ERR_BUFFER_TOO_SMALL",
-        "VLLM_ERR_MODEL_LOAD",
-        "VLLM_ERR_UNSUPPORTED",
-        "VLLM_ERR_NOT_FOUND",
-        "VLLM_ERR_INVALID_HANDLE",
-        "VLLM_ERR_OUT_OF_RESOURCES",
-        "VLLM_ERR_RUNTIME_INIT",
-        "VLLM_ERR_INTERNAL",
-        "VLLM_ERR_TIMEOUT",
-        "VLLM_END_OF_STREAM",
-        "VLLM_ERR_INVALID_STATE",
-        "VLLM_ERR_CANCELLED",
-        "VLLM_ERR_ENGINE_DEAD",
-    };
-    if (status < 0 || (size_t)status >= sizeof names / sizeof names[0]) return "VLLM_ERR_UNKNOWN";
-    return names[status];
-}
-
-VLLM_API void vllm_string_free(char *str) { free(str); }
+VLLM_API const char *vllm_last_error(void) { return own_last_error(); }
 
 char *glue_strndup(const char *data, size_t size) {
     char *copy = malloc(size + 1);
@@ -137,41 +39,6 @@ char *glue_strndup(const char *data, size_t size) {
         copy[size] = '\0';
     }
     return copy;
-}
-
-/* Writes the first min(size, full) bytes of defaults over dst, struct_size being that
- * count: a caller built against an older header passes its smaller sizeof. */
-static void write_defaults(void *dst, size_t size, void *defaults, size_t full) {
-    size_t n = size < full ? size : full;
-    if (dst == NULL || n < sizeof(uint32_t)) return;
-    *(uint32_t *)defaults = (uint32_t)n;
-    memcpy(dst, defaults, n);
-}
-
-/* Defaults of engine/config.py (EngineConfig). */
-VLLM_API void vllm_engine_params_init(vllm_engine_params *params, size_t size) {
-    vllm_engine_params d;
-    memset(&d, 0, sizeof d);
-    d.block_size = 16;
-    d.enable_prefix_caching = 1;
-    d.enable_chunked_prefill = 1;
-    d.gpu_memory_utilization = 0.9f;
-    write_defaults(params, size, &d, sizeof d);
-}
-
-/* Defaults of engine/sampling_params.py (vLLM's SamplingParams). */
-VLLM_API void vllm_sampling_params_init(vllm_sampling_params *params, size_t size) {
-    vllm_sampling_params d;
-    memset(&d, 0, sizeof d);
-    d.max_tokens = 16;
-    d.temperature = 1.0f;
-    d.top_p = 1.0f;
-    d.skip_special_tokens = 1;
-    d.repetition_penalty = 1.0f;
-    d.logprobs = -1;
-    d.n = 1;
-    d.thinking_token_budget = -1;
-    write_defaults(params, size, &d, sizeof d);
 }
 
 /* The sizes of the structs as their first ABI version defined them: a caller built
@@ -266,123 +133,20 @@ static vllm_status start_failed(const char *format, ...) {
 }
 
 /* ------------------------------------------------------------------------- */
-/* Where the Python side is: relative to this library file                    */
+/* Where the Python side is: told by the loader                               */
 /* ------------------------------------------------------------------------- */
 
-/* libvllm.cfg beside the library file (symlinks resolved), `key = value` lines:
- *   python     = the interpreter to start: the python of the environment whose
- *                site-packages hold torch (a virtual environment's bin/python);
- *   pythonpath = the folder that holds capi/, engine/ and kernels/.
- * Relative values are relative to the file's folder. capi/build.py writes one into
- * build/, capi/install.py into PREFIX/lib and into the wheel's capi/lib/. Without the
- * file: pythonpath "..", python the one whose libpython this library links.
- * Environment overrides: LIBVLLM_PYTHON, LIBVLLM_SOURCE_DIR. */
-static char runtime_python[PATH_MAX];
-static char runtime_pythonpath[PATH_MAX];
-static char runtime_cfg[PATH_MAX + 16];
+static char runtime_python[PATH_MAX];     /* "" when the host already runs Python */
+static char runtime_pythonpath[PATH_MAX]; /* "" when the environment's sys.path has it */
 
 const char *glue_python_path(void) { return runtime_pythonpath; }
 
-/* Lexically normalizes an absolute path in place ("." and ".." parts, double slashes):
- * no symlink is resolved (a virtual environment's python must keep its own path). */
-static void normalize_path(char *path) {
-    char *parts[PATH_MAX / 2];
-    size_t n = 0;
-    char copy[PATH_MAX];
-    char *save = NULL;
-    if (strlen(path) >= sizeof copy) return;
-    strcpy(copy, path);
-    for (char *part = strtok_r(copy, "/", &save); part != NULL; part = strtok_r(NULL, "/", &save)) {
-        if (strcmp(part, ".") == 0) continue;
-        if (strcmp(part, "..") == 0) {
-            if (n > 0) n--;
-            continue;
-        }
-        parts[n++] = part;
-    }
-    size_t len = 0;
-    path[0] = '\0';
-    for (size_t i = 0; i < n; i++) len += (size_t)sprintf(path + len, "/%s", parts[i]);
-    if (n == 0) strcpy(path, "/");
-}
-
-/* value if absolute, else dir/value; normalized into out ("" when too long). */
-static void resolve_path(const char *dir, const char *value, char *out, size_t size) {
-    int n = value[0] == '/' ? snprintf(out, size, "%s", value)
-                            : snprintf(out, size, "%s/%s", dir, value);
-    if (n < 0 || (size_t)n >= size) out[0] = '\0';
-    else normalize_path(out);
-}
-
-/* The folder of the file that holds `symbol` (symlinks resolved); 0 on failure. */
-static int folder_of(const void *symbol, char *out, size_t size) {
-    Dl_info info;
-    char real[PATH_MAX];
-    char *slash;
-    if (dladdr(symbol, &info) == 0 || info.dli_fname == NULL ||
-        realpath(info.dli_fname, real) == NULL)
-        return 0;
-    slash = strrchr(real, '/');
-    if (slash == NULL) return 0;
-    *slash = '\0';
-    snprintf(out, size, "%s", real[0] != '\0' ? real : "/");
-    return 1;
-}
-
-static char *trim(char *text) {
-    char *end;
-    while (*text == ' ' || *text == '\t') text++;
-    end = text + strlen(text);
-    while (end > text && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n' || end[-1] == '\r'))
-        *--end = '\0';
-    return text;
-}
-
-/* Reads python / pythonpath of dir/libvllm.cfg (absent: nothing set). */
-static void read_runtime_cfg(const char *dir) {
-    char line[PATH_MAX + 64];
-    FILE *file;
-    snprintf(runtime_cfg, sizeof runtime_cfg, "%s/libvllm.cfg", dir);
-    if ((file = fopen(runtime_cfg, "r")) == NULL) {
-        runtime_cfg[0] = '\0';
-        return;
-    }
-    while (fgets(line, sizeof line, file) != NULL) {
-        char *eq = strchr(line, '='), *key, *value;
-        if (line[0] == '#' || eq == NULL) continue;
-        *eq = '\0';
-        key = trim(line);
-        value = trim(eq + 1);
-        if (value[0] == '\0') continue;
-        if (strcmp(key, "python") == 0)
-            resolve_path(dir, value, runtime_python, sizeof runtime_python);
-        else if (strcmp(key, "pythonpath") == 0)
-            resolve_path(dir, value, runtime_pythonpath, sizeof runtime_pythonpath);
-    }
-    fclose(file);
-}
-
-/* Fills runtime_python and runtime_pythonpath (see libvllm.cfg above). */
-static vllm_status locate_runtime(void) {
-    char dir[PATH_MAX];
-    const char *env;
-    if (!folder_of((const void *)&vllm_abi_version, dir, sizeof dir))
-        return start_failed("cannot find the file libvllm was loaded from (dladdr failed)");
-    read_runtime_cfg(dir);
-    if ((env = getenv("LIBVLLM_SOURCE_DIR")) != NULL && env[0] != '\0')
-        snprintf(runtime_pythonpath, sizeof runtime_pythonpath, "%s", env);
-    else if (runtime_pythonpath[0] == '\0')
-        resolve_path(dir, "..", runtime_pythonpath, sizeof runtime_pythonpath);
-    if ((env = getenv("LIBVLLM_PYTHON")) != NULL && env[0] != '\0') {
-        snprintf(runtime_python, sizeof runtime_python, "%s", env);
-    } else if (runtime_python[0] == '\0') {  /* the Python installation we link */
-        char libpython[PATH_MAX];
-        char name[32];
-        snprintf(name, sizeof name, "../bin/python%d.%d", PY_MAJOR_VERSION, PY_MINOR_VERSION);
-        if (folder_of((const void *)&Py_InitializeFromConfig, libpython, sizeof libpython))
-            resolve_path(libpython, name, runtime_python, sizeof runtime_python);
-    }
-    return VLLM_OK;
+/* Called by the loader (capi/loader.c) once, before any other function. */
+__attribute__((visibility("default"))) void libvllm_runtime_configure(const char *python,
+                                                                     const char *pythonpath) {
+    snprintf(runtime_python, sizeof runtime_python, "%s", python != NULL ? python : "");
+    snprintf(runtime_pythonpath, sizeof runtime_pythonpath, "%s",
+             pythonpath != NULL ? pythonpath : "");
 }
 
 /* With the GIL held and an exception set: "Type: message" into buf; clears it. */
@@ -423,11 +187,8 @@ static vllm_status start_python(void) {
     PyConfig config;
     PyStatus status;
     vllm_status result;
-    if (access(program, X_OK) != 0)
-        return start_failed("cannot start Python: %s%s%s is not an executable file (set "
-                            "python in libvllm.cfg, or LIBVLLM_PYTHON, to the python of "
-                            "libvllm's environment)", program,
-                            runtime_cfg[0] != '\0' ? ", from " : "", runtime_cfg);
+    if (program[0] == '\0')
+        return start_failed("cannot start Python: no python was located (set LIBVLLM_PYTHON)");
     sigaction(SIGINT, NULL, &host_sigint);
     PyConfig_InitPythonConfig(&config);
     config.install_signal_handlers = 0;  /* the host owns signals (see start_signal_module) */
@@ -480,8 +241,7 @@ static vllm_status start_glue(void) {
 }
 
 static void start_runtime(void) {
-    vllm_status status = locate_runtime();
-    if (status == VLLM_OK) status = Py_IsInitialized() ? adopt_python() : start_python();
+    vllm_status status = Py_IsInitialized() ? adopt_python() : start_python();
     if (status == VLLM_OK) status = start_glue();
     runtime_status = status;
     if (status == VLLM_OK) __atomic_store_n(&runtime_ready, 1, __ATOMIC_RELEASE);

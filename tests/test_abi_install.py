@@ -2,8 +2,13 @@
 `pkg-config --cflags --libs libvllm` against the installed tree links libvllm.so.<major>
 and runs; the installed vllm-cli finds the installed library.
 
-Oracle: the file layout of the issue (prefix/lib, prefix/include, prefix/lib/pkgconfig),
-readelf/ldd for what the programs load, and examples/c/simple.c answering "Paris".
+One version everywhere: `pkg-config --modversion libvllm` == vllm_version() == the
+version setuptools reads for pyproject.toml (dynamic, engine.__version__), at least 1.0
+(`pkg-config --atleast-version=1.0`).
+
+Oracle: the installed file layout (prefix/lib, prefix/include, prefix/lib/pkgconfig),
+readelf/ldd for what the programs load, examples/c/simple.c answering "Paris", and
+setuptools' own reading of pyproject.toml for the version.
 Ours (vLLM ships no C library).
 """
 
@@ -75,6 +80,33 @@ def test_pkg_config_builds_a_program_against_the_installed_library(prefix, tmp_p
     run = subprocess.run([str(exe), model_path, "The capital of France is"],
                          capture_output=True, text=True, env=child_env, timeout=600)
     assert run.returncode == 0 and "Paris" in run.stdout, run.stderr
+
+
+def test_one_version_in_pkg_config_the_library_and_the_package_metadata(prefix):
+    import cffi
+    from setuptools.config.pyprojecttoml import read_configuration
+
+    from capi.header import api_cdef
+
+    metadata = read_configuration(ROOT / "pyproject.toml")["project"]["version"]
+    ffi = cffi.FFI()
+    ffi.cdef(api_cdef())
+    library = ffi.dlopen(str(prefix / f"lib/libvllm.so.{abi_version()[0]}"))
+    assert _pkg_config(prefix, "--modversion") == metadata
+    assert ffi.string(library.vllm_version()).decode() == metadata
+    at_least = subprocess.run(["pkg-config", "--atleast-version=1.0", "libvllm"],
+                              env={"PKG_CONFIG_PATH": str(prefix / "lib/pkgconfig"),
+                                   "PATH": "/usr/bin:/bin"})
+    assert at_least.returncode == 0, f"version {metadata} is below 1.0"
+
+
+def test_pkg_config_paths_follow_the_file(prefix):
+    """No absolute path in libvllm.pc: every path (and so the rpath) is ${pcfiledir}-relative."""
+    text = (prefix / "lib/pkgconfig/libvllm.pc").read_text()
+    assert str(prefix) not in text and "${pcfiledir}" in text
+    rpaths = [flag.removeprefix("-Wl,-rpath,") for flag in _pkg_config(prefix, "--libs").split()
+              if flag.startswith("-Wl,-rpath,")]
+    assert [Path(r).resolve() for r in rpaths] == [(prefix / "lib").resolve()]
 
 
 def test_installed_cli_finds_the_installed_library(prefix, child_env):

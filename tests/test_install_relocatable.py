@@ -1,7 +1,8 @@
-"""A relocatable install (issue 15, item 1): `make install PREFIX=...` from a copy of the
-checkout and `pip install` of the wheel give a library that finds its Python side relative
-to itself. The copy is deleted, the prefix moved, the checkout's packages (and the ones an
-editable install points at) hidden in a mount namespace where possible; a C chat program
+"""A relocatable install: `make install PREFIX=...` from a copy of the checkout and
+`pip install` of the wheel give a library that finds its Python side relative to itself
+(capi/loader.c; tests/test_runtime_install.py covers LIBVLLM_PYTHON and a deleted venv).
+The copy is deleted, the prefix moved, the checkout's packages (and the ones an editable
+install points at) hidden in a mount namespace where possible; a C chat program
 built with only pkg-config answers "Paris" greedily with no LIBVLLM_* or PYTHON*
 variable, and the Python side it ran was the installed one (its .pyc files appear there).
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from engine.errors import InvalidArgumentError, ModelLoadError
 from engine.gguf.reader import GGUFReader
+from engine.load_progress import track
 from engine.model_loader import gguf_hybrid, gguf_loader
 from engine.model_loader.dummy_loader import load_dummy_model
 from engine.model_loader.gguf_quant import keep_gguf_quantized
@@ -85,7 +86,8 @@ def load_gguf_model(path: str, keep_quantized: bool = False
         model = build_model(cls, cfg, gguf_loader.checkpoint_numel(reader))
         keep_quantized &= cfg.architecture not in gguf_hybrid.HYBRID_GGUF_ARCHITECTURES
         absorbed = keep_gguf_quantized(model, reader, cfg) if keep_quantized else set()
-        model.load_weights(gguf_loader.gguf_weights_iterator(reader, cfg, skip=absorbed))
+        weights = gguf_loader.gguf_weights_iterator(reader, cfg, skip=absorbed)
+        model.load_weights(track(weights, len(reader.tensors) - len(absorbed)))
     except BaseException:
         reader.close()
         raise

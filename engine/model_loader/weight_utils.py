@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from engine.errors import ModelLoadError, UnsupportedError
+from engine.load_progress import track
 from engine.model_loader.hf_config import read_json_object
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -79,9 +80,10 @@ def checkpoint_numel(files: list[str]) -> int:
 
 def safetensors_weights_iterator(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every tensor of every file; tensors are memory-mapped views."""
-    for path in files:
+    for part, path in enumerate(files):
         with open_safetensors(path) as f:
-            for name in f.keys():
+            names = list(f.keys())
+            for name in track(names, len(names), part, len(files)):  # engine/load_progress.py
                 try:
                     t = f.get_tensor(name)
                 except (SafetensorError, TypeError, ValueError, RuntimeError) as e:

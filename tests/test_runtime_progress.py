@@ -1,0 +1,90 @@
+"""Load progress per tensor with abort (engine/load_progress.py): vllm_engine_create's
+progress callback sees 0, then one value per GGUF tensor read in (0, 1), then 1; a 0
+returned at the first value strictly between 0 and 1 ends the load with
+VLLM_ERR_CANCELLED before the next tensor is read (far fewer than half of them, counted
+with engine/gguf/reader.py on the same file). track() over several checkpoint files
+(safetensors) reports each file as an equal part.
+
+Oracle: llama.h's progress_callback contract (llama_model_loader calls it per tensor;
+false aborts the load), the tensor count of the GGUF reader. Ours (vLLM's loaders report
+a tqdm bar only).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.gguf.reader import GGUFReader
+from engine.load_progress import TENSORS_END, LoadCancelledError, reporting, track
+from tests.test_capi_stream import open_library
+
+api = pytest.fixture(scope="module")(open_library)
+
+
+def _n_tensors(model_path: str) -> int:
+    reader = GGUFReader(model_path)
+    try:
+        return len(reader.tensors)
+    finally:
+        reader.close()
+
+
+def _create(api, model_path, on_progress) -> int:
+    ffi, lib = api.ffi, api.lib
+    # the core in this process (multiprocessing -1): a child's load reports only 0 and 1
+    p, _keep = api.params(progress_callback=on_progress, multiprocessing=-1)
+    out = ffi.new("vllm_engine **")
+    status = lib.vllm_engine_create(model_path.encode(), p, out)
+    if status == lib.VLLM_OK:
+        lib.vllm_engine_free(out[0])
+    return status
+
+
+@pytest.mark.capi
+@pytest.mark.slow
+def test_progress_is_reported_per_tensor(api, model_path):
+    seen = []
+
+    @api.ffi.callback("int32_t(float, void *)")
+    def on_progress(fraction, user_data):
+        seen.append(fraction)
+        return 1
+
+    assert _create(api, model_path, on_progress) == api.lib.VLLM_OK
+    n = _n_tensors(model_path)
+    assert seen[0] == 0.0 and seen[-1] == 1.0
+    middle = seen[1:-1]
+    assert len(middle) == n
+    assert all(0 < a < b < 1 for a, b in zip(middle, middle[1:]))
+    assert middle[-1] == pytest.approx(TENSORS_END)
+
+
+@pytest.mark.capi
+@pytest.mark.slow
+def test_abort_at_the_first_partial_progress_reads_few_tensors(api, model_path):
+    seen = []
+
+    @api.ffi.callback("int32_t(float, void *)")
+    def on_progress(fraction, user_data):
+        seen.append(fraction)
+        return 0 if 0 < fraction < 1 else 1
+
+    assert _create(api, model_path, on_progress) == api.lib.VLLM_ERR_CANCELLED
+    n = _n_tensors(model_path)
+    assert len(seen) == 2 and seen[0] == 0.0  # no call after the abort
+    read = round(seen[1] / TENSORS_END * n)
+    assert read == 1 < n / 2
+    assert f"({read} of {n} tensors read)" in api.error()
+
+
+def test_track_reports_each_file_as_an_equal_part_and_stops_before_the_next_item():
+    seen, consumed = [], []
+    files = [["a", "b"], ["c", "d", "e", "f"]]
+    with reporting(lambda p: seen.append(p) or len(seen) < 4):
+        with pytest.raises(LoadCancelledError, match=r"\(2 of 4 tensors read\)"):
+            for part, names in enumerate(files):
+                for name in track(names, len(names), part, len(files)):
+                    consumed.append(name)
+    assert consumed == ["a", "b", "c", "d"]  # "e" is never read
+    assert seen == pytest.approx([TENSORS_END * x for x in (0.25, 0.5, 0.625, 0.75)])
+    assert list(track(["x"], 1)) == ["x"]  # no reporter outside reporting(): items only
