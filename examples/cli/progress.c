@@ -34,7 +34,10 @@ static void draw(int percent) {
 
 static int32_t on_progress(float progress, void *user_data) {
     cli_progress *p = user_data;
-    int percent = progress >= 1.0f ? 100 : progress <= 0.0f ? 0 : (int)(progress * 100.0f);
+    /* whole percents, floored (a float's 0.9 is 0.89999998) */
+    int percent = progress >= 1.0f   ? 100
+                  : progress <= 0.0f ? 0
+                                     : (int)(progress * 100.0f + 1e-3f);
     if (p->tty && percent != p->shown) {
         draw(percent);
         p->shown = percent;
