@@ -147,6 +147,7 @@ class AsyncLLM:
         self.stats = stats or StatsCollector()
         self._wakeup = threading.Condition(self.lock)
         self._streams: dict[str, RequestStream] = {}
+        self._delivering = 0  # push requests whose last output is with their callback
         self._closed = False
         self._dead: EngineDeadError | None = None
         # daemon: a non-daemon thread would hang a Python host at exit
@@ -191,8 +192,10 @@ class AsyncLLM:
             return request_id in self._streams
 
     def num_unfinished(self) -> int:
+        """Requests in the engine, plus push requests whose last callback has not
+        returned yet (vllm.h: unfinished until the last output is delivered)."""
         with self.lock:
-            return len(self._streams)
+            return len(self._streams) + self._delivering
 
     def get_stats(self) -> dict:
         """vLLM's engine metrics (names of vllm/v1/metrics/loggers.py without `vllm:`)."""
@@ -238,9 +241,14 @@ class AsyncLLM:
                 for out in outputs:
                     if out.finished:
                         self._streams.pop(out.request_id, None)
+                self._delivering += sum(1 for stream, out in ready
+                                        if stream is not None and stream.pushes and out.finished)
             for stream, out in ready:
                 if stream is not None:
                     _deliver(stream, out if out.error is None else out.error)
+                    if stream.pushes and out.finished:
+                        with self.lock:
+                            self._delivering -= 1
             self.lock.yield_to_waiters()
 
     def _step(self) -> list[RequestOutput]:

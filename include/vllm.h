@@ -29,8 +29,11 @@
  *     one engine (since 0.5): a request added with vllm_request_add belongs to the
  *     thread that added it, whose vllm_engine_step calls return its outputs (any
  *     thread's step advances every request); a thread's outputs stay valid until its
- *     own next step. Two rules remain: vllm_request_next / vllm_request_free on one
- *     request, and vllm_openai_stream_next / _free on one stream, must not overlap;
+ *     own next step. A pool where some threads submit and others receive uses the
+ *     background loop: any thread submits, any thread pulls a handle it was given
+ *     (examples/c/worker_pool.c). Two rules remain: vllm_request_next /
+ *     vllm_request_free on one request, and vllm_openai_stream_next / _free on one
+ *     stream, must not overlap;
  *     and vllm_shutdown must not race with other calls.
  *   - The library leaves signals to the host (it installs no handler, also not
  *     Python's SIGINT handler) and never ends the host process. Unless the host set
@@ -648,9 +651,10 @@ VLLM_API vllm_status vllm_engine_step(vllm_engine *engine,
                                       const vllm_request_output **outputs,
                                       size_t *n_outputs);
 
-/* The number of requests whose last output (or last event) has not been returned yet:
- * caller-driven, by vllm_engine_step to the thread that added it; pull mode, by
- * vllm_request_next (a freed request no longer counts); push mode, to the callback. */
+/* The number of requests whose last output (or last event) has not been delivered yet:
+ * caller-driven, returned by vllm_engine_step to the thread that added it; pull mode,
+ * taken by vllm_request_next (a freed request no longer counts); push mode, its last
+ * callback has returned. */
 VLLM_API vllm_status vllm_engine_num_unfinished(vllm_engine *engine, size_t *n);
 
 /* Fills *out (set out->struct_size first; a smaller struct of an older header gets

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "progress.h"
 #include "vllm.h"
 
 static const char usage_text[] =
@@ -68,17 +69,16 @@ static const char usage_text[] =
     "\n"
     "After each answer, stderr gets a line\n"
     "  [prompt tokens: N, completion tokens: M, X tok/s]\n"
-    "with X measured from adding the request to its last token.\n";
+    "with X measured from adding the request to its last token. While the model loads,\n"
+    "stderr shows its progress: a bar on a terminal, else a line per 10%.\n";
 
 typedef struct {
     const char *command, *model, *prompt, *system;
     long max_tokens, top_k, max_model_len, threads;
     double temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
-    long long seed;
-    int has_seed;
+    long long seed; int has_seed;
     const char *grammar;      /* --grammar, or the text of --grammar-file */
-    const char *grammar_file;
-    const char *json_schema;
+    const char *grammar_file, *json_schema;
     vllm_engine_params engine; /* the engine flags named as vLLM's (-q, --kv-cache-dtype...) */
 } options;
 
@@ -116,11 +116,7 @@ static double now_seconds(void) {
 }
 
 /* A growing NUL-terminated string. */
-typedef struct {
-    char *data;
-    size_t len;
-    size_t cap;
-} buffer;
+typedef struct { char *data; size_t len, cap; } buffer;
 
 static void buffer_append(buffer *b, const char *s, size_t n) {
     if (b->len + n + 1 > b->cap) {
@@ -476,6 +472,7 @@ int main(int argc, char **argv) {
     vllm_engine_params params;
     vllm_engine *engine = NULL;
     vllm_status status;
+    cli_progress progress;
     char *grammar_text = NULL;
     int rc = parse_args(argc, argv, &o);
     if (rc >= 0) return rc;
@@ -487,7 +484,10 @@ int main(int argc, char **argv) {
     params = o.engine;
     params.max_model_len = (int32_t)o.max_model_len;
     params.n_threads = (int32_t)o.threads;
-    if ((status = vllm_engine_create(o.model, &params, &engine)) != VLLM_OK)
+    cli_progress_install(&progress, &params);
+    status = vllm_engine_create(o.model, &params, &engine);
+    cli_progress_end(&progress);
+    if (status != VLLM_OK)
         rc = library_error(status);
     else if (same(o.command, "generate"))
         rc = generate(engine, &o);

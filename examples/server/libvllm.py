@@ -122,12 +122,14 @@ class LibVLLM:
         finally:
             self.lib.vllm_string_free(ptr)
 
-    def create_engine(self, model: str, **fields) -> None:
-        """Loads the model (fields: EngineParams names; None keeps the default) and starts
-        the engine's background loop."""
+    def create_engine(self, model: str, progress=None, **fields) -> None:
+        """Loads the model (fields: EngineParams names; None keeps the default; progress:
+        called with each load fraction) and starts the engine's background loop."""
         self._check(self.lib.vllm_init())
         params = EngineParams()
         self.lib.vllm_engine_params_init(ctypes.byref(params), ctypes.sizeof(params))
+        if progress is not None:  # alive until vllm_engine_create returns
+            params.progress_callback = _PROGRESS_CB(lambda fraction, _: progress(fraction) or 1)
         for name, value in fields.items():
             if value is not None:
                 setattr(params, name, value.encode() if isinstance(value, str) else

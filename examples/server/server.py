@@ -28,6 +28,7 @@ import uvicorn
 from app import ServerState, build_app
 from libvllm import LibVLLM
 from limits import MAX_HEAD_BYTES, HeadLimitH11Protocol
+from load_progress_log import LoadProgressLog
 
 logger = logging.getLogger("vllm.server")
 _CANCEL_GRACE_S = 5.0  # after the drain: how long cancelled requests get to end
@@ -161,7 +162,8 @@ class Server(uvicorn.Server):
     def _load(self) -> None:
         try:
             started = time.monotonic()
-            self.state.lib.create_engine(self.args.model, **engine_fields(self.args))
+            self.state.lib.create_engine(self.args.model, progress=LoadProgressLog(logger),
+                                         **engine_fields(self.args))
             self.state.ready = True
             logger.info("model %s ready in %.1f s", self.args.model, time.monotonic() - started)
         except Exception as exc:  # noqa: BLE001 - a server without a model exits
