@@ -19,12 +19,14 @@ RUNNERS = ("auto", "generate", "pooling")
 CONVERTS = ("auto", "none", "embed", "classify")
 SEQ_POOLING_TYPES = ("CLS", "LAST", "MEAN")
 TOK_POOLING_TYPES = ("ALL",)  # STEP (reward models) has no model here
+POOLING_TASKS = ("embed", "token_embed")  # the supported tasks of a converted decoder
 
 
 @dataclass
 class PoolerConfig:
     """vLLM's PoolerConfig fields this engine implements."""
 
+    task: str | None = None  # the model's pooling_task (/pooling's default): embed | token_embed
     pooling_type: str | None = None  # convenience: resolved into seq_ / tok_pooling_type
     seq_pooling_type: str | None = None  # CLS | LAST | MEAN
     tok_pooling_type: str | None = None  # ALL
@@ -48,6 +50,9 @@ class PoolerConfig:
                     f"pooling_type must be one of {[*SEQ_POOLING_TYPES, *TOK_POOLING_TYPES]}, "
                     f"got {self.pooling_type!r}")
             self.pooling_type = None  # resolved (a copy of the config builds the same)
+        if self.task not in (None, *POOLING_TASKS):
+            raise InvalidArgumentError(f"pooler_config task must be one of "
+                                       f"{list(POOLING_TASKS)}, got {self.task!r}")
         if self.seq_pooling_type not in (None, *SEQ_POOLING_TYPES):
             raise InvalidArgumentError(f"seq_pooling_type must be one of "
                                        f"{list(SEQ_POOLING_TYPES)}, got "
@@ -118,5 +123,5 @@ def resolve_pooler_config(config: PoolerConfig | None) -> PoolerConfig:
     config = config or PoolerConfig()
     seq = config.seq_pooling_type or "LAST"
     tok = config.tok_pooling_type or "ALL"
-    return PoolerConfig(seq_pooling_type=seq, tok_pooling_type=tok,
+    return PoolerConfig(task=config.task or "embed", seq_pooling_type=seq, tok_pooling_type=tok,
                         use_activation=config.use_activation, dimensions=config.dimensions)

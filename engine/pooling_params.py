@@ -13,9 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import InvalidArgumentError
-from engine.pooler_config import PoolerConfig
-
-POOLING_TASKS = ("embed", "token_embed")
+from engine.pooler_config import POOLING_TASKS, PoolerConfig
 
 
 @dataclass

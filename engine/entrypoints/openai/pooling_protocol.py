@@ -12,7 +12,7 @@ inputs are not implemented; their fields are refused with a 400.
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
 from pydantic import Field, model_validator
 
@@ -26,8 +26,9 @@ from engine.entrypoints.openai.protocol import (
     random_uuid,
 )
 
-TokenId: TypeAlias = Annotated[int, Field(ge=0, le=INT64_MAX)]
-PoolingInput: TypeAlias = list[TokenId] | list[list[TokenId]] | str | list[str]
+# token ids are not bounded here: a negative or too large id is refused by the engine
+# ("out of vocabulary"), as vLLM's pooling schema leaves it to the engine
+PoolingInput: TypeAlias = list[int] | list[list[int]] | str | list[str]
 
 
 def _reject_removed(data):
@@ -61,7 +62,7 @@ class EmbeddingRequest(PoolingBasicRequest):
 
 
 class PoolingRequest(EmbeddingRequest):
-    task: Literal["embed", "token_embed"] | None = None
+    task: str | None = None  # None: the model's pooling_task (--pooler-config's task)
 
 
 ScoreSide: TypeAlias = str | list[str]

@@ -36,6 +36,7 @@ from engine.entrypoints.openai.pooling_protocol import (
 from engine.entrypoints.openai.protocol import UsageInfo
 from engine.entrypoints.openai.serving_engine import ServingContext
 from engine.outputs import PoolingRequestOutput
+from engine.pooler_config import POOLING_TASKS
 from engine.pooling_params import PoolingParams
 
 
@@ -100,9 +101,24 @@ def create_embedding(ctx: ServingContext, request: EmbeddingRequest) -> str:
                              data=data, usage=_usage(outputs)).model_dump_json()
 
 
+def _pooling_task(ctx: ServingContext, request: PoolingRequest) -> str:
+    """vLLM's _verify_pooling_task: /pooling runs the model's pooling_task only."""
+    if request.dimensions is not None:
+        raise VLLMValidationError("dimensions is currently not supported",
+                                  parameter="dimensions")
+    model_task = ctx.client.engine.config.resolved_pooler().task
+    task = request.task or model_task
+    if task != model_task:
+        if task not in POOLING_TASKS:
+            raise VLLMValidationError(f"Unsupported task: {task!r} Supported tasks: "
+                                      f"{list(POOLING_TASKS)}", parameter="task")
+        raise VLLMValidationError("Try switching the model's pooling_task via "
+                                  f"--pooler-config.task {task}.", parameter="task")
+    return task
+
+
 def create_pooling(ctx: ServingContext, request: PoolingRequest) -> str:
-    params = PoolingParams(request.use_activation, request.dimensions,
-                           request.task or "embed")
+    params = PoolingParams(request.use_activation, None, _pooling_task(ctx, request))
     outputs = encode(ctx, request, _prompts(request.input), params, "pooling")
     data = [PoolingResponseData(index=i, data=_encode_vector(
         o.outputs.data, request.encoding_format)) for i, o in enumerate(outputs)]
