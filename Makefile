@@ -84,5 +84,7 @@ build/libvllm.so: include/vllm.h engine/__init__.py capi/build.py capi/header.py
 		| $(VENV)/.stamp-install
 	$(VPY) capi/build.py
 
-build/vllm-cli: examples/cli/vllm-cli.c include/vllm.h build/libvllm.so
-	$(CC) $(CLI_CFLAGS) $< -o $@ -Lbuild -lvllm -Wl,-rpath,'$$ORIGIN:$$ORIGIN/../lib'
+CLI_SOURCES := $(wildcard examples/cli/*.c)
+
+build/vllm-cli: $(CLI_SOURCES) $(wildcard examples/cli/*.h) include/vllm.h build/libvllm.so
+	$(CC) $(CLI_CFLAGS) $(CLI_SOURCES) -o $@ -Lbuild -lvllm -Wl,-rpath,'$$ORIGIN:$$ORIGIN/../lib'
