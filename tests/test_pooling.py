@@ -171,3 +171,17 @@ def test_abort_ends_a_pooling_request_without_output(llama_dir):
     assert [(o.request_id, o.outputs, o.finished) for o in outs] == [("a", None, True)]
     assert not engine.has_unfinished_requests()
     assert _pool(engine, PROMPTS[:1], PoolingParams())[0].shape == (64,)
+
+
+def test_core_in_a_child_process_pools_the_same(llama_dir):
+    """The pooling request and its output cross the core's socket (msgspec) unchanged."""
+    prompts, params = PROMPTS[:2], PoolingParams(task="token_embed")
+    inproc = _pool(_engine(llama_dir, "MEAN"), prompts, params)
+    child = _engine(llama_dir, "MEAN", multiprocessing=True)
+    try:
+        assert all(torch.equal(a, b) for a, b in zip(inproc, _pool(child, prompts, params)))
+        mean = _pool(child, prompts, PoolingParams())
+        assert torch.allclose(mean[0], _pool(_engine(llama_dir, "MEAN"), prompts,
+                                             PoolingParams())[0])
+    finally:
+        child.shutdown()
