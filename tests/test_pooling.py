@@ -185,3 +185,22 @@ def test_core_in_a_child_process_pools_the_same(llama_dir):
                                              PoolingParams())[0])
     finally:
         child.shutdown()
+
+
+def test_each_runner_serves_only_its_routes():
+    """vLLM registers the routers of the engine's tasks only: elsewhere 404."""
+    from types import SimpleNamespace
+
+    from engine.entrypoints.pooling_routes import POOLING_ROUTES, pooling_request
+
+    def client(runner_type):
+        return SimpleNamespace(engine=SimpleNamespace(runner_type=runner_type))
+
+    for path in POOLING_ROUTES:
+        status, body, stream = pooling_request(client("generate"), "POST", path, "{}", "m")
+        assert (status, json.loads(body)["error"]["code"], stream) == (404, 404, None)
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"):
+        assert pooling_request(client("pooling"), "POST", path, "{}", "m")[0] == 404
+        assert pooling_request(client("generate"), "POST", path, "{}", "m") is None
+    assert pooling_request(client("pooling"), "GET", "/v1/embeddings", "", "m")[0] == 405
+    assert pooling_request(client("pooling"), "GET", "/v1/models", "", "m") is None
