@@ -2,8 +2,8 @@
 (_pool: hidden states of the prompt, no logits, no sampling, one output per request).
 
 A pooling request runs its prompt (in chunks when chunked prefill splits it); the hidden
-states the pooler needs are kept per request (LAST: the last row of each chunk; MEAN, CLS
-and token_embed: every row) until the prompt's last chunk ran, then pooled
+states the pooler needs are kept per request (LAST: the last row of each chunk; CLS: the
+prompt's first row; MEAN and token_embed: every row) until the prompt's last chunk ran, then pooled
 (engine/layers/pooler.py), truncated to `dimensions` and normalized (use_activation).
 The request then reports one placeholder token so the scheduler finishes it (its
 SamplingParams carry max_tokens=1) and frees its KV blocks. The core fills
@@ -68,11 +68,13 @@ class PoolingModelRunner(ModelRunner):
             st = self.requests[req_id]
             params = self.pooling_params[req_id]
             kind = self._pooling_type(params)
-            lo = qsl[i] if kind != "LAST" else qsl[i + 1] - 1
-            if kind == "CLS" and st.num_computed_tokens > 0:
-                lo = qsl[i + 1]  # the first row came with an earlier chunk
+            lo, hi = qsl[i], qsl[i + 1]  # this chunk's rows
+            if kind == "LAST":
+                lo = hi - 1
+            elif kind == "CLS":  # the prompt's first row only, in its first chunk
+                hi = lo + 1 if st.num_computed_tokens == 0 else lo
             # a copy: a graph's output buffer is overwritten by the next step
-            self._hidden.setdefault(req_id, []).append(hidden[lo:qsl[i + 1]].clone())
+            self._hidden.setdefault(req_id, []).append(hidden[lo:hi].clone())
             st.num_computed_tokens = int(inp.seq_lens[i])
             if st.num_computed_tokens < len(st.token_ids):  # more prompt chunks to come
                 sampled.append([])
