@@ -204,3 +204,33 @@ def test_each_runner_serves_only_its_routes():
         assert pooling_request(client("generate"), "POST", path, "{}", "m") is None
     assert pooling_request(client("pooling"), "GET", "/v1/embeddings", "", "m")[0] == 405
     assert pooling_request(client("pooling"), "GET", "/v1/models", "", "m") is None
+
+
+def test_openai_layer_of_each_runner(llama_dir):
+    """handle_openai_request (vllm_openai_request's Python side) over an AsyncLLM."""
+    from engine.async_llm import AsyncLLM
+    from engine.entrypoints.openai.api import handle_openai_request
+
+    body = json.dumps({"input": [PROMPTS[1], PROMPTS[2]], "encoding_format": "float"})
+    generate = AsyncLLM(LLMEngine.from_config(EngineConfig(
+        llama_dir, device="cpu", load_format="dummy", skip_tokenizer_init=True)))
+    engine = _engine(llama_dir, "LAST")
+    want = _pool(engine, [PROMPTS[1], PROMPTS[2]], PoolingParams())  # before its loop runs
+    pooling = AsyncLLM(engine)
+    try:
+        result = handle_openai_request(generate, "POST", "/v1/embeddings", body,
+                                       served_model_name="m")
+        assert result.status == 404 and json.loads(result.body)["error"]["code"] == 404
+        result = handle_openai_request(pooling, "POST", "/v1/embeddings", body,
+                                       served_model_name="m")
+        assert result.status == 200, result.body
+        data = json.loads(result.body)["data"]
+        assert [d["index"] for d in data] == [0, 1]
+        assert all(torch.allclose(torch.tensor(d["embedding"]), w, atol=1e-6)
+                   for d, w in zip(data, want))
+        result = handle_openai_request(pooling, "POST", "/v1/completions",
+                                       json.dumps({"prompt": [1, 2]}), served_model_name="m")
+        assert result.status == 404
+    finally:
+        generate.shutdown()
+        pooling.shutdown()
