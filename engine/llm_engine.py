@@ -208,15 +208,15 @@ class LLMEngine:
         if request_id in self._core_ids or request_id in self._pooling or \
                 self.output_processor.has_request(request_id):
             raise InvalidArgumentError(f"request id {request_id!r} is already in use")
+        self.input_processor.check_fits_kv_cache(request_id, len(ids), 1)
+        # one placeholder token ends it (engine/worker/pooling_runner.py)
+        sp = self.input_processor.process_params(
+            SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), len(ids))
         core_id = request_id
         if request_id in self._recent:
             self._renames += 1
             core_id = f"{request_id}-{self._renames}"
             self._core_ids[request_id], self._user_ids[core_id] = core_id, request_id
-        self.input_processor.check_fits_kv_cache(request_id, len(ids), 1)
-        # one placeholder token ends it (engine/worker/pooling_runner.py)
-        sp = self.input_processor.process_params(
-            SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), len(ids))
         self._pooling[core_id] = ids
         try:
             self.engine_core.add_request(EngineCoreRequest(
