@@ -192,7 +192,7 @@ _bodies = st.one_of(
     st.tuples(st.sampled_from(["/v1/embeddings", "/score"]), _junk))
 
 
-@settings(max_examples=40, deadline=None, derandomize=True,
+@settings(max_examples=30, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=_bodies)
 def test_fuzz_new_routes_answer_4xx_or_200(server, case):
