@@ -68,6 +68,10 @@ vllm_status glue_openai_stream_cancel(uint64_t stream);
 vllm_status glue_openai_stream_free(uint64_t stream);
 vllm_status glue_engine_check_health(uint64_t engine);
 vllm_status glue_engine_reset_prefix_cache(uint64_t engine);
+vllm_status glue_embed(uint64_t engine, const char *const *texts, const size_t *text_lens,
+                       const int32_t *const *token_ids, const size_t *n_token_ids,
+                       size_t n_inputs, int32_t dimensions, float *out, size_t capacity,
+                       size_t *n_floats, size_t *dim);
 /* GLUE_PYTHON_END */
 
 /* GLUE_C_BEGIN */

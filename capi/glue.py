@@ -24,6 +24,7 @@ from capi import (  # noqa: F401  (glue_* bodies)
     model_meta,
     openai_glue,
     plain_text,
+    pooling_glue,
     streams,
 )
 from capi.create_checks import check_create_inputs
@@ -135,6 +136,9 @@ def _engine_config(model: str, p) -> EngineConfig:
         mamba_ssm_cache_dtype=optional_text(
             p.mamba_ssm_cache_dtype, "params->mamba_ssm_cache_dtype") or "auto",
         mamba_cache_mode=optional_text(p.mamba_cache_mode, "params->mamba_cache_mode") or None,
+        runner=optional_text(p.runner, "params->runner") or "auto",
+        convert=optional_text(p.convert, "params->convert") or "auto",
+        pooler_config=optional_text(p.pooler_config, "params->pooler_config") or None,
     )
 
 

@@ -305,6 +305,22 @@ VLLM_API vllm_status vllm_engine_check_health(vllm_engine *engine) {
     return glue_engine_check_health(engine_key(engine));
 }
 
+VLLM_API vllm_status vllm_embed(vllm_engine *engine, const char *const *texts,
+                                const size_t *text_lens, const int32_t *const *token_ids,
+                                const size_t *n_token_ids, size_t n_inputs,
+                                int32_t dimensions, float *out, size_t capacity,
+                                size_t *n_floats, size_t *dim) {
+    vllm_status status;
+    clear_error();
+    if (engine == NULL) return null_argument(__func__, "engine");
+    if (n_floats == NULL) return null_argument(__func__, "n_floats");
+    if (dim == NULL) return null_argument(__func__, "dim");
+    if (out == NULL && capacity > 0) return null_argument(__func__, "out");
+    if ((status = ensure_runtime()) != VLLM_OK) return status;
+    return glue_embed(engine_key(engine), texts, text_lens, token_ids, n_token_ids, n_inputs,
+                      dimensions, out, capacity, n_floats, dim);
+}
+
 VLLM_API vllm_status vllm_engine_reset_prefix_cache(vllm_engine *engine) {
     vllm_status status;
     clear_error();

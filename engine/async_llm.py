@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 from engine.errors import NotFoundError
 from engine.exceptions import EngineClosedError, EngineDeadError
 from engine.fair_lock import FairRLock
-from engine.outputs import RequestOutput
+from engine.outputs import PoolingRequestOutput, RequestOutput
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:  # the engine (torch) is imported by whoever builds the LLMEngine
@@ -54,8 +55,11 @@ class StatsCollector:
         self.request_success = dict.fromkeys(_FINISH_REASONS, 0)  # by finished_reason
         self._prefilled: set[str] = set()
 
-    def observe(self, outputs: list[RequestOutput]) -> None:
+    def observe(self, outputs: list[RequestOutput | PoolingRequestOutput]) -> None:
         for out in outputs:
+            if isinstance(out, PoolingRequestOutput):  # one prompt, no generated tokens
+                self.prompt_tokens += len(out.prompt_token_ids)
+                continue
             new_tokens = sum(len(c.token_ids) for c in out.outputs)
             if new_tokens and out.request_id not in self._prefilled:
                 self._prefilled.add(out.request_id)
@@ -169,6 +173,18 @@ class AsyncLLM:
             self._check_open()
             self.engine.add_request(request_id, prompt, params, priority, cache_salt,
                                     reasoning_parser_kwargs=reasoning_parser_kwargs)
+            self._streams[request_id] = stream
+            self._wakeup.notify()
+        return stream
+
+    def add_pooling_request(self, request_id: str, prompt: str | list[int],
+                            params: PoolingParams) -> RequestStream:
+        """Queues a pooling request (LLMEngine.add_pooling_request); its stream gives one
+        PoolingRequestOutput."""
+        stream = RequestStream(request_id, self.abort)
+        with self.lock:
+            self._check_open()
+            self.engine.add_pooling_request(request_id, prompt, params)
             self._streams[request_id] = stream
             self._wakeup.notify()
         return stream

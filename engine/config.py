@@ -13,6 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import InvalidArgumentError
+from engine.pooler_config import (
+    PoolerConfig,
+    check_runner_convert,
+    resolve_pooler_config,
+    resolve_runner_type,
+)
 from engine.worker.cudagraph_dispatcher import (
     CaptureSizes,
     CUDAGraphMode,
@@ -103,6 +109,12 @@ class EngineConfig:
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"
     mamba_cache_mode: str | None = None
+    # pooling (vllm/config/model.py runner / convert, vllm/config/pooler.py; the values
+    # and their resolution: engine/pooler_config.py). pooler_config: a PoolerConfig, its
+    # JSON or None
+    runner: str = "auto"  # auto | generate | pooling
+    convert: str = "auto"  # auto | none | embed | classify
+    pooler_config: PoolerConfig | str | dict | None = None
 
     def __post_init__(self) -> None:
         if self.max_logprobs < -1:
@@ -152,6 +164,15 @@ class EngineConfig:
         CUDAGraphMode.parse(self.cudagraph_mode)
         self._check_quantization()
         self._check_parsers()
+        check_runner_convert(self.runner, self.convert)
+        if not isinstance(self.pooler_config, PoolerConfig | None):
+            self.pooler_config = PoolerConfig.from_json(self.pooler_config)
+        self.runner_type = resolve_runner_type(self.runner, self.convert)
+
+    def resolved_pooler(self) -> PoolerConfig:
+        """The pooler of a pooling engine (a converted decoder's defaults under the
+        user's --pooler-config)."""
+        return resolve_pooler_config(self.pooler_config)
 
     def _check_quantization(self) -> None:
         """The quantization, KV-cache and Mamba-state dtypes the engine supports, with

@@ -20,12 +20,18 @@ from dataclasses import dataclass
 from engine.chat_template import render_chat_template
 from engine.config import EngineConfig
 from engine.core.core_client import EngineCoreClient, InprocClient
-from engine.core.engine_core_messages import EngineCoreOutputs, EngineCoreRequest
-from engine.errors import InvalidArgumentError, NotFoundError
+from engine.core.engine_core_messages import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    error_from_wire,
+)
+from engine.errors import InvalidArgumentError, NotFoundError, UnsupportedError
 from engine.input_processor import InputProcessor
 from engine.output_processor import OutputProcessor
-from engine.outputs import RequestOutput
+from engine.outputs import PoolingOutput, PoolingRequestOutput, RequestOutput
 from engine.parallel_sampling import ParentRequest
+from engine.pooling_params import PoolingParams
 from engine.request import validate_cache_salt
 from engine.sampling_params import SamplingParams
 from engine.stats_aggregator import EngineStats, StatsAggregator
@@ -42,6 +48,11 @@ class ModelInfo:
     eos_token_id: int  # -1: none
 
 
+# vLLM's refusals (vllm/entrypoints/llm.py, vllm/entrypoints/pooling/offline.py)
+GENERATE_ON_POOLING = ("LLM.generate() is only supported for generative models. Try passing "
+                       "`--runner generate` to use the model as a generative model.")
+EMBED_ON_GENERATE = ("Embedding API is not supported by this model. Try converting the model "
+                     "using `--convert embed`.")
 _RECENT_IDS = 4096  # finished or aborted user ids a reuse of which gets a fresh core id
 
 
@@ -72,6 +83,9 @@ class LLMEngine:
         self._core_ids: dict[str, str] = {}  # user id -> core id, where they differ
         self._user_ids: dict[str, str] = {}  # core id -> user id, where they differ
         self._renames = 0
+        self._pooling: dict[str, list[int]] = {}  # live pooling requests (core id -> prompt)
+        self.runner_type = config.runner_type  # generate | pooling
+        self.hidden_size = ready.hidden_size  # the pooled vector's size
         # the model's generation_config.json defaults (vLLM ModelConfig.get_diff_sampling_param)
         self.default_sampling_params: dict = dict(ready.default_sampling_params)
         self.model_info = ModelInfo(
@@ -144,6 +158,8 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise InvalidArgumentError(
                 f"params must be a SamplingParams, got {type(params).__name__}")
+        if self.runner_type == "pooling":
+            raise UnsupportedError(GENERATE_ON_POOLING)
         processor = self.input_processor
         ids = processor.tokenize(prompt)
         params = processor.process_params(params, len(ids))
@@ -175,11 +191,50 @@ class LLMEngine:
             self._finish_ids(request_id)
             raise
 
+    def add_pooling_request(self, request_id: str, prompt: str | list[int],
+                            params: PoolingParams) -> None:
+        """Queue a pooling request (vLLM's LLMEngine.add_request with PoolingParams): its
+        prompt runs once; its one PoolingRequestOutput comes from step()."""
+        if self.runner_type != "pooling":
+            raise UnsupportedError(EMBED_ON_GENERATE)
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidArgumentError("request_id must be a non-empty string")
+        if not isinstance(params, PoolingParams):
+            raise InvalidArgumentError(
+                f"params must be a PoolingParams, got {type(params).__name__}")
+        params = params.verify(self.config.resolved_pooler(), self.model_info.name,
+                               self.hidden_size)
+        ids = self.input_processor.tokenize(prompt)
+        if request_id in self._core_ids or request_id in self._pooling or \
+                self.output_processor.has_request(request_id):
+            raise InvalidArgumentError(f"request id {request_id!r} is already in use")
+        self.input_processor.check_fits_kv_cache(request_id, len(ids), 1)
+        # one placeholder token ends it (engine/worker/pooling_runner.py)
+        sp = self.input_processor.process_params(
+            SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), len(ids))
+        core_id = request_id
+        if request_id in self._recent:
+            self._renames += 1
+            core_id = f"{request_id}-{self._renames}"
+            self._core_ids[request_id], self._user_ids[core_id] = core_id, request_id
+        self._pooling[core_id] = ids
+        try:
+            self.engine_core.add_request(EngineCoreRequest(
+                core_id, ids, sp, time.time(), pooling_params=params))
+        except BaseException:
+            del self._pooling[core_id]
+            self._finish_ids(request_id)
+            raise
+
     def abort_request(self, request_id: str) -> None:
         """Abort a request (all children of an n > 1 request); its last output, with
         finish_reason "abort", comes with the next step()."""
-        live = self.output_processor.child_request_ids(self._core_ids.get(request_id,
-                                                                          request_id))
+        core_id = self._core_ids.get(request_id, request_id)
+        if core_id in self._pooling:
+            self._pending_outputs += self._to_user([self._pooled(core_id, None)])
+            self.engine_core.abort_requests([core_id])
+            return
+        live = self.output_processor.child_request_ids(core_id)
         if not live:
             raise NotFoundError(f"no running request with id {request_id!r}")
         self._pending_outputs.extend(self._to_user(self.output_processor.abort_requests(live)))
@@ -189,7 +244,8 @@ class LLMEngine:
         """The outputs of the next core step (in process: schedule and run it; with a
         child core: wait for its next step), and those of requests aborted since."""
         outputs, self._pending_outputs = self._pending_outputs, []
-        if self.output_processor.has_unfinished_requests() or self.engine_core.has_work():
+        if self.output_processor.has_unfinished_requests() or self._pooling or \
+                self.engine_core.has_work():
             outputs += self.process_engine_core_outputs(self.engine_core.get_output())
         return outputs
 
@@ -199,12 +255,24 @@ class LLMEngine:
         requests a stop string finished are aborted in the core."""
         if core_outputs is None:
             return []
-        outputs, stopped = self.output_processor.process_outputs(core_outputs.outputs)
+        pooled = [self._pooled(o.request_id, o) for o in core_outputs.outputs
+                  if o.request_id in self._pooling]
+        outputs, stopped = self.output_processor.process_outputs(
+            [o for o in core_outputs.outputs if o.request_id not in self._pooling])
         if stopped:
             self.engine_core.abort_requests(stopped)
-        outputs = self._to_user(outputs)
+        outputs = self._to_user(outputs + pooled)
         self.stats.observe(core_outputs.scheduler_stats, core_outputs.num_preemptions)
         return outputs
+
+    def _pooled(self, core_id: str, out: EngineCoreOutput | None) -> PoolingRequestOutput:
+        """The PoolingRequestOutput of a finished pooling request (None: aborted)."""
+        ids = self._pooling.pop(core_id)
+        if out is None or out.error is not None:
+            return PoolingRequestOutput(core_id, None, ids, error=out and error_from_wire(
+                out.error))
+        data = None if out.pooling_output is None else PoolingOutput(out.pooling_output)
+        return PoolingRequestOutput(core_id, data, ids, max(out.num_cached_tokens, 0))
 
     def _to_user(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         """Outputs under their user ids; a finished request's id becomes recent."""
@@ -229,7 +297,7 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._pending_outputs) or self.output_processor.has_unfinished_requests() \
-            or self.engine_core.has_work()
+            or bool(self._pooling) or self.engine_core.has_work()
 
     def get_stats(self) -> EngineStats:
         """Cumulative metrics for vllm.h (vLLM's Prometheus gauges and counters):
@@ -260,6 +328,7 @@ class LLMEngine:
         """Forget what is live and stop the core (the child process, if any)."""
         self.output_processor.abort_requests(list(self.output_processor.request_states))
         self._pending_outputs = []
+        self._pooling.clear()
         self.engine_core.shutdown()
 
 

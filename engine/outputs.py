@@ -60,3 +60,28 @@ class RequestOutput:
                 break
             else:
                 self.outputs.append(nxt)
+
+
+@dataclass
+class PoolingOutput:
+    """vllm/outputs.py PoolingOutput: the pooled data of one prompt (EmbeddingOutput's
+    `embedding` is the same list for the embed task)."""
+
+    data: list  # [dim] floats (embed) or [num_prompt_tokens][dim] (token_embed)
+
+    @property
+    def embedding(self) -> list:
+        return self.data
+
+
+@dataclass
+class PoolingRequestOutput:
+    """vllm/outputs.py PoolingRequestOutput: one output per request, once its prompt ran.
+    outputs is None when the request was aborted before."""
+
+    request_id: str
+    outputs: PoolingOutput | None
+    prompt_token_ids: list[int]
+    num_cached_tokens: int = 0
+    finished: bool = True
+    error: Exception | None = None

@@ -247,6 +247,18 @@ typedef struct vllm_engine_params {
                                         prefix caching, else "none"), "none", "align" */
     int32_t calculate_kv_scales;     /* --calculate-kv-scales: 1 computes the fp8 KV
                                         cache's scales from the data; default 0 */
+    /* since 1.3: pooling (vLLM's --runner, --convert, --pooler-config; an unknown value
+     * fails vllm_engine_create with VLLM_ERR_INVALID_ARGUMENT) */
+    const char *runner;              /* NULL or "auto" ("generate"; "pooling" when convert
+                                        is set), "generate", "pooling": an engine that
+                                        embeds (vllm_embed, /v1/embeddings) and does not
+                                        generate */
+    const char *convert;             /* NULL or "auto" ("embed" with runner "pooling"),
+                                        "none", "embed" (a *ForCausalLM as an embedding
+                                        model); "classify": VLLM_ERR_UNSUPPORTED */
+    const char *pooler_config;       /* NULL: the converted model's pooler (LAST token,
+                                        L2-normalized); else vLLM's PoolerConfig as JSON,
+                                        e.g. {"pooling_type": "MEAN"} */
 } vllm_engine_params;
 
 /* What vllm_engine_model_info() reports. */
@@ -593,6 +605,32 @@ VLLM_API vllm_status vllm_detokenize(vllm_engine *engine, const int32_t *tokens,
  * Since 0.2. */
 VLLM_API vllm_status vllm_token_to_piece(vllm_engine *engine, int32_t token, int32_t special,
                                          char *buf, size_t capacity, size_t *n_bytes);
+
+/* ------------------------------------------------------------------------- */
+/* Embeddings (since 1.3)                                                     */
+/* ------------------------------------------------------------------------- */
+
+/* Embeds n_inputs prompts with an engine created with runner "pooling" (vLLM's
+ * LLM.embed): one vector per input, pooled and normalized as the engine's pooler
+ * says (a converted decoder: the last token's hidden state, L2-normalized). The
+ * inputs are either texts (texts[i] of text_lens[i] bytes of UTF-8, tokenized as a
+ * prompt, special-token text parsed; text_lens NULL: each text is NUL-terminated)
+ * or token ids (token_ids[i] of n_token_ids[i] ids): exactly one of texts and
+ * token_ids is non-NULL. dimensions: 0 for the model's size; > 0 asks a matryoshka
+ * truncation (VLLM_ERR_INVALID_ARGUMENT with vLLM's message on a model that is not
+ * matryoshka, which a converted decoder is not).
+ * Two-call sizing: *dim is always set to the vectors' size and *n_floats to
+ * n_inputs * *dim; if capacity < *n_floats it returns VLLM_ERR_BUFFER_TOO_SMALL
+ * without running the model (out may be NULL when capacity is 0); else out holds
+ * the vectors one after the other, input order, row-major.
+ * VLLM_ERR_UNSUPPORTED: the engine generates (runner "generate"). Blocks until the
+ * batch ran; works in both driving modes (with the background loop the batch runs
+ * beside other requests). */
+VLLM_API vllm_status vllm_embed(vllm_engine *engine, const char *const *texts,
+                                const size_t *text_lens, const int32_t *const *token_ids,
+                                const size_t *n_token_ids, size_t n_inputs,
+                                int32_t dimensions, float *out, size_t capacity,
+                                size_t *n_floats, size_t *dim);
 
 /* ------------------------------------------------------------------------- */
 /* Chat template                                                              */

@@ -115,7 +115,8 @@ SHARED_UNITS = {
     "timing": ("test_chat_template", "test_hostile_prompt_limits", "test_hostile_server",
                "test_gguf_fuzz", "test_capi_engine_core", "test_engine_core_proc",
                "test_tokenizer", "test_tokenizer_hf_dir"),
-    "hf_test_model": ("test_generate_parity", "test_sampling_e2e"),
+    "hf_test_model": ("test_generate_parity", "test_sampling_e2e", "test_capi_embed",
+                      "test_pooling_server", "test_cli_embed"),
 }
 UNIT_OF_MODULE = {m: unit for unit, modules in SHARED_UNITS.items() for m in modules}
 # About the seconds a scope (a module or unit) takes on the 2-core machine with two workers,

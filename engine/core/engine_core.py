@@ -68,6 +68,7 @@ from engine.worker.model_runner import (
     ModelRunner,
     SampledModelRunnerOutput,
 )
+from engine.worker.pooling_runner import PoolingModelRunner, check_pooling_engine
 from engine.worker.torch_threads import set_torch_threads_for_runtime
 
 _CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
@@ -118,9 +119,15 @@ class EngineCore:
                 self.max_model_len, 2048)
         config.verify_max_model_len(self.max_model_len)  # vLLM's SchedulerConfig checks
         self.hybrid = _hybrid_config(config, arch, dtype, self.max_model_len)
-        self.model_runner = ModelRunner(
+        self.pooling = config.runner_type == "pooling"  # engine/worker/pooling_runner.py
+        if self.pooling:
+            check_pooling_engine(config, self.hybrid is not None)
+        runner_cls, runner_kw = (PoolingModelRunner, {"pooler": config.resolved_pooler()}) \
+            if self.pooling else (ModelRunner, {})
+        self.model_runner = runner_cls(
             model, None, device, config.block_size, max_num_reqs=config.max_num_seqs,
-            max_num_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len)
+            max_num_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,
+            **runner_kw)
         if executor is not None:  # the workers build their runners (and profile on CUDA)
             executor.init_workers(self.max_model_len, config.max_num_batched_tokens,
                                   config.max_num_seqs,
@@ -171,7 +178,7 @@ class EngineCore:
             memory_profile=dict(self.model_runner.memory_profile),
             device=device.type, dtype=str(dtype).removeprefix("torch."),
             eos_token_ids=_eos_token_ids(arch.generation_config),
-            block_size=config.block_size)
+            block_size=config.block_size, hidden_size=arch.hidden_size)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, Tokenizer | None]:
@@ -231,7 +238,12 @@ class EngineCore:
         try:
             if rid in self.scheduler.requests:
                 raise InvalidArgumentError(f"request id {rid!r} is already in use")
+            if self.pooling != (request.pooling_params is not None):
+                raise InvalidArgumentError("a pooling engine runs only pooling requests, a "
+                                           "generate engine only generation requests")
             self.scheduler.add_request(req)
+            if self.pooling:
+                self.model_runner.pooling_params[rid] = request.pooling_params
         except VllmError as e:
             return EngineCoreOutput(rid, [], finish_reason="error", error=(e.status, str(e)))
         if so_request is not None:  # compiles on the manager's threads
@@ -241,6 +253,9 @@ class EngineCore:
     def abort_requests(self, request_ids: list[str]) -> None:
         """Finish requests the front end ended (abort, stop string): nothing comes back."""
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        if self.pooling:
+            for rid in request_ids:
+                self.model_runner.pooling_params.pop(rid, None)
 
     def has_work(self) -> bool:
         return bool(self.batch_queue) or self.scheduler.has_unfinished_requests()
@@ -271,7 +286,14 @@ class EngineCore:
         runner_out = future.get_output()
         results = self.scheduler.update_from_output(sched_out, runner_out)
         results += [(req, []) for req in self.scheduler.take_errored_requests()]
-        return _engine_core_outputs(results, runner_out)
+        outputs = _engine_core_outputs(results, runner_out)
+        if self.pooling:
+            pooled = runner_out.pooler_output
+            for out in outputs:
+                out.pooling_output = pooled.get(out.request_id)
+                if out.finished:
+                    self.model_runner.pooling_params.pop(out.request_id, None)
+        return outputs
 
     def _with_stats(self, outputs: list[EngineCoreOutput]) -> EngineCoreOutputs:
         return EngineCoreOutputs(outputs, self.scheduler.make_stats(),

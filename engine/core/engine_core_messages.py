@@ -22,6 +22,7 @@ from engine.errors import (
     VllmError,
 )
 from engine.metrics import SchedulerStats
+from engine.pooling_params import PoolingParams
 from engine.sample.outputs import LogprobsLists
 from engine.sampling_params import SamplingParams
 
@@ -43,6 +44,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     priority: int = 0
     cache_salt: str | None = None
     reasoning_parser_kwargs: dict | None = None
+    # a pooling request (engine/pooling_params.py): prefill only, its output is pooled
+    pooling_params: PoolingParams | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -56,6 +59,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     stop_reason: int | str | None = None
     num_cached_tokens: int = -1  # prefix-cache hit length; -1: not scheduled yet
     error: tuple[int, str] | None = None  # (vllm.h status, message) with "error"
+    pooling_output: list | None = None  # a pooling request's vector(s), when finished
 
     @property
     def finished(self) -> bool:
@@ -99,6 +103,7 @@ class EngineCoreReady(msgspec.Struct, array_like=True, gc=False):
     # only these cross, the file's other keys being arbitrary JSON msgpack may not encode
     eos_token_ids: list[int]
     block_size: int = 16  # resolved: a hybrid GDN model's attention page holds a state
+    hidden_size: int = 0  # the pooled vector's size (vLLM ModelConfig.embedding_size)
 
 
 class EngineCoreStartupFailure(msgspec.Struct, array_like=True, gc=False):

@@ -26,6 +26,7 @@
 static const char usage_text[] =
     "usage: vllm-cli generate -m MODEL -p PROMPT [options]\n"
     "       vllm-cli chat -m MODEL [-p PROMPT] [options]\n"
+    "       vllm-cli embed -m MODEL -p TEXT [-p TEXT ...]   (vllm-cli embed --help)\n"
     "\n"
     "commands:\n"
     "  generate                 stream the completion of a raw prompt (no chat template)\n"
@@ -247,9 +248,7 @@ static int set_option(options *o, int flag, const char *value) {
     case OPT_REPEAT_PENALTY: return parse_number(value, &o->repeat_penalty);
     case OPT_PRESENCE_PENALTY: return parse_number(value, &o->presence_penalty);
     case OPT_FREQUENCY_PENALTY: return parse_number(value, &o->frequency_penalty);
-    case OPT_SEED:
-        o->has_seed = 1;
-        return parse_integer(value, INT64_MIN, INT64_MAX, &o->seed);
+    case OPT_SEED: o->has_seed = 1; return parse_integer(value, INT64_MIN, INT64_MAX, &o->seed);
     case OPT_MAX_TOKENS: return parse_int32(value, INT32_MIN, &o->max_tokens);
     case OPT_TOP_K: return parse_int32(value, INT32_MIN, &o->top_k);
     case OPT_MAX_MODEL_LEN: return parse_int32(value, 0, &o->max_model_len);
@@ -262,9 +261,11 @@ static int set_option(options *o, int flag, const char *value) {
     return -1;
 }
 
+#include "embed.h" /* `vllm-cli embed` parses its own arguments (examples/cli/embed.c) */
 /* Fills *o from argv. Returns -1 to go on, else the exit status (0 after --help). */
 static int parse_args(int argc, char **argv, options *o) {
     int i;
+    if (argc > 1 && same(argv[1], "embed")) return cli_embed(argc, argv);
     memset(o, 0, sizeof *o);
     o->max_tokens = 256;
     o->top_p = o->repeat_penalty = 1.0;
@@ -274,10 +275,7 @@ static int parse_args(int argc, char **argv, options *o) {
         char name[64];
         const char *arg = argv[i], *value, *eq = strchr(arg, '=');
         int flag;
-        if (same(arg, "-h") || same(arg, "--help")) {
-            fputs(usage_text, stdout);
-            return 0;
-        }
+        if (same(arg, "-h") || same(arg, "--help")) return fputs(usage_text, stdout) == EOF;
         if (arg[0] != '-' && o->command == NULL) {
             o->command = arg;
             continue;

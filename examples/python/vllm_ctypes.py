@@ -72,6 +72,7 @@ class EngineParams(Structure):
         ("mamba_ssm_cache_dtype", c_char_p),  # since 1.3
         ("mamba_cache_mode", c_char_p),  # since 1.3
         ("calculate_kv_scales", c_int32),  # since 1.3
+        ("runner", c_char_p), ("convert", c_char_p), ("pooler_config", c_char_p),  # 1.3
     ]
 
 

@@ -31,10 +31,13 @@ logger = logging.getLogger("vllm.server")
 AGENT_ROUTES = {"/v1/responses": "POST", "/v1/responses/{response_id}": "GET",
                 "/v1/responses/{response_id}/cancel": "POST", "/v1/messages": "POST",
                 "/v1/messages/count_tokens": "POST"}  # {..}: a Starlette path parameter
+POOLING_ROUTES = {"/v1/embeddings": "POST", "/pooling": "POST", "/score": "POST",
+                  "/v1/score": "POST", "/rerank": "POST", "/v1/rerank": "POST",
+                  "/v2/rerank": "POST"}  # served by a --runner pooling engine
 PUBLIC_PATHS = frozenset({"/health", "/version"})  # liveness and version: no data, no key
 OPENAI_ROUTES = {"/v1/completions": "POST", "/v1/chat/completions": "POST",
                  "/v1/models": "GET", "/tokenize": "POST", "/detokenize": "POST",
-                 **AGENT_ROUTES}
+                 **AGENT_ROUTES, **POOLING_ROUTES}
 STREAM_POLL_MS = 250  # how often a silent stream looks for a disconnected client
 _BUSY = ("The engine is currently busy and cannot accept new requests. Please try again later "
          "or on a different instance.")

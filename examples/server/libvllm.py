@@ -46,6 +46,7 @@ class EngineParams(ctypes.Structure):
         ("quantization", _c_char_p), ("kv_cache_dtype", _c_char_p),  # since 1.3
         ("mamba_cache_dtype", _c_char_p), ("mamba_ssm_cache_dtype", _c_char_p),
         ("mamba_cache_mode", _c_char_p), ("calculate_kv_scales", _c_int32),
+        ("runner", _c_char_p), ("convert", _c_char_p), ("pooler_config", _c_char_p),  # 1.3
     ]
 
 

@@ -92,6 +92,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mamba-ssm-cache-dtype", help="as --mamba-cache-dtype, the SSM state")
     p.add_argument("--mamba-cache-mode", help="none | align; default: align with prefix "
                    "caching, else none")
+    p.add_argument("--runner", choices=["auto", "generate", "pooling"],
+                   help="pooling: an embedding engine (/v1/embeddings, /pooling, /score, "
+                   "/rerank) instead of a generating one")
+    p.add_argument("--convert", choices=["auto", "none", "embed", "classify"],
+                   help="embed: the *ForCausalLM served as an embedding model")
+    p.add_argument("--pooler-config", help='vLLM\'s PoolerConfig as JSON, e.g. '
+                   '{"pooling_type": "MEAN"}')
     p.add_argument("--max-num-queued-reqs", "--max-queued-requests", type=int, default=1024,
                    help="requests in flight beyond which new ones get 503 + Retry-After")
     p.add_argument("--shutdown-timeout", type=float, default=0.0,
@@ -136,7 +143,8 @@ def engine_fields(args: argparse.Namespace) -> dict:
              "enable_auto_tool_choice", "load_format", "gpu_memory_utilization",
              "skip_tokenizer_init", "tool_strict_level", "reasoning_start_str",
              "reasoning_end_str", "quantization", "kv_cache_dtype", "calculate_kv_scales",
-             "mamba_cache_dtype", "mamba_ssm_cache_dtype", "mamba_cache_mode")
+             "mamba_cache_dtype", "mamba_ssm_cache_dtype", "mamba_cache_mode", "runner",
+             "convert", "pooler_config")
     fields = {name: getattr(args, name) for name in names}
     if args.max_num_batched_tokens is None and args.enable_chunked_prefill is not False:
         fields["max_num_batched_tokens"] = 8192  # `vllm serve`'s (the library's: 16384 on H200)

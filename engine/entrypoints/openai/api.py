@@ -29,6 +29,7 @@ from engine.entrypoints.openai.serving_completion import CompletionJob
 from engine.entrypoints.openai.serving_engine import ServingContext
 from engine.entrypoints.openai.serving_models import show_available_models
 from engine.entrypoints.openai.serving_tokenize import create_detokenize, create_tokenize
+from engine.entrypoints.pooling_routes import pooling_request
 
 _JSON = TypeAdapter(Any)
 _GENERATE = {"/v1/completions": (CompletionRequest, CompletionJob),
@@ -123,6 +124,8 @@ def handle_openai_request(client, method: str, endpoint: str, body: str, *,
     interface); errors come back as OpenAI error bodies, never as exceptions. defer: a
     non-streamed generation comes back as a DeferredResponse (status 0)."""
     path = endpoint.split("?", 1)[0]
+    if (pooled := pooling_request(client, method, path, body, served_model_name)) is not None:
+        return OpenAIResult(*pooled)  # /v1/embeddings, /pooling, /score, /rerank
     if path.startswith(AGENT_PREFIXES):  # /v1/responses*, /v1/messages*
         return OpenAIResult(*agent_request(client, method, path, body, served_model_name))
     if path not in _ROUTES:

@@ -61,6 +61,9 @@ mod sys {
         pub mamba_ssm_cache_dtype: *const c_char, // since 1.3
         pub mamba_cache_mode: *const c_char,    // since 1.3
         pub calculate_kv_scales: i32,           // since 1.3
+        pub runner: *const c_char,              // since 1.3
+        pub convert: *const c_char,             // since 1.3
+        pub pooler_config: *const c_char,       // since 1.3
     }
 
     #[repr(C)]
