@@ -9,6 +9,9 @@ HTTP server call it from plain OS threads.
 - `lock` (a FairRLock) serializes every LLMEngine call; the loop holds it for one step at
   a time, steps aside between steps while other threads wait for it (so adds and aborts
   are not starved), and sleeps on a condition variable when no request is unfinished.
+  What never changes after the engine is built (config, tokenizer, model info) is read
+  without it, and so are the last step's stats (get_stats) and the engine's health: no
+  probe waits for a step.
 - Outputs are DELTA (add_request sets output_kind) and are handed to their stream after
   the lock is released: a stream's consumer or push callback may call back in.
 - With the engine core in a child process (LLMEngine.is_multiprocess) the loop waits for
@@ -71,9 +74,11 @@ class StatsCollector:
     def count_errors(self, n: int) -> None:
         self.request_success["error"] += n
 
-    def snapshot(self, engine: LLMEngine) -> dict:
-        """Gauges as of now, counters since the engine started."""
-        cumulative = engine.get_stats()  # engine/stats_aggregator.py EngineStats, gauges refreshed
+    def snapshot(self, engine: LLMEngine, refresh: bool = True) -> dict:
+        """Gauges as of now (refresh; needs the engine's lock) or as of the last step,
+        counters since the engine started."""
+        # engine/stats_aggregator.py EngineStats, gauges refreshed or the last step's
+        cumulative = engine.get_stats() if refresh else engine.stats.stats
         return {
             "num_requests_running": cumulative.num_running_reqs,
             "num_requests_waiting": cumulative.num_waiting_reqs,
@@ -195,9 +200,15 @@ class AsyncLLM:
             return len(self._streams)
 
     def get_stats(self) -> dict:
-        """vLLM's engine metrics (names of vllm/v1/metrics/loggers.py without `vllm:`)."""
-        with self.lock:
+        """vLLM's engine metrics (names of vllm/v1/metrics/loggers.py without `vllm:`).
+        Never waits for a step (vLLM's /metrics reads what the core last sent): while one
+        runs, the gauges are those of the last step."""
+        if not self.lock.acquire(blocking=False):
+            return self.stats.snapshot(self.engine, refresh=False)
+        try:
             return self.stats.snapshot(self.engine)
+        finally:
+            self.lock.release()
 
     # ---------------------------------------------------------------- lifecycle
 

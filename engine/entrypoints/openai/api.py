@@ -37,20 +37,24 @@ _ROUTES = {"/v1/completions": "POST", "/v1/chat/completions": "POST", "/v1/model
 
 class ChunkStream:
     """The chunks of one streaming response. get() and cancel() may run on different
-    threads; get() itself is called by one thread at a time."""
+    threads; a get() that finds another get() running returns None (as a timeout), so
+    two callers of one handle can never run its generator at once."""
 
     def __init__(self, job) -> None:
         self._job = job
         self._clock = StreamClock()
         self._chunks = job.chunks(self._clock)
         self._done = threading.Event()
+        self._getting = threading.Lock()
 
     def get(self, timeout_s: float | None) -> str | None:
         """The next chunk's JSON; None if none came within timeout_s; "" at the end."""
         if self._done.is_set():
             return ""
-        self._clock.start(timeout_s)
+        if not self._getting.acquire(blocking=False):
+            return None
         try:
+            self._clock.start(timeout_s)
             return next(self._chunks)
         except StopIteration:
             self._finish()
@@ -58,6 +62,8 @@ class ChunkStream:
         except Exception as exc:  # noqa: BLE001 - becomes the stream's error event
             self._finish()
             return error_json(exc)[1]
+        finally:
+            self._getting.release()
 
     def cancel(self) -> None:
         """Aborts the engine requests (a client that went away); get() then ends the stream."""
