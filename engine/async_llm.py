@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine.errors import NotFoundError
-from engine.exceptions import EngineClosedError, EngineDeadError
+from engine.exceptions import INVALID_STATE, EngineClosedError, EngineDeadError
 from engine.fair_lock import FairRLock
 from engine.outputs import RequestOutput
 from engine.sampling_params import RequestOutputKind, SamplingParams
@@ -209,6 +209,16 @@ class AsyncLLM:
             return self.stats.snapshot(self.engine)
         finally:
             self.lock.release()
+
+    def check_health(self) -> None:
+        """vLLM's AsyncLLM.check_health: raises EngineDeadError once the loop failed or the
+        engine-core process died (noticed by the core client alone, with no request in
+        flight). Takes no lock: a health probe never waits for a step."""
+        if self._dead is not None:
+            raise self._dead.refusal()
+        if self._closed:  # vLLM's errored: not running
+            raise EngineDeadError("the engine is shut down", INVALID_STATE, INVALID_STATE)
+        self.engine.check_health()
 
     # ---------------------------------------------------------------- lifecycle
 

@@ -4,7 +4,8 @@ The entry point of the OpenAI layer that include/vllm.h exposes (vllm_openai_req
 routes as vllm/entrypoints/launchers/api_server/routers.py registers the routes, and returns
 either a complete JSON body with its HTTP status, or a ChunkStream of chunk JSON that the
 caller frames as SSE (`data: <chunk>\\n\\n`, then `data: [DONE]\\n\\n`). A failure after the
-stream started is sent as one `{"error": ...}` chunk, as vLLM does.
+stream started is sent as one `{"error": ...}` chunk, as vLLM does. GET /health asks the
+engine client's check_health (vLLM's health route), waiting for no step.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from engine.entrypoints.openai.serving_completion import CompletionJob
 from engine.entrypoints.openai.serving_engine import ServingContext
 from engine.entrypoints.openai.serving_models import show_available_models
 from engine.entrypoints.openai.serving_tokenize import create_detokenize, create_tokenize
+from engine.exceptions import EngineDeadError
 
 _JSON = TypeAdapter(Any)
 _GENERATE = {"/v1/completions": (CompletionRequest, CompletionJob),
              "/v1/chat/completions": (ChatCompletionRequest, ChatJob)}
 _ROUTES = {"/v1/completions": "POST", "/v1/chat/completions": "POST", "/v1/models": "GET",
-           "/tokenize": "POST", "/detokenize": "POST"}
+           "/tokenize": "POST", "/detokenize": "POST", "/health": "GET"}
 
 
 class ChunkStream:
@@ -121,6 +123,18 @@ def _http_error(status: HTTPStatus) -> OpenAIResult:
     return OpenAIResult(int(status), json.dumps({"error": error}))
 
 
+def _health(client) -> OpenAIResult:
+    """vllm/entrypoints/serve/instrumentator/health.py: check_health() -> 200 with an
+    empty body, EngineDeadError -> 503 (with the error body). Waits for nothing."""
+    try:
+        client.check_health()
+    except EngineDeadError as exc:
+        error = {"message": str(exc), "type": "ServiceUnavailableError", "param": None,
+                 "code": 503}
+        return OpenAIResult(503, json.dumps({"error": error}))
+    return OpenAIResult(200, "")
+
+
 def handle_openai_request(client, method: str, endpoint: str, body: str, *,
                           served_model_name: str, defer: bool = False) -> OpenAIResult:
     """Serves one request. `client` is an engine.async_llm.AsyncLLM (or an object with its
@@ -131,6 +145,8 @@ def handle_openai_request(client, method: str, endpoint: str, body: str, *,
         return _http_error(HTTPStatus.NOT_FOUND)
     if method.upper() != _ROUTES[path]:
         return _http_error(HTTPStatus.METHOD_NOT_ALLOWED)
+    if path == "/health":
+        return _health(client)
     try:
         ctx = ServingContext(client, served_model_name)
         if path == "/v1/models":
