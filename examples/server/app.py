@@ -16,6 +16,7 @@ import secrets
 from http import HTTPStatus
 
 import anyio
+from idle_trim import IdleTrim
 from libvllm import LibVLLM, VllmError
 from limits import BodyError, read_body
 from metrics import render
@@ -63,8 +64,18 @@ class ServerState:
         self.ready = False  # the engine is loaded and its loop runs
         self.draining = False  # SIGTERM: no new requests, in-flight ones finish
         self.in_flight = 0
+        self.trim = IdleTrim()  # freed heap back to the OS once no request runs
         self.streams: set[int] = set()
         self.limiter = anyio.CapacityLimiter(max_queued + 8)  # threads blocked in libvllm
+
+    def enter(self) -> None:
+        self.in_flight += 1
+        self.trim.busy()
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        if not self.in_flight:
+            self.trim.idle()
 
 
 def error_response(status: int, message: str, err_type: str | None = None,
@@ -116,7 +127,7 @@ async def openai_endpoint(request: Request) -> Response:
             "application/json":  # vLLM's validate_json_request
         return error_response(400, "1 validation error:\n  Unsupported Media Type: Only "
                               "'application/json' is allowed")
-    st.in_flight += 1
+    st.enter()
     handed_over = False
     try:
         body = await read_body(request, st.body_timeout_s) if request.method == "POST" else None
@@ -137,7 +148,7 @@ async def openai_endpoint(request: Request) -> Response:
         return vllm_error_response(exc)
     finally:
         if not handed_over:
-            st.in_flight -= 1
+            st.leave()
 
 
 def vllm_error_response(exc: VllmError) -> JSONResponse:
@@ -203,7 +214,7 @@ async def _sse(st: ServerState, stream: int):
         st.streams.discard(stream)
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(st.lib.stream_free, stream, limiter=st.limiter)
-        st.in_flight -= 1
+        st.leave()
 
 
 async def health(request: Request) -> Response:
