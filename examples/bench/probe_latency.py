@@ -5,9 +5,10 @@
 
 While --streams streamed chat completions and one completion with a --prompt-tokens prompt
 run (restarted as they end, so the load lasts as long as the probes), sends --probes
-requests of each kind in turn: GET /health, GET /v1/models, GET /metrics, POST /tokenize
-"hi" and a chat completion with max_tokens=-1 (a 400). Prints p50 / p99 / max in ms per
-kind and one JSON line. vLLM's API server answers all five without waiting on the engine
+requests of each kind in turn, --interval-ms apart: GET /health, GET /v1/models,
+GET /metrics, POST /tokenize "hi" and a chat completion with max_tokens=-1 (a 400).
+Prints p50 / p99 / max in ms per kind, the load done meanwhile, and one JSON line.
+vLLM's API server answers all five without waiting on the engine
 (vllm/entrypoints/serve/instrumentator/health.py, openai/models/serving.py); so should this
 one.
 """
@@ -29,16 +30,18 @@ def _conn(url: str, timeout: float) -> http.client.HTTPConnection:
 
 
 def call(url: str, method: str, path: str, body: dict | None, headers: dict,
-         timeout: float = 600, stream: bool = False) -> int:
-    """The status (0: no answer); a streamed body is read to its end."""
+         timeout: float = 600, stream: bool = False, on_event=None) -> int:
+    """The status (0: no answer); a streamed body is read to its end (on_event() per SSE
+    event)."""
     conn = _conn(url, timeout)
     try:
         conn.request(method, path, body=None if body is None else json.dumps(body),
                      headers=headers)
         res = conn.getresponse()
         if stream:
-            while res.readline():
-                pass
+            while line := res.readline():
+                if on_event is not None and line.startswith(b"data:"):
+                    on_event()
         else:
             res.read()
         return res.status
@@ -60,6 +63,8 @@ class Load:
         self.threads.append(threading.Thread(target=self._loop, args=(self._prefill,),
                                              daemon=True))
         self.finished = 0
+        self.events = 0  # SSE events the streams received
+        self.prefills = 0  # long prompts answered
 
     def start(self) -> None:
         for thread in self.threads:
@@ -78,12 +83,16 @@ class Load:
             "model": self.args.model, "stream": True, "ignore_eos": True,
             "max_tokens": self.args.stream_tokens,
             "messages": [{"role": "user", "content": "Tell me a long story."}]},
-            self.headers, stream=True)
+            self.headers, stream=True, on_event=self._event)
+
+    def _event(self) -> None:
+        self.events += 1
 
     def _prefill(self) -> None:
         call(self.args.url, "POST", "/v1/completions", {
             "model": self.args.model, "prompt": " ".join(["word"] * self.args.prompt_tokens),
             "max_tokens": 16}, self.headers)
+        self.prefills += 1
 
 
 def probes(model: str) -> dict[str, tuple[str, str, dict | None, int]]:
@@ -113,6 +122,7 @@ def main() -> None:
     p.add_argument("--stream-tokens", type=int, default=256)
     p.add_argument("--prompt-tokens", type=int, default=2000)
     p.add_argument("--warmup-s", type=float, default=2.0, help="load before the first probe")
+    p.add_argument("--interval-ms", type=float, default=50.0, help="pause between probes")
     args = p.parse_args()
     headers = {"Content-Type": "application/json"}
     if args.api_key:
@@ -121,6 +131,7 @@ def main() -> None:
     load.start()
     time.sleep(args.warmup_s)
     kinds = probes(args.model)
+    events_before, prefills_before = load.events, load.prefills
     times: dict[str, list[float]] = {name: [] for name in kinds}
     wrong: dict[str, int] = dict.fromkeys(kinds, 0)
     for _ in range(args.probes):
@@ -129,16 +140,20 @@ def main() -> None:
             status = call(args.url, method, path, body, headers, timeout=60)
             times[name].append((time.monotonic() - started) * 1000)
             wrong[name] += status != want
+            time.sleep(args.interval_ms / 1000)
+    events, prefills = load.events - events_before, load.prefills - prefills_before
     load.stop()
     report = {name: {"p50_ms": round(statistics.median(v), 1),
                      "p99_ms": round(percentile(v, 0.99), 1), "max_ms": round(max(v), 1),
                      "wrong_status": wrong[name]} for name, v in times.items()}
+    print(f"during the probes: {events} stream events, {prefills} long prompts answered")
     print(f"{'probe':<16}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}{'wrong':>7}")
     for name, r in report.items():
         print(f"{name:<16}{r['p50_ms']:>10}{r['p99_ms']:>10}{r['max_ms']:>10}"
               f"{r['wrong_status']:>7}")
     print(json.dumps({"probes": args.probes, "streams": args.streams,
-                      "prompt_tokens": args.prompt_tokens, "load_requests_done": load.finished,
+                      "prompt_tokens": args.prompt_tokens, "stream_events_during": events,
+                      "long_prompts_done_during": prefills,
                       "latency": report}))
 
 
