@@ -10,7 +10,7 @@ max_tokens=-1, Content-Length with Transfer-Encoding, an 18-hex-digit chunk size
 structured-output request. Every --kill-every-s seconds the engine-core child is
 SIGKILLed; the soak measures how long /health takes to turn 503, then restarts the server
 (as a supervisor would). A prober sends GET /health and GET /v1/models every 0.2 s.
-Reports RSS (server + core) over time, p99 probe latency, and requests lost: requests that
+Reports RSS (server, core) over time, p99 probe latency, and requests lost: requests that
 got no HTTP answer at all (cut ones and those in flight at a kill excluded).
 """
 
@@ -87,8 +87,9 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait()
 
-    def rss(self) -> float:
-        return rss_mb(self.proc.pid) + sum(rss_mb(c) for c in children(self.proc.pid))
+    def rss(self) -> tuple[float, float]:
+        """(server process, engine-core process and other children) RSS in MiB."""
+        return rss_mb(self.proc.pid), sum(rss_mb(c) for c in children(self.proc.pid))
 
 
 class Soak:
@@ -100,7 +101,7 @@ class Soak:
         self.counts = {"sent": 0, "answered": 0, "cut": 0, "lost": 0, "lost_at_kill": 0,
                        "5xx": 0}
         self.probe_ms: dict[str, list[float]] = {"/health": [], "/v1/models": []}
-        self.rss: list[tuple[float, float]] = []
+        self.rss: list[tuple[float, ...]] = []  # (s, server MiB, core MiB)
         self.kills: list[dict] = []
 
     def count(self, key: str) -> None:
@@ -187,7 +188,7 @@ class Soak:
 
     def sampler(self, t0: float) -> None:
         while time.monotonic() < self.stop_at:
-            self.rss.append((round(time.monotonic() - t0), round(self.server.rss())))
+            self.rss.append((round(time.monotonic() - t0), *map(round, self.server.rss())))
             time.sleep(10)
 
     def kill_and_restart(self) -> None:
@@ -226,10 +227,11 @@ class Soak:
             time.sleep(0.5)
         for thread in threads:
             thread.join(180)
-        self.rss.append((round(time.monotonic() - t0), round(self.server.rss())))
+        self.rss.append((round(time.monotonic() - t0), *map(round, self.server.rss())))
         self.server.stop()
         return {"minutes": self.args.minutes, "concurrency": self.args.concurrency,
-                "requests": self.counts, "kills": self.kills, "rss_mb_over_time": self.rss,
+                "requests": self.counts, "kills": self.kills,
+                "rss_mb_over_time_server_core": self.rss,
                 "p99_ms": {p: round(percentile(v, 0.99), 1) for p, v in self.probe_ms.items()
                            if v},
                 "probes": {p: len(v) for p, v in self.probe_ms.items()}}
