@@ -233,8 +233,11 @@ def glue_engine_model_info(key, out) -> None:
 @export
 def glue_engine_metrics(key, out) -> None:
     record = engines.get_live(key)
-    with record.lock:
-        stats = record.stats.snapshot(record.engine)
+    if record.loop is not None:  # never waits for a step: the last step's gauges
+        stats = record.loop.get_stats()
+    else:
+        with record.lock:
+            stats = record.stats.snapshot(record.engine)
     success = stats.pop("request_success")
     for name, value in stats.items():
         setattr(out, name, value)

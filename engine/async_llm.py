@@ -9,6 +9,9 @@ HTTP server call it from plain OS threads.
 - `lock` (a FairRLock) serializes every LLMEngine call; the loop holds it for one step at
   a time, steps aside between steps while other threads wait for it (so adds and aborts
   are not starved), and sleeps on a condition variable when no request is unfinished.
+  What never changes after the engine is built (config, tokenizer, model info) is read
+  without it, and so are the last step's stats (get_stats) and the engine's health: no
+  probe waits for a step.
 - Outputs are DELTA (add_request sets output_kind) and are handed to their stream after
   the lock is released: a stream's consumer or push callback may call back in.
 - With the engine core in a child process (LLMEngine.is_multiprocess) the loop waits for
@@ -29,7 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine.errors import NotFoundError
-from engine.exceptions import EngineClosedError, EngineDeadError
+from engine.exceptions import INVALID_STATE, EngineClosedError, EngineDeadError
 from engine.fair_lock import FairRLock
 from engine.outputs import PoolingRequestOutput, RequestOutput
 from engine.pooling_params import PoolingParams
@@ -75,9 +78,11 @@ class StatsCollector:
     def count_errors(self, n: int) -> None:
         self.request_success["error"] += n
 
-    def snapshot(self, engine: LLMEngine) -> dict:
-        """Gauges as of now, counters since the engine started."""
-        cumulative = engine.get_stats()  # engine/stats_aggregator.py EngineStats, gauges refreshed
+    def snapshot(self, engine: LLMEngine, refresh: bool = True) -> dict:
+        """Gauges as of now (refresh; needs the engine's lock) or as of the last step,
+        counters since the engine started."""
+        # engine/stats_aggregator.py EngineStats, gauges refreshed or the last step's
+        cumulative = engine.get_stats() if refresh else engine.stats.stats
         return {
             "num_requests_running": cumulative.num_running_reqs,
             "num_requests_waiting": cumulative.num_waiting_reqs,
@@ -214,9 +219,25 @@ class AsyncLLM:
             return len(self._streams) + self._delivering
 
     def get_stats(self) -> dict:
-        """vLLM's engine metrics (names of vllm/v1/metrics/loggers.py without `vllm:`)."""
-        with self.lock:
+        """vLLM's engine metrics (names of vllm/v1/metrics/loggers.py without `vllm:`).
+        Never waits for a step (vLLM's /metrics reads what the core last sent): while one
+        runs, the gauges are those of the last step."""
+        if not self.lock.acquire(blocking=False):
+            return self.stats.snapshot(self.engine, refresh=False)
+        try:
             return self.stats.snapshot(self.engine)
+        finally:
+            self.lock.release()
+
+    def check_health(self) -> None:
+        """vLLM's AsyncLLM.check_health: raises EngineDeadError once the loop failed or the
+        engine-core process died (noticed by the core client alone, with no request in
+        flight). Takes no lock: a health probe never waits for a step."""
+        if self._dead is not None:
+            raise self._dead.refusal()
+        if self._closed:  # vLLM's errored: not running
+            raise EngineDeadError("the engine is shut down", INVALID_STATE, INVALID_STATE)
+        self.engine.check_health()
 
     # ---------------------------------------------------------------- lifecycle
 

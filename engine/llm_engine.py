@@ -307,6 +307,11 @@ class LLMEngine:
         self.stats.observe(stats.scheduler_stats, stats.num_preemptions)
         return self.stats.stats
 
+    def check_health(self) -> None:
+        """vLLM's check_health: raises EngineDeadError once the engine core died (a
+        child core process that was killed); takes no lock and sends nothing."""
+        self.engine_core.check_health()
+
     def get_default_sampling_params(self) -> SamplingParams:
         """vLLM LLM.get_default_sampling_params: SamplingParams with the model's
         generation_config.json defaults (vLLM's own defaults where it is silent)."""

@@ -1,5 +1,5 @@
 """Shared by tests/test_hostile_*.py: examples/server on the default model, raw HTTP helpers,
-the OpenAI error-body check and the server log's traceback check (issue 14)."""
+the OpenAI error-body check, the server log's traceback check and the RSS of a process."""
 
 from __future__ import annotations
 
@@ -31,15 +31,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(built: Path, model_path: str, env: dict, log_path: Path):
-    """(process, port, log path) of a healthy server; as a new user starts it."""
+def start_server(built: Path, model_path: str, env: dict, log_path: Path,
+                 max_model_len: int = MAX_MODEL_LEN, extra: tuple[str, ...] = ()):
+    """(process, port, log path) of a healthy server; as a new user starts it (extra:
+    more flags)."""
     port = free_port()
     log = log_path.open("w+")
     proc = subprocess.Popen(
         [sys.executable, str(SERVER / "server.py"), model_path, "--port", str(port),
-         "--served-model-name", MODEL, "--max-model-len", str(MAX_MODEL_LEN),
+         "--served-model-name", MODEL, "--max-model-len", str(max_model_len),
          "--max-num-seqs", "8", "--body-read-timeout", str(BODY_READ_TIMEOUT_S),
-         "--lib", str(built / "libvllm.so"), "--uvicorn-log-level", "warning"],
+         "--lib", str(built / "libvllm.so"), "--uvicorn-log-level", "warning", *extra],
         stdout=log, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 300
     while request(port, "GET", "/health")[0] != 200:
@@ -114,3 +116,11 @@ def metrics(port) -> dict[str, float]:
     status, _, text = request(port, "GET", "/metrics")
     assert status == 200
     return {m[1]: float(m[2]) for m in re.finditer(r"^(vllm:\S+) (\S+)$", text, re.M)}
+
+
+def rss_mb(pid: int) -> float:
+    """The resident set of a process, in MiB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for process {pid}")

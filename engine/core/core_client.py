@@ -102,6 +102,10 @@ class EngineCoreClient:
     def wakeup(self) -> None:
         """Make a blocked get_output return (None) now."""
 
+    def check_health(self) -> None:
+        """Raises EngineDeadError once the core can run nothing any more; never waits.
+        In process the core runs on its caller's thread, whose failures reach that caller."""
+
     def shutdown(self) -> None:
         raise NotImplementedError
 

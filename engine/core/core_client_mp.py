@@ -9,7 +9,8 @@ get_output without the engine lock. Sockets: the front end binds a PUSH (input) 
 PULL (output) IPC socket, the child connects. Sends never block forever (a PUSH to a
 dead peer would): they wait in short slices and give up once the child is dead. The
 output thread polls the socket and, when it is quiet, the child (Popen.poll reaps it):
-a dead child ends every get_output and call with EngineDeadError within ~0.1 s.
+a dead child ends every get_output and call with EngineDeadError within ~0.1 s, and
+check_health (vLLM's) raises it with no request in flight.
 """
 
 from __future__ import annotations
@@ -166,6 +167,17 @@ class SyncMPClient(EngineCoreClient):
 
     def wakeup(self) -> None:
         self.outputs_queue.put(None)
+
+    def check_health(self) -> None:
+        """EngineDeadError once the child died: as seen by the output thread (vLLM's
+        process monitor), or by a look at the child now, so that a probe right after the
+        kill needs no other request and no wait for the thread's next poll."""
+        self._ensure_alive()
+        code = self.core.proc.poll() if self.core is not None else None
+        if code is not None:
+            raise EngineDeadError(
+                f"engine dead: the engine core process died ({describe_exit(code)})",
+                INVALID_STATE, INVALID_STATE)
 
     # ---------------------------------------------------------------- inputs
 

@@ -161,7 +161,8 @@ class GuidanceBackend(StructuredOutputBackend):
             n_vocab=self.vocab_size,
             eos_token=self.tokenizer.eos_token_id,
         )
-        self.cache = CompiledGrammarCache(self.config.compiled_cache_size)
+        self.cache = CompiledGrammarCache(self.config.compiled_cache_size,
+                                          self.config.compiled_cache_mb << 20, _text_bytes)
 
     def _serialize(self, request_type: StructuredOutputOptions, spec: str) -> str:
         return serialize_guidance_grammar(
@@ -240,3 +241,9 @@ class GuidanceGrammar(StructuredOutputGrammar):
 
     def is_terminated(self) -> bool:
         return self.terminated
+
+
+def _text_bytes(value: object) -> int:
+    """The cache's size of a serialized grammar or of a (kind, spec) key."""
+    return sum(len(v) for v in value if isinstance(v, str)) if isinstance(value, tuple) \
+        else len(value)

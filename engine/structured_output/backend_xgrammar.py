@@ -5,7 +5,9 @@ Mirrors vllm/v1/structured_output/backend_xgrammar.py (vLLM 0.33, xgrammar 0.2.8
 compilers (special tokens blanked for JSON/regex/choice/EBNF; the full vocab for Lark and
 structural tags), `has_xgrammar_unsupported_json_features` (what `auto` hands to guidance)
 and `validate_xgrammar_grammar` with upstream's messages. Compiled grammars are reused from
-an LRU keyed by (kind, spec); each request gets its own GrammarMatcher.
+xgrammar's own cache, bounded in bytes by VLLM_XGRAMMAR_CACHE_MB as in vLLM (no second cache
+here: one holding the compiled grammars would keep alive what xgrammar's bound evicted);
+each request gets its own GrammarMatcher.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from engine.structured_output.backend_types import (
 from engine.structured_output.json_nesting import check_json_nesting
 from engine.structured_output.params import StructuredOutputsParams
 from engine.structured_output.utils import (
-    CompiledGrammarCache,
     choice_as_grammar,
     compile_regex_with_timeout,
     grammar_is_likely_lark,
@@ -64,7 +65,6 @@ class XgrammarBackend(StructuredOutputBackend):
             )
             for info in tokenizer_infos(self.tokenizer, self.vocab_size)
         )
-        self.cache = CompiledGrammarCache(self.config.compiled_cache_size)
 
     def _compile(self, request_type: StructuredOutputOptions, spec: str) -> xgr.CompiledGrammar:
         any_ws = not self.config.disable_any_whitespace
@@ -93,9 +93,7 @@ class XgrammarBackend(StructuredOutputBackend):
         grammar_spec: str,
         stop_token_ids: set[int] | None = None,
     ) -> StructuredOutputGrammar:
-        ctx = self.cache.get_or_compile(
-            (request_type, grammar_spec), lambda: self._compile(request_type, grammar_spec)
-        )
+        ctx = self._compile(request_type, grammar_spec)  # xgrammar's cache: a hit is cheap
         matcher = xgr.GrammarMatcher(
             ctx, override_stop_tokens=sorted(stop_token_ids) if stop_token_ids else None
         )

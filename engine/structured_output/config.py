@@ -3,8 +3,9 @@
 Mirrors vllm/config/structured_outputs.py (`StructuredOutputsConfig`: backend, whitespace,
 additionalProperties, reasoning parser, enable_in_reasoning) and the two vllm/envs.py knobs
 the backends read (`VLLM_REGEX_COMPILATION_TIMEOUT_S`, `VLLM_XGRAMMAR_CACHE_MB`).
-`grammar_compilation_timeout_s` and `compiled_cache_size` are libvllm additions: vLLM has no
-limit on a whole grammar compile and caches only inside xgrammar.
+`grammar_compilation_timeout_s`, `compiled_cache_size` and `compiled_cache_mb` are libvllm
+additions: vLLM has no limit on a whole grammar compile and caches only inside xgrammar
+(as the xgrammar backend here); the guidance backend's LRU is bounded in entries and bytes.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class StructuredOutputsConfig:
     enable_in_reasoning: bool = False
     grammar_compilation_timeout_s: float = 30.0
     compiled_cache_size: int = 256
+    compiled_cache_mb: int = 64  # the serialized guidance grammars the LRU may keep
     regex_compilation_timeout_s: int = field(
         default_factory=lambda: _env_int("VLLM_REGEX_COMPILATION_TIMEOUT_S", 5)
     )
@@ -61,3 +63,5 @@ class StructuredOutputsConfig:
             raise InvalidArgumentError("grammar_compilation_timeout_s must be >= 0")
         if self.compiled_cache_size < 0:
             raise InvalidArgumentError("compiled_cache_size must be >= 0")
+        if self.compiled_cache_mb < 0:
+            raise InvalidArgumentError("compiled_cache_mb must be >= 0")

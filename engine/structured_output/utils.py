@@ -1,5 +1,5 @@
 """Structured-output helpers: timed regex conversion, grammar sniffing, the compiled-grammar
-LRU, and applying a packed token bitmask to a logits batch.
+LRU (bounded in entries and bytes), and applying a packed token bitmask to a logits batch.
 
 Mirrors vllm/v1/structured_output/utils.py (`compile_regex_with_timeout`,
 `grammar_is_likely_lark`, `choice_as_grammar`, `apply_grammar_bitmask`). Our
@@ -70,27 +70,31 @@ def choice_as_grammar(choice: list[str]) -> str:
 
 
 class CompiledGrammarCache:
-    """Thread-safe LRU of compiled grammars keyed by (kind, spec)."""
+    """Thread-safe LRU of compiled grammars keyed by (kind, spec), bounded by its number of
+    entries and by the bytes size_of counts (an entry larger than max_bytes is not kept)."""
 
-    def __init__(self, maxsize: int) -> None:
-        self.maxsize = maxsize
-        self._entries: OrderedDict[object, object] = OrderedDict()
+    def __init__(self, maxsize: int, max_bytes: int, size_of: Callable[[object], int]) -> None:
+        self.maxsize, self.max_bytes, self.size_of = maxsize, max_bytes, size_of
+        self._entries: OrderedDict[object, tuple[object, int]] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
+        self.nbytes = 0
 
     def get_or_compile(self, key: object, compile_fn: Callable[[], _T]) -> _T:
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)
                 self.hits += 1
-                return self._entries[key]  # type: ignore[return-value]
+                return self._entries[key][0]  # type: ignore[return-value]
         value = compile_fn()  # outside the lock: compiles run in parallel
-        if self.maxsize:
+        size = self.size_of(value) + self.size_of(key)
+        if self.maxsize and size <= self.max_bytes:
             with self._lock:
-                self._entries[key] = value
-                self._entries.move_to_end(key)
-                while len(self._entries) > self.maxsize:
-                    self._entries.popitem(last=False)
+                old = self._entries.pop(key, None)
+                self.nbytes += size - (old[1] if old else 0)
+                self._entries[key] = (value, size)
+                while len(self._entries) > self.maxsize or self.nbytes > self.max_bytes:
+                    self.nbytes -= self._entries.popitem(last=False)[1][1]
         return value
 
 

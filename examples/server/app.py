@@ -16,6 +16,7 @@ import secrets
 from http import HTTPStatus
 
 import anyio
+from idle_trim import IdleTrim
 from libvllm import LibVLLM, VllmError
 from limits import BodyError, read_body
 from metrics import render
@@ -70,10 +71,19 @@ class ServerState:
         self.body_timeout_s = body_timeout_s  # the longest wait for the next body bytes
         self.ready = False  # the engine is loaded and its loop runs
         self.draining = False  # SIGTERM: no new requests, in-flight ones finish
-        self.engine_dead = False  # a libvllm call said "engine dead": /health answers 503
         self.in_flight = 0
+        self.trim = IdleTrim()  # freed heap back to the OS once no request runs
         self.streams: set[int] = set()
         self.limiter = anyio.CapacityLimiter(max_queued + 8)  # threads blocked in libvllm
+
+    def enter(self) -> None:
+        self.in_flight += 1
+        self.trim.busy()
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        if not self.in_flight:
+            self.trim.idle()
 
 
 def error_response(status: int, message: str, err_type: str | None = None,
@@ -125,7 +135,7 @@ async def openai_endpoint(request: Request) -> Response:
             "application/json":  # vLLM's validate_json_request
         return error_response(400, "1 validation error:\n  Unsupported Media Type: Only "
                               "'application/json' is allowed")
-    st.in_flight += 1
+    st.enter()
     handed_over = False
     try:
         body = await read_body(request, st.body_timeout_s) if request.method == "POST" else None
@@ -133,8 +143,6 @@ async def openai_endpoint(request: Request) -> Response:
             st.lib.openai_request, request.method, request.url.path, body, True,
             limiter=st.limiter)
         if stream is None:
-            if status >= 500:
-                note_failure(st, text)
             return Response(text, status_code=status, media_type="application/json")
         if status == 0:  # a deferred non-streamed response: cancelled if the client leaves
             return await _deferred(st, request, stream)
@@ -145,18 +153,10 @@ async def openai_endpoint(request: Request) -> Response:
     except BodyError as exc:
         return error_response(exc.status, str(exc), headers={"Connection": "close"})
     except VllmError as exc:
-        note_failure(st, exc.message)
         return vllm_error_response(exc)
     finally:
         if not handed_over:
-            st.in_flight -= 1
-
-
-def note_failure(st: ServerState, message: str | None) -> None:
-    """Remembers a dead engine core (vLLM's EngineDeadError: libvllm's "engine dead"
-    message, in a failed call or an error response) for /health."""
-    if message and "engine dead" in message:
-        st.engine_dead = True
+            st.leave()
 
 
 def vllm_error_response(exc: VllmError) -> JSONResponse:
@@ -177,7 +177,6 @@ async def _deferred(st: ServerState, request: Request, stream: int) -> Response:
                 chunk = await anyio.to_thread.run_sync(
                     st.lib.stream_next, stream, STREAM_POLL_MS, limiter=st.limiter)
             except VllmError as exc:
-                note_failure(st, exc.message)
                 return vllm_error_response(exc)
             except EOFError:
                 logger.error("libvllm ended a deferred response without its body")
@@ -185,8 +184,6 @@ async def _deferred(st: ServerState, request: Request, stream: int) -> Response:
             if chunk is not None:
                 code = json.loads(chunk)["error"]["code"] if chunk.startswith('{"error"') \
                     else 200
-                if code >= 500:
-                    note_failure(st, chunk)
                 return Response(chunk, status_code=code, media_type="application/json")
             if await request.is_disconnected():
                 logger.info("client disconnected: its request is aborted")
@@ -216,15 +213,12 @@ async def _sse(st: ServerState, stream: int):
                     yield b"data: [DONE]\n\n"
                 return
             except VllmError as exc:  # libvllm failed mid-stream: vLLM's error event
-                note_failure(st, exc.message)
                 logger.error("libvllm failed mid-stream: %s", exc)
                 code, err_type = STATUS_TO_HTTP.get(exc.status, (500, "InternalServerError"))
                 error = {"message": exc.message, "type": err_type, "param": None, "code": code}
                 yield b"data: " + json.dumps({"error": error}).encode() + b"\n\ndata: [DONE]\n\n"
                 return
             if chunk is not None:
-                if chunk.startswith('{"error"'):
-                    note_failure(st, chunk)
                 event = sse_event(chunk)
                 named = named or bool(event)
                 yield event + b"data: " + chunk.encode() + b"\n\n"
@@ -232,7 +226,7 @@ async def _sse(st: ServerState, stream: int):
         st.streams.discard(stream)
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(st.lib.stream_free, stream, limiter=st.limiter)
-        st.in_flight -= 1
+        st.leave()
 
 
 def sse_event(chunk: str) -> bytes:
@@ -244,12 +238,20 @@ def sse_event(chunk: str) -> bytes:
 
 
 async def health(request: Request) -> Response:
+    """vLLM's /health through libvllm (the OpenAI entry's GET /health, which asks the
+    engine's check_health and waits for no step): 200, or 503 once the engine died; 503
+    while the model loads or the server drains."""
     st: ServerState = request.app.state.server
     if not st.ready or st.draining:
         return Response(status_code=503)
-    # vLLM's check_health: unhealthy once the engine core died (seen by any call; never a
-    # libvllm call here, which would wait for the engine's step)
-    return Response(status_code=503 if st.engine_dead else 200)
+    try:
+        status, text, _ = await anyio.to_thread.run_sync(
+            st.lib.openai_request, "GET", "/health", None, limiter=st.limiter)
+    except VllmError as exc:  # e.g. the engine was freed
+        return vllm_error_response(exc)
+    if status == 200:
+        return Response(status_code=200)
+    return Response(text, status_code=status, media_type="application/json")
 
 
 async def version(request: Request) -> Response:

@@ -26,12 +26,16 @@ from contextlib import asynccontextmanager
 import anyio
 import uvicorn
 from app import ServerState, build_app
+from idle_trim import limit_arenas
 from libvllm import LibVLLM
 from limits import MAX_HEAD_BYTES, HeadLimitH11Protocol
 from load_progress_log import LoadProgressLog
 
 logger = logging.getLogger("vllm.server")
 _CANCEL_GRACE_S = 5.0  # after the drain: how long cancelled requests get to end
+# compiled grammars xgrammar may keep (VLLM_XGRAMMAR_CACHE_MB, read by the engine): vLLM's
+# 512 MB is sized for GPU hosts whose RSS is many GB; a set variable wins
+XGRAMMAR_CACHE_MB = "256"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -205,6 +209,8 @@ class Server(uvicorn.Server):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    os.environ.setdefault("VLLM_XGRAMMAR_CACHE_MB", XGRAMMAR_CACHE_MB)
+    limit_arenas()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     lib = LibVLLM(args.lib)
     state = ServerState(lib, args.served_model_name or args.model, args.max_num_queued_reqs,

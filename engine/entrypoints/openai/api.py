@@ -4,7 +4,8 @@ The entry point of the OpenAI layer that include/vllm.h exposes (vllm_openai_req
 routes as vllm/entrypoints/launchers/api_server/routers.py registers the routes, and returns
 either a complete JSON body with its HTTP status, or a ChunkStream of chunk JSON that the
 caller frames as SSE (`data: <chunk>\\n\\n`, then `data: [DONE]\\n\\n`). A failure after the
-stream started is sent as one `{"error": ...}` chunk, as vLLM does.
+stream started is sent as one `{"error": ...}` chunk, as vLLM does. GET /health asks the
+engine client's check_health (vLLM's health route), waiting for no step.
 """
 
 from __future__ import annotations
@@ -30,30 +31,35 @@ from engine.entrypoints.openai.serving_engine import ServingContext
 from engine.entrypoints.openai.serving_models import show_available_models
 from engine.entrypoints.openai.serving_tokenize import create_detokenize, create_tokenize
 from engine.entrypoints.pooling_routes import pooling_request
+from engine.exceptions import EngineDeadError
 
 _JSON = TypeAdapter(Any)
 _GENERATE = {"/v1/completions": (CompletionRequest, CompletionJob),
              "/v1/chat/completions": (ChatCompletionRequest, ChatJob)}
 _ROUTES = {"/v1/completions": "POST", "/v1/chat/completions": "POST", "/v1/models": "GET",
-           "/tokenize": "POST", "/detokenize": "POST"}
+           "/tokenize": "POST", "/detokenize": "POST", "/health": "GET"}
 
 
 class ChunkStream:
     """The chunks of one streaming response. get() and cancel() may run on different
-    threads; get() itself is called by one thread at a time."""
+    threads; a get() that finds another get() running returns None (as a timeout), so
+    two callers of one handle can never run its generator at once."""
 
     def __init__(self, job) -> None:
         self._job = job
         self._clock = StreamClock()
         self._chunks = job.chunks(self._clock)
         self._done = threading.Event()
+        self._getting = threading.Lock()
 
     def get(self, timeout_s: float | None) -> str | None:
         """The next chunk's JSON; None if none came within timeout_s; "" at the end."""
         if self._done.is_set():
             return ""
-        self._clock.start(timeout_s)
+        if not self._getting.acquire(blocking=False):
+            return None
         try:
+            self._clock.start(timeout_s)
             return next(self._chunks)
         except StopIteration:
             self._finish()
@@ -61,6 +67,8 @@ class ChunkStream:
         except Exception as exc:  # noqa: BLE001 - becomes the stream's error event
             self._finish()
             return error_json(exc)[1]
+        finally:
+            self._getting.release()
 
     def cancel(self) -> None:
         """Aborts the engine requests (a client that went away); get() then ends the stream."""
@@ -118,6 +126,18 @@ def _http_error(status: HTTPStatus) -> OpenAIResult:
     return OpenAIResult(int(status), json.dumps({"error": error}))
 
 
+def _health(client) -> OpenAIResult:
+    """vllm/entrypoints/serve/instrumentator/health.py: check_health() -> 200 with an
+    empty body, EngineDeadError -> 503 (with the error body). Waits for nothing."""
+    try:
+        client.check_health()
+    except EngineDeadError as exc:
+        error = {"message": str(exc), "type": "ServiceUnavailableError", "param": None,
+                 "code": 503}
+        return OpenAIResult(503, json.dumps({"error": error}))
+    return OpenAIResult(200, "")
+
+
 def handle_openai_request(client, method: str, endpoint: str, body: str, *,
                           served_model_name: str, defer: bool = False) -> OpenAIResult:
     """Serves one request. `client` is an engine.async_llm.AsyncLLM (or an object with its
@@ -132,6 +152,8 @@ def handle_openai_request(client, method: str, endpoint: str, body: str, *,
         return _http_error(HTTPStatus.NOT_FOUND)
     if method.upper() != _ROUTES[path]:
         return _http_error(HTTPStatus.METHOD_NOT_ALLOWED)
+    if path == "/health":
+        return _health(client)
     try:
         ctx = ServingContext(client, served_model_name)
         if path == "/v1/models":

@@ -6,7 +6,7 @@ have; chat_template_kwargs are passed to the template, with `documents`, `reason
 and the `enable_thinking` it implies added as ChatCompletionRequest.build_chat_params of
 vllm/entrypoints/openai/chat_completion/protocol.py does) and transformers'
 apply_chat_template(continue_final_message=True) (cut after the last message's content).
-Call with the engine client's lock held.
+Needs no engine lock (the tokenizer and the compiled template are read-only).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def chat_template_kwargs(request) -> dict:
 
 
 def render_prompt(engine, request) -> str:
-    """The prompt text of a chat or chat-tokenize request (the caller tokenizes it, outside
-    the engine's lock: engine/entrypoints/openai/prompt_limits.py)."""
+    """The prompt text of a chat or chat-tokenize request (the caller tokenizes it:
+    engine/entrypoints/openai/prompt_limits.py)."""
     kwargs = chat_template_kwargs(request)
     if request.chat_template is not None or kwargs.get("chat_template") is not None:
         raise VLLMValidationError(_UNTRUSTED)

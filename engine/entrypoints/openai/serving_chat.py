@@ -9,6 +9,9 @@ and tool calls are split from each choice by engine/entrypoints/openai/chat_pars
 (tool_choice constrained as vLLM's adjust_request: structural tags of the parser's syntax,
 or the JSON schema of required / named).
 use_beam_search: the prompt's beams are the choices (engine/entrypoints/openai/serving_beam.py).
+No engine lock is taken here: the parsers are per choice and the tokenizer is read-only,
+and chunks are made on the caller's thread (a stream look with timeout 0, which the HTTP
+server makes on its event loop, must never wait for an engine step).
 """
 
 from __future__ import annotations
@@ -64,16 +67,14 @@ class ChatJob:
         self.role = "assistant" if request.add_generation_prompt else \
             request.messages[-1].get("role") if request.messages else "assistant"
         tok = ctx.tokenizer("Chat completions")
-        with ctx.client.lock:
-            self.prompt_text = render_prompt(ctx.client.engine, request)
+        self.prompt_text = render_prompt(ctx.client.engine, request)
         self.decode = lambda t: tok.decode([t], skip_special_tokens=False)
         ids = encode_prompt(tok, self.prompt_text, ctx.max_model_len,
                             add_special_tokens=request.add_special_tokens,
                             truncating=request.truncate_prompt_tokens is not None)
         self.prompt_ids = ctx.fit_prompt(ids, request.truncate_prompt_tokens,
                                          request.truncation_side)
-        with ctx.client.lock:
-            parser = self.new_parser()
+        parser = self.new_parser()
         values = _sampling_values(request, ctx.get_max_tokens(max_out, len(self.prompt_ids)))
         own = structured_outputs_from_response_format(request.structured_outputs,
                                                       request.response_format)
@@ -126,9 +127,8 @@ class ChatJob:
 
     def _choice(self, index: int, final, echo: str) -> tuple[ChatCompletionResponseChoice, int]:
         """The choice and its number of reasoning tokens."""
-        with self.ctx.client.lock:
-            parser = self.new_parser()
-            reasoning, content, calls = parser.parse(final.text)
+        parser = self.new_parser()
+        reasoning, content, calls = parser.parse(final.text)
         if echo:
             content = echo + (content or "")
         return ChatCompletionResponseChoice(
@@ -168,8 +168,7 @@ class ChatJob:
         req, n = self.request, self.request.n or 1
         usage_on, continuous = include_usage(req.stream_options)
         sent, done = [0] * n, [False] * n
-        with self.ctx.client.lock:
-            parsers = [self.new_parser() for _ in range(n)]
+        parsers = [self.new_parser() for _ in range(n)]
         called = [False] * n  # a tool-call delta was sent (finish_reason tool_calls)
         generated: list[list[int]] = [[] for _ in range(n)]
 
@@ -210,9 +209,8 @@ class ChatJob:
                 sent[i] += len(out.token_ids)
                 generated[i].extend(out.token_ids)
                 finished = out.finish_reason is not None
-                with self.ctx.client.lock:
-                    delta = parsers[i].parse_delta(out.text, list(out.token_ids),
-                                                   self.prompt_ids, finished)
+                delta = parsers[i].parse_delta(out.text, list(out.token_ids),
+                                               self.prompt_ids, finished)
                 if delta is None and not finished:
                     continue
                 called[i] |= bool(delta is not None and delta.tool_calls)

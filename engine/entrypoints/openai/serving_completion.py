@@ -83,10 +83,8 @@ class CompletionJob:
         """What echo prepends: the prompt as sent, or its (truncated) tokens decoded."""
         prompts, whole = _prompt_list(self.request.prompt), \
             self.request.truncate_prompt_tokens is None
-        with self.ctx.client.lock:
-            return [p if isinstance(p, str) and whole else
-                    tok.decode(ids, skip_special_tokens=False)
-                    for p, ids in zip(prompts, self.prompts)]
+        return [p if isinstance(p, str) and whole else tok.decode(ids, skip_special_tokens=False)
+                for p, ids in zip(prompts, self.prompts)]
 
     def _echo(self, p: int, text: str, ids: list[int], lps, prompt_lps) -> tuple:
         """Text, token ids and logprobs of a first output with the prompt prepended."""

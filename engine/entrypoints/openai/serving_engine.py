@@ -33,11 +33,12 @@ class ServingContext:
     def __init__(self, client, served_model_name: str) -> None:
         self.client = client
         self.served_model_name = served_model_name
-        with client.lock:
-            self.max_model_len = client.engine.model_info.max_model_len
-            # generation_config.json defaults: request value > model default > vLLM default
-            self.default_sampling = dict(client.engine.default_sampling_params)
-            config = client.engine.config
+        # set when the engine was built and never changed: read without the engine's lock,
+        # so that validation never waits for a step (vLLM's API server answers it alone)
+        self.max_model_len = client.engine.model_info.max_model_len
+        # generation_config.json defaults: request value > model default > vLLM default
+        self.default_sampling = dict(client.engine.default_sampling_params)
+        config = client.engine.config
         self.enable_auto_tools = config.enable_auto_tool_choice
         # vLLM's ParserManager.get_tool_parser: no parser without --enable-auto-tool-choice
         self.tool_parser_cls = ToolParserManager.get_tool_parser(config.tool_call_parser) \

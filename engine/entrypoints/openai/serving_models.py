@@ -14,8 +14,7 @@ from engine.entrypoints.openai.serving_engine import ServingContext
 
 
 def show_available_models(ctx: ServingContext) -> str:
-    with ctx.client.lock:
-        root = os.path.basename(ctx.client.engine.config.model)
+    root = os.path.basename(ctx.client.engine.config.model)  # fixed: no engine lock
     card = ModelCard(id=ctx.served_model_name, max_model_len=ctx.max_model_len, root=root,
                      permission=[ModelPermission()])
     return ModelList(data=[card]).model_dump_json()

@@ -3,6 +3,7 @@
 Mirrors vllm/entrypoints/serve/tokenize/serving.py: a body with `messages` is rendered with
 the chat template first (add_special_tokens defaults to False then, True for `prompt`);
 return_token_strs adds the vocab pieces; /detokenize decodes keeping special tokens.
+Neither waits for the engine's lock (the tokenizer and the chat template are read-only).
 """
 
 from __future__ import annotations
@@ -25,11 +26,7 @@ def create_tokenize(ctx: ServingContext, data: Any) -> str:
     request = (TokenizeChatRequest if chat else TokenizeCompletionRequest).model_validate(data)
     ctx.check_model(request.model)
     tok = ctx.tokenizer("/tokenize requests")
-    if chat:
-        with ctx.client.lock:
-            text = render_prompt(ctx.client.engine, request)
-    else:
-        text = request.prompt
+    text = render_prompt(ctx.client.engine, request) if chat else request.prompt
     ids = tok.encode(text, add_special_tokens=request.add_special_tokens)  # GIL released
     strs = [tok.id_to_piece(t) for t in ids] if request.return_token_strs else None
     return TokenizeResponse(tokens=ids, token_strs=strs, count=len(ids),
@@ -40,6 +37,5 @@ def create_detokenize(ctx: ServingContext, data: Any) -> str:
     request = DetokenizeRequest.model_validate(data)
     ctx.check_model(request.model)
     tok = ctx.tokenizer("/detokenize requests")
-    with ctx.client.lock:
-        text = tok.decode(request.tokens, skip_special_tokens=False)
+    text = tok.decode(request.tokens, skip_special_tokens=False)
     return DetokenizeResponse(prompt=text).model_dump_json()
