@@ -35,6 +35,19 @@ def _declarations():
             yield key.split(" ", 1)[1], tp
 
 
+def _clear_outs(args) -> str:
+    """Statements setting the out-parameters (T ** and size_t *, non-const) to NULL / 0, as
+    vllm.h promises on every failure, also the runtime's failure to load."""
+    lines = []
+    for i, a in enumerate(args):
+        c = a.get_c_name("")
+        if c.endswith("* *"):
+            lines.append(f"        if (a{i} != NULL) *a{i} = NULL;\n")
+        elif c == "size_t *":
+            lines.append(f"        if (a{i} != NULL) *a{i} = 0;\n")
+    return "".join(lines)
+
+
 def forwarders_source() -> str:
     """C source of the forwarders and bind_forwarders()."""
     own = pure_functions() | LOADER_OWN
@@ -55,7 +68,8 @@ def forwarders_source() -> str:
         else:
             first_null = "a0 == NULL" if tp.args and tp.args[0].get_c_name("").endswith(
                 "*") else "0"
-            body = (f"    if (!runtime_ready()) return not_loaded(__func__, {first_null});\n"
+            body = (f"    if (!runtime_ready()) {{\n{_clear_outs(tp.args)}"
+                    f"        return not_loaded(__func__, {first_null});\n    }}\n"
                     f"    return {pointer}({args});")
         bodies.append(f"VLLM_API {signature} {{\n{body}\n}}\n")
         binds.append(f'    *(void **)&{pointer} = dlsym(handle, "{name}");\n'

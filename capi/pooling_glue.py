@@ -57,9 +57,11 @@ def _run_caller_driven(engine, prompts: list, params: PoolingParams) -> list:
         for rid, prompt in zip(ids, prompts):
             engine.add_pooling_request(rid, prompt, params)
             added.append(rid)
+        wanted = set(ids)  # a step may also return an earlier call's aborted request
         while len(done) < len(ids):
             for out in engine.step():
-                done[out.request_id] = out
+                if out.request_id in wanted:
+                    done[out.request_id] = out
     except BaseException:
         for rid in added:
             if rid not in done:

@@ -315,6 +315,8 @@ VLLM_API vllm_status vllm_embed(vllm_engine *engine, const char *const *texts,
     if (engine == NULL) return null_argument(__func__, "engine");
     if (n_floats == NULL) return null_argument(__func__, "n_floats");
     if (dim == NULL) return null_argument(__func__, "dim");
+    *n_floats = 0;
+    *dim = 0;
     if (out == NULL && capacity > 0) return null_argument(__func__, "out");
     if ((status = ensure_runtime()) != VLLM_OK) return status;
     return glue_embed(engine_key(engine), texts, text_lens, token_ids, n_token_ids, n_inputs,

@@ -274,10 +274,13 @@ def reshape_and_cache(
         k, v = quantize_kv(k, k_scale).view(torch.uint8), quantize_kv(v, v_scale).view(
             torch.uint8)
         kv_cache = kv_cache.view(torch.uint8)
-    # by block and offset: a hybrid model's cache is a strided view of the block pool
-    blocks, offsets = slot_mapping // kv_cache.shape[2], slot_mapping % kv_cache.shape[2]
-    kv_cache[0, blocks, offsets] = k.to(kv_cache.dtype)
-    kv_cache[1, blocks, offsets] = v.to(kv_cache.dtype)
+    # by block and offset: a hybrid model's cache is a strided view of the block pool;
+    # padding rows (slot -1, vLLM's PAD_SLOT_ID) are not written
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    blocks, offsets = slots // kv_cache.shape[2], slots % kv_cache.shape[2]
+    kv_cache[0, blocks, offsets] = k[keep].to(kv_cache.dtype)
+    kv_cache[1, blocks, offsets] = v[keep].to(kv_cache.dtype)
 
 
 def paged_attention_ref(

@@ -211,6 +211,23 @@ class MambaStateCache:
     def free(self, req_id: str) -> None:
         self.blocks_of.pop(req_id, None)
 
+    def graph_metadata(self, rows: int, query_start_loc_t: torch.Tensor
+                       ) -> list[GDNMetadata]:
+        """A captured decode graph's GDN metadata: the persistent device buffers themselves,
+        which each step's build_metadata fills before the replay. A copy captured inside
+        the graph would re-read its pinned host source when the replay runs, after the
+        next step's inputs may have overwritten it (async scheduling)."""
+        init_t = self.has_initial_state.gpu[:rows]
+        return [GDNMetadata([], [], [], 1, query_start_loc_t, buf.gpu[:rows], init_t)
+                for buf in self.state_indices]
+
+    def reset_graph_buffers(self) -> None:
+        """Padding values (the null block, no initial state) for the rows a graph reads,
+        set once before capture, outside any graph."""
+        for buf in self.state_indices:
+            buf.gpu.fill_(NULL_BLOCK)
+        self.has_initial_state.gpu.zero_()
+
     def build_metadata(self, req_ids: list[str], num_computed: list[int],
                        query_start_loc: list[int], max_query_len: int,
                        query_start_loc_t: torch.Tensor, rows: int | None = None

@@ -410,6 +410,8 @@ class ModelRunner:
             self.seq_lens.gpu[:rows].zero_()
             self.query_start_loc.gpu[:rows + 1].zero_()
             self.slot_mapping.gpu[:tokens].fill_(PAD_SLOT_ID)
+            if self.mamba is not None:
+                self.mamba.reset_graph_buffers()
             self.input_ids.gpu[:tokens].zero_()
             self.positions.gpu[:tokens].zero_()
         graphs = graphs_cls(dispatcher)
@@ -425,8 +427,8 @@ class ModelRunner:
                                self.block_table.step.gpu[:rows],
                                self.query_start_loc.gpu[:rows + 1], self.seq_lens.gpu[:rows],
                                1 if desc.uniform else n)
-        if self.mamba is not None:  # every row padding (the null state slot) at capture
-            md.gdn = self.mamba.build_metadata([], [], [], 1, md.query_start_loc_t, rows)
+        if self.mamba is not None:  # the device buffers each step's build_metadata fills
+            md.gdn = self.mamba.graph_metadata(rows, md.query_start_loc_t)
         return self.model(self.input_ids.gpu[:n], self.positions.gpu[:n], md)
 
     def _get_prompt_logprobs_dict(self, hidden: torch.Tensor, req_ids: list[str],
