@@ -124,3 +124,27 @@ def test_greedy_tokens_match_transformers(ours, hf_model, prompts):
             ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
                                     eos_token_id=None, pad_token_id=0)
         assert tokens == ref[0, len(ids):].tolist()
+
+
+def test_pooling_runner_embeds_as_transformers(gemma_path, hf_model, prompts):
+    """`--runner pooling --convert embed` on Gemma 3 270M: vLLM's rule for a converted
+    decoder (the final norm's output at the LAST token, L2-normalized) against transformers
+    fp32 on the same GGUF weights (tests/pooling_reference.py)."""
+    from pooling_reference import MIN_COSINE, cosine, hf_embeddings
+
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.pooling_params import PoolingParams
+
+    engine = LLMEngine.from_config(EngineConfig(
+        gemma_path, device="cpu", dtype="float32", runner="pooling", max_model_len=128))
+    for i, ids in enumerate(prompts):
+        engine.add_pooling_request(f"g{i}", ids, PoolingParams())
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            done[out.request_id] = out
+    for i, ref in enumerate(hf_embeddings(hf_model, prompts)):
+        got = np.asarray(done[f"g{i}"].outputs.data, dtype=np.float32)
+        assert got.shape == ref.shape == (640,)
+        assert cosine(got, ref) >= MIN_COSINE and abs(np.linalg.norm(got) - 1) < 1e-5
