@@ -95,8 +95,7 @@ def glue_embed(key, texts, text_lens, token_ids, n_token_ids, n_inputs, dimensio
         raise UnsupportedError(EMBED_ON_GENERATE)
     prompts = _inputs(texts, text_lens, token_ids, n_token_ids, n_inputs)
     params = PoolingParams(dimensions=dimensions or None, task="embed")
-    size = params.verify(engine.config.resolved_pooler(), engine.model_info.name,
-                         engine.hidden_size).dimensions or engine.hidden_size
+    size = engine.verify_pooling_params(params).dimensions or engine.hidden_size
     dim[0], n_floats[0] = size, size * n_inputs
     if capacity < size * n_inputs:
         raise BufferTooSmallError(f"{n_inputs} vectors of {size} floats do not fit in "

@@ -86,6 +86,7 @@ class LLMEngine:
         self._pooling: dict[str, list[int]] = {}  # live pooling requests (core id -> prompt)
         self.runner_type = config.runner_type  # generate | pooling
         self.hidden_size = ready.hidden_size  # the pooled vector's size
+        self._matryoshka = (ready.matryoshka_dimensions, ready.is_matryoshka)
         # the model's generation_config.json defaults (vLLM ModelConfig.get_diff_sampling_param)
         self.default_sampling_params: dict = dict(ready.default_sampling_params)
         self.model_info = ModelInfo(
@@ -191,6 +192,12 @@ class LLMEngine:
             self._finish_ids(request_id)
             raise
 
+    def verify_pooling_params(self, params: PoolingParams) -> PoolingParams:
+        """`params` completed and checked against this model (vLLM's PoolingParams.verify:
+        `dimensions` only on a matryoshka model, within its sizes)."""
+        return params.verify(self.config.resolved_pooler(), self.model_info.name,
+                             self.hidden_size, *self._matryoshka)
+
     def add_pooling_request(self, request_id: str, prompt: str | list[int],
                             params: PoolingParams) -> None:
         """Queue a pooling request (vLLM's LLMEngine.add_request with PoolingParams): its
@@ -202,8 +209,7 @@ class LLMEngine:
         if not isinstance(params, PoolingParams):
             raise InvalidArgumentError(
                 f"params must be a PoolingParams, got {type(params).__name__}")
-        params = params.verify(self.config.resolved_pooler(), self.model_info.name,
-                               self.hidden_size)
+        params = self.verify_pooling_params(params)
         ids = self.input_processor.tokenize(prompt)
         if request_id in self._core_ids or request_id in self._pooling or \
                 self.output_processor.has_request(request_id):

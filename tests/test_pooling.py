@@ -234,3 +234,24 @@ def test_openai_layer_of_each_runner(llama_dir):
     finally:
         generate.shutdown()
         pooling.shutdown()
+
+
+def test_dimensions_on_a_matryoshka_model(tmp_path, llama_dir):
+    """vLLM's is_matryoshka / matryoshka_dimensions from the hf config: `dimensions` keeps
+    the first d features of the pooled vector, normalized again; a size outside
+    matryoshka_dimensions, or any size on a model without them, is vLLM's error
+    (vllm/pooling_params.py verify; tests/entrypoints/pooling/embed/test_online_dimensions.py)."""
+    config = json.loads(open(f"{llama_dir}/config.json").read())
+    path = tmp_path / "matryoshka"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({**config, "matryoshka_dimensions": [16, 32]}))
+    engine = _engine(str(path), "LAST")
+    full = _pool(engine, [[1, 2, 3, 4]], PoolingParams())[0]
+    cut = _pool(engine, [[1, 2, 3, 4]], PoolingParams(dimensions=16))[0]
+    assert full.shape == (64,) and cut.shape == (16,)
+    assert torch.allclose(cut, torch.nn.functional.normalize(full[:16], dim=0), atol=1e-6)
+    with pytest.raises(InvalidArgumentError, match=r"only supports Matryoshka dimensions"):
+        engine.add_pooling_request("bad", [1, 2], PoolingParams(dimensions=24))
+    plain = _engine(llama_dir, "LAST")
+    with pytest.raises(InvalidArgumentError, match="does not support Matryoshka embeddings"):
+        plain.add_pooling_request("bad", [1, 2], PoolingParams(dimensions=16))

@@ -178,7 +178,9 @@ class EngineCore:
             memory_profile=dict(self.model_runner.memory_profile),
             device=device.type, dtype=str(dtype).removeprefix("torch."),
             eos_token_ids=_eos_token_ids(arch.generation_config),
-            block_size=config.block_size, hidden_size=arch.hidden_size)
+            block_size=config.block_size, hidden_size=arch.hidden_size,
+            is_matryoshka=arch.is_matryoshka,
+            matryoshka_dimensions=list(arch.matryoshka_dimensions or ()) or None)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, Tokenizer | None]:

@@ -104,6 +104,8 @@ class EngineCoreReady(msgspec.Struct, array_like=True, gc=False):
     eos_token_ids: list[int]
     block_size: int = 16  # resolved: a hybrid GDN model's attention page holds a state
     hidden_size: int = 0  # the pooled vector's size (vLLM ModelConfig.embedding_size)
+    is_matryoshka: bool = False  # pooling requests may ask for fewer `dimensions`
+    matryoshka_dimensions: list[int] | None = None  # the sizes allowed; None: any
 
 
 class EngineCoreStartupFailure(msgspec.Struct, array_like=True, gc=False):

@@ -131,6 +131,7 @@ def arch_config_from_hf(cfg: dict, arch: str, name: str) -> ModelArchConfig:
         decoder_sparse_step=_get(cfg, "decoder_sparse_step", int, 1, hi=1024),
         mlp_only_layers=tuple(_int_list(cfg, "mlp_only_layers", layers)),
         **(_gdn_fields(cfg) if arch in HYBRID_GDN_ARCHS else {}),
+        **_matryoshka_fields(cfg, hidden),
     )
 
 
@@ -187,6 +188,19 @@ def _layer_types(cfg: dict, arch: str, layers: int, window: int | None
         return tuple("sliding_attention" if i >= first else "full_attention"
                      for i in range(layers))
     return None
+
+
+def _matryoshka_fields(cfg: dict, hidden: int) -> dict:
+    """vLLM's ModelConfig.is_matryoshka (a non-empty matryoshka_dimensions or the
+    is_matryoshka flag) and matryoshka_dimensions, validated."""
+    dims = cfg.get("matryoshka_dimensions")
+    if dims is not None and (not isinstance(dims, list) or len(dims) > 64 or any(
+            not isinstance(d, int) or isinstance(d, bool) or not 1 <= d <= hidden
+            for d in dims)):
+        raise ModelLoadError("config.json: matryoshka_dimensions must be a list of sizes in "
+                             f"[1, {hidden}]")
+    return {"is_matryoshka": bool(dims) or _get(cfg, "is_matryoshka", bool, False),
+            "matryoshka_dimensions": tuple(dims) if dims else None}
 
 
 def _int_list(cfg: dict, key: str, bound: int) -> list[int]:

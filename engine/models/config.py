@@ -57,6 +57,10 @@ class ModelArchConfig:
     mamba_ssm_dtype: str | None = None  # "float32": the recurrent state in fp32 (Qwen3.5)
     # q_proj carries a per-head sigmoid output gate (Qwen3-Next attention)
     attn_output_gate: bool = True
+    # vLLM ModelConfig.is_matryoshka / matryoshka_dimensions (the hf config's keys): the
+    # pooled vector may be truncated to `dimensions` (pooling requests)
+    is_matryoshka: bool = False
+    matryoshka_dimensions: tuple[int, ...] | None = None
 
     def layer_type(self, layer_idx: int) -> str:
         return self.layer_types[layer_idx] if self.layer_types else "full_attention"
