@@ -4,7 +4,7 @@ Mirrors the names and defaults of vllm/engine/arg_utils.py (EngineArgs) for the 
 that exist so far, the checks of vllm/config/scheduler.py (SchedulerConfig) and
 vllm/config/cache.py (gpu_memory_utilization), and the CUDA-graph capture ladder of
 vllm/config/compilation.py (CompilationConfig: cudagraph_mode, cudagraph_capture_sizes,
-max_cudagraph_capture_size; engine/worker/cudagraph_dispatcher.py derives them). 0 / None
+max_cudagraph_capture_size; engine/compilation_config.py derives them). 0 / None
 means "derive from the model or the machine".
 """
 
@@ -12,18 +12,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.compilation_config import (
+    CaptureSizes,
+    CUDAGraphMode,
+    cudagraph_capture_sizes,
+    resolve_cudagraph_mode,
+)
 from engine.errors import InvalidArgumentError
 from engine.pooler_config import (
     PoolerConfig,
     check_runner_convert,
     resolve_pooler_config,
     resolve_runner_type,
-)
-from engine.worker.cudagraph_dispatcher import (
-    CaptureSizes,
-    CUDAGraphMode,
-    cudagraph_capture_sizes,
-    resolve_cudagraph_mode,
 )
 
 # vLLM's names for what this engine implements (the full lists: vllm/config/cache.py
@@ -53,7 +53,7 @@ class EngineConfig:
     n_threads: int = 0
     # vLLM -cc.cudagraph_mode: NONE | PIECEWISE | FULL | FULL_DECODE_ONLY |
     # FULL_AND_PIECEWISE (a piecewise part is captured as a full graph here:
-    # engine/worker/cudagraph_dispatcher.py). None: vLLM's default FULL_AND_PIECEWISE,
+    # engine/compilation_config.py). None: vLLM's default FULL_AND_PIECEWISE,
     # decode graphs on the decode kernel + mixed graphs of every step up to the largest
     # capture size (H200, session 10: 14.4 to 18.3 s start-up, 1% to 2% more offline
     # throughput than FULL, which starts in 13.2 s)

@@ -10,7 +10,7 @@ core only refuses what it cannot know (a grammar that does not compile).
 from __future__ import annotations
 
 from engine.config import EngineConfig
-from engine.core.engine_core_messages import EngineCoreReady
+from engine.engine_core.engine_core_messages import EngineCoreReady
 from engine.errors import InvalidArgumentError, OutOfResourcesError
 from engine.reasoning.config import resolve_reasoning_token_ids
 from engine.sampling_params import SamplingParams

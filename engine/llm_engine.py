@@ -3,10 +3,10 @@
 The front end of the engine: input processing (tokenization, prompt and params checks,
 n > 1 fan-out: engine/input_processor.py, engine/parallel_sampling.py), the
 OutputProcessor (detokenization, stop strings, logprobs shaping) and the metrics
-aggregation, over an EngineCoreClient (engine/core/core_client.py) behind which the
+aggregation, over an EngineCoreClient (engine/engine_core/core_client.py) behind which the
 engine core (scheduler, KV cache, grammar manager, model runner; engine/core/
 engine_core.py) runs in this process (InprocClient) or in a child process
-(SyncMPClient, engine/core/core_client_mp.py; EngineConfig.multiprocessing).
+(SyncMPClient, engine/engine_core/core_client_mp.py; EngineConfig.multiprocessing).
 add_request -> EngineCoreRequest -> core; step() -> the core's EngineCoreOutputs ->
 RequestOutputs. Requests a stop string finished are aborted in the core.
 """
@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from engine.chat_template import render_chat_template
 from engine.config import EngineConfig
-from engine.core.core_client import EngineCoreClient, InprocClient
-from engine.core.engine_core_messages import (
+from engine.engine_core.client_factory import make_client
+from engine.engine_core.core_client import EngineCoreClient, InprocClient
+from engine.engine_core.engine_core_messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -101,7 +102,7 @@ class LLMEngine:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
-        client, tokenizer = EngineCoreClient.make_client(config)
+        client, tokenizer = make_client(config)
         try:
             return cls(config, client, tokenizer)
         except BaseException:  # e.g. markers the vocabulary lacks: no core left running

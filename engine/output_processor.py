@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.core.engine_core_messages import (
+from engine.detokenizer import IncrementalDetokenizer
+from engine.engine_core.engine_core_messages import (
     EngineCoreOutput,
     EngineCoreRequest,
     error_from_wire,
 )
-from engine.detokenizer import IncrementalDetokenizer
 from engine.logprobs_processor import LogprobsProcessor
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.parallel_sampling import ParentRequest

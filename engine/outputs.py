@@ -1,6 +1,6 @@
 """RequestOutput / CompletionOutput returned by LLMEngine.step(), as vllm/outputs.py.
 (What the engine core returns per request, EngineCoreOutput, is in
-engine/core/engine_core_messages.py.)
+engine/engine_core/engine_core_messages.py.)
 
 With RequestOutputKind.DELTA, `text`, `token_ids` and `logprobs` hold only what is new
 since the previous output of that completion (what the C ABI streams). With n > 1 the

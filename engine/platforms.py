@@ -1,9 +1,9 @@
 """Which platform this process would run on, found without importing torch, as
 vllm/platforms/__init__.py `cuda_platform_plugin` (NVML's device count).
 
-The front end chooses the engine-core mode with it (engine/core/core_client.py): a child
+The front end chooses the engine-core mode with it (engine/engine_core/core_client.py): a child
 core on CUDA, in process on the CPU. The core itself resolves its device with torch
-(engine/core/engine_core_load.py resolve_device), so a GPU that NVML reports but torch
+(engine/worker/model_load.py resolve_device), so a GPU that NVML reports but torch
 cannot use (a CPU-only torch build, CUDA_VISIBLE_DEVICES="") gives a child core on the
 CPU. NVML (libnvidia-ml.so.1) ships with every NVIDIA driver; no package is needed. Where
 it cannot be loaded (no driver, or a container given the driver's compute libraries only)

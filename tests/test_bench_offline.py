@@ -227,7 +227,7 @@ def test_startup_phases_times_the_engine_core(tiny, capsys):
     no memory profile, no graphs, the interpreter compiles nothing); its patches undone."""
     import os
 
-    from engine.core import engine_core
+    from engine.engine_core import engine_core
     from engine.worker import cudagraph
     from examples.bench import startup_phases
 

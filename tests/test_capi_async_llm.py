@@ -33,7 +33,7 @@ def engine(model_path):
 
 @pytest.fixture(scope="module")
 def mp_engine(model_path):
-    """The same engine with its core in a child process (engine/core/core_client_mp.py)."""
+    """The same engine with its core in a child process (engine/engine_core/core_client_mp.py)."""
     engine = LLMEngine.from_config(EngineConfig(model=model_path, max_model_len=256,
                                                 multiprocessing=True))
     yield engine

@@ -11,16 +11,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.config import EngineConfig, batch_defaults
-from engine.errors import InvalidArgumentError
-from engine.worker.cudagraph_dispatcher import (
-    BatchDescriptor,
+from engine.compilation_config import (
     CaptureSizes,
-    CudagraphDispatcher,
     CUDAGraphMode,
     cudagraph_capture_sizes,
     resolve_cudagraph_mode,
 )
+from engine.config import EngineConfig, batch_defaults
+from engine.errors import InvalidArgumentError
+from engine.worker.cudagraph_dispatcher import BatchDescriptor, CudagraphDispatcher
 from engine.worker.model_runner import _graph_rows
 
 M = CUDAGraphMode

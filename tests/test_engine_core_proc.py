@@ -1,4 +1,4 @@
-"""The engine core in a child process (engine/core/core_client_mp.py, engine_core_proc.py).
+"""The engine core in a child process (engine/engine_core/core_client_mp.py, engine_core_proc.py).
 
 Oracle: the same engine in process (InprocClient) for greedy text, token ids and
 logprobs; vllm.h's contract for the failure paths. Mirrors vLLM 0.33
@@ -107,7 +107,7 @@ def test_peak_memory_bytes_is_the_cores_allocator_peak(monkeypatch) -> None:
 
     import torch
 
-    from engine.core.engine_core import EngineCore
+    from engine.engine_core.engine_core import EngineCore
 
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 123 << 20)
     core = types.SimpleNamespace(device=torch.device("cuda"))
@@ -171,7 +171,7 @@ def test_freeze_gc_heap_freezes_what_start_up_left() -> None:
     permanent generation, which collections never scan."""
     import gc
 
-    from engine.core.engine_core_proc import freeze_gc_heap
+    from engine.engine_core.engine_core_proc import freeze_gc_heap
 
     keep = [[i] for i in range(1000)]  # tracked objects alive at start-up
     try:

@@ -1,5 +1,5 @@
 """The engine-core child's busy loop sends each step's outputs itself
-(engine/core/engine_core_proc.py EngineCoreProc.send_output).
+(engine/engine_core/engine_core_proc.py EngineCoreProc.send_output).
 
 vLLM 0.33's EngineCoreProc queues them for its output thread (vllm/v1/engine/core.py
 process_output_sockets); here a thread woken every step took the GIL from the loop in the
@@ -18,13 +18,13 @@ import threading
 import pytest
 import zmq
 
-from engine.core.engine_core_messages import (
+from engine.engine_core.engine_core_messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequestType,
 )
-from engine.core.engine_core_proc import EngineCoreProc
-from engine.core.serial_utils import MsgpackDecoder, MsgpackEncoder
+from engine.engine_core.engine_core_proc import EngineCoreProc
+from engine.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 
 class _StandInCore:
@@ -108,7 +108,7 @@ def test_dead_goes_out_after_the_last_steps_outputs(sockets):
     On the output thread's socket, DEAD could overtake the loop's outputs."""
     import time
 
-    from engine.core.engine_core_proc import DEAD
+    from engine.engine_core.engine_core_proc import DEAD
 
     ctx, push, pull, input_address, output_address = sockets
     proc = EngineCoreProc(_FailingCore(3), input_address, output_address, ctx)
@@ -137,7 +137,7 @@ def test_worker_death_with_a_stuck_loop_sends_dead_and_ends(tmp_path):
     import textwrap
     from pathlib import Path
 
-    from engine.core.engine_core_proc import DEAD, READY
+    from engine.engine_core.engine_core_proc import DEAD, READY
 
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
@@ -147,7 +147,7 @@ def test_worker_death_with_a_stuck_loop_sends_dead_and_ends(tmp_path):
         pull.bind(address)
         child = textwrap.dedent(f"""
             import queue, threading, zmq
-            from engine.core import engine_core_proc as ecp
+            from engine.engine_core import engine_core_proc as ecp
             ecp._STUCK_GRACE_S = 0.0
             ctx = zmq.Context()
             q = queue.Queue()
@@ -172,7 +172,7 @@ def test_worker_death_with_a_stuck_loop_sends_dead_and_ends(tmp_path):
 
 def test_stuck_check_stands_down_once_the_loop_has_ended():
     """The loop returned (its own DEAD or a shutdown went out): the callback does nothing."""
-    from engine.core.engine_core_proc import end_if_stuck
+    from engine.engine_core.engine_core_proc import end_if_stuck
 
     output_queue: queue.Queue = queue.Queue()
     loop_done = threading.Event()

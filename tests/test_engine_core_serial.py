@@ -1,4 +1,4 @@
-"""The engine-core wire format (engine/core/serial_utils.py, engine_core_messages.py).
+"""The engine-core wire format (engine/serial_utils.py, engine_core_messages.py).
 
 Ports the ideas of vLLM 0.33 tests/v1/test_serial_utils.py: typed round trips of the
 request and output structs, numpy arrays and tensors as raw buffers (large ones as
@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 import torch
 
-from engine.core.engine_core_messages import (
+from engine.engine_core.engine_core_messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     error_from_wire,
 )
-from engine.core.serial_utils import MsgpackDecoder, MsgpackEncoder
 from engine.errors import ModelLoadError, VllmError
 from engine.metrics import PrefixCacheStats, SchedulerStats
 from engine.sample.outputs import LogprobsLists
 from engine.sampling_params import RequestOutputKind, SamplingParams
+from engine.serial_utils import MsgpackDecoder, MsgpackEncoder
 from engine.structured_output.params import StructuredOutputsParams
 
 

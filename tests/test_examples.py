@@ -90,7 +90,7 @@ def _core_children(parent_pid: int) -> list[int]:
             parent = argv[argv.index(b"--parent-pid") + 1]
         except (OSError, ValueError, IndexError):
             continue
-        if b"engine.core.engine_core_proc" in argv and parent == str(parent_pid).encode():
+        if b"engine.engine_core.engine_core_proc" in argv and parent == str(parent_pid).encode():
             found.append(int(entry.name))
     return found
 

@@ -1,7 +1,7 @@
 """A front end whose engine core runs in a child process imports no torch
 (.agents/specs/torch-free-front-end.md).
 
-With CUDA the core runs in a fresh interpreter (engine/core/engine_core_utils.py); the
+With CUDA the core runs in a fresh interpreter (engine/engine_core/engine_core_utils.py); the
 front end (tokenizer, input and output processing, the ZMQ client, the model info the C
 ABI reports) touches no tensor, so a host that never imports torch pays its import once,
 in the child. Oracle: the in-process engine (InprocClient) of this test process for the
@@ -22,7 +22,7 @@ import pytest
 
 from engine import platforms
 from engine.config import EngineConfig
-from engine.core.core_client import use_multiprocessing
+from engine.engine_core.core_client import use_multiprocessing
 from engine.errors import InvalidArgumentError
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams

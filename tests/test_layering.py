@@ -58,3 +58,159 @@ def test_importing_kernels_leaves_engine_unloaded():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+# ---- engine/ package seams (vLLM v1: core = scheduler + KV cache, engine_core above
+# worker/ and executor/) and import cycles, module-level or lazy ----
+
+PACKAGES = ("engine", "capi", "kernels")
+ENGINE_CORE_FORBIDDEN = ("engine.worker", "engine.executor", "engine.models",
+                         "engine.model_loader", "engine.engine_core")
+
+
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _resolve(name: str, modules: set[str]) -> str | None:
+    """The longest prefix of dotted name that is one of modules (a `from a.b import c`
+    names module a.b.c when that file exists, else a.b)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(path: Path, modules: set[str], root: Path = ROOT) -> list[tuple[str, int]]:
+    """(imported project module, line) for every import in path, at any depth."""
+    me = _module_name(path, root)
+    pkg = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for t in targets:
+            hit = _resolve(t, modules)
+            if hit and hit != me and hit.split(".")[0] in PACKAGES:
+                found.append((hit, node.lineno))
+                break
+    return found
+
+
+def _is_face(path: Path) -> bool:
+    """An __init__.py holding only a docstring, imports and __all__ (a re-export face)."""
+    body = ast.parse(path.read_text()).body
+    return path.name == "__init__.py" and all(
+        isinstance(n, (ast.Import, ast.ImportFrom))
+        or (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+        or (isinstance(n, ast.Assign) and [getattr(t, "id", "") for t in n.targets] == ["__all__"])
+        for n in body)
+
+
+def _graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module import graph of the project; a face's importers import what it re-exports."""
+    files = {_module_name(p, root): p for pkg in PACKAGES for p in (root / pkg).rglob("*.py")
+             if ".venv" not in p.parts}
+    edges = {m: {t for t, _ in _imports(p, set(files), root)} for m, p in files.items()}
+    faces = {m for m, p in files.items() if _is_face(p)}
+    for m in edges:
+        seen, todo = set(), list(edges[m])
+        while todo:
+            t = todo.pop()
+            if t in seen:
+                continue
+            seen.add(t)
+            if t in faces:
+                todo.extend(edges[t])
+        edges[m] = {t for t in seen if t not in faces and t != m}
+    return {m: e for m, e in edges.items() if m not in faces}
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _subpackage(module: str) -> str | None:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "engine" and len(parts) > 2 else None
+
+
+def test_no_module_import_cycles():
+    assert _cycles(_graph()) == []
+
+
+def test_no_cycles_between_engine_subpackages():
+    pkg_edges: dict[str, set[str]] = {}
+    for m, targets in _graph().items():
+        a = _subpackage(m)
+        for t in targets:
+            b = _subpackage(t)
+            if a and b and a != b:
+                pkg_edges.setdefault(a, set()).add(b)
+    assert _cycles(pkg_edges) == []
+
+
+def _violations(prefix: str, forbidden: tuple[str, ...]) -> list[str]:
+    files = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    hits = []
+    for m, p in files.items():
+        if m == prefix or m.startswith(prefix + "."):
+            for t, line in _imports(p, set(files)):
+                if any(t == f or t.startswith(f + ".") for f in forbidden):
+                    hits.append(f"{p.relative_to(ROOT)}:{line}: imports {t}")
+    return hits
+
+
+def test_engine_core_is_scheduler_and_kv_cache_only():
+    assert _violations("engine.core", ENGINE_CORE_FORBIDDEN) == []
+
+
+def test_config_imports_no_worker():
+    assert _violations("engine.config", ("engine.worker",)) == []
+
+
+def test_graph_tools_find_cycles_lazy_and_relative(tmp_path: Path):
+    for pkg in PACKAGES:
+        (tmp_path / pkg).mkdir()
+    (tmp_path / "engine" / "a").mkdir()
+    (tmp_path / "engine" / "b").mkdir()
+    (tmp_path / "engine" / "__init__.py").write_text("")
+    (tmp_path / "engine" / "a" / "__init__.py").write_text('"""face"""\nfrom .x import X\n')
+    (tmp_path / "engine" / "a" / "x.py").write_text("X = 1\n\ndef f():\n    import engine.b.y\n")
+    (tmp_path / "engine" / "b" / "__init__.py").write_text("")
+    (tmp_path / "engine" / "b" / "y.py").write_text("from engine.a import X\n")
+    edges = _graph(tmp_path)
+    assert edges["engine.b.y"] == {"engine.a.x"}
+    assert _cycles(edges) == [["engine.a.x", "engine.b.y"]]

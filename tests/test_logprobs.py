@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.core.engine_core_messages import EngineCoreOutput
+from engine.engine_core.engine_core_messages import EngineCoreOutput
 from engine.gguf.reader import GGUFReader
 from engine.logprobs import Logprob, append_logprobs_for_next_position
 from engine.logprobs_processor import LogprobsProcessor
@@ -29,7 +29,7 @@ from engine.tokenizer import Tokenizer
 
 
 def _core_out(req, new_ids, new_logprobs=None, new_prompt_logprobs=None):
-    """What the engine core reports for `req` (engine/core/engine_core.py)."""
+    """What the engine core reports for `req` (engine/engine_core/engine_core.py)."""
     return EngineCoreOutput(req.request_id, new_ids, new_logprobs, new_prompt_logprobs,
                             req.get_finished_reason(), req.stop_reason, req.num_cached_tokens)
 

@@ -375,7 +375,7 @@ def test_a_front_end_failure_shuts_the_core_down(model_path, monkeypatch):
     import engine.llm_engine as llm_engine
 
     shut = []
-    real = llm_engine.EngineCoreClient.make_client
+    real = llm_engine.make_client
 
     def make_client(config):
         client, tokenizer = real(config)
@@ -386,7 +386,7 @@ def test_a_front_end_failure_shuts_the_core_down(model_path, monkeypatch):
     def refuse(*args):
         raise InvalidArgumentError("ReasoningConfig: the reasoning strings' token ids")
 
-    monkeypatch.setattr(llm_engine.EngineCoreClient, "make_client", make_client)
+    monkeypatch.setattr(llm_engine, "make_client", make_client)
     monkeypatch.setattr("engine.input_processor.resolve_reasoning_token_ids", refuse)
     with pytest.raises(InvalidArgumentError, match="reasoning strings"):
         LLMEngine.from_config(EngineConfig(model=model_path, device="cpu", max_model_len=64,

@@ -46,7 +46,7 @@ def test_n_threads_is_kept(two_threads):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_engine_core_serves_with_one_thread(two_threads, tmp_path):
     from engine.config import EngineConfig
-    from engine.core.engine_core import EngineCore
+    from engine.engine_core.engine_core import EngineCore
 
     config = json.loads((MODELS / "llama-3.1-8b/config.json").read_text())
     config.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -17,14 +17,21 @@ import hashlib
 import os
 import struct
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NewType
+from typing import Any, NewType, Protocol
 
 from engine.errors import OutOfResourcesError
 
-if TYPE_CHECKING:
-    from engine.request import Request
-
 BlockHash = NewType("BlockHash", bytes)
+
+
+class HashableRequest(Protocol):
+    """What block hashing reads of a request (engine/request.py's Request)."""
+
+    block_hashes: list[BlockHash]
+    num_tokens: int
+    all_token_ids: list[int]
+    cache_salt: str | None
+
 
 DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 NONE_HASH: BlockHash
@@ -67,7 +74,7 @@ def hash_block_tokens(parent_block_hash: bytes | None, curr_block_token_ids: Seq
     return BlockHash(h.digest())
 
 
-def generate_block_hash_extra_keys(request: Request, start_token_idx: int,
+def generate_block_hash_extra_keys(request: HashableRequest, start_token_idx: int,
                                    end_token_idx: int) -> tuple[Any, ...] | None:
     """Extra keys of the block [start, end): the cache salt keys the first block only.
     (vLLM also adds multimodal, LoRA and prompt-embeds keys; none exist here.)"""
@@ -76,10 +83,10 @@ def generate_block_hash_extra_keys(request: Request, start_token_idx: int,
     return None
 
 
-def get_request_block_hasher(block_size: int) -> Callable[[Request], list[BlockHash]]:
+def get_request_block_hasher(block_size: int) -> Callable[[HashableRequest], list[BlockHash]]:
     """Returns a function computing the hashes of a request's new full blocks."""
 
-    def request_block_hasher(request: Request) -> list[BlockHash]:
+    def request_block_hasher(request: HashableRequest) -> list[BlockHash]:
         start = len(request.block_hashes) * block_size
         prev = request.block_hashes[-1] if request.block_hashes else None
         new_hashes: list[BlockHash] = []

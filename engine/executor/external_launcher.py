@@ -28,7 +28,7 @@ _ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 class ExternalLauncherExecutor:
-    """The executor hooks of engine/core/engine_core.py, with nothing to send."""
+    """The executor hooks of engine/engine_core/engine_core.py, with nothing to send."""
 
     def __init__(self, config: EngineConfig, backend: str) -> None:
         missing = [v for v in _ENV if not os.environ.get(v)]

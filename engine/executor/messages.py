@@ -1,5 +1,5 @@
 """What rank 0 broadcasts to the tensor-parallel workers (engine/executor/), msgspec-encoded
-by engine/core/serial_utils.py and sent on the gloo CPU group (never pickled).
+by engine/serial_utils.py and sent on the gloo CPU group (never pickled).
 
 Start-up, in the order of the engine core's own steps (each rank's collectives must pair
 up): WorkerInit once the runner's sizes are known (a worker on CUDA then runs the same
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.core.sched_output import GrammarOutput, SchedulerOutput
-from engine.core.serial_utils import MsgpackDecoder, MsgpackEncoder
 from engine.distributed.communication_op import broadcast_bytes
+from engine.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 _INLINE = 1 << 62  # every buffer inline: the message is one byte string
 

@@ -4,7 +4,7 @@ vllm/v1/executor/multiproc_executor.py.
 Rank 0 runs in the engine core's own process (vLLM's driver worker): it joins the process
 group, loads its shard and drives its ModelRunner as the engine core always did. Ranks
 1..tp-1 are worker processes (`python -m engine.executor.multiproc_worker`, started with the
-environment's python as the engine-core child is, engine/core/engine_core_utils.py) that
+environment's python as the engine-core child is, engine/engine_core/engine_core_utils.py) that
 mirror its start-up and run every step on the scheduler output rank 0 broadcasts
 (engine/executor/messages.py); rank 0's sampled tokens are the step's output. Rendezvous:
 torch.distributed env:// (MASTER_ADDR, MASTER_PORT; 127.0.0.1 and a free port when unset).
@@ -13,7 +13,7 @@ calls the failure callback (vLLM's register_failure_callback); rank 0's next col
 normally fails (gloo/nccl: the peer is gone) and the step raises, which the engine-core child
 turns into its DEAD path: every stream gets an error event. A collective can also wait for
 the dead peer until its timeout (gloo, seen once on a loaded CI machine), which is what the
-engine-core child's callback covers (engine/core/engine_core_proc.py end_if_stuck).
+engine-core child's callback covers (engine/engine_core/engine_core_proc.py end_if_stuck).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from engine.config import EngineConfig
-from engine.core.engine_core_utils import describe_exit, python_executable
 from engine.core.sched_output import GrammarOutput, SchedulerOutput
 from engine.distributed.parallel_state import (
     destroy_distributed_environment,
@@ -40,6 +39,7 @@ from engine.distributed.parallel_state import (
 )
 from engine.errors import VllmError
 from engine.executor import messages
+from engine.process_utils import describe_exit, python_executable
 
 logger = logging.getLogger(__name__)
 ENV_TIMEOUT = "LIBVLLM_DIST_TIMEOUT_S"  # rendezvous and collective timeout, s

@@ -20,7 +20,6 @@ import time
 import torch
 
 from engine.config import EngineConfig
-from engine.core.engine_core_load import load_model_and_tokenizer
 from engine.distributed.parallel_state import (
     destroy_distributed_environment,
     init_distributed_environment,
@@ -31,6 +30,7 @@ from engine.executor.kv_heads import kv_cache_shape
 from engine.executor.multiproc_executor import dist_timeout
 from engine.layers.kv_scales import configure_kv_cache
 from engine.worker.gpu_worker import determine_available_memory
+from engine.worker.model_load import load_model_and_tokenizer
 from engine.worker.model_runner import ModelRunner
 from engine.worker.torch_threads import set_torch_threads_for_runtime
 

@@ -139,7 +139,7 @@ def precompile_gguf_kernels(model: nn.Module) -> None:
     precompile_triton: no launch). One at a time inside the profile run and the graph
     capture, a Q4_K_M Llama-8B's 63 compiles took 135 s on the H200 (session 18). The
     activations take the dtype of the model's dense weights (embeddings, norms: one dtype,
-    engine/core/engine_core_load.py). CUDA only."""
+    engine/worker/model_load.py). CUDA only."""
     from kernels._common import precompile_triton  # lazy: triton, CUDA path only
     from kernels.gguf_gemm import GEMV_MAX_M, KQUANT_MAX_M, MMQ_MAX_M
     from kernels.gguf_mmvq import MMVQ_MAX_M

@@ -27,9 +27,9 @@ import logging
 
 import torch
 
+from engine.compilation_config import cudagraph_capture_sizes
 from engine.layers.fused_moe.config import get_config_dtype_str, try_get_optimal_moe_config
 from engine.layers.fused_moe.layer import FusedMoE
-from engine.worker.cudagraph_dispatcher import cudagraph_capture_sizes
 from engine.worker.model_runner import ModelRunner
 from kernels._common import precompile_triton
 

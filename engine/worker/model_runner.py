@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from engine.compilation_config import CUDAGraphMode
 from engine.core.sched_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
 from engine.errors import InvalidArgumentError
 from engine.layers.attention import Attention, AttentionMetadata, num_leading_decodes
@@ -45,11 +46,7 @@ from engine.sample.sampler import Sampler
 from engine.sampling_params import SamplingParams, SamplingType
 from engine.structured_output.utils import apply_grammar_bitmask
 from engine.worker.cudagraph import CudaGraphs
-from engine.worker.cudagraph_dispatcher import (
-    BatchDescriptor,
-    CudagraphDispatcher,
-    CUDAGraphMode,
-)
+from engine.worker.cudagraph_dispatcher import BatchDescriptor, CudagraphDispatcher
 from engine.worker.input_batch import BlockTable, CpuGpuBuffer
 from engine.worker.mamba_utils import HybridKVCacheConfig, MambaStateCache
 

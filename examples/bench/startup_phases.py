@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import triton  # noqa: E402
 
-import engine.core.engine_core as engine_core  # noqa: E402
+import engine.engine_core.engine_core as engine_core  # noqa: E402
 import engine.worker.cudagraph as cudagraph  # noqa: E402
 import engine.worker.gpu_worker as gpu_worker  # noqa: E402
 from engine.worker.model_runner import ModelRunner  # noqa: E402

@@ -4,7 +4,7 @@ imports the engine times each EngineCore.step (wall, the stepping thread's CPU) 
 writes <prefix>.<core|front>.<pid>.json after 64, 128, 256, ... steps and at exit: the
 steps, the stepping thread's voluntary / involuntary context switches over them, the
 live threads, torch's intra-op and inter-op thread counts, the CPU affinity, and the
-OMP / CUDA / torch environment. The child inherits both (engine/core/engine_core_utils.py
+OMP / CUDA / torch environment. The child inherits both (engine/engine_core/engine_core_utils.py
 passes sys.path as PYTHONPATH and copies the environment). Summarised by
 examples/bench/step_probe/summary.py; used by examples/bench/eager_modes.sh. Without
 LIBVLLM_STEP_PROBE it does nothing. Being first on the path, it hides any other
@@ -24,7 +24,7 @@ def _install(prefix: str) -> None:
     import threading
     import time
 
-    import engine.core.engine_core as engine_core
+    import engine.engine_core.engine_core as engine_core
 
     child = b"engine_core_proc" in open("/proc/self/cmdline", "rb").read()
     steps: list[tuple[float, float]] = []

@@ -28,13 +28,6 @@ import torch
 
 from engine.config import EngineConfig, batch_defaults
 from engine.core.async_scheduler import AsyncScheduler
-from engine.core.engine_core_load import load_model_and_tokenizer, resolve_device
-from engine.core.engine_core_messages import (
-    EngineCoreOutput,
-    EngineCoreOutputs,
-    EngineCoreReady,
-    EngineCoreRequest,
-)
 from engine.core.kv_cache_interface import HybridKVCacheConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.kv_cache_utils import get_num_kv_blocks
@@ -42,6 +35,12 @@ from engine.core.mamba_align import MambaAlignCache
 from engine.core.sched_output import SchedulerOutput
 from engine.core.scheduler import Scheduler
 from engine.distributed.parallel_state import device_backend
+from engine.engine_core.engine_core_messages import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreReady,
+    EngineCoreRequest,
+)
 from engine.errors import InvalidArgumentError, VllmError
 from engine.executor.external_launcher import ExternalLauncherExecutor
 from engine.executor.kv_heads import kv_cache_shape, num_kv_heads_per_rank, verify_tensor_parallel
@@ -63,6 +62,7 @@ from engine.worker.mamba_utils import (
     num_attention_layers,
     num_gdn_layers,
 )
+from engine.worker.model_load import load_model_and_tokenizer, resolve_device
 from engine.worker.model_runner import (
     AsyncModelRunnerOutput,
     ModelRunner,

@@ -22,9 +22,8 @@ import sys
 import tempfile
 
 from engine.config import EngineConfig
-from engine.errors import VllmError
+from engine.process_utils import python_executable
 
-ENV_PYTHON = "LIBVLLM_PYTHON"
 # the first frame of the child's messages on the output socket (engine_core_proc.py)
 READY, FAILED, DEAD = b"READY", b"FAILED", b"DEAD"
 
@@ -40,22 +39,6 @@ class CoreProcess:
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
 
-def python_executable() -> str:
-    """The interpreter to run the child with (never the C host program)."""
-    explicit = os.environ.get(ENV_PYTHON, "").strip()
-    candidates = [explicit] if explicit else []
-    if sys.executable and os.path.basename(sys.executable).startswith("python"):
-        candidates.append(sys.executable)
-    major, minor = sys.version_info[:2]
-    candidates += [os.path.join(sys.prefix, "bin", name)
-                   for name in (f"python{major}.{minor}", "python3", "python")]
-    for path in candidates:
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    raise VllmError(f"cannot find the python of this environment to start the engine core "
-                    f"(tried {candidates}); set {ENV_PYTHON}")
-
-
 def ipc_addresses() -> tuple[str, str, str]:
     """(private directory, input address, output address) of two fresh IPC sockets."""
     ipc_dir = tempfile.mkdtemp(prefix="vllm-core-")
@@ -68,22 +51,10 @@ def launch_core_process(config: EngineConfig, ipc_dir: str, input_address: str,
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the child is the core
     log_level = logging.getLogger("engine").getEffectiveLevel()
-    argv = [python_executable(), "-m", "engine.core.engine_core_proc",
+    argv = [python_executable(), "-m", "engine.engine_core.engine_core_proc",
             "--input", input_address, "--output", output_address,
             "--parent-pid", str(os.getpid()), "--log-level", str(log_level),
             "--config", json.dumps(dataclasses.asdict(config))]
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
                             close_fds=True)
     return CoreProcess(proc, ipc_dir, input_address, output_address)
-
-
-def describe_exit(returncode: int) -> str:
-    """'exit code 1' or 'killed by signal SIGKILL'."""
-    if returncode < 0:
-        import signal
-
-        try:
-            return f"killed by signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exit code {returncode}"

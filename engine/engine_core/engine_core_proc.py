@@ -2,8 +2,8 @@
 (EngineCoreProc: run_engine_core, run_busy_loop, process_input_sockets,
 process_output_sockets).
 
-`python -m engine.core.engine_core_proc --input ADDR --output ADDR --config JSON ...`
-(started by engine/core/engine_core_utils.py). Three threads:
+`python -m engine.engine_core.engine_core_proc --input ADDR --output ADDR --config JSON ...`
+(started by engine/engine_core/engine_core_utils.py). Three threads:
 - input thread: zmq PULL -> MsgpackDecoder -> input queue (decoding overlaps the device);
 - busy loop (main thread): apply every queued request / abort / utility call, run one
   EngineCore step while there is work, encode its EngineCoreOutputs and send them on its
@@ -44,17 +44,17 @@ import traceback
 import zmq
 
 from engine.config import EngineConfig
-from engine.core.engine_core_messages import (
+from engine.engine_core.engine_core_messages import (
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineCoreRequestType,
     EngineCoreStartupFailure,
     UtilityOutput,
 )
-from engine.core.engine_core_utils import DEAD, FAILED, READY
-from engine.core.serial_utils import MsgpackDecoder, MsgpackEncoder
+from engine.engine_core.engine_core_utils import DEAD, FAILED, READY
 from engine.errors import VllmError
 from engine.executor.multiproc_executor import MultiprocExecutor
+from engine.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 UTILITY_METHODS = frozenset({"make_stats", "reset_prefix_cache", "peak_memory_bytes"})
 _PARENT_POLL_S = 0.5
@@ -255,7 +255,7 @@ def run_engine_core(argv: list[str] | None = None) -> int:
     engine_logger.setLevel(args.log_level)
     engine_logger.propagate = False
     try:
-        from engine.core.engine_core import EngineCore
+        from engine.engine_core.engine_core import EngineCore
 
         try:
             core, _ = EngineCore.from_config(EngineConfig(**json.loads(args.config)))

@@ -27,8 +27,8 @@ import msgspec
 import zmq
 
 from engine.config import EngineConfig
-from engine.core.core_client import EngineCoreClient
-from engine.core.engine_core_messages import (
+from engine.engine_core.core_client import EngineCoreClient
+from engine.engine_core.engine_core_messages import (
     EngineCoreOutputs,
     EngineCoreReady,
     EngineCoreRequest,
@@ -36,18 +36,18 @@ from engine.core.engine_core_messages import (
     EngineCoreStartupFailure,
     error_from_wire,
 )
-from engine.core.engine_core_utils import (
+from engine.engine_core.engine_core_utils import (
     DEAD,
     FAILED,
     READY,
     CoreProcess,
-    describe_exit,
     ipc_addresses,
     launch_core_process,
 )
-from engine.core.serial_utils import MsgpackDecoder, MsgpackEncoder
 from engine.errors import VllmError
 from engine.exceptions import INVALID_STATE, EngineDeadError
+from engine.process_utils import describe_exit
+from engine.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 _POLL_MS = 100
 _SHUTDOWN_WAIT_S = 5.0

@@ -1,6 +1,7 @@
 """EngineCoreClient: how the front end talks to the engine core, as
-vllm/v1/engine/core_client.py (EngineCoreClient.make_client, InprocClient; the
-multiprocess SyncMPClient is engine/core/core_client_mp.py).
+vllm/v1/engine/core_client.py (EngineCoreClient, InprocClient; the multiprocess
+SyncMPClient is engine/engine_core/core_client_mp.py, the choice between them
+engine/engine_core/client_factory.py).
 
 Every client has the same surface: `ready` (what the core reported at start-up),
 add_request, abort_requests, get_output (one step's EngineCoreOutputs), the utility calls
@@ -19,17 +20,16 @@ from typing import TYPE_CHECKING
 
 from engine import platforms
 from engine.config import EngineConfig
-from engine.core.engine_core_messages import (
+from engine.engine_core.engine_core_messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreReady,
     EngineCoreRequest,
 )
 from engine.errors import InvalidArgumentError
-from engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from engine.core.engine_core import EngineCore
+    from engine.engine_core.engine_core import EngineCore
 
 ENV_MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
@@ -56,24 +56,6 @@ class EngineCoreClient:
 
     ready: EngineCoreReady
     is_multiprocess = False
-
-    @staticmethod
-    def make_client(config: EngineConfig) -> tuple[EngineCoreClient, Tokenizer | None]:
-        """The client for config's mode, and the front end's tokenizer."""
-        if use_multiprocessing(config):
-            from engine.core.core_client_mp import SyncMPClient
-            from engine.model_source import load_tokenizer
-
-            client = SyncMPClient(config)
-            try:
-                return client, load_tokenizer(config)
-            except BaseException:
-                client.shutdown()
-                raise
-        from engine.core.engine_core import EngineCore
-
-        core, tokenizer = EngineCore.from_config(config)
-        return InprocClient(core), tokenizer
 
     def add_request(self, request: EngineCoreRequest) -> None:
         raise NotImplementedError
