@@ -13,15 +13,7 @@ from tests.fp8_reference import write_fp8_pair
 from tests.test_models_parity import make_hf_model, make_prompts
 from tests.test_tensor_parallel import _generate
 
-# In-process TP=2 engines hang in torch.distributed's rendezvous inside a pytest worker
-# whose earlier tests made process groups (rank 0's group name differs from the fresh
-# worker's, and it waits out 300 s): run these alone,
-# `pytest -n 0 tests/test_fp8_tensor_parallel.py`, until the engine's rendezvous is
-# independent of the process's history (issue 45).
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    "PYTEST_XDIST_WORKER" in __import__("os").environ,
-    reason="in-process TP rendezvous after other process groups in a pytest worker "
-           "(issue 45); run alone with -n 0")]
+pytestmark = pytest.mark.slow
 pytest.importorskip("transformers")
 
 

@@ -11,12 +11,6 @@ of a bf16 cache in the same kv_cache_memory_bytes.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -113,23 +107,11 @@ def test_tensor_parallel_fp8_equals_one_rank(tmp_path) -> None:
     (engine/executor/multiproc_worker.py): TP=2 gives TP=1's greedy tokens
     (tests/test_tensor_parallel.py). Scales that saturate many keys and values make the
     tokens depend on them (a rank with float caches would not)."""
+    from tests.test_tensor_parallel import _generate
+
     save_with_scales(parity.make_hf_model("qwen3"), tmp_path, {0: (0.002, 0.003),
                                                               1: (0.003, 0.002)})
     prompts = parity.make_prompts(300)
-    # the engines run in a fresh process: rank 0 then starts torch.distributed's first
-    # process group there, as its worker does (a pytest worker may have made others)
-    script = (
-        "import json, sys\n"
-        "from tests.test_tensor_parallel import _generate\n"
-        "path, prompts = sys.argv[1], json.loads(sys.argv[2])\n"
-        "print(json.dumps([_generate(path, 1, prompts, kv_cache_dtype='fp8'),\n"
-        "                  _generate(path, 2, prompts, kv_cache_dtype='fp8'),\n"
-        "                  _generate(path, 1, prompts)]))\n")
-    root = Path(__file__).resolve().parents[1]
-    run = subprocess.run([sys.executable, "-c", script, str(tmp_path), json.dumps(prompts)],
-                         cwd=root, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / 'tests'}"})
-    assert run.returncode == 0, run.stderr[-3000:]
-    want, tp2, unscaled = json.loads(run.stdout.strip().splitlines()[-1])
-    assert tp2 == want
-    assert want != unscaled  # the scales change the tokens
+    want = _generate(str(tmp_path), 1, prompts, kv_cache_dtype="fp8")
+    assert _generate(str(tmp_path), 2, prompts, kv_cache_dtype="fp8") == want
+    assert want != _generate(str(tmp_path), 1, prompts)  # the scales change the tokens

@@ -9,6 +9,12 @@ file (dequantized, then sharded).
 The external_launcher backend (vLLM's torchrun mode) on two plain processes.
 Failure path as tests/v1/shutdown/test_forward_error.py: a worker killed mid-request gives
 every stream an error event, no hang.
+Rank 0 runs in the caller's process whatever process groups it made before: engines one
+after another, after a start-up that failed and after plain torch.distributed groups (torch
+prefixes a group's store keys with a name from a process-wide counter, which a failed
+init_process_group advanced, and the next engine's rendezvous waited out its timeout); a
+live default group is refused with a clear error (vLLM starts every rank in a fresh process,
+vllm/v1/executor/multiproc_executor.py, each engine with its own distributed_init_method).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
 import gguf
 import pytest
@@ -29,7 +36,7 @@ from engine.async_llm import AsyncLLM
 from engine.config import EngineConfig
 from engine.errors import InvalidArgumentError, VllmError
 from engine.exceptions import EngineDeadError
-from engine.executor.multiproc_executor import get_open_port
+from engine.executor.multiproc_executor import get_distributed_init_method, get_open_port
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
@@ -133,6 +140,37 @@ def test_tp2_random_sampling_equals_tp1(qwen3_dir):
     prompts = _parity().make_prompts(300)
     want = _generate(qwen3_dir, 1, prompts, temperature=1.0)
     assert _generate(qwen3_dir, 2, prompts, temperature=1.0) == want
+
+
+def test_engines_after_a_failed_start_equal_tp1(qwen3_dir, monkeypatch):
+    monkeypatch.setenv("LIBVLLM_DIST_TIMEOUT_S", "60")  # a rendezvous that never meets
+    prompts = _parity().make_prompts(300)
+    want = _tp1_greedy(qwen3_dir, json.dumps(prompts))
+    with monkeypatch.context() as m:
+        m.setenv("LIBVLLM_PYTHON", "/bin/false")  # the worker exits at once
+        with pytest.raises(VllmError, match="tensor parallel start-up failed"):
+            _engine(qwen3_dir, 2)
+    assert _generate(qwen3_dir, 2, prompts) == want
+    assert _generate(qwen3_dir, 2, prompts) == want  # a second engine after the first
+
+
+def test_engine_after_plain_process_groups_equals_tp1(qwen3_dir, monkeypatch):
+    monkeypatch.setenv("LIBVLLM_DIST_TIMEOUT_S", "60")
+    prompts = _parity().make_prompts(300)
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(),
+                                         world_size=1, rank=0)
+    try:
+        torch.distributed.new_group([0])
+        with pytest.raises(VllmError, match="already has one"):  # its workers could not join
+            _engine(qwen3_dir, 2)
+    finally:
+        torch.distributed.destroy_process_group()
+    with pytest.raises(torch.distributed.DistError):  # no peer comes: the rendezvous times out
+        torch.distributed.init_process_group(
+            "gloo", init_method=get_distributed_init_method("127.0.0.1", get_open_port()),
+            world_size=2, rank=0, timeout=timedelta(seconds=1))
+    assert _generate(qwen3_dir, 2, prompts) == _tp1_greedy(qwen3_dir, json.dumps(prompts))
+    assert not torch.distributed.is_initialized()
 
 
 _LAUNCHED_RANK = """

@@ -3,10 +3,20 @@
 get_tensor_model_parallel_rank / _world_size, destroy_model_parallel,
 destroy_distributed_environment).
 
-torch.distributed with the env:// rendezvous (MASTER_ADDR, MASTER_PORT, as vLLM's external
+torch.distributed, rendezvous at the caller's init method (the multiproc executor's fresh
+tcp:// address, or env:// from the launcher's MASTER_ADDR / MASTER_PORT for vLLM's external
 launcher): backend gloo on CPU, nccl on CUDA. Beside the device group, a gloo CPU group
 (vLLM's GroupCoordinator.cpu_group) carries host data such as the step broadcast. Without
 an initialized group this process is rank 0 of 1 and every collective is the identity.
+
+Group names: torch names the default group and each new_group by a process-wide counter
+(distributed_c10d's _world.group_count) and prefixes the group's store keys with it, so the
+ranks of one group meet only if they count alike. A fresh worker process starts at 0;
+rank 0 of an in-process engine may have made groups before. destroy_process_group() resets
+the counter to 0, but an init_process_group that failed (the name is taken before the
+rendezvous: a worker that died at start-up, a timeout) leaves it advanced, and the next
+group's rank 0 would wait under a prefix its workers never write. With no default group
+there is no group at all, so joining starts the count at 0 as destroy_process_group does.
 """
 
 from __future__ import annotations
@@ -38,8 +48,15 @@ def init_distributed_environment(world_size: int, rank: int, backend: str = "glo
     if not 0 <= rank < world_size:
         raise InvalidArgumentError(f"rank {rank} is not in [0, {world_size})")
     if not dist.is_initialized():
+        _reset_group_names()
         dist.init_process_group(backend, init_method=init_method, world_size=world_size,
                                 rank=rank, timeout=timeout)
+
+
+def _reset_group_names() -> None:
+    """Start torch's group-name counter at 0, as destroy_process_group(WORLD) leaves it
+    (only while no default group exists: every other group hangs off it)."""
+    dist.distributed_c10d._world.group_count = 0
 
 
 def initialize_model_parallel(tensor_model_parallel_size: int) -> None:

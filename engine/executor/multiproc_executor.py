@@ -7,7 +7,9 @@ group, loads its shard and drives its ModelRunner as the engine core always did.
 environment's python as the engine-core child is, engine/engine_core/engine_core_utils.py) that
 mirror its start-up and run every step on the scheduler output rank 0 broadcasts
 (engine/executor/messages.py); rank 0's sampled tokens are the step's output. Rendezvous:
-torch.distributed env:// (MASTER_ADDR, MASTER_PORT; 127.0.0.1 and a free port when unset).
+each engine's own tcp://127.0.0.1:<free port> (vLLM's distributed_init_method), passed to
+its workers, so no engine meets another's store; rank 0 refuses to start while this process
+already has a torch.distributed default group (its workers could never join that one).
 Worker death (vLLM's monitor_workers): a monitor thread logs it, records the reason and
 calls the failure callback (vLLM's register_failure_callback); rank 0's next collective
 normally fails (gloo/nccl: the peer is gone) and the step raises, which the engine-core child
@@ -29,6 +31,8 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+
+import torch.distributed as dist
 
 from engine.config import EngineConfig
 from engine.core.sched_output import GrammarOutput, SchedulerOutput
@@ -57,29 +61,34 @@ def get_open_port() -> int:
         return s.getsockname()[1]
 
 
+def get_distributed_init_method(ip: str, port: int) -> str:
+    """vllm/utils/network_utils.py get_distributed_init_method."""
+    return f"tcp://{ip}:{port}"
+
+
 class MultiprocExecutor:
     def __init__(self, config: EngineConfig, backend: str) -> None:
         self.world_size = config.tensor_parallel_size
         self.dead_reason: str | None = None
         self.failure_callback: Callable[[str], None] | None = None
         self._closing = False
-        env = dict(os.environ)
-        env.setdefault("MASTER_ADDR", "127.0.0.1")
-        env.setdefault("MASTER_PORT", str(get_open_port()))
-        # rank 0 meets the workers' env:// at the same address (this process's environment
-        # is left alone: a later engine picks its own port)
-        self.init_method = f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        env["WORLD_SIZE"] = str(self.world_size)
-        cfg = json.dumps(dataclasses.asdict(config))
         self.workers: list[subprocess.Popen] = []
+        if dist.is_initialized():
+            raise VllmError("tensor_parallel_size > 1 starts its own torch.distributed "
+                            "process group, and this process already has one: destroy it "
+                            "first (torch.distributed.destroy_process_group()) or use "
+                            "distributed_executor_backend='external_launcher'")
+        self.init_method = get_distributed_init_method("127.0.0.1", get_open_port())
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        cfg = json.dumps(dataclasses.asdict(config))
         for rank in range(1, self.world_size):
             argv = [python_executable(), "-m", "engine.executor.multiproc_worker",
                     "--rank", str(rank), "--backend", backend, "--parent-pid",
-                    str(os.getpid()), "--config", cfg]
+                    str(os.getpid()), "--distributed-init-method", self.init_method,
+                    "--config", cfg]
             self.workers.append(subprocess.Popen(
-                argv, env={**env, "RANK": str(rank)}, stdin=subprocess.DEVNULL,
-                start_new_session=True, close_fds=True))
+                argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                close_fds=True))
         threading.Thread(target=self._monitor_workers, name="vllm-tp-monitor",
                          daemon=True).start()
         try:

@@ -6,7 +6,8 @@ tokens are discarded (rank 0's are the output; all ranks sample from the same ga
 logits with the same seeds). Exits when its parent (the engine core) does.
 
 `python -m engine.executor.multiproc_worker --rank R --backend gloo|nccl --parent-pid P
---config JSON`, with MASTER_ADDR / MASTER_PORT / WORLD_SIZE in the environment.
+--distributed-init-method tcp://HOST:PORT --config JSON` (world size: the config's
+tensor_parallel_size).
 """
 
 from __future__ import annotations
@@ -35,11 +36,11 @@ from engine.worker.model_runner import ModelRunner
 from engine.worker.torch_threads import set_torch_threads_for_runtime
 
 
-def run_worker(config: EngineConfig, rank: int, backend: str) -> None:
+def run_worker(config: EngineConfig, rank: int, backend: str, init_method: str) -> None:
     tp = config.tensor_parallel_size
     if backend == "nccl":  # one GPU per rank on this host (LOCAL_RANK when launched)
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    init_distributed_environment(tp, rank, backend, timeout=dist_timeout())
+    init_distributed_environment(tp, rank, backend, init_method, timeout=dist_timeout())
     initialize_model_parallel(tp)
     if config.n_threads:
         torch.set_num_threads(config.n_threads)
@@ -81,10 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     p.add_argument("--parent-pid", type=int, required=True)
+    p.add_argument("--distributed-init-method", required=True,
+                   help="rank 0's rendezvous, tcp://HOST:PORT")
     p.add_argument("--config", required=True, help="EngineConfig as JSON")
     args = p.parse_args(argv)
     threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
-    run_worker(EngineConfig(**json.loads(args.config)), args.rank, args.backend)
+    run_worker(EngineConfig(**json.loads(args.config)), args.rank, args.backend,
+               args.distributed_init_method)
     return 0
 
 
