@@ -36,6 +36,7 @@ from kernels.fused_moe_gemv import (
     fused_moe_gemv_w13_ref,
     fused_moe_gemv_w13_routed,
 )
+from kernels.launch_configs import GemvConfig
 from kernels.moe_topk_softmax import topk_softmax, topk_softmax_ref
 
 
@@ -56,7 +57,7 @@ CASES = [  # m, e, h, i, topk
     (1, 8, 32, 16, 1), (1, 8, 40, 24, 2), (2, 64, 48, 20, 8), (4, 128, 33, 17, 8),
     (1, 512, 64, 32, 10), (3, 16, 16, 8, 1),
     (2, 32, 64, 13, 4), (1, 16, 18, 16, 2)]  # whole steps with partial row blocks
-SMALL = (4, 16, 1, 1)  # BN, BK, warps, stages: several blocks and steps
+SMALL = GemvConfig(4, 16, 1, 1)  # BN, BK, warps, stages: several blocks and steps
 
 
 @pytest.mark.parametrize("m,e,h,i,topk", CASES)
@@ -108,11 +109,15 @@ def test_gemv_kernels_check_their_arguments() -> None:
 
 
 def test_config_defaults() -> None:
-    assert fused_moe_gemv_config(2048, 768, 8) == ((8, 256, 4, 1), (1, 256, 1, 1))
-    assert fused_moe_gemv_config(2048, 512, 8) == ((8, 256, 4, 1), (1, 256, 1, 1))
-    assert fused_moe_gemv_config(4096, 14336, 2) == ((8, 256, 4, 1), (1, 512, 1, 1))
-    assert fused_moe_gemv_config(2048, 768, 1)[1] == (1, 256, 1, 1)
-    assert fused_moe_gemv_config(48, 20, 10) == ((8, 64, 4, 1), (1, 32, 1, 1))
+    assert fused_moe_gemv_config(2048, 768, 8) == (
+        GemvConfig(8, 256, 4, 1), GemvConfig(1, 256, 1, 1))
+    assert fused_moe_gemv_config(2048, 512, 8) == (
+        GemvConfig(8, 256, 4, 1), GemvConfig(1, 256, 1, 1))
+    assert fused_moe_gemv_config(4096, 14336, 2) == (
+        GemvConfig(8, 256, 4, 1), GemvConfig(1, 512, 1, 1))
+    assert fused_moe_gemv_config(2048, 768, 1).w2 == GemvConfig(1, 256, 1, 1)
+    assert fused_moe_gemv_config(48, 20, 10) == (
+        GemvConfig(8, 64, 4, 1), GemvConfig(1, 32, 1, 1))
 
 
 @pytest.mark.parametrize("m,e,topk", [(1, 8, 2), (2, 16, 2), (3, 16, 2), (4, 128, 8),
