@@ -45,7 +45,7 @@ from kernels.fp8_block_gemm import (  # noqa: E402
     get_w8a8_block_fp8_configs,
     w8a8_block_fp8_matmul,
 )
-from kernels.tuned_configs import GemmConfig  # noqa: E402
+from kernels.launch_configs import GemmConfig  # noqa: E402
 
 BLOCK = [128, 128]
 # upstream's 18 sizes run past a device call here: a subset to the bench's largest
