@@ -205,10 +205,10 @@ ROUTED_LIMIT = {(2, 64, 48, 20, 8): ("random", torch.float32),
 def _routed_case(shape, kind, dtype):
     if (kind == "random") != (dtype == torch.float32):
         return cuda_only(*shape, kind, dtype, why="a kind and dtype pair, each alone runs on "
-                         "CPU with every shape (issue 17)")
+                         "CPU with every shape")
     if ROUTED_LIMIT.get(shape, (kind, dtype)) != (kind, dtype):
         return cuda_only(*shape, kind, dtype, why="the other shape at the sparse limit with "
-                         "top-k 8 in this kind and dtype (issue 17)")
+                         "top-k 8 in this kind and dtype")
     return (*shape, kind, dtype)
 
 
@@ -357,7 +357,7 @@ def wide_logits(m, e, dtype, seed=0):
 @pytest.mark.parametrize("m,e,h,i,topk,dtype", [
     (*shape, dtype) if shape[0] != 2 or dtype == torch.float32 else cuda_only(
         *shape, dtype, why="the default config runs in fp32, the 16-bit rounding bound with "
-        "the other shapes (issue 17)")
+        "the other shapes")
     for shape in [(1, 8, 32, 16, 2), (2, 64, 48, 20, 8), (1, 512, 16, 8, 10),
                   (3, 16, 18, 13, 1)] for dtype in DTYPES])
 def test_routed_kernels_take_strided_logits_and_the_shared_epilogue(m, e, h, i, topk,

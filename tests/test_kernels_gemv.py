@@ -54,7 +54,7 @@ def test_dense_gemv_matches_fp32_linear(n: int, k: int, dtype: torch.dtype, bias
 
 
 # N = 1: a constexpr on CUDA; K = 1100: one masked step of the default 2048 values. 300
-# outputs (one a program, 900 programs with the plain GEMV below) only on CUDA (issue 17)
+# outputs (one a program, 900 programs with the plain GEMV below) only on CUDA
 @pytest.mark.parametrize("n,k", [(1, 64), (37, 64), (37, 1100), cuda_only(
     300, 1100, why="(37, 1100): the same one-output programs and masked step, fewer of them")])
 # not bf16 under the interpreter: it truncates the rounded SiLU where torch rounds to even
