@@ -114,12 +114,12 @@ def precompile_triton(workers: int = 0) -> Iterator[None]:
     from other threads pass through). On exit every compile has finished and sits in its
     kernel's cache, so the same launches after it compile nothing. Triton compiles mostly
     outside the GIL (MLIR, LLVM, ptxas): engine/model_loader/gguf_quant.py
-    precompile_gguf_kernels compiles a Q4_K_M Llama-8B's GGUF variants side by side, where
-    one at a time took 135 s on the H200 (session 18). Each variant's pending compile is
-    kept in its kernel's cache as it is submitted (Triton 3.6 keeps it only in the mode, so
-    every later launch of the variant hashed the kernel's source again: 12,522 hashes,
-    ~10 s, in a Llama-8B graph capture pass, session 24). The tensors the skipped kernels
-    would write keep whatever they held. Nothing changes under the interpreter."""
+    precompile_gguf_kernels compiles a Q4_K_M Llama-8B's GGUF variants side by side rather
+    than one at a time (the start-up time `python -m examples.bench startup` reports). Each
+    variant's pending compile is kept in its kernel's cache as it is submitted (Triton 3.6
+    keeps it only in the mode, so every later launch of the variant would hash the kernel's
+    source again, thousands of times in a graph capture pass). The tensors the skipped
+    kernels would write keep whatever they held. Nothing changes under the interpreter."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         yield
         return

@@ -9,17 +9,15 @@ reuse) and walks K in BLOCK_SIZE_K steps, each step one fp8 tl.dot into fp32 sca
 step's A-row and B-column scales. BLOCK_SIZE_K must divide block_k (a step lies in one
 scale group). Launch configs: the tuned JSON file
 "N={N},K={K},device_name={device},dtype=fp8_w8a8,block_shape=[{bn},{bk}].json" in
-kernels/configs/fp8_block/ (written by examples/bench/tune_fp8_block.py; upstream's names
-and format: batch size M -> config, the nearest M taken), else upstream's default.
-One row (batch-1 decode) without an explicit config takes kernels/fp8_gemv.py instead.
+kernels/configs/fp8_block/ (kernels/tuned_configs.py reads it: batch size M -> config, the
+nearest M taken; `python examples/bench/tune_fp8_block.py` writes it on the GPU it runs
+on), else upstream's default (default_config). One row (batch-1 decode) without an
+explicit config takes kernels/fp8_gemv.py instead.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import logging
-import os
 
 import torch
 import triton
@@ -28,10 +26,16 @@ import triton.language as tl
 from kernels._common import cdiv, check, check_same_device
 from kernels.fp8_gemv import w8a8_block_fp8_gemv
 from kernels.launch_cache import cached_launch
+from kernels.launch_configs import GemmConfig
+from kernels.tuned_configs import (
+    config_dir,
+    config_file_name,
+    device_name,
+    find_configs,
+    nearest,
+)
 
-logger = logging.getLogger(__name__)
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "configs",
-                          "fp8_block")
+CONFIG_DIR = config_dir("fp8_block")
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -84,49 +88,31 @@ def _w8a8_block_fp8_matmul_kernel(
     tl.store(c_ptrs, c, mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
 
 
-def get_device_name() -> str:
-    """The CUDA device's name as config files spell it (spaces as underscores, every H200
-    variant as NVIDIA_H200, engine/layers/fused_moe/config.py's rule); "cpu" without one."""
-    if not torch.cuda.is_available():
-        return "cpu"
-    name = torch.cuda.get_device_name().replace(" ", "_")
-    return "NVIDIA_H200" if "H200" in name.split("_") else name
-
-
 def get_config_file_name(N: int, K: int, block_n: int, block_k: int,
-                         device_name: str | None = None) -> str:
-    device_name = device_name or get_device_name()
-    return (f"N={N},K={K},device_name={device_name},dtype=fp8_w8a8,"
-            f"block_shape=[{block_n},{block_k}].json")
+                         device: str | None = None) -> str:
+    """Upstream's name of the tuned file of an [N, K] weight in [block_n, block_k] blocks."""
+    return config_file_name({"N": N, "K": K}, device or device_name(), "fp8_w8a8",
+                            [block_n, block_k])
 
 
 @functools.lru_cache
-def get_w8a8_block_fp8_configs(N: int, K: int, block_n: int, block_k: int,
-                               device_name: str | None = None) -> dict[int, dict] | None:
+def get_w8a8_block_fp8_configs(N: int, K: int, block_n: int, block_k: int
+                               ) -> dict[int, GemmConfig] | None:
     """{M: config} of the tuned file for this shape and device, or None."""
-    path = os.path.join(CONFIG_DIR, get_config_file_name(N, K, block_n, block_k,
-                                                         device_name))
-    if os.path.exists(path):
-        with open(path) as f:
-            logger.info("Using configuration from %s for W8A8 Block FP8 kernel.", path)
-            return {int(key): val for key, val in json.load(f).items()}
-    logger.warning("Using default W8A8 Block FP8 kernel config. Performance might be "
-                   "sub-optimal! Config file not found at %s", path)
-    return None
+    return find_configs(get_config_file_name(N, K, block_n, block_k), [CONFIG_DIR],
+                        GemmConfig, "W8A8 Block FP8 kernel", "W8A8 Block FP8 kernel")
 
 
-def default_config(block_n: int, block_k: int) -> dict[str, int]:
-    """Upstream's default: the tile is one weight scale block."""
-    return {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": block_n, "BLOCK_SIZE_K": block_k,
-            "GROUP_SIZE_M": 32, "num_warps": 4, "num_stages": 2}
+def default_config(block_n: int, block_k: int) -> GemmConfig:
+    """Upstream's default: the tile is one weight scale block, 64 rows, GROUP_SIZE_M 32."""
+    return GemmConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=block_n, BLOCK_SIZE_K=block_k,
+                      GROUP_SIZE_M=32, num_warps=4, num_stages=2)
 
 
-def get_config(M: int, N: int, K: int, block_n: int, block_k: int) -> dict[str, int]:
+def get_config(M: int, N: int, K: int, block_n: int, block_k: int) -> GemmConfig:
     """The tuned config of the nearest M, else default_config."""
     configs = get_w8a8_block_fp8_configs(N, K, block_n, block_k)
-    if configs:
-        return configs[min(configs, key=lambda m: abs(m - M))]
-    return default_config(block_n, block_k)
+    return nearest(configs, M) if configs else default_config(block_n, block_k)
 
 
 def _check_args(A: torch.Tensor, B: torch.Tensor, As: torch.Tensor, Bs: torch.Tensor,
@@ -156,7 +142,7 @@ def _check_args(A: torch.Tensor, B: torch.Tensor, As: torch.Tensor, Bs: torch.Te
 def w8a8_block_fp8_matmul(A: torch.Tensor, B: torch.Tensor, As: torch.Tensor,
                           Bs: torch.Tensor, block_size: list[int],
                           output_dtype: torch.dtype = torch.bfloat16,
-                          config: dict | None = None) -> torch.Tensor:
+                          config: GemmConfig | None = None) -> torch.Tensor:
     """A [..., K] fp8 (contiguous), B [N, K] fp8, As [..., cdiv(K, bk)] fp32,
     Bs [cdiv(N, bn), cdiv(K, bk)] fp32, block_size [bn, bk] -> C [..., N] output_dtype.
     `config` overrides get_config (the tuner's) and keeps one row on the GEMM."""
@@ -172,7 +158,7 @@ def w8a8_block_fp8_matmul(A: torch.Tensor, B: torch.Tensor, As: torch.Tensor,
     if (M == 1 and config is None and B.is_contiguous() and as2.stride(1) == 1
             and Bs.stride(1) == 1):
         return w8a8_block_fp8_gemv(a2, B, as2, Bs, block_size, output_dtype).view(C.shape)
-    config = dict(config or get_config(M, N, K, block_n, block_k))
+    config = (config or get_config(M, N, K, block_n, block_k)).kwargs()
     check(block_k % config["BLOCK_SIZE_K"] == 0,
           lambda: f"BLOCK_SIZE_K {config['BLOCK_SIZE_K']} must divide block_k {block_k}")
     c2 = C.view(M, N)

@@ -14,12 +14,15 @@ per-block), both fp32.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from kernels._common import cdiv, check, next_pow2, pdl_launch, pdl_wait
 from kernels.launch_cache import cached_launch
+from kernels.launch_configs import GemvConfig
 
 
 @cached_launch
@@ -57,31 +60,36 @@ def _w8a8_block_fp8_gemv_kernel(
     tl.store(c_ptr + rn, y.to(c_ptr.dtype.element_ty), mask=rn < N)
 
 
-def fp8_gemv_config(n: int, k: int, block_n: int) -> tuple[int, int, int, int]:
-    """(BN, BK, num_warps, num_stages): kernels/gemv.py's bytes per step (fp8 rows twice as
-    long), BN a power of two dividing block_n."""
+@functools.lru_cache(maxsize=1024)
+def fp8_gemv_config(n: int, k: int, block_n: int) -> GemvConfig:
+    """The launch of an [n, k] fp8 weight in block_n-row scale blocks: kernels/gemv.py's
+    bytes per step with rows twice as long (fp8): n >= k 4 rows of 2048-wide steps, n < k
+    8 rows of 1024-wide steps (block_k capped at next_pow2(k)), halved until block_n
+    divides the scale block; 4 warps, 2 stages. Measured by `python3
+    examples/bench/fp8_gemm.py --peak-tflops P --m 1` (its fp8_gemv rows)."""
     bn = 4 if n >= k else 8
     while block_n % bn:
         bn //= 2
-    return bn, min(2048 if n >= k else 1024, next_pow2(k)), 4, 2
+    return GemvConfig(bn, min(2048 if n >= k else 1024, next_pow2(k)), 4, 2)
 
 
 def w8a8_block_fp8_gemv(A: torch.Tensor, B: torch.Tensor, As: torch.Tensor, Bs: torch.Tensor,
                         block_size: list[int], output_dtype: torch.dtype,
-                        config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                        config: GemvConfig | None = None) -> torch.Tensor:
     """A [1, K] fp8 contiguous, B [N, K] fp8 contiguous, As [1, cdiv(K, bk)], Bs
     [cdiv(N, bn), cdiv(K, bk)] fp32 with contiguous rows -> C [1, N] output_dtype (the
-    block GEMM launcher validated the rest). config: (BN, BK, num_warps, num_stages)."""
+    block GEMM launcher validated the rest). config: for sweeps; None: fp8_gemv_config's."""
     N, K = B.shape
     block_n, block_k = block_size
-    bn, bk, warps, stages = config or fp8_gemv_config(N, K, block_n)
+    cfg = config or fp8_gemv_config(N, K, block_n)
+    bn, bk = cfg.block_n, cfg.block_k
     check(block_n % bn == 0, lambda: f"BN {bn} must divide block_n {block_n}")
     check(B.is_contiguous() and As.stride(-1) == 1 and Bs.stride(1) == 1,
           "B, and the scales' rows, must be contiguous")
     C = torch.empty((1, N), dtype=output_dtype, device=A.device)
     _w8a8_block_fp8_gemv_kernel[(cdiv(N, bn),)](
         A, As, B, Bs, C, N, K, block_n, block_k, Bs.stride(0),
-        EVEN_K=K % bk == 0, BN=bn, BK=bk, num_warps=warps, num_stages=stages,
+        EVEN_K=K % bk == 0, BN=bn, BK=bk, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **pdl_launch(A),
     )
     return C

@@ -16,10 +16,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check, check_float, check_same_device, next_pow2, pdl_launch, pdl_wait
+from kernels._common import check, next_pow2, pdl_launch, pdl_wait
 from kernels.fp8_quant import FP8_DTYPE, FP8_MAX, GROUP_EPS, per_token_group_quant_fp8_ref
 from kernels.launch_cache import cached_launch
-from kernels.rms_norm import check_norm_weight, norm_warps, rms_norm_ref, rms_norm_row
+from kernels.rms_norm import (
+    check_norm_args,
+    norm_block,
+    norm_warps,
+    rms_norm_prologue,
+    rms_norm_ref,
+)
 
 
 @cached_launch
@@ -37,13 +43,9 @@ def _rms_norm_per_block_quant_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded like torch's x + r
-        tl.store(res_ptr + row * stride_res + cols, x, mask=mask)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + weight_offset
-    y = rms_norm_row(x, w, hidden, eps).to(x.dtype).to(tl.float32)  # rms_norm's output
+    x, y = rms_norm_prologue(x_ptr, res_ptr, w_ptr, row, stride_x, stride_res, hidden, eps,
+                             weight_offset, HAS_RESIDUAL, BLOCK)
+    y = y.to(x.dtype).to(tl.float32)  # rms_norm's output
     yg = tl.reshape(y, (BLOCK // GROUP, GROUP))  # [groups, GROUP]; padding groups are 0
     y_s = tl.maximum(tl.max(tl.abs(yg), axis=1), quant_eps) * (1.0 / FP8_MAX_C)
     y_q = tl.clamp(tl.div_rn(yg, y_s[:, None]), -FP8_MAX_C, FP8_MAX_C)
@@ -61,19 +63,10 @@ def rms_norm_per_block_quant(input: torch.Tensor, weight: torch.Tensor, epsilon:
     (fp8 [T, H], fp32 scales [T, H / g], a transposed view with is_scale_transposed);
     with residual [T, H]: residual <- input + residual first, normalized in its place.
     weight_offset=1 is GemmaRMSNorm."""
-    check_float("input", input)
-    check(input.dim() == 2 and input.stride(1) == 1,
-          lambda: f"input must be [num_tokens, hidden] with a contiguous last dimension, "
-                  f"got {tuple(input.shape)} strides {input.stride()}")
-    t, h = input.shape
-    check_norm_weight(weight, h, weight_offset, input)
+    t, h = check_norm_args(input, residual, weight, weight_offset, "input")
     check(len(group_size) == 2 and group_size[0] == 1 and group_size[1] > 0
           and group_size[1] == next_pow2(group_size[1]) and h % group_size[1] == 0,
           lambda: f"group_size must be [1, g], g a power of two dividing {h}, got {group_size}")
-    if residual is not None:
-        check(residual.shape == input.shape and residual.dtype == input.dtype
-              and residual.stride(1) == 1, "residual must match input's shape and dtype")
-        check_same_device(input=input, residual=residual)
     g = group_size[1]
     q = torch.empty((t, h), dtype=FP8_DTYPE, device=input.device)
     if is_scale_transposed:
@@ -82,8 +75,7 @@ def rms_norm_per_block_quant(input: torch.Tensor, weight: torch.Tensor, epsilon:
         s = torch.empty((t, h // g), dtype=torch.float32, device=input.device)
     if t == 0:
         return q, s
-    block = next_pow2(h)  # >= g, which divides h
-    check(block <= 65536, lambda: f"hidden size {h} is larger than this kernel's 65536 limit")
+    block = norm_block(h)  # >= g, which divides h
     _rms_norm_per_block_quant_kernel[(t,)](
         input, residual if residual is not None else input, weight, q, s, h,
         input.stride(0), residual.stride(0) if residual is not None else 0, q.stride(0),

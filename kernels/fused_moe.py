@@ -260,8 +260,10 @@ def invoke_fused_moe_kernel(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
     config.pop("SPLIT_K", None)
     if silu_and_mul:
         config["BLOCK_SIZE_N"] = max(16, config["BLOCK_SIZE_N"] // 2)
-    if use_fp8_w8a8 and block_shape is not None:  # a K step within one scale group
-        config["BLOCK_SIZE_K"] = min(config["BLOCK_SIZE_K"], *block_shape)
+    if use_fp8_w8a8 and block_shape is not None:
+        # upstream's min(BLOCK_SIZE_K, min(block_shape[0], block_shape[1])): a K step
+        # within one scale group (block_shape[1] wide)
+        config["BLOCK_SIZE_K"] = min(config["BLOCK_SIZE_K"], block_shape[0], block_shape[1])
         check(block_shape[1] % config["BLOCK_SIZE_K"] == 0,
               lambda: f"BLOCK_SIZE_K {config['BLOCK_SIZE_K']} must divide block_shape[1]")
     bm = config["BLOCK_SIZE_M"]

@@ -55,6 +55,9 @@ or int64 (no expert map: every id must be in [0, E)).
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -70,6 +73,7 @@ from kernels._common import (
     pdl_wait,
 )
 from kernels.launch_cache import cached_launch
+from kernels.launch_configs import GemvConfig
 from kernels.moe_topk_softmax import topk_softmax_row, topk_softmax_slot
 
 
@@ -198,29 +202,27 @@ def _fused_moe_gemv_w2_kernel(
     tl.store(out_ptr + tok * H + rn, y.to(dtype), mask=rn < H)
 
 
-Config = tuple[int, int, int, int]  # (BN, BK, num_warps, num_stages)
+class MoeGemvConfigs(NamedTuple):
+    """The launches of one MoE layer's two GEMVs."""
+
+    w13: GemvConfig
+    w2: GemvConfig
 
 
-def fused_moe_gemv_config(hidden: int, intermediate: int, top_k: int) -> tuple[Config, Config]:
-    """(w13 config, w2 config) for H = hidden, I = intermediate: (BN, BK, num_warps,
-    num_stages). Swept on the H200 for the Qwen3-30B-A3B layer (examples/bench/
-    benchmark_moe.py --gemv-sweep, 2026-12-01): w13 4 gate + 4 up rows of 256-wide steps, 2
-    warps (M=1 13.5 us, 87% of HBM; 8 rows took 16.2 us; at M=4 8 rows of 128 were 2%
-    faster); w2 a [KP, BN, BK] tile of 4096 values, 2 warps (top-8: BN 2, BK 256, best at
-    M=2 and 4, 5% slower than BN 4 at M=1; top-2: BN 4, BK 512, not swept). num_stages
-    changes nothing (no tl.dot: nothing is pipelined, the PTX is the same for 1..3).
-    Re-swept 2026-12-02 for the routed w2 (slots summed in registers, [BN, BK] accumulator):
-    one row and one warp a program, 7.85 us at M=1 (75% of HBM) against 19.0 us for (2, 256,
-    2, 1). Kernel sweeps keep a layer's experts in L2; end to end (Qwen3-30B-A3B batch-1
-    decode, 2026-12-02 session 13, every layer's weights from HBM) w13 takes 8 gate + 8 up
-    rows on 4 warps: 398.4 tok/s against 395.7 for (4, 256, 2); (16, 256, 4) 397.6, (8, 256,
-    2) 394.6, (8, 128, 4) 380.1; for w2 (1, 1024, 2) 377.5 and (1, 512, 1) 363.5 against
-    385.9 for the (1, 256, 1) kept."""
-    w13 = (8, min(256, next_pow2(hidden)), 4, 1)
+@functools.lru_cache(maxsize=256)
+def fused_moe_gemv_config(hidden: int, intermediate: int, top_k: int) -> MoeGemvConfigs:
+    """The launches for H = hidden, I = intermediate, by rule: w13 8 gate + 8 up rows of
+    256-wide steps (capped at next_pow2(H)), 4 warps; w2 one row a program, one warp,
+    block_k (capped at next_pow2(I)) by the tile's next_pow2(top_k) slots: 512 for 2 or 4
+    slots, 256 for 1 or 8, 128 beyond. num_stages is 1: the loops
+    hold no tl.dot, so nothing is pipelined. Measured by `python3
+    examples/bench/benchmark_moe.py --gemv-sweep` (each kernel alone) and end to end (every
+    layer's weights from HBM) by examples/bench/override.py's BENCH_MOE_W13 / BENCH_MOE_W2
+    on batch-1 decode of Qwen3-30B-A3B."""
+    w13 = GemvConfig(8, min(256, next_pow2(hidden)), 4, 1)
     kp = next_pow2(top_k)
     bk = 512 if kp in (2, 4) else 256 if kp <= 8 else 128
-    w2 = (1, min(bk, next_pow2(intermediate)), 1, 1)
-    return w13, w2
+    return MoeGemvConfigs(w13, GemvConfig(1, min(bk, next_pow2(intermediate)), 1, 1))
 
 
 ROUTED_MAX_EXPERTS = 512  # the routed kernels hold a token's E logits per program
@@ -277,37 +279,39 @@ def _check_x_w13(x: torch.Tensor, w13: torch.Tensor) -> None:
 
 
 def _launch_w13(x: torch.Tensor, w13: torch.Tensor, top_k: int, topk_ids: torch.Tensor | None,
-                gating_output: torch.Tensor | None, config: Config | None) -> torch.Tensor:
+                gating_output: torch.Tensor | None, config: GemvConfig | None) -> torch.Tensor:
     m, h = x.shape
     i = w13.shape[1] // 2
     pairs = m * top_k
     out = torch.empty(pairs, i, dtype=x.dtype, device=x.device)  # [M * top_k, I]
     if pairs == 0 or i == 0:
         return out
-    bn, bk, warps, stages = config or fused_moe_gemv_config(h, i, top_k)[0]
+    cfg = config or fused_moe_gemv_config(h, i, top_k).w13
+    bn, bk = cfg.block_n, cfg.block_k
     blocks = cdiv(i, bn)
     routing, consts = _routing_args(top_k, topk_ids, gating_output)
     _fused_moe_gemv_w13_kernel[(pairs * blocks,)](
         x, w13, routing[0], routing[1], out, i, h, w13.stride(0), blocks, *routing[2:],
-        **consts, EVEN_K=h % bk == 0, BN=bn, BK=bk, num_warps=warps, num_stages=stages,
+        **consts, EVEN_K=h % bk == 0, BN=bn, BK=bk, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
         **pdl_launch(x),
     )
     return out
 
 
 def fused_moe_gemv_w13(x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor,
-                       config: Config | None = None) -> torch.Tensor:
+                       config: GemvConfig | None = None) -> torch.Tensor:
     """x [M, H]; w13 [E, 2I, H] (gate | up); topk_ids [M, top_k] int32/int64
     -> [M * top_k, I] = silu(x @ gate_e^T) * (x @ up_e^T) per pair (token p // top_k,
-    expert topk_ids.flatten()[p]), in x's dtype. config: (BN, BK, num_warps, num_stages),
-    for sweeps; None: fused_moe_gemv_config's."""
+    expert topk_ids.flatten()[p]), in x's dtype. config: for sweeps; None: fused_moe_gemv_config's
+    w13."""
     _check_x_w13(x, w13)
     _check_routing(topk_ids, x.shape[0], "x", x)
     return _launch_w13(x, w13, topk_ids.shape[1], topk_ids, None, config)
 
 
 def fused_moe_gemv_w13_routed(x: torch.Tensor, w13: torch.Tensor, gating_output: torch.Tensor,
-                              top_k: int, config: Config | None = None) -> torch.Tensor:
+                              top_k: int, config: GemvConfig | None = None) -> torch.Tensor:
     """fused_moe_gemv_w13 routed by the router logits gating_output [M, E] (E <= 512): each
     program takes slot p % top_k of its token's softmax top-k (kernels/moe_topk_softmax.py
     topk_softmax_slot: the ids topk_softmax gives), so no top-k launch runs before."""
@@ -332,7 +336,7 @@ def _check_act_w2(act: torch.Tensor, w2: torch.Tensor, m: int, top_k: int) -> No
 def _launch_w2(act: torch.Tensor, w2: torch.Tensor, m: int, top_k: int,
                topk_weights: torch.Tensor | None, topk_ids: torch.Tensor | None,
                gating_output: torch.Tensor | None, renormalize: bool,
-               config: Config | None, shared: tuple[torch.Tensor, torch.Tensor] | None = None
+               config: GemvConfig | None, shared: tuple[torch.Tensor, torch.Tensor] | None = None
                ) -> torch.Tensor:
     h, i = w2.shape[1], act.shape[1]
     out = torch.empty(m, h, dtype=act.dtype, device=act.device)  # [M, H]
@@ -340,7 +344,8 @@ def _launch_w2(act: torch.Tensor, w2: torch.Tensor, m: int, top_k: int,
         return out
     if top_k == 0 or i == 0:
         return out.zero_()
-    bn, bk, warps, stages = config or fused_moe_gemv_config(h, i, top_k)[1]
+    cfg = config or fused_moe_gemv_config(h, i, top_k).w2
+    bn, bk = cfg.block_n, cfg.block_k
     blocks = cdiv(h, bn)
     routing, consts = _routing_args(top_k, topk_ids, gating_output)
     shared_out, gate = shared if shared is not None else (out, out)  # unused without SHARED
@@ -348,13 +353,14 @@ def _launch_w2(act: torch.Tensor, w2: torch.Tensor, m: int, top_k: int,
         act, w2, routing[0], topk_weights if topk_weights is not None else routing[1],
         routing[1], out, h, i, w2.stride(0), blocks, *routing[2:], shared_out, gate,
         gate.stride(0), **consts, RENORMALIZE=renormalize, EVEN_K=i % bk == 0, BN=bn, BK=bk,
-        SHARED=shared is not None, num_warps=warps, num_stages=stages, **pdl_launch(act),
+        SHARED=shared is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **pdl_launch(act),
     )
     return out
 
 
 def fused_moe_gemv_w2(act: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                      topk_ids: torch.Tensor, config: Config | None = None) -> torch.Tensor:
+                      topk_ids: torch.Tensor, config: GemvConfig | None = None) -> torch.Tensor:
     """act [M * top_k, I] (fused_moe_gemv_w13's); w2 [E, H, I]; topk_weights [M, top_k]
     fp32; topk_ids [M, top_k] int32/int64 -> [M, H] = sum_k topk_weights[:, k] *
     (act[pair k] @ w2[topk_ids[:, k]]^T), summed in fp32 and rounded once to act's dtype."""
@@ -385,7 +391,7 @@ def _check_shared(shared_out: torch.Tensor, shared_gate: torch.Tensor, act: torc
 
 
 def fused_moe_gemv_w2_routed(act: torch.Tensor, w2: torch.Tensor, gating_output: torch.Tensor,
-                             top_k: int, renormalize: bool, config: Config | None = None,
+                             top_k: int, renormalize: bool, config: GemvConfig | None = None,
                              shared_out: torch.Tensor | None = None,
                              shared_gate: torch.Tensor | None = None) -> torch.Tensor:
     """fused_moe_gemv_w2 routed by the router logits gating_output [M, E] (E <= 512, any

@@ -1,9 +1,9 @@
 """Dense one-row GEMV in Triton: y = x @ w.T (+ bias) for x [1, K], w [N, K], fp32 accumulation.
 
 The batch-1 decode path of the dense linear layers and the LM head (engine/layers/linear.py
-dense_linear): at M = 1 cuBLAS runs a GEMV (plus a split-K reduce kernel for some shapes)
-that this plain row-block kernel beats on every Llama-3.1-8B weight shape on the H200
-(docs/kernels.md). Mirrors vLLM's one-token dense GEMV on ROCm
+dense_linear): at M = 1 cuBLAS runs a GEMV (plus a split-K reduce kernel for some shapes);
+this plain row-block kernel is taken where it is faster (`python3 examples/bench/kernels.py
+--only dense` times both on the device it runs on). Mirrors vLLM's one-token dense GEMV on ROCm
 (vllm/model_executor/layers/utils.py rocm_unquantized_gemm -> ops.LLMM1,
 csrc/rocm/skinny_gemms.cu): each program streams a few whole weight rows against the one
 activation row, no split K; here BN rows in BK-wide steps into a [BN, BK] fp32
@@ -14,12 +14,15 @@ layout on every rank) and a program accumulates BN gate rows beside their BN up 
 stores silu(gate) * up [N]: each product rounded to the dtype as F.linear's output, then
 SiLU-and-mul rounded as kernels/activation.py rounds (fused_moe's silu_and_mul does the
 same for the experts). The down projection of batch-1 decode then reads a plain [1, N]
-row: computing SiLU-and-mul in its prologue instead made every one of its ~1,000 programs
-read the [1, 2N] row and redo the exps. A weight prefetch before the PDL wait (peeling the
-first tile) measured slower: it broke Triton's pipelining of the loop.
+row (computing SiLU-and-mul in its prologue instead would make every one of its ~1,000
+programs read the [1, 2N] row and redo the exps). The weights are not prefetched before the
+PDL wait: peeling the first tile breaks Triton's pipelining of the loop. Launch configs:
+dense_gemv_config (kernels/tuned_configs.py GemvConfig).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +40,7 @@ from kernels._common import (
 )
 from kernels.activation import silu_and_mul_ref
 from kernels.launch_cache import cached_launch
+from kernels.launch_configs import GemvConfig
 
 
 @cached_launch
@@ -92,28 +96,30 @@ def _dense_gemv_kernel(
     tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
 
-def gemv_config(n: int, k: int, silu_and_mul: bool = False) -> tuple[int, int, int, int]:
-    """(BN, BK, num_warps, num_stages) for an [n, k] weight, the fastest of a sweep of the
-    Llama-3.1-8B shapes on the H200 (docs/kernels.md): 4-row blocks of 1024-wide steps for
-    the square and wide weights (o, gate_up), 8-row blocks for qkv (n > k) and down (n < k),
-    16-row blocks for an LM head. With silu_and_mul (n = 2N gate | up rows) BN counts
-    output values, each two weight rows: 8 in 128-value steps on 2 warps (H200, Llama-3.1-8B
-    batch-1 decode: 250.7 tok/s; 8 x 256 on 4 warps 250.3; the plain GEMV's 4-row blocks of
-    1024, as 2 + 2 rows, 206); up to 8192 rows (a shared expert's [1024, 2048]) one output
-    of 2048-value steps on 8 warps, as a router (Qwen3.5-35B-A3B: 387.7 tok/s; (8, 128, 2,
-    2) 344.6, (2, 256, 4, 2) 373.3; 382.5 before the activation moved). A small N (n <=
-    513: a MoE router, N = E of K = hidden) takes 1..4-row blocks of 2048-value steps, ~128
-    programs for E = 128..512 (8-row blocks were 16 programs for Qwen3-MoE's [128, 2048]
-    router: latency-bound; H200 2026-12-02: (1, 2048, 8, 1) 1.52 us, (1, 2048, 4, 2) 1.90,
-    (8, 512, 8, 2) 3.14); E + 1 rows (a router merged with a shared-expert gate) take E's
-    block, one more program."""
-    if silu_and_mul and n <= 8192:  # a shared expert's [1024, 2048]: like a router's
+@functools.lru_cache(maxsize=1024)
+def dense_gemv_config(n: int, k: int, silu_and_mul: bool = False) -> GemvConfig:
+    """The launch of an [n, k] weight, by shape (block_k capped at next_pow2(k)):
+
+    - silu_and_mul (n = 2N gate | up rows, block_n counts outputs, each two weight rows):
+      n <= 8192 (a shared expert) one output of 2048-wide steps on 8 warps, 1 stage, as a
+      router; above, 8 outputs of 128-wide steps on 2 warps, 2 stages;
+    - n > 65536 (an LM head): 16 rows of 256-wide steps, 4 warps, 2 stages;
+    - n <= 513 (a MoE router, E or E + 1 rows with a shared-expert gate): 1, 2 or 4 rows
+      for n <= 129, 257, 513, block_k = 2048 / block_n, 8 warps, 1 stage (about 128
+      programs: a router GEMV is latency-bound);
+    - k < n < 16384 (qkv): 8 rows of 512-wide steps, 4 warps, 2 stages;
+    - n < k (down): 8 rows of 512-wide steps, 8 warps, 2 stages;
+    - else (o, gate_up without the activation): 4 rows of 1024-wide steps, 2 warps, 1 stage.
+
+    Measured by `python3 examples/bench/kernels.py --only dense --sweep dense` (the kernel
+    alone) and end to end by examples/bench/override.py's BENCH_GEMV (batch-1 decode)."""
+    if silu_and_mul and n <= 8192:
         bn, bk, warps, stages = 1, 2048, 8, 1
-    elif silu_and_mul:  # swept end to end on the gate_up [28672, 4096] (session 15)
+    elif silu_and_mul:
         bn, bk, warps, stages = 8, 128, 2, 2
     elif n > 65536:
         bn, bk, warps, stages = 16, 256, 4, 2
-    elif n <= 513:  # E + 1: Qwen3-Next's router with its shared-expert gate row
+    elif n <= 513:
         bn = 1 if n <= 129 else 2 if n <= 257 else 4
         bk, warps, stages = 2048 // bn, 8, 1
     elif k < n < 16384:
@@ -122,7 +128,7 @@ def gemv_config(n: int, k: int, silu_and_mul: bool = False) -> tuple[int, int, i
         bn, bk, warps, stages = 8, 512, 8, 2
     else:
         bn, bk, warps, stages = 4, 1024, 2, 1
-    return bn, min(bk, next_pow2(k)), warps, stages
+    return GemvConfig(bn, min(bk, next_pow2(k)), warps, stages)
 
 
 def check_one_row_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
@@ -152,10 +158,10 @@ def check_one_row_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | No
 
 def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                silu_and_mul: bool = False,
-               config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+               config: GemvConfig | None = None) -> torch.Tensor:
     """x: [1, K], w: [N, K], bias: [N] or None -> y: [1, N] in x's dtype; with
     silu_and_mul, w: [2N, K] gate | up rows, bias: [2N] or None -> silu(gate) * up [1, N].
-    config: (BN, BK, num_warps, num_stages), for sweeps; None: gemv_config's."""
+    config: for sweeps; None: dense_gemv_config's."""
     k, rows = check_one_row_gemv(x, w, bias)
     check(not silu_and_mul or rows % 2 == 0,
           lambda: f"w must be [2N, K] gate | up rows with silu_and_mul, got {tuple(w.shape)}")
@@ -163,11 +169,11 @@ def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     y = torch.empty(1, n, dtype=x.dtype, device=x.device)
     if n == 0:
         return y
-    bn, bk, warps, stages = config or gemv_config(rows, k, silu_and_mul)
-    _dense_gemv_kernel[(cdiv(n, bn),)](
+    cfg = config or dense_gemv_config(rows, k, silu_and_mul)
+    _dense_gemv_kernel[(cdiv(n, cfg.block_n),)](
         x, w, bias if bias is not None else w, y, n, k,
-        HAS_BIAS=bias is not None, EVEN_K=k % bk == 0, SILU_AND_MUL=silu_and_mul, BN=bn, BK=bk,
-        num_warps=warps, num_stages=stages,
+        HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0, SILU_AND_MUL=silu_and_mul,
+        BN=cfg.block_n, BK=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **pdl_launch(x),
     )
     return y

@@ -42,6 +42,7 @@ from kernels._common import (
 )
 from kernels.gemv import check_one_row_gemv, dense_gemv_ref
 from kernels.launch_cache import cached_launch
+from kernels.launch_configs import GemvConfig
 from kernels.reshape_and_cache import check_kv_cache_dtype, quantize_kv_value
 from kernels.rotary import _check_cos_sin_cache, _check_positions
 from kernels.rotary_cache import rotary_embedding_and_cache_ref
@@ -123,25 +124,26 @@ def _qkv_gemv_rope_cache_kernel(
             tl.store(dst + HALF, o2.to(cache_ptr.dtype.element_ty))
 
 
-def gemv_rope_cache_config(k: int) -> tuple[int, int, int, int]:
-    """(BN, BK, num_warps, num_stages): kernels/gemv.py gemv_config's choice for a qkv
-    weight (n > k: 8-row blocks of 512-wide steps, 4 warps, 2 stages), BN = 4 rope pairs."""
-    return 8, min(512, next_pow2(k)), 4, 2
+def gemv_rope_cache_config(k: int) -> GemvConfig:
+    """kernels/gemv.py dense_gemv_config's rule for a qkv weight (k < n: 8 rows of 512-wide
+    steps, block_k capped at next_pow2(k), 4 warps, 2 stages): block_n 8 is 4 rope pairs.
+    Measured by `python3 examples/bench/kernels.py --only qkv_rope --sweep qkv_rope`."""
+    return GemvConfig(8, min(512, next_pow2(k)), 4, 2)
 
 
 def qkv_gemv_rope_cache(
     x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, positions: torch.Tensor,
     cos_sin_cache: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
     num_q_heads: int, num_kv_heads: int, head_size: int,
-    config: tuple[int, int, int, int] | None = None,
+    config: GemvConfig | None = None,
     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x: [1, K], w: [(nq + 2 nkv) * hs, K] (q, k, v rows), bias: [(nq + 2 nkv) * hs] or
     None, positions: [1], cos_sin_cache: [max_position, hs] float32 (cos then sin halves),
     kv_cache: [2, num_blocks, block_size, nkv, hs], slot_mapping: [1] -> q: [1, nq * hs] in
     x's dtype, rotated; k (rotated) and v written into kv_cache at slot_mapping[0].
-    config: (BN, BK, num_warps, num_stages) for sweeps, BN / 2 dividing hs / 2; None:
-    gemv_rope_cache_config's (with fewer pairs when hs / 2 needs it). k_scale, v_scale: [1]
+    config: for sweeps, block_n / 2 dividing hs / 2; None: gemv_rope_cache_config's (with
+    fewer pairs when hs / 2 needs it). k_scale, v_scale: [1]
     float32, the quantization scales of an fp8 kv_cache."""
     nq, nkv, hs = num_q_heads, num_kv_heads, head_size
     check(nq > 0 and nkv > 0 and hs > 0 and hs % 2 == 0, lambda: f"need q and kv heads and an "
@@ -160,12 +162,12 @@ def qkv_gemv_rope_cache(
     check_same_device(x=x, positions=positions, cos_sin_cache=cos_sin_cache,
                       kv_cache=kv_cache, slot_mapping=slot_mapping)
     half = hs // 2
+    cfg = config or gemv_rope_cache_config(k)
+    bn, bk, warps, stages = cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages
     if config is None:
-        bn, bk, warps, stages = gemv_rope_cache_config(k)
         while half % (bn // 2):
             bn //= 2
     else:
-        bn, bk, warps, stages = config
         check(bn >= 2 and bn % 2 == 0 and half % (bn // 2) == 0, lambda: f"BN {bn} must be "
               f"even, BN / 2 dividing head_size / 2 = {half}")
     bp = bn // 2

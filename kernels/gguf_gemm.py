@@ -18,6 +18,8 @@ reference is the engine's torch dequantize (engine/gguf/dequant.py), called by t
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -26,38 +28,47 @@ from kernels._common import cdiv, check, check_float, check_same_device, next_po
 from kernels.errors import UnsupportedError
 from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
 from kernels.gguf_kquant_mmq import (
-    KQUANT_DEQUANT_CONFIGS,
+    kquant_dequant_config,
     kquant_dequantize,
     kquant_mmq,
     kquant_mmq_fits,
 )
 from kernels.gguf_tiles import TILE_TYPES, dequant_tile
 from kernels.launch_cache import cached_launch
+from kernels.launch_configs import GgufBlocksConfig, GgufMmqConfig
 
-# Dispatch by token count M, from the H200 measurements in docs/kernels.md: GEMV up to
-# GEMV_MAX_M tokens, the fused GEMM up to MMQ_MAX_M (Q4_K / Q6_K: the word-load GEMM of
-# kernels/gguf_kquant_mmq.py up to KQUANT_MAX_M, where examples/bench/gguf_gemm.py's sum
-# over a Llama-8B layer's four linears stops beating dequantize + cuBLAS on the H200:
-# Q4_K 222 vs 302 us at M = 64, 303 vs 314 at 128; Q6_K 307 vs 387 at 32, 525 vs 390 at
-# 64), dequantize + cuBLAS beyond.
+# Dispatch by token count M: GEMV up to GEMV_MAX_M tokens, the fused GEMM up to MMQ_MAX_M
+# (Q4_K / Q6_K: the word-load GEMM of kernels/gguf_kquant_mmq.py up to KQUANT_MAX_M, the
+# largest M where it beats dequantize + cuBLAS summed over a Llama-3.1-8B layer's four
+# linears), dequantize + cuBLAS beyond. Measured by `python3 examples/bench/gguf_gemm.py
+# --m 9 16 32 64 128`.
 GEMV_MAX_M = 4
 MMQ_MAX_M = 16
 KQUANT_MAX_M = {GGMLType.Q4_K: 64, GGMLType.Q6_K: 32}
-MMQ_CONFIG = (16, 64, 4, 2)  # BLOCK_M, BLOCK_N, warps, stages
-DEQUANT_BLOCK_N = 8  # rows per dequantize program (one warp)
+# gguf_mmq's tile: 16 tokens x 64 rows, 4 warps, 2 stages (`python3
+# examples/bench/gguf_gemm.py --sweep`)
+GGUF_MMQ_CONFIG = GgufMmqConfig(block_m=16, block_n=64, num_warps=4, num_stages=2)
 
 
-def gemv_config(qtype: int, n: int) -> tuple[int, int, int]:
-    """(BLOCK_N, blocks per step, warps): one warp whose 32 lanes span a step of 32 tile rows
-    of 8 values (64 for Q4_K / Q5_K, and for Q8_0 with more than 4096 outputs); each lane
-    holds BLOCK_N rows, so an activation is loaded once per lane and reused BLOCK_N times.
-    The fastest configs swept on H200 over Llama-3.1-8B's shapes (docs/kernels.md)."""
+@functools.lru_cache(maxsize=256)
+def gguf_gemv_config(qtype: int, n: int) -> GgufBlocksConfig:
+    """gguf_gemv's launch for n outputs, by rule: one warp whose 32 lanes span a step of 32
+    tile rows of 8 values, each lane holding block_n rows (an activation is loaded once a
+    lane and reused block_n times): K-quants 4 rows and 64-value tile rows (Q6_K: 32),
+    Q8_0 with more than 4096 outputs 4 rows and 64-value tile rows, other types one row
+    and 32. Measured by `python3 examples/bench/kernels.py --only gguf --sweep gguf`."""
     nb = 256 // TILE_TYPES[qtype][2]  # blocks per 32 tile rows
     if TILE_TYPES[qtype][0] == 256:  # K-quants: 4 rows per lane
-        return 4, nb * (2 if qtype != GGMLType.Q6_K else 1), 1
+        return GgufBlocksConfig(4, nb * (2 if qtype != GGMLType.Q6_K else 1), 1)
     if qtype == GGMLType.Q8_0 and n > 4096:
-        return 4, nb * 2, 1
-    return 1, nb, 1
+        return GgufBlocksConfig(4, nb * 2, 1)
+    return GgufBlocksConfig(1, nb, 1)
+
+
+def gguf_dequant_config(qtype: int) -> GgufBlocksConfig:
+    """The byte-tile dequantize's launch: 8 rows a program on one warp, 8 blocks a step
+    for the 32-value types, one super-block for the K-quants."""
+    return GgufBlocksConfig(8, 8 if TILE_TYPES[qtype][0] == 32 else 1, 1)
 
 
 @cached_launch
@@ -179,17 +190,20 @@ def _check_x(x: torch.Tensor, qweight: torch.Tensor, k: int) -> None:
 
 def gguf_dequantize(
     qweight: torch.Tensor, qtype: int, dtype: torch.dtype = torch.float16,
-    config: tuple[int, int, int] | None = None,
+    config: GgufBlocksConfig | None = None,
 ) -> torch.Tensor:
-    """Raw blocks [N, row_bytes] uint8 -> dense [N, K] `dtype` (word-aligned Q6_K without a
-    config: kernels/gguf_kquant_mmq.py's word-load decode, faster there on the H200)."""
+    """Raw blocks [N, row_bytes] uint8 -> dense [N, K] `dtype` (without a config, the types
+    kquant_dequant_config names, word-aligned: kernels/gguf_kquant_mmq.py's word-load
+    decode)."""
     n, k, nblk = _check_weight(qweight, qtype)
-    if config is None and qtype in KQUANT_DEQUANT_CONFIGS and kquant_mmq_fits(qweight, qtype):
+    if (config is None and kquant_dequant_config(qtype) is not None
+            and kquant_mmq_fits(qweight, qtype)):
         return kquant_dequantize(qweight, qtype, dtype)
     out = torch.empty(n, k, dtype=dtype, device=qweight.device)
     if n == 0 or k == 0:
         return out
-    block_n, nb, warps = config or (DEQUANT_BLOCK_N, 8 if TILE_TYPES[qtype][0] == 32 else 1, 1)
+    cfg = config or gguf_dequant_config(qtype)
+    block_n, nb, warps = cfg.block_n, cfg.blocks, cfg.num_warps
     _gguf_dequantize_kernel[(cdiv(n, block_n), cdiv(nblk, nb))](
         qweight, out, n, k, nblk, qweight.stride(0), out.stride(0), TYPE=qtype,
         BLOCK_N=block_n, NB=nb, PARTS=TILE_TYPES[qtype][1], W=TILE_TYPES[qtype][3],
@@ -199,7 +213,7 @@ def gguf_dequantize(
 
 
 def gguf_gemv(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
-              config: tuple[int, int, int] | None = None, block_m: int = 1) -> torch.Tensor:
+              config: GgufBlocksConfig | None = None, block_m: int = 1) -> torch.Tensor:
     """y [M, N] = x [M, K] @ W.T with fp32 FMA reductions: the path for a few tokens."""
     n, k, nblk = _check_weight(qweight, qtype)
     _check_x(x, qweight, k)
@@ -207,7 +221,8 @@ def gguf_gemv(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
-    block_n, nb, warps = config or gemv_config(qtype, n)
+    cfg = config or gguf_gemv_config(qtype, n)
+    block_n, nb, warps = cfg.block_n, cfg.blocks, cfg.num_warps
     _gguf_gemv_kernel[(cdiv(n, block_n), cdiv(m, block_m))](
         x, qweight, y, m, n, k, nblk, x.stride(0), qweight.stride(0), y.stride(0), TYPE=qtype,
         BLOCK_N=block_n, BLOCK_M=block_m, NB=nb, PARTS=TILE_TYPES[qtype][1],
@@ -217,7 +232,7 @@ def gguf_gemv(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
 
 
 def gguf_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
-             config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+             config: GgufMmqConfig | None = None) -> torch.Tensor:
     """y [M, N] = x [M, K] @ W.T with tensor-core dots over dequantized tiles."""
     n, k, nblk = _check_weight(qweight, qtype)
     _check_x(x, qweight, k)
@@ -225,14 +240,15 @@ def gguf_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
-    block_m, block_n, warps, num_stages = config or MMQ_CONFIG
+    cfg = config or GGUF_MMQ_CONFIG
+    block_m, block_n = cfg.block_m, cfg.block_n
     # blocks per step: 64 values of K per dot for every type
     nb = {32: 4 if TILE_TYPES[qtype][1] == 2 else 2, 256: 1}[TILE_TYPES[qtype][0]]
     _gguf_mmq_kernel[(cdiv(m, block_m), cdiv(n, block_n))](
         x, qweight, y, m, n, k, nblk, x.stride(0), qweight.stride(0), y.stride(0), TYPE=qtype,
         BLOCK_M=block_m, BLOCK_N=block_n, NB=nb, PARTS=TILE_TYPES[qtype][1],
         W=TILE_TYPES[qtype][3], DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=warps, num_stages=num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y
 

@@ -18,6 +18,8 @@ checks their word alignment and that N, K and the block count agree with their o
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -25,14 +27,10 @@ import triton.language as tl
 from kernels._common import cdiv, check
 from kernels.ggml_types import GGMLType
 from kernels.launch_cache import cached_launch
+from kernels.launch_configs import GgufBlocksConfig, KquantMmqConfig
 
 # type -> (bytes per super-block, bytes per word loaded)
 KQUANT_MMQ_TYPES: dict[int, tuple[int, int]] = {GGMLType.Q4_K: (144, 4), GGMLType.Q6_K: (210, 2)}
-# type -> kquant_dequantize's (BLOCK_N rows, super-blocks, warps), where it beats the byte-tile
-# dequantize of kernels/gguf_gemm.py on the H200 (examples/bench/gguf_gemm.py --dequant-sweep,
-# session 19: a Llama-8B layer's four linears, Q6_K 193 vs 255 us; Q4_K's best 172 vs 171,
-# so Q4_K keeps the byte tiles)
-KQUANT_DEQUANT_CONFIGS: dict[int, tuple[int, int, int]] = {GGMLType.Q6_K: (4, 4, 1)}
 
 
 @triton.jit
@@ -196,22 +194,35 @@ def kquant_mmq_fits(qweight: torch.Tensor, qtype: int) -> bool:
         qweight.stride(0) % traits[1] == 0)
 
 
-def kquant_config(m: int, n: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_N, BLOCK_M, warps, stages, splits) for M tokens and N weight rows, from the H200
-    sweep of examples/bench/gguf_gemm.py (session 17, docs/BENCHMARKS.md; Q4_K and Q6_K
-    agree): 64 weight rows (one warpgroup's wgmma M side) on 4 warps, the tokens rounded up
-    to 16, 32 or 64; grids of few programs split K, which keeps more loads in flight."""
+@functools.lru_cache(maxsize=1024)
+def kquant_config(m: int, n: int) -> KquantMmqConfig:
+    """kquant_mmq's launch for M tokens and N weight rows, by rule: 64 weight rows (one
+    warpgroup's wgmma M side) on 4 warps, the tokens rounded up to 16, 32 or 64; grids of
+    few programs split K (more loads in flight): block_m 64 splits K in 2 (4 stages) up to
+    64 programs, else 3 stages up to 132 programs and 2 beyond; block_m 16 (32) splits K
+    in 4 (4 stages) up to 512 (132) programs, else 2 (3) stages unsplit. Q4_K and Q6_K
+    share it. Measured by `python3 examples/bench/gguf_gemm.py --sweep`."""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
     programs = cdiv(n, 64) * cdiv(m, block_m)
     if block_m == 64:
-        return (64, 64, 4, 4, 2) if programs <= 64 else (64, 64, 4, 3 if programs <= 132 else 2, 1)
+        if programs <= 64:
+            return KquantMmqConfig(64, 64, 4, 4, 2)
+        return KquantMmqConfig(64, 64, 4, 3 if programs <= 132 else 2, 1)
     if programs <= (512 if block_m == 16 else 132):
-        return 64, block_m, 4, 4, 4
-    return 64, block_m, 4, 2 if block_m == 16 else 3, 1
+        return KquantMmqConfig(64, block_m, 4, 4, 4)
+    return KquantMmqConfig(64, block_m, 4, 2 if block_m == 16 else 3, 1)
+
+
+def kquant_dequant_config(qtype: int) -> GgufBlocksConfig | None:
+    """kquant_dequantize's launch where kernels/gguf_gemm.py gguf_dequantize takes it over
+    the byte tiles: Q6_K, 4 rows and 4 super-blocks a program on one warp; None for the
+    other types (Q4_K's word-load decode is no faster, so it keeps the byte tiles).
+    Measured by `python3 examples/bench/gguf_gemm.py --dequant-sweep`."""
+    return GgufBlocksConfig(4, 4, 1) if qtype == GGMLType.Q6_K else None
 
 
 def kquant_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
-               config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+               config: KquantMmqConfig | None = None) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequant(qweight).T for Q4_K / Q6_K raw blocks [N, row_bytes];
     N and the block count come from qweight's own shape (CVE-2026-53923), x's float dtype
     and device are the caller's check (kernels/gguf_gemm.py gguf_gemm)."""
@@ -226,8 +237,8 @@ def kquant_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
           lambda: f"kquant_mmq: x {tuple(x.shape)} and {tuple(qweight.shape)} {qweight.dtype} "
           f"rows of {block_bytes}-byte blocks do not match")
     m = x.shape[0]
-    block_n, block_m, warps, stages, splits = config or kquant_config(m, n)
-    splits = max(1, min(splits, nblk))
+    cfg = config or kquant_config(m, n)
+    block_n, block_m, splits = cfg.block_n, cfg.block_m, max(1, min(cfg.split_k, nblk))
     if m == 0 or n == 0:
         return torch.empty(m, n, dtype=x.dtype, device=x.device)
     # partial sums [splits, M, N] fp32, added in a fixed order (no atomics: repeatable)
@@ -237,23 +248,24 @@ def kquant_mmq(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
         x, qweight, part, m, n, nblk, x.stride(0), qweight.stride(0) // KQUANT_MMQ_TYPES[qtype][1],
         part.stride(-2), part.stride(0) if splits > 1 else 0, TYPE=qtype, BLOCK_N=block_n,
         BLOCK_M=block_m, DOT_PREC="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=warps, num_stages=stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return part if splits == 1 else part.sum(0).to(x.dtype)
 
 
 def kquant_dequantize(qweight: torch.Tensor, qtype: int, dtype: torch.dtype,
-                      config: tuple[int, int, int] | None = None) -> torch.Tensor:
+                      config: GgufBlocksConfig | None = None) -> torch.Tensor:
     """Q4_K / Q6_K raw blocks [N, row_bytes] -> dense [N, K] `dtype`, decoded from word loads
     as kquant_mmq decodes them (the dequantize of dequantize + cuBLAS, kernels/gguf_gemm.py).
-    config = (BLOCK_N rows, super-blocks, warps) a program; the caller checks the blocks
-    (gguf_dequantize) and kquant_mmq_fits."""
+    config None: kquant_dequant_config's, else 16 rows and one super-block a program on 2
+    warps; the caller checks the blocks (gguf_dequantize) and kquant_mmq_fits."""
     n, row_bytes = qweight.shape
     nblk = row_bytes // KQUANT_MMQ_TYPES[qtype][0]
     out = torch.empty(n, 256 * nblk, dtype=dtype, device=qweight.device)
     if n == 0 or nblk == 0:
         return out
-    block_n, sb, warps = config or KQUANT_DEQUANT_CONFIGS.get(qtype, (16, 1, 2))
+    cfg = config or kquant_dequant_config(qtype) or GgufBlocksConfig(16, 1, 2)
+    block_n, sb, warps = cfg.block_n, cfg.blocks, cfg.num_warps
     _kquant_dequantize_kernel[(cdiv(n, block_n), cdiv(nblk, sb))](
         qweight, out, n, nblk, qweight.stride(0) // KQUANT_MMQ_TYPES[qtype][1], out.stride(0),
         TYPE=qtype, BLOCK_N=block_n, SB=sb, num_warps=warps,

@@ -20,7 +20,7 @@ vllm-gguf-plugin, and sgl-kernel ships the same op), in Triton with own code:
    types. M tokens are padded to a power of two (BLOCK_M); the pad rows recompute the last
    token, which costs ALU work only (the weights are read once).
 
-Types: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K (MMVQ_TYPES). Layouts of the work (config[3]):
+Types: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K (MMVQ_TYPES). Layouts of the work (MmvqConfig.layout):
 0, the steps below (two lanes a sub-block; blocks of 2-byte alignment read as 16-bit
 halves); 1, the default, kernels/gguf_mmvq_lanes.py (a lane per sub-block, aligned words;
 docs/kernels.md has the SASS of both); 2, layout 1 with the weights read past L1. The
@@ -33,6 +33,7 @@ no PTX). Row offsets are 64-bit and N, K come from the tensors' own shapes
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -49,9 +50,10 @@ from kernels.gguf_mmvq_lanes import (
 )
 from kernels.gguf_tiles import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
 from kernels.launch_cache import cached_launch
+from kernels.launch_configs import MmvqConfig
 
 MMVQ_TYPES = frozenset({Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K})  # block sizes: GGML_TYPE_TRAITS
-MMVQ_MAX_M = 8  # decode rows (the issue's M <= 8); more go through kernels/gguf_gemm.py
+MMVQ_MAX_M = 8  # decode rows; more go through kernels/gguf_gemm.py
 
 
 MMVQ_NARROW_N = 4096  # K-quant layers with up to this many outputs: two rows a program
@@ -59,30 +61,24 @@ MMVQ_WIDE_N = 16384  # Q8_0 layers with at least this many outputs: two rows a p
 MMVQ_TINY_N = 1024  # Q6_K layers with up to this many outputs: one row a program
 
 
-def mmvq_config(qtype: int, n: int) -> tuple[int, ...]:
-    """(rows per program, blocks per step, warps[, layout]) for n outputs: the fastest of
-    examples/bench/gguf_mmvq.py --sweep over Llama-3.1-8B's shapes on the H200
-    (docs/kernels.md). Few rows and one warp a program win: many programs in flight hide the
-    memory latency of each step. Q4_K, Q5_K, Q6_K and Q8_0 take layout 1
-    (kernels/gguf_mmvq_lanes.py), measured at M = 1:
-    - Q4_K (2026-12-02, session 8), against layout 0's best: gate_up 24.7 vs 32.1 us
-      (4 rows), qkv 7.0 vs 10.2 (4 rows), o 5.6 vs 6.5 and down 15.9 vs 17.4 (2 rows); one
-      row was slower;
-    - Q6_K (session 9), against the layout-0 config it replaces: gate_up 40.7 vs 50.7 us
-      and lm_head 166.5 vs 211.4 (4 rows), o 8.0 vs 9.4 and down 25.4 vs 29.4 (2 rows),
-      Q4_K_M's 1024-row attn_v 3.7 vs 7.0 (1 row, 8 blocks);
-    - Q8_0 (session 9), the same way: gate_up 31.1 vs 40.0 us and lm_head 129.3 vs 167.8 (2 rows, 32
-      blocks), qkv 8.3 vs 11.2, o 6.0 vs 8.2 and down 17.5 vs 23.4 (1 row, 64 blocks).
-    Q4_0 / Q4_1 keep the layout-0 config of session 7 (their layout 1 is not timed)."""
+@functools.lru_cache(maxsize=256)
+def mmvq_config(qtype: int, n: int) -> MmvqConfig:
+    """gguf_mmvq_q8_1's launch for n outputs, by rule: few rows and one warp a program
+    (many programs in flight hide each step's memory latency). Q4_K / Q5_K: 2 rows of 4
+    blocks for n <= MMVQ_NARROW_N, else 4; Q6_K: one row of 8 blocks for n <=
+    MMVQ_TINY_N, else as Q4_K; Q8_0: 2 rows of 32 blocks for n >= MMVQ_WIDE_N, else one
+    row of 64; all four in layout 1 (kernels/gguf_mmvq_lanes.py). Q4_0 / Q4_1: one row
+    of 32 blocks in layout 0. Measured by `python3 examples/bench/gguf_mmvq.py --sweep
+    --m 1`."""
     narrow = n <= MMVQ_NARROW_N
     if qtype in (Q4_K, Q5_K):
-        return (2, 4, 1, 1) if narrow else (4, 4, 1, 1)
+        return MmvqConfig(2, 4, 1, 1) if narrow else MmvqConfig(4, 4, 1, 1)
     if qtype == Q6_K:
-        return (1, 8, 1, 1) if n <= MMVQ_TINY_N else \
-            (2, 4, 1, 1) if narrow else (4, 4, 1, 1)
+        return MmvqConfig(1, 8, 1, 1) if n <= MMVQ_TINY_N else \
+            MmvqConfig(2, 4, 1, 1) if narrow else MmvqConfig(4, 4, 1, 1)
     if qtype == Q8_0:
-        return (2, 32, 1, 1) if n >= MMVQ_WIDE_N else (1, 64, 1, 1)
-    return (1, 32, 1)  # Q4_0, Q4_1
+        return MmvqConfig(2, 32, 1, 1) if n >= MMVQ_WIDE_N else MmvqConfig(1, 64, 1, 1)
+    return MmvqConfig(1, 32, 1, 0)  # Q4_0, Q4_1
 
 
 @triton.jit
@@ -428,7 +424,7 @@ def quantize_q8_1(x: torch.Tensor, silu_and_mul: bool = False
 
 def gguf_mmvq_q8_1(xq8: tuple[torch.Tensor, torch.Tensor, torch.Tensor], qweight: torch.Tensor,
                    qtype: int, out: torch.Tensor,
-                   config: tuple[int, ...] | None = None) -> torch.Tensor:
+                   config: MmvqConfig | None = None) -> torch.Tensor:
     """out [M, N] (may be a column slice of a wider tensor) = x @ W.T from x's q8_1 form
     (quantize_q8_1) and raw blocks qweight [N, row_bytes] uint8 of type qtype."""
     xq, xd, xs = xq8
@@ -456,9 +452,10 @@ def gguf_mmvq_q8_1(xq8: tuple[torch.Tensor, torch.Tensor, torch.Tensor], qweight
     check_same_device(xq=xq, xd=xd, xs=xs, qweight=qweight, out=out)
     if m == 0 or n == 0:
         return out
-    block_n, nb, warps, *layout = config or mmvq_config(qtype, n)
+    cfg = config or mmvq_config(qtype, n)
+    block_n, nb, warps = cfg.block_n, cfg.blocks, cfg.num_warps
     # layouts 1, 2 read 2-byte aligned blocks as the aligned words around them
-    lanes = layout[0] if layout and qweight.data_ptr() % 4 == 0 else 0
+    lanes = cfg.layout if qweight.data_ptr() % 4 == 0 else 0
     _mmvq_kernel[(cdiv(n, block_n),)](
         xq, xd, xs, qweight, out, m, n, nblk, qweight.stride(0), out.stride(0), TYPE=qtype,
         GPB=block // 32, BLOCK_N=block_n, BLOCK_M=1 << (m - 1).bit_length(), NB=nb,
@@ -468,7 +465,7 @@ def gguf_mmvq_q8_1(xq8: tuple[torch.Tensor, torch.Tensor, torch.Tensor], qweight
 
 
 def gguf_mmvq(x: torch.Tensor, qweight: torch.Tensor, qtype: int, silu_and_mul: bool = False,
-              config: tuple[int, ...] | None = None) -> torch.Tensor:
+              config: MmvqConfig | None = None) -> torch.Tensor:
     """y [M, N] = act(x) @ W.T for M <= MMVQ_MAX_M: quantize_q8_1, then gguf_mmvq_q8_1."""
     n = qweight.shape[0]
     out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)

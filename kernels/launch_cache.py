@@ -4,8 +4,8 @@ Triton's JITFunction.run (triton/runtime/jit.py, 3.6) redoes on every launch wor
 answer only changes with the variant: three knob reads, the current device, the pre-run
 hooks, the variant's string cache key (`str(options)` of the launch options), the check
 that no global it read changed, the launch metadata. An eager decode step of Llama-8B
-makes ~230 launches, and that path was half of the step's Python time (the cProfile of
-docs/BENCHMARKS.md, session 27): eager batch-1 is bound by the host CPU.
+makes ~230 launches, and that path is about half of the step's Python time (a cProfile of
+an eager batch-1 decode step shows it): eager batch-1 is bound by the host CPU.
 
 `cached_launch` wraps a launched `@triton.jit` kernel (not a helper other kernels call).
 A launch binds its arguments with Triton's own binder (the per-kernel generated function

@@ -21,10 +21,13 @@ import triton.language as tl
 
 from kernels._common import check, check_float, check_same_device
 from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
+from kernels.gguf_gemm import GGUF_MMQ_CONFIG
 from kernels.gguf_tiles import TILE_TYPES, dequant_tile
 
-# BLOCK_SIZE_M, BLOCK_SIZE_N, warps, stages: kernels/gguf_gemm.py's MMQ_CONFIG
-MOE_GGUF_CONFIG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "num_warps": 4, "num_stages": 2}
+# kernels/gguf_gemm.py gguf_mmq's tile, in vLLM's keys
+MOE_GGUF_CONFIG = {"BLOCK_SIZE_M": GGUF_MMQ_CONFIG.block_m, "BLOCK_SIZE_N": GGUF_MMQ_CONFIG.block_n,
+                   "num_warps": GGUF_MMQ_CONFIG.num_warps,
+                   "num_stages": GGUF_MMQ_CONFIG.num_stages}
 
 
 @triton.jit

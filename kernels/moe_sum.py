@@ -4,8 +4,9 @@ Mirrors vLLM's ops.moe_sum (csrc/moe/moe_align_sum_kernels.cu moe_sum_kernel), w
 fused_experts_impl (vllm/model_executor/layers/fused_moe/fused_moe.py) calls on the w2
 output: one program reads a [top_k, BLOCK] slab of one token, sums it in fp32 and rounds
 once to the output dtype, as torch's `x.sum(dim=1)` does for bf16/fp16. Contiguous reads of
-every pair's row, where torch's reduction over the middle dimension measured ~50% of HBM
-bandwidth on the H200 (Qwen3-30B-A3B prefill steps, [8,192, 8, 2,048]).
+every pair's row, where torch's reduction over the middle dimension reads strided (`python3
+examples/bench/kernels.py --only moe` times both on a Qwen3-30B-A3B prefill step's
+[8,192, 8, 2,048]).
 """
 
 from __future__ import annotations

@@ -29,6 +29,24 @@ def rms_norm_row(x, w, hidden, eps):
     return xf * tl.math.rsqrt(var + eps) * w
 
 
+@triton.jit
+def rms_norm_prologue(x_ptr, res_ptr, w_ptr, row, stride_x, stride_res, hidden, eps,
+                      weight_offset, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    """One row's norm, the prologue of rms_norm and its fused consumers (kernels/
+    fp8_rms_norm_quant.py): x row [hidden] (with HAS_RESIDUAL, x + residual rounded to x's
+    dtype as torch's x + r, stored back into the residual row) -> (x [BLOCK] in its dtype,
+    rms_norm_row of it [BLOCK] fp32, not rounded)."""
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        tl.store(res_ptr + row * stride_res + cols, x, mask=mask)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + weight_offset
+    return x, rms_norm_row(x, w, hidden, eps)
+
+
 def norm_warps(block: int) -> int:
     """Warps of a one-row norm of `block` lanes (the sum's order follows them)."""
     return min(16, max(1, block // 512))
@@ -45,6 +63,32 @@ def check_norm_weight(weight: torch.Tensor, hidden: int, weight_offset: float,
     check(weight_offset in (0.0, 1.0), lambda: f"weight_offset must be 0 or 1, got {weight_offset}")
 
 
+def check_norm_args(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                    weight_offset: float, name: str = "x") -> tuple[int, int]:
+    """The row norms' checks: x (called `name`) a float [T, H] with a contiguous last
+    dimension, weight as check_norm_weight, residual None or x's shape and dtype beside
+    it -> (T, H)."""
+    check_float(name, x)
+    check(x.dim() == 2 and x.stride(1) == 1,
+          lambda: f"{name} must be [num_tokens, hidden] with a contiguous "
+          f"last dimension, got {tuple(x.shape)} strides {x.stride()}")
+    n, h = x.shape
+    check_norm_weight(weight, h, weight_offset, x)
+    if residual is not None:
+        check(residual.shape == x.shape and residual.dtype == x.dtype
+              and residual.stride(1) == 1, f"residual must match {name}'s shape and dtype")
+        check_same_device(**{name: x, "residual": residual})
+    return n, h
+
+
+def norm_block(hidden: int) -> int:
+    """Lanes of a one-row norm: next_pow2(hidden), at most 65536."""
+    block = next_pow2(hidden)
+    check(block <= 65536,
+          lambda: f"hidden size {hidden} is larger than this kernel's 65536 limit")
+    return block
+
+
 @cached_launch
 @triton.jit
 def _rms_norm_kernel(
@@ -56,32 +100,17 @@ def _rms_norm_kernel(
     # one program: one row of `hidden` values; x, res, out rows: [hidden]; w: [hidden]
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
-    mask = cols < hidden
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded like torch's x + r
-        tl.store(res_ptr + row * stride_res + cols, x, mask=mask)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + weight_offset
-    y = rms_norm_row(x, w, hidden, eps)
-    tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+    _, y = rms_norm_prologue(x_ptr, res_ptr, w_ptr, row, stride_x, stride_res, hidden, eps,
+                             weight_offset, HAS_RESIDUAL, BLOCK)
+    tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty),
+             mask=cols < hidden)
 
 
 def _launch(x, residual, weight, out, eps, weight_offset):
-    check_float("x", x)
-    check(x.dim() == 2 and x.stride(1) == 1,
-          lambda: f"x must be [num_tokens, hidden] with a contiguous "
-          f"last dimension, got {tuple(x.shape)} strides {x.stride()}")
-    n, h = x.shape
-    check_norm_weight(weight, h, weight_offset, x)
-    if residual is not None:
-        check(residual.shape == x.shape and residual.dtype == x.dtype
-              and residual.stride(1) == 1, "residual must match x's shape and dtype")
-        check_same_device(x=x, residual=residual)
+    n, h = check_norm_args(x, residual, weight, weight_offset)
     if n == 0:
         return
-    block = next_pow2(h)
-    check(block <= 65536, lambda: f"hidden size {h} is larger than this kernel's 65536 limit")
+    block = norm_block(h)
     _rms_norm_kernel[(n,)](
         x, residual if residual is not None else x, weight, out, h, x.stride(0),
         residual.stride(0) if residual is not None else 0, out.stride(0), float(eps),

@@ -11,7 +11,7 @@ vLLM has no such fusion.
 Every program holds the whole row (BLOCK = next_pow2(hidden), no K loop): it computes the
 sum and norm with kernels/rms_norm.py's rms_norm_row at its norm_warps (the
 residual sum rounded to the dtype, statistics in fp32, one rounding), program 0 stores
-them, and each program takes BN router rows (gemv_config's small-N rule) against the
+them, and each program takes BN router rows (dense_gemv_config's small-N rule) against the
 rounded norm output in fp32, rounded once. Out of place: every program reads x and
 residual, so none may write them. The router and norm weights are loaded before the PDL
 wait (weights, never written during a step: kernels/_common.py pdl_wait).
@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import cdiv, check, check_same_device, next_pow2, pdl_launch, pdl_wait
-from kernels.gemv import check_one_row_gemv, dense_gemv_ref, gemv_config
+from kernels.gemv import check_one_row_gemv, dense_gemv_config, dense_gemv_ref
 from kernels.launch_cache import cached_launch
 from kernels.rms_norm import check_norm_weight, norm_warps, rms_norm_ref, rms_norm_row
 
@@ -77,7 +77,7 @@ def fused_add_rms_norm_gemv(
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     residual_out = torch.empty_like(out)
     y = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    bn = gemv_config(n, h)[0]  # the router GEMV's rows a program (its small-N rule)
+    bn = dense_gemv_config(n, h).block_n  # the router GEMV's rows a program (its small-N rule)
     block = next_pow2(h)
     _fused_add_rms_norm_gemv_kernel[(cdiv(n, bn),)](
         x, residual, norm_weight, w, out, residual_out, y, n, h, float(eps),

@@ -6,11 +6,12 @@ no host sync (CUDA-graph safe). Upstream vLLM samples with argmax(probs / q)
 (vllm/v1/sample/ops/topk_topp_sampler.py random_sample: `probs.div_(q).argmax(dim=-1)`),
 and FlashInfer's sampling kernels fuse the draw and the reduction; ours takes the same token
 as argmax(logits - log q), without the softmax (engine/sample/ops/topk_topp_sampler.py's
-docstring). torch's own argmax runs one thread block per row, ~27 us over a 128k vocab on an
-H200 at batch 1; here stage 1 spreads each row over about PER_SM programs per SM, each
-reducing one chunk to (max value, its first index) in fp32/int32 partials [R, C], and
-stage 2 takes each row's first maximum over its chunks and writes int64. The log and the
-subtraction run inside stage 1, in fp32 as torch's `x.float() - q.log()`.
+docstring). torch's own argmax runs one thread block per row, so a batch-1 row keeps one SM
+busy (`python3 examples/bench/sampling_kernel.py` times both); here stage 1 spreads each
+row over about PER_SM programs per SM, each reducing one chunk to (max value, its first
+index) in fp32/int32 partials [R, C], and stage 2 takes each row's first maximum over its
+chunks and writes int64. The log and the subtraction run inside stage 1, in fp32 as
+torch's `x.float() - q.log()`.
 
 Order: torch.argmax's (ATen's GreaterOrNan, CPU and CUDA alike): NaN is maximal, and among
 equal values (NaNs too) the lowest index wins. log: libdevice's __nv_logf on the GPU, the
@@ -116,7 +117,7 @@ def _argmax_merge_kernel(part_v_ptr, part_i_ptr, out_ptr, num_chunks,
 
 def _chunking(rows: int, vocab: int, device: torch.device) -> tuple[int, int]:
     """(chunk_steps, num_chunks): chunks of whole BLOCK steps, as many per row as bring the
-    grid to about PER_SM programs per SM (batch 1 at a 128k vocab on an H200: 251 chunks of
+    grid to about PER_SM programs per SM (batch 1 at a 128k vocab on 132 SMs: 251 chunks of
     one step; 64 rows: 5 chunks of 51 steps). Host ints only, so a CUDA graph replays it."""
     steps = cdiv(vocab, BLOCK)
     chunk_steps = cdiv(steps, min(steps, cdiv(PER_SM * _num_sms(device), rows)))

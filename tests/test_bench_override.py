@@ -12,12 +12,13 @@ import kernels.decode_attention as decode_attention  # noqa: E402
 import kernels.fused_moe_gemv as fused_moe_gemv  # noqa: E402
 import kernels.gemv as gemv  # noqa: E402
 from examples.bench import override  # noqa: E402
+from kernels.launch_configs import GemvConfig  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _restore(monkeypatch):
     """Register the originals so that monkeypatch puts them back after each test."""
-    monkeypatch.setattr(gemv, "gemv_config", gemv.gemv_config)
+    monkeypatch.setattr(gemv, "dense_gemv_config", gemv.dense_gemv_config)
     monkeypatch.setattr(fused_moe_gemv, "fused_moe_gemv_config",
                         fused_moe_gemv.fused_moe_gemv_config)
     monkeypatch.setattr(decode_attention.paged_attention_decode, "__defaults__",
@@ -25,17 +26,17 @@ def _restore(monkeypatch):
 
 
 def test_gemv_configs_replaced_for_the_shapes_named_only() -> None:
-    before = gemv.gemv_config(4096, 4096), gemv.gemv_config(14336, 4096, True)
+    before = gemv.dense_gemv_config(4096, 4096), gemv.dense_gemv_config(14336, 4096, True)
     override.apply({"BENCH_GEMV": "5120,2048:8,512,4,2;2048,4096:4,1024,2,1"})
-    assert gemv.gemv_config(5120, 2048) == (8, 512, 4, 2)
-    assert gemv.gemv_config(2048, 4096) == (4, 1024, 2, 1)
-    assert (gemv.gemv_config(4096, 4096), gemv.gemv_config(14336, 4096, True)) == before
+    assert gemv.dense_gemv_config(5120, 2048) == GemvConfig(8, 512, 4, 2)
+    assert gemv.dense_gemv_config(2048, 4096) == GemvConfig(4, 1024, 2, 1)
+    assert (gemv.dense_gemv_config(4096, 4096), gemv.dense_gemv_config(14336, 4096, True)) == before
 
 
 def test_moe_pair_replaced_one_side_at_a_time() -> None:
     w13, w2 = fused_moe_gemv.fused_moe_gemv_config(2048, 768, 8)
     override.apply({"BENCH_MOE_W2": "1,1024,2,1"})
-    assert fused_moe_gemv.fused_moe_gemv_config(2048, 768, 8) == (w13, (1, 1024, 2, 1))
+    assert fused_moe_gemv.fused_moe_gemv_config(2048, 768, 8) == (w13, GemvConfig(1, 1024, 2, 1))
 
 
 def test_decode_tile_default_replaced() -> None:
@@ -47,9 +48,9 @@ def test_decode_tile_default_replaced() -> None:
 
 
 def test_empty_environment_changes_nothing() -> None:
-    config = gemv.gemv_config
+    config = gemv.dense_gemv_config
     override.apply({"PATH": "/bin"})
-    assert gemv.gemv_config is config
+    assert gemv.dense_gemv_config is config
 
 
 @pytest.mark.parametrize("env,message", [

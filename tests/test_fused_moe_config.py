@@ -100,6 +100,29 @@ def test_config_file_name_is_upstreams(monkeypatch) -> None:
     assert config.get_device_name() == "NVIDIA_H200"
 
 
+def test_block_fp8_file_name_carries_the_block_shape(tmp_path, monkeypatch) -> None:
+    """Upstream's ",block_shape=[bn,bk]" suffix for block-quantized FP8 experts, and the
+    lookup reads that file (per-tensor FP8 and unquantized files have none)."""
+    assert get_config_file_name(256, 512, "fp8_w8a8", "NVIDIA_H200", [128, 128]) == \
+        "E=256,N=512,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+    assert get_config_file_name(256, 512, "fp8_w8a8", "NVIDIA_H200") == \
+        "E=256,N=512,device_name=NVIDIA_H200,dtype=fp8_w8a8.json"
+    monkeypatch.setattr(config, "get_device_name", lambda: "TEST_GPU")
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
+    get_moe_configs.cache_clear()
+    tuned = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
+             "num_warps": 4, "num_stages": 3}
+    (tmp_path / "E=6,N=40,device_name=TEST_GPU,dtype=fp8_w8a8,block_shape=[128,128].json"
+     ).write_text(json.dumps({"1": tuned}))
+    try:
+        w1, w2 = (6, 80, 24), (6, 24, 40)
+        assert try_get_optimal_moe_config(w1, w2, 2, "fp8_w8a8", 3, [128, 128]) == tuned
+        assert try_get_optimal_moe_config(w1, w2, 2, "fp8_w8a8", 3) == \
+            get_default_config(3, 6, 40, 24, 2, "fp8_w8a8")
+    finally:
+        get_moe_configs.cache_clear()
+
+
 def test_tuned_file_nearest_m_and_folder_order(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(config, "get_device_name", lambda: "TEST_GPU")
     monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))

@@ -21,7 +21,7 @@ import torch
 ON_CUDA = torch.cuda.is_available()
 if not ON_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
-pytest.importorskip("triton", reason="kernels/ need triton (pip install triton); issue 7")
+pytest.importorskip("triton", reason="kernels/ need triton (pip install triton)")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 

@@ -39,6 +39,7 @@ from kernels.fp8_quant import (
     scaled_fp8_quant_ref,
 )
 from kernels.fp8_scaled_mm import fp8_scaled_mm, fp8_scaled_mm_ref
+from kernels.launch_configs import GemmConfig, GemvConfig
 
 FP8_ON_CUDA = ON_CUDA and torch.cuda.get_device_capability() >= (8, 9)
 if ON_CUDA and not FP8_ON_CUDA:
@@ -169,9 +170,9 @@ def block_inputs(m, n, k, block, seed=0):
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_w8a8_block_fp8_matmul(m, n, k, block, out_dtype) -> None:
     a, b, a_s, b_s = block_inputs(m, n, k, block)
-    config = None if ON_CUDA else {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32,
-                                   "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 2,
-                                   "num_warps": 4, "num_stages": 2}
+    config = None if ON_CUDA else GemmConfig(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32,
+                                             BLOCK_SIZE_K=32, GROUP_SIZE_M=2,
+                                             num_warps=4, num_stages=2)
     out = w8a8_block_fp8_matmul(a, b, a_s, b_s, block, out_dtype, config=config)
     assert_gemm_close(out, w8a8_block_fp8_matmul_ref(a, b, a_s, b_s, block, out_dtype))
 
@@ -205,7 +206,8 @@ def test_w8a8_block_fp8_gemv(n, k, block, config) -> None:
     block GEMM's dispatch to it at M = 1."""
     a, b, a_s, b_s = block_inputs(1, n, k, block, seed=n)
     ref = w8a8_block_fp8_matmul_ref(a, b, a_s, b_s, block, torch.float32)
-    out = w8a8_block_fp8_gemv(a, b, a_s, b_s, block, torch.float32, config=config)
+    out = w8a8_block_fp8_gemv(a, b, a_s, b_s, block, torch.float32,
+                              config=config and GemvConfig(*config))
     assert_gemm_close(out, ref)
     if config is None:
         dispatched = w8a8_block_fp8_matmul(a, b, a_s, b_s, block, torch.float32)
@@ -221,9 +223,9 @@ def test_w8a8_block_fp8_matmul_errors() -> None:
     with pytest.raises(InvalidArgumentError, match="float8_e4m3fn"):
         w8a8_block_fp8_matmul(a.float(), b, a_s, b_s, [32, 32])
     with pytest.raises(InvalidArgumentError, match="must divide block_k"):
-        w8a8_block_fp8_matmul(a, b, a_s, b_s, [32, 32], config={
-            "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
-            "num_warps": 4, "num_stages": 2})
+        w8a8_block_fp8_matmul(a, b, a_s, b_s, [32, 32], config=GemmConfig(
+            BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=64, GROUP_SIZE_M=1,
+            num_warps=4, num_stages=2))
     assert w8a8_block_fp8_matmul(a[:0], b, a_s[:0], b_s, [32, 32]).shape == (0, 64)
 
 
@@ -240,8 +242,8 @@ def test_block_fp8_config_loader(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(fp8_block_gemm, "CONFIG_DIR", str(tmp_path))
     fp8_block_gemm.get_w8a8_block_fp8_configs.cache_clear()
     try:
-        assert get_config(3, 4096, 14336, 128, 128) == small
-        assert get_config(900, 4096, 14336, 128, 128) == big
+        assert get_config(3, 4096, 14336, 128, 128) == GemmConfig(**small)
+        assert get_config(900, 4096, 14336, 128, 128) == GemmConfig(**big)
         assert get_config(3, 4096, 4096, 128, 128) == fp8_block_gemm.default_config(128, 128)
     finally:
         fp8_block_gemm.get_w8a8_block_fp8_configs.cache_clear()

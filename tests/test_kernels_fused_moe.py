@@ -50,7 +50,7 @@ def launches(routings, on_cuda):
     ones on_cuda(m, e, aligned, dtype) names run on CUDA only: under the interpreter they
     are the slowest cases and repeat paths that other CPU cases run."""
     return [(*r, aligned, dtype) if not on_cuda(*r[:2], aligned, dtype) else cuda_only(
-        *r, aligned, dtype, why=f"{on_cuda.__name__} in this file (issue 17)")
+        *r, aligned, dtype, why=f"{on_cuda.__name__} in this file")
         for r in routings for aligned in (True, False) for dtype in DTYPES]
 
 

@@ -36,6 +36,7 @@ from kernels.fused_moe_gemv import (
     fused_moe_gemv_w13_ref,
     fused_moe_gemv_w13_routed,
 )
+from kernels.launch_configs import GemvConfig
 from kernels.moe_topk_softmax import topk_softmax, topk_softmax_ref
 
 
@@ -56,7 +57,7 @@ CASES = [  # m, e, h, i, topk
     (1, 8, 32, 16, 1), (1, 8, 40, 24, 2), (2, 64, 48, 20, 8), (4, 128, 33, 17, 8),
     (1, 512, 64, 32, 10), (3, 16, 16, 8, 1),
     (2, 32, 64, 13, 4), (1, 16, 18, 16, 2)]  # whole steps with partial row blocks
-SMALL = (4, 16, 1, 1)  # BN, BK, warps, stages: several blocks and steps
+SMALL = GemvConfig(4, 16, 1, 1)  # BN, BK, warps, stages: several blocks and steps
 
 
 @pytest.mark.parametrize("m,e,h,i,topk", CASES)
@@ -108,11 +109,15 @@ def test_gemv_kernels_check_their_arguments() -> None:
 
 
 def test_config_defaults() -> None:
-    assert fused_moe_gemv_config(2048, 768, 8) == ((8, 256, 4, 1), (1, 256, 1, 1))
-    assert fused_moe_gemv_config(2048, 512, 8) == ((8, 256, 4, 1), (1, 256, 1, 1))
-    assert fused_moe_gemv_config(4096, 14336, 2) == ((8, 256, 4, 1), (1, 512, 1, 1))
-    assert fused_moe_gemv_config(2048, 768, 1)[1] == (1, 256, 1, 1)
-    assert fused_moe_gemv_config(48, 20, 10) == ((8, 64, 4, 1), (1, 32, 1, 1))
+    assert fused_moe_gemv_config(2048, 768, 8) == (
+        GemvConfig(8, 256, 4, 1), GemvConfig(1, 256, 1, 1))
+    assert fused_moe_gemv_config(2048, 512, 8) == (
+        GemvConfig(8, 256, 4, 1), GemvConfig(1, 256, 1, 1))
+    assert fused_moe_gemv_config(4096, 14336, 2) == (
+        GemvConfig(8, 256, 4, 1), GemvConfig(1, 512, 1, 1))
+    assert fused_moe_gemv_config(2048, 768, 1).w2 == GemvConfig(1, 256, 1, 1)
+    assert fused_moe_gemv_config(48, 20, 10) == (
+        GemvConfig(8, 64, 4, 1), GemvConfig(1, 32, 1, 1))
 
 
 @pytest.mark.parametrize("m,e,topk", [(1, 8, 2), (2, 16, 2), (3, 16, 2), (4, 128, 8),
@@ -200,10 +205,10 @@ ROUTED_LIMIT = {(2, 64, 48, 20, 8): ("random", torch.float32),
 def _routed_case(shape, kind, dtype):
     if (kind == "random") != (dtype == torch.float32):
         return cuda_only(*shape, kind, dtype, why="a kind and dtype pair, each alone runs on "
-                         "CPU with every shape (issue 17)")
+                         "CPU with every shape")
     if ROUTED_LIMIT.get(shape, (kind, dtype)) != (kind, dtype):
         return cuda_only(*shape, kind, dtype, why="the other shape at the sparse limit with "
-                         "top-k 8 in this kind and dtype (issue 17)")
+                         "top-k 8 in this kind and dtype")
     return (*shape, kind, dtype)
 
 
@@ -352,7 +357,7 @@ def wide_logits(m, e, dtype, seed=0):
 @pytest.mark.parametrize("m,e,h,i,topk,dtype", [
     (*shape, dtype) if shape[0] != 2 or dtype == torch.float32 else cuda_only(
         *shape, dtype, why="the default config runs in fp32, the 16-bit rounding bound with "
-        "the other shapes (issue 17)")
+        "the other shapes")
     for shape in [(1, 8, 32, 16, 2), (2, 64, 48, 20, 8), (1, 512, 16, 8, 10),
                   (3, 16, 18, 13, 1)] for dtype in DTYPES])
 def test_routed_kernels_take_strided_logits_and_the_shared_epilogue(m, e, h, i, topk,

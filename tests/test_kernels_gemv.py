@@ -27,7 +27,8 @@ from engine.layers.linear import (
 from engine.layers.logits_processor import LogitsProcessor
 from engine.layers.vocab_parallel_embedding import ParallelLMHead
 from kernels.activation import silu_and_mul
-from kernels.gemv import dense_gemv, dense_gemv_ref, gemv_config
+from kernels.gemv import dense_gemv, dense_gemv_config, dense_gemv_ref
+from kernels.launch_configs import GemvConfig
 
 # bf16 too on CPU: the interpreter truncates to bf16 (1 ulp), inside the bf16 tolerance
 ALL_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -53,7 +54,7 @@ def test_dense_gemv_matches_fp32_linear(n: int, k: int, dtype: torch.dtype, bias
 
 
 # N = 1: a constexpr on CUDA; K = 1100: one masked step of the default 2048 values. 300
-# outputs (one a program, 900 programs with the plain GEMV below) only on CUDA (issue 17)
+# outputs (one a program, 900 programs with the plain GEMV below) only on CUDA
 @pytest.mark.parametrize("n,k", [(1, 64), (37, 64), (37, 1100), cuda_only(
     300, 1100, why="(37, 1100): the same one-output programs and masked step, fewer of them")])
 # not bf16 under the interpreter: it truncates the rounded SiLU where torch rounds to even
@@ -68,7 +69,7 @@ def test_dense_gemv_silu_and_mul_matches_the_engine(n: int, k: int, dtype: torch
     assert_close(y, dense_gemv_ref(x, w, b, silu_and_mul=True))
     # bit for bit the plain GEMV's sums on the same tiles, rounded, then the SiLU-and-mul
     # kernel of M > 1
-    plain = dense_gemv(x, w, b, config=gemv_config(2 * n, k, silu_and_mul=True))
+    plain = dense_gemv(x, w, b, config=dense_gemv_config(2 * n, k, silu_and_mul=True))
     assert torch.equal(y, silu_and_mul(plain))
     with pytest.raises(InvalidArgumentError, match=r"\[2N, K\] gate \| up"):
         dense_gemv(x, w[:-1], silu_and_mul=True)
@@ -78,7 +79,7 @@ def test_dense_gemv_silu_and_mul_large_weight_config() -> None:
     """The config of gate_up weights past 8192 rows (8 outputs of 128-wide steps), here on
     a small weight: BN does not divide N, K has a masked tail."""
     x, w, b = _inputs(2 * 37, 300, torch.float32, True, seed=6)
-    config = gemv_config(28672, 4096, silu_and_mul=True)
+    config = dense_gemv_config(28672, 4096, silu_and_mul=True)
     y = dense_gemv(x, w, b, silu_and_mul=True, config=config)
     assert_close(y, dense_gemv_ref(x, w, b, silu_and_mul=True))
     assert torch.equal(y, silu_and_mul(dense_gemv(x, w, b, config=config)))
@@ -87,7 +88,7 @@ def test_dense_gemv_silu_and_mul_large_weight_config() -> None:
 def test_dense_gemv_launch_config_override() -> None:
     """A sweep's config (examples/bench/kernels.py --sweep dense) computes the same."""
     x, w, b = _inputs(37, 1100, torch.float32, True)
-    for config in ((4, 64, 2, 1), (16, 256, 4, 2)):
+    for config in (GemvConfig(4, 64, 2, 1), GemvConfig(16, 256, 4, 2)):
         assert_close(dense_gemv(x, w, b, config=config), dense_gemv_ref(x, w, b))
 
 
@@ -98,27 +99,29 @@ def test_dense_gemv_row_view_and_empty_n() -> None:
     assert dense_gemv(x, w[:0]).shape == (1, 0)
 
 
-def test_gemv_config_reproduces_the_h200_sweep() -> None:
-    assert gemv_config(6144, 4096) == (8, 512, 4, 2)  # qkv
-    assert gemv_config(4096, 4096) == (4, 1024, 2, 1)  # o
-    assert gemv_config(4096, 14336) == (8, 512, 8, 2)  # down
-    assert gemv_config(28672, 4096) == (4, 1024, 2, 1)  # gate_up
-    assert gemv_config(28672, 4096, silu_and_mul=True) == (8, 128, 2, 2)  # 8 + 8 rows
-    assert gemv_config(1024, 2048, silu_and_mul=True) == (1, 2048, 8, 1)  # shared expert
-    assert gemv_config(128256, 4096) == (16, 256, 4, 2)  # lm_head
-    assert gemv_config(300, 100)[1] == 128  # BK shrinks to next_power_of_2(K)
+def test_dense_gemv_config_rule() -> None:
+    assert dense_gemv_config(6144, 4096) == GemvConfig(8, 512, 4, 2)  # qkv
+    assert dense_gemv_config(4096, 4096) == GemvConfig(4, 1024, 2, 1)  # o
+    assert dense_gemv_config(4096, 14336) == GemvConfig(8, 512, 8, 2)  # down
+    assert dense_gemv_config(28672, 4096) == GemvConfig(4, 1024, 2, 1)  # gate_up
+    assert dense_gemv_config(28672, 4096, silu_and_mul=True) == GemvConfig(8, 128, 2, 2)  # 8 + 8
+    assert dense_gemv_config(1024, 2048, silu_and_mul=True) == GemvConfig(1, 2048, 8, 1)  # shared
+    assert dense_gemv_config(128256, 4096) == GemvConfig(16, 256, 4, 2)  # lm_head
+    assert dense_gemv_config(300, 100).block_k == 128  # BK shrinks to next_power_of_2(K)
 
 
-def test_gemv_config_small_n_spreads_a_router_over_many_programs() -> None:
-    assert gemv_config(128, 2048) == (1, 2048, 8, 1)  # Qwen3-30B-A3B router: 128 programs
-    assert gemv_config(256, 2048) == (2, 1024, 8, 1)  # Qwen3.5-35B-A3B
-    assert gemv_config(512, 2048) == (4, 512, 8, 1)  # Qwen3-Next
-    assert gemv_config(8, 4096) == (1, 2048, 8, 1)  # Mixtral
-    assert gemv_config(1, 2048) == (1, 2048, 8, 1)  # Qwen3-Next's shared_expert_gate
+def test_dense_gemv_config_small_n_spreads_a_router_over_many_programs() -> None:
+    """Routers of E = 128 (Qwen3-30B-A3B), 256 (Qwen3.5-35B-A3B), 512 (Qwen3-Next), 8
+    (Mixtral) and one row (a shared-expert gate): about 128 programs each."""
+    assert dense_gemv_config(128, 2048) == GemvConfig(1, 2048, 8, 1)  # Qwen3-30B-A3B
+    assert dense_gemv_config(256, 2048) == GemvConfig(2, 1024, 8, 1)  # Qwen3.5-35B-A3B
+    assert dense_gemv_config(512, 2048) == GemvConfig(4, 512, 8, 1)  # Qwen3-Next
+    assert dense_gemv_config(8, 4096) == GemvConfig(1, 2048, 8, 1)  # Mixtral
+    assert dense_gemv_config(1, 2048) == GemvConfig(1, 2048, 8, 1)  # shared_expert_gate
     # E + 1: the router merged with the shared-expert gate (engine/models/qwen3_next.py)
-    assert gemv_config(257, 2048) == (2, 1024, 8, 1)  # Qwen3.5-35B-A3B: 129 programs
-    assert gemv_config(513, 2048) == (4, 512, 8, 1)  # Qwen3-Next
-    assert gemv_config(514, 2048) == (8, 512, 8, 2)  # above: the n < k rule
+    assert dense_gemv_config(257, 2048) == GemvConfig(2, 1024, 8, 1)  # 129 programs
+    assert dense_gemv_config(513, 2048) == GemvConfig(4, 512, 8, 1)  # Qwen3-Next
+    assert dense_gemv_config(514, 2048) == GemvConfig(8, 512, 8, 2)  # above: the n < k rule
     x, w, _ = _inputs(300, 3000, torch.float32, False, seed=2)
     assert_close(dense_gemv(x, w), dense_gemv_ref(x, w))  # 4-row blocks, a partial step
 

@@ -29,6 +29,7 @@ from kernels.gemv_rope_cache import (
     qkv_gemv_rope_cache,
     qkv_gemv_rope_cache_ref,
 )
+from kernels.launch_configs import GemvConfig
 from kernels.rotary_cache import rotary_embedding_and_cache
 
 # bf16 too on CPU: the interpreter truncates to bf16 (1 ulp), inside the bf16 tolerance
@@ -102,7 +103,7 @@ _PAIR_K1100 = ("the float32 K = 1100 case (the same steps; the dtype changes onl
     *[cuda_only(1100, True, d, why=_PAIR_K1100) for d in ALL_DTYPES[1:]]])
 def test_equals_the_kernel_pair_bit_for_bit(k: int, bias: bool, dtype: torch.dtype) -> None:
     """dense_gemv then rotary_embedding_and_cache (the launches it replaces), same BK. On
-    CUDA an fp32 GEMV's sum order follows its warp count, which gemv_config picks by shape:
+    CUDA an fp32 GEMV's sum order follows its warp count, which dense_gemv_config picks by shape:
     there fp32 is within 1e-5 (bf16 on the Llama shapes is bit-equal, test below)."""
     args = _inputs(4, 2, 64, k, dtype, bias, seed=1)
     cache = args["kv_cache"].clone()
@@ -144,7 +145,7 @@ def test_launch_config_override(config) -> None:
     """A sweep's config computes the same (BN / 2 pairs dividing head_size / 2 = 16); K
     140: whole BK steps, then a masked one (BK 256: the masked one only)."""
     args = _inputs(4, 2, 32, 140, torch.float32, True)
-    q, cache, want_q, want_cache, _ = _run_both(args, config)
+    q, cache, want_q, want_cache, _ = _run_both(args, GemvConfig(*config))
     assert_close(q, want_q)
     assert_close(cache, want_cache)
 
@@ -169,8 +170,8 @@ def test_int32_positions_and_slots_and_an_fp32_cache() -> None:
 
 
 def test_gemv_rope_cache_config_is_the_qkv_gemv_config() -> None:
-    assert gemv_rope_cache_config(4096) == (8, 512, 4, 2)  # gemv_config(6144, 4096)
-    assert gemv_rope_cache_config(100) == (8, 128, 4, 2)  # BK shrinks to next_pow2(K)
+    assert gemv_rope_cache_config(4096) == GemvConfig(8, 512, 4, 2)  # dense_gemv_config(6144, 4096)
+    assert gemv_rope_cache_config(100) == GemvConfig(8, 128, 4, 2)  # BK shrinks to next_pow2(K)
 
 
 @pytest.mark.parametrize("change,match", [
@@ -194,8 +195,8 @@ def test_gemv_rope_cache_config_is_the_qkv_gemv_config() -> None:
     (dict(slot_mapping=torch.zeros(1)), r"slot_mapping must be a \[1\]"),
     (dict(num_q_heads=0), "need q and kv heads"),
     (dict(head_size=15), "even head_size"),
-    (dict(config=(6, 64, 4, 2)), "BN / 2 dividing head_size / 2 = 8"),
-    (dict(config=(1, 64, 4, 2)), "BN 1 must be even"),
+    (dict(config=GemvConfig(32, 64, 4, 2)), "BN / 2 dividing head_size / 2 = 8"),
+    (dict(config=GemvConfig(1, 64, 4, 2)), "BN 1 must be even"),
 ])
 def test_rejects_bad_input(change: dict, match: str) -> None:
     args = _inputs(4, 2, 16, 64, torch.float32, True)

@@ -19,6 +19,7 @@ from engine.gguf.dequant import dequantize_rows as gguf_dequantize_ref  # the or
 from kernels import gguf_gemm as gguf_gemm_module
 from kernels.gguf_gemm import gguf_dequantize, gguf_gemm, gguf_gemv, gguf_mmq
 from kernels.gguf_kquant_mmq import kquant_dequantize, kquant_mmq
+from kernels.launch_configs import GgufBlocksConfig, GgufMmqConfig, KquantMmqConfig
 
 TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
          GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
@@ -68,7 +69,8 @@ def test_gemv_matches_engine(qtype: GGMLType, m: int, block_m: int) -> None:
 def test_mmq_matches_engine(qtype: GGMLType) -> None:
     w = random_weight(qtype, 20, 512, seed=2)
     x = torch.randn(17, 512, device=DEVICE)  # partial BLOCK_M
-    assert _rel_err(gguf_mmq(x, w, qtype, config=(16, 16, 4, 2)), gguf_gemm_ref(x, w, qtype)) < 1e-5
+    y = gguf_mmq(x, w, qtype, config=GgufMmqConfig(16, 16, 4, 2))
+    assert _rel_err(y, gguf_gemm_ref(x, w, qtype)) < 1e-5
 
 
 @pytest.mark.parametrize("k", [32 * 18, 32 * 3])  # SmolLM2's 576; fewer blocks than a step
@@ -78,7 +80,7 @@ def test_rows_that_end_inside_a_step(qtype: GGMLType, k: int) -> None:
     x = torch.randn(2, k, device=DEVICE)
     ref = gguf_gemm_ref(x, w, qtype)
     assert _rel_err(gguf_gemv(x, w, qtype, block_m=2), ref) < 1e-5
-    assert _rel_err(gguf_mmq(x, w, qtype, config=(16, 16, 4, 2)), ref) < 1e-5
+    assert _rel_err(gguf_mmq(x, w, qtype, config=GgufMmqConfig(16, 16, 4, 2)), ref) < 1e-5
     assert _rel_err(gguf_dequantize(w, qtype, torch.float32), gguf_dequantize_ref(w, qtype,
                     torch.float32)) <= 1e-6
 
@@ -94,7 +96,7 @@ def test_kquant_mmq_matches_engine(qtype: GGMLType, config: tuple, k: int) -> No
     # alignment), 20 rows and 17 tokens: partial tiles on both sides
     w = random_weight(qtype, 20, k, seed=7)
     x = torch.randn(17, k, device=DEVICE)
-    y = kquant_mmq(x, w, qtype, config=config)
+    y = kquant_mmq(x, w, qtype, config=KquantMmqConfig(*config))
     assert _rel_err(y, gguf_gemm_ref(x, w, qtype)) < 1e-5
 
 
@@ -104,7 +106,7 @@ def test_kquant_dequantize_matches_engine(qtype: GGMLType, config: tuple) -> Non
     # 20 rows of 3 super-blocks: partial row tiles, and block groups of 2 / 4 that end past
     # the row (a store past it would land in the next row: the whole tensor is compared)
     w = random_weight(qtype, 20, 768, seed=10)
-    out = kquant_dequantize(w, qtype, torch.float32, config)
+    out = kquant_dequantize(w, qtype, torch.float32, GgufBlocksConfig(*config))
     assert out.shape == (20, 768)
     assert _rel_err(out, gguf_dequantize_ref(w, qtype, torch.float32)) <= 1e-6
 
@@ -122,7 +124,7 @@ def test_dequantize_takes_the_word_loads_for_aligned_q6_k(monkeypatch) -> None:
                       (random_weight(GGMLType.Q5_K, 16, 256), GGMLType.Q5_K)):
         ref = gguf_dequantize_ref(qw, qtype, torch.float32)
         assert _rel_err(gguf_dequantize(qw, qtype, torch.float32), ref) <= 1e-6
-    assert calls == [GGMLType.Q6_K]  # Q4_K: the byte tiles, faster on the H200
+    assert calls == [GGMLType.Q6_K]  # kquant_dequant_config: Q6_K only
 
 
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q6_K])
@@ -131,7 +133,7 @@ def test_kquant_mmq_half_rounds_only_the_weights(qtype: GGMLType) -> None:
     w = random_weight(qtype, 16, 256, seed=8)
     x = torch.randn(9, 256, device=DEVICE).half()
     ref = x.float() @ gguf_dequantize_ref(w, qtype, torch.float32).half().float().T
-    assert _rel_err(kquant_mmq(x, w, qtype, config=(16, 16, 4, 1, 2)), ref) < 1e-3
+    assert _rel_err(kquant_mmq(x, w, qtype, config=KquantMmqConfig(16, 16, 4, 1, 2)), ref) < 1e-3
 
 
 def test_dispatch_takes_kquant_mmq_only_for_word_aligned_k_quants(monkeypatch) -> None:
@@ -210,7 +212,7 @@ def test_kquant_mmq_compiles_once_for_every_m_of_a_config(qtype: GGMLType,
     the M between them: a CUDA graph capture over 8-token buckets compiled twice as many
     variants, about 1.5 s each on the H200)."""
     w = random_weight(qtype, 256, 512, seed=7)
-    config = (64, 16, 4, 2, 1)
+    config = KquantMmqConfig(64, 16, 4, 2, 1)
     kquant_mmq(torch.randn(9, 512, dtype=torch.bfloat16, device=DEVICE), w, qtype, config)
     triton_compiles.clear()
     for m in (1, 15, 16, 32, 33):

@@ -27,6 +27,7 @@ from kernels.gguf_mmvq import (
     quantize_q8_1,
     quantize_q8_1_ref,
 )
+from kernels.launch_configs import MmvqConfig
 
 TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K,
          GGMLType.Q6_K]
@@ -77,14 +78,14 @@ def test_quantize_q8_1_matches_reference(silu: bool) -> None:
 @pytest.mark.parametrize("qtype,m", [
     (t, m) if (t, m) != (GGMLType.Q6_K, 3) else cuda_only(
         t, m, why="Q6_K's token loop at M = 6, on whole and masked steps, in "
-        "test_mmvq_default_configs_exact_on_integer_activations (issue 16)")
+        "test_mmvq_default_configs_exact_on_integer_activations")
     for t in TYPES for m in (1, 3)] + [(GGMLType.Q4_K, MMVQ_MAX_M)])
 def test_mmvq_exact_on_integer_activations(qtype: GGMLType, m: int) -> None:
     """3 super-blocks / 24 blocks a row (not a whole number of steps), rows_for the default
     config's BLOCK_N (a partial row block), M tokens padded to a power of two (the same code
     for every M per type)."""
     k = 768
-    w = random_weight(qtype, rows_for(mmvq_config(qtype, 1)[0]), k, seed=int(qtype))
+    w = random_weight(qtype, rows_for(mmvq_config(qtype, 1).block_n), k, seed=int(qtype))
     x = _integer_x(m, k, seed=m)
     ref = gguf_gemm_ref(x.double().float(), w, qtype)
     assert _rel_err(gguf_mmvq(x, w, qtype), ref) < 1e-5
@@ -174,13 +175,13 @@ LAYOUTS = [
 # Why a layout's M = 3 case (BLOCK_M = 4: the token loop) runs on CUDA only; on CPU every
 # layout runs at M = 1, and each type and layout at M > 1 in one case at least.
 _STEPS_AT_M6 = ("{}'s whole and masked steps at M = 6 in "
-                "test_mmvq_default_configs_exact_on_integer_activations (issue 16)")
-_DEFAULT = "the default config: test_mmvq_exact_on_integer_activations (issue 16)"
+                "test_mmvq_default_configs_exact_on_integer_activations")
+_DEFAULT = "the default config: test_mmvq_exact_on_integer_activations"
 _LAYOUT2 = "layout 2 changes the weight loads only, outside the token loop (M = 1 on CPU)"
 _M3_ON_CUDA = {
-    (GGMLType.Q4_K, (8, 2, 2, 1)): "(4, 2, 1, 1)'s steps (BLOCK_N, warps differ; issue 16)",
+    (GGMLType.Q4_K, (8, 2, 2, 1)): "(4, 2, 1, 1)'s steps (BLOCK_N, warps differ)",
     (GGMLType.Q5_K, (2, 2, 1, 1)): "(4, 2, 1, 1)'s Q4_K steps, Q5_K's bits at M = 3 in "
-                                   "test_mmvq_exact_on_integer_activations (issue 16)",
+                                   "test_mmvq_exact_on_integer_activations",
     (GGMLType.Q6_K, (8, 1, 1, 1)): _STEPS_AT_M6.format("Q6_K"),
     (GGMLType.Q6_K, (4, 4, 2, 1)): _STEPS_AT_M6.format("Q6_K"),
     (GGMLType.Q8_0, (2, 16, 1, 1)): _STEPS_AT_M6.format("Q8_0"),
@@ -199,7 +200,7 @@ _M3_ON_CUDA = {
       for t, c in LAYOUTS]])
 def test_mmvq_layouts_exact_on_integer_activations(qtype: GGMLType, config: tuple, m: int
                                                    ) -> None:
-    """Every layout (config[3]: 0 the first kernels, 1 kernels/gguf_mmvq_lanes.py, 2 the
+    """Every layout (MmvqConfig.layout: 0 the first kernels, 1 kernels/gguf_mmvq_lanes.py, 2 the
     same reading weights past L1) and
     step shape the bench sweeps: 3 super-blocks / 24 blocks a row (whole steps, then a
     masked one, or a masked one only; Q6_K's 630-byte rows alternate 4-byte phases, Q8_0
@@ -209,7 +210,7 @@ def test_mmvq_layouts_exact_on_integer_activations(qtype: GGMLType, config: tupl
     w = random_weight(qtype, rows_for(config[0]), k, seed=int(qtype))
     x = _integer_x(m, k, seed=m)
     ref = gguf_gemm_ref(x.double().float(), w, qtype)
-    assert _rel_err(gguf_mmvq(x, w, qtype, config=config), ref) < 1e-5
+    assert _rel_err(gguf_mmvq(x, w, qtype, config=MmvqConfig(*config)), ref) < 1e-5
 
 
 @pytest.mark.parametrize("qtype,k,config,rows,m", [  # mmvq_config's Q6_K / Q8_0 defaults
@@ -217,7 +218,7 @@ def test_mmvq_layouts_exact_on_integer_activations(qtype: GGMLType, config: tupl
     (GGMLType.Q8_0, 32 * 97, (2, 32, 1, 1), 3, 6),  # block count (2-byte phases); 8-row tiles
     (GGMLType.Q6_K, 256 * 9, (1, 8, 1, 1), 3, 1),
     cuda_only(GGMLType.Q6_K, 256 * 9, (2, 4, 1, 1), 3, 6,
-              why="the (4, 4, 1, 1) case below (BLOCK_N differs; issue 16)"),
+              why="the (4, 4, 1, 1) case below (BLOCK_N differs)"),
     (GGMLType.Q6_K, 256 * 9, (4, 4, 1, 1), 5, 6)])  # rows past N re-read row N - 1
 def test_mmvq_default_configs_exact_on_integer_activations(qtype: GGMLType, k: int,
                                                            config: tuple, rows: int, m: int
@@ -226,7 +227,7 @@ def test_mmvq_default_configs_exact_on_integer_activations(qtype: GGMLType, k: i
     w = random_weight(qtype, rows, k, seed=1)
     x = _integer_x(m, k, seed=2)
     ref = gguf_gemm_ref(x.double().float(), w, qtype)
-    assert _rel_err(gguf_mmvq(x, w, qtype, config=config), ref) < 1e-5
+    assert _rel_err(gguf_mmvq(x, w, qtype, config=MmvqConfig(*config)), ref) < 1e-5
 
 
 def test_mmvq_q6_k_weight_view_off_4_byte_alignment() -> None:
@@ -239,24 +240,23 @@ def test_mmvq_q6_k_weight_view_off_4_byte_alignment() -> None:
     view = flat[2:].view(w.shape)
     assert view.data_ptr() % 4 == 2
     x = _integer_x(1, k)
-    lanes = (2, 4, 1, 1)  # layout 1
-    words = lanes[:3] + (0,)
+    lanes = MmvqConfig(2, 4, 1, 1)  # layout 1
+    words = MmvqConfig(2, 4, 1, 0)
     assert torch.equal(gguf_mmvq(x, view, qtype, config=lanes),
                        gguf_mmvq(x, w, qtype, config=words))
 
 
 def test_mmvq_config_defaults() -> None:
-    """The H200-measured defaults (docs/kernels.md): layout 1 for the K-quants and Q8_0, more
-    rows a program for wide layers, fewer for narrow ones; layout 0 for Q4_0 / Q4_1, not yet
-    timed."""
-    assert mmvq_config(GGMLType.Q4_K, 28672) == (4, 4, 1, 1)
-    assert mmvq_config(GGMLType.Q4_K, 6144) == (4, 4, 1, 1)
-    assert mmvq_config(GGMLType.Q4_K, 4096) == (2, 4, 1, 1)
-    assert mmvq_config(GGMLType.Q5_K, 1024) == (2, 4, 1, 1)
-    assert mmvq_config(GGMLType.Q6_K, 128256) == (4, 4, 1, 1)
-    assert mmvq_config(GGMLType.Q6_K, 4096) == (2, 4, 1, 1)
-    assert mmvq_config(GGMLType.Q6_K, 1024) == (1, 8, 1, 1)
-    assert mmvq_config(GGMLType.Q8_0, 28672) == (2, 32, 1, 1)
-    assert mmvq_config(GGMLType.Q8_0, 6144) == (1, 64, 1, 1)
-    assert mmvq_config(GGMLType.Q8_0, 4096) == (1, 64, 1, 1)
-    assert mmvq_config(GGMLType.Q4_1, 4096) == (1, 32, 1)
+    """mmvq_config's rule (its docstring): layout 1 for the K-quants and Q8_0, more rows a
+    program for wide layers, fewer for narrow ones; layout 0 for Q4_0 / Q4_1."""
+    assert mmvq_config(GGMLType.Q4_K, 28672) == MmvqConfig(4, 4, 1, 1)
+    assert mmvq_config(GGMLType.Q4_K, 6144) == MmvqConfig(4, 4, 1, 1)
+    assert mmvq_config(GGMLType.Q4_K, 4096) == MmvqConfig(2, 4, 1, 1)
+    assert mmvq_config(GGMLType.Q5_K, 1024) == MmvqConfig(2, 4, 1, 1)
+    assert mmvq_config(GGMLType.Q6_K, 128256) == MmvqConfig(4, 4, 1, 1)
+    assert mmvq_config(GGMLType.Q6_K, 4096) == MmvqConfig(2, 4, 1, 1)
+    assert mmvq_config(GGMLType.Q6_K, 1024) == MmvqConfig(1, 8, 1, 1)
+    assert mmvq_config(GGMLType.Q8_0, 28672) == MmvqConfig(2, 32, 1, 1)
+    assert mmvq_config(GGMLType.Q8_0, 6144) == MmvqConfig(1, 64, 1, 1)
+    assert mmvq_config(GGMLType.Q8_0, 4096) == MmvqConfig(1, 64, 1, 1)
+    assert mmvq_config(GGMLType.Q4_1, 4096) == MmvqConfig(1, 32, 1, 0)

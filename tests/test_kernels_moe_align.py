@@ -45,7 +45,7 @@ def check_alignment(topk_ids: torch.Tensor, block: int, num_experts: int) -> Non
 @pytest.mark.parametrize("block,m,topk,e", [
     (block, *r) if (block, r[2]) != (64, 512) else cuda_only(
         block, *r, why="512 experts run in blocks of 16, blocks of 64 with the other "
-        "routings (issue 17)")
+        "routings")
     for block in (16, 64) for r in [(1, 1, 4), (1, 8, 128), (7, 2, 8), (33, 8, 64),
                                     (5, 8, 512), (200, 2, 16)]])
 def test_random_routing(block, m, topk, e) -> None:

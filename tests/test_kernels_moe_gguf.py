@@ -43,7 +43,7 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("m,e,topk,kind,aligned", [
     (*r, aligned) if r[0] != 19 or aligned else cuda_only(
         *r, aligned, why="57 pairs in naive blocks (a program a pair); naive blocks run with "
-        "the other routings, the 19 tokens in aligned blocks (issue 16)")
+        "the other routings, the 19 tokens in aligned blocks")
     for aligned in (True, False)
     for r in [(1, 8, 2, "random"), (5, 4, 2, "one_expert"), (19, 6, 3, "random")]])
 def test_fused_moe_gguf_kernel_matches_reference(qtype, m, e, topk, kind, aligned) -> None:
@@ -99,7 +99,7 @@ MIXED = (GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q4_K)  # gate and up in two shar
 @pytest.mark.parametrize("m,types", [
     (m, types) if (m, types) != (40, MIXED) else cuda_only(
         m, types, why="the dequantized path with Q8_0 experts; the two w13 shards at "
-        "M = 1, 3; the Q4_K dequantize in tests/test_kernels_gguf_gemm.py (issue 16)")
+        "M = 1, 3; the Q4_K dequantize in tests/test_kernels_gguf_gemm.py")
     for m in (1, 3, 40)  # 40 x 2 pairs > 16 x 4 experts: dequantized
     for types in [(GGMLType.Q8_0,) * 3, MIXED]])
 def test_gguf_experts_match_the_host_path(m, types) -> None:

@@ -231,7 +231,7 @@ def test_output_gate_must_match_q() -> None:
 SEGMENT_SEQS = [[(1, 100), (6, 37), (33, 33)], [(1, 17), (1, 0), (2, 48)]]
 
 
-# Under the interpreter half of the product (issue 17): each head pair with each segment count
+# Under the interpreter half of the product: each head pair with each segment count
 # on both sequence sets, one with the window and one without, the (set, window) pairs
 # alternating, so that every (set, window) pair also meets every head pair and segment count.
 SEGMENT_CASES = [

@@ -23,7 +23,7 @@ sizes, a coordinate descent over each GEMV kernel's (BN, BK, num_warps) from
 fused_moe_gemv_config's and from a few seeds (GEMV_SEEDS), timing the routed kernels the
 layer runs (fused_moe_gemv_w13_routed / _w2_routed, top-k in their prologue) ("gemv_sweep":
 default and best, us and share of 4.28 TB/s), and times the router GEMV at M=1
-(kernels/gemv.py dense_gemv on [E, hidden]; "router": gemv_config's, the previous 8-row
+(kernels/gemv.py dense_gemv on [E, hidden]; "router": dense_gemv_config's, the previous 8-row
 config and a few others). At the sparse sizes each row also has "layer_us" (what FusedMoE
 runs from the router logits: fused_moe_triton, routed GEMVs) and "topk_then_gemv_us"
 (fused_topk, then the GEMV pair on its ids: the layer before the top-k was folded). Writes
@@ -34,6 +34,7 @@ Default model: examples/bench/models/qwen3-30b-a3b (E=128, top-8, N=768, hidden 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -191,6 +192,7 @@ def sweep_gemv(case: Case, deadline: float) -> dict:
         fused_moe_gemv_w2_routed,
         fused_moe_gemv_w13_routed,
     )
+    from kernels.launch_configs import GemvConfig
 
     h, i, k = case.x.shape[1], case.w2.shape[2], case.topk
     acts = [fused_moe_gemv_w13_routed(case.x, case.w13, lg, k) for lg in case.logits]
@@ -198,14 +200,14 @@ def sweep_gemv(case: Case, deadline: float) -> dict:
 
     def w13(cfg):
         for lg in case.logits:
-            fused_moe_gemv_w13_routed(case.x, case.w13, lg, k, cfg)
+            fused_moe_gemv_w13_routed(case.x, case.w13, lg, k, GemvConfig(*cfg))
 
     def w2(cfg):
         for act, lg in zip(acts, case.logits, strict=True):
-            fused_moe_gemv_w2_routed(act, case.w2, lg, k, True, cfg)
+            fused_moe_gemv_w2_routed(act, case.w2, lg, k, True, GemvConfig(*cfg))
 
     result = {}
-    defaults = fused_moe_gemv_config(h, i, k)
+    defaults = [dataclasses.astuple(c) for c in fused_moe_gemv_config(h, i, k)]
     for name, fn, start, rows, nbytes in (("w13", w13, defaults[0], 2, case.bytes13),
                                           ("w2", w2, defaults[1], kp, case.bytes2)):
         timed = _timer(fn)
@@ -220,21 +222,23 @@ def sweep_gemv(case: Case, deadline: float) -> dict:
 
 
 ROUTER_CONFIGS = [(8, 512, 8, 2), (1, 1024, 4, 2), (1, 2048, 8, 1), (2, 1024, 4, 2),
-                  (1, 512, 2, 2), (4, 512, 4, 2)]  # the first: gemv_config's before n <= 512
+                  (1, 512, 2, 2), (4, 512, 4, 2)]  # the first: the n < k rule's
 
 
 def time_router(e: int, h: int, sweep: bool) -> dict:
     """The router GEMV at M=1 (dense_gemv on [E, hidden] bf16; 192 weight copies so they
-    come from HBM as in a model step): gemv_config's config, with sweep also
+    come from HBM as in a model step): dense_gemv_config's config, with sweep also
     ROUTER_CONFIGS."""
-    from kernels.gemv import dense_gemv, gemv_config
+    from kernels.gemv import dense_gemv, dense_gemv_config
+    from kernels.launch_configs import GemvConfig
 
     x = torch.randn(1, h, device="cuda", dtype=torch.bfloat16)
     ws = [torch.randn(e, h, device="cuda", dtype=torch.bfloat16) for _ in range(192)]
-    default = gemv_config(e, h)
+    default = dataclasses.astuple(dense_gemv_config(e, h))
     out = {"default": default}
     for cfg in [default] + (ROUTER_CONFIGS if sweep else []):
-        t = gpu_time(lambda cfg=cfg: [dense_gemv(x, w, config=cfg) for w in ws]) / len(ws)
+        t = gpu_time(lambda cfg=cfg: [dense_gemv(x, w, config=GemvConfig(*cfg))
+                                      for w in ws]) / len(ws)
         out[str(cfg)] = round(t * 1e6, 2)
     return out
 

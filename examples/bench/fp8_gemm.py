@@ -24,6 +24,7 @@ nothing).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -39,6 +40,7 @@ from kernels.fp8_block_gemm import get_config, w8a8_block_fp8_matmul  # noqa: E4
 from kernels.fp8_gemv import fp8_gemv_config, w8a8_block_fp8_gemv  # noqa: E402
 from kernels.fp8_quant import per_token_group_quant_fp8, scaled_fp8_quant  # noqa: E402
 from kernels.fp8_scaled_mm import fp8_scaled_mm  # noqa: E402
+from kernels.launch_configs import GemvConfig  # noqa: E402
 
 BLOCK = [128, 128]
 # (N, K) per linear; Qwen3.5-35B-A3B (hidden 2048): full attention qkv (16 gated q heads
@@ -108,7 +110,7 @@ def bench_shape(model: str, lin: str, n: int, k: int, ms: list[int], peak: float
                 xq, d, xs, ws, BLOCK, config=cfg) for d in ws_blk], len(ws_blk), 1, None)
             for gc in GEMV_SWEEP:
                 paths[f"fp8_gemv{gc}"] = (lambda gc=gc: [w8a8_block_fp8_gemv(
-                    xq, d, xs, ws, BLOCK, torch.bfloat16, config=gc) for d in ws_blk],
+                    xq, d, xs, ws, BLOCK, torch.bfloat16, config=GemvConfig(*gc)) for d in ws_blk],
                     len(ws_blk), 1, None)
         for path, (fn, reps, elt, out) in paths.items():
             t = gpu_time(fn) / reps
@@ -121,8 +123,8 @@ def bench_shape(model: str, lin: str, n: int, k: int, ms: list[int], peak: float
                  "roofline_ratio": roof / t,
                  "err": None if out is None else rel_err(out, ref)}
             if path == "fp8_block":
-                r["config"] = (fp8_gemv_config(n, k, BLOCK[0]) if m == 1
-                               else get_config(m, n, k, *BLOCK))
+                r["config"] = dataclasses.asdict(fp8_gemv_config(n, k, BLOCK[0]) if m == 1
+                                                 else get_config(m, n, k, *BLOCK))
             rows.append(r)
             print(f"  {model:5} {lin:14} M={m:<6} {path:18} {r['us']:10.1f} us "
                   f"{r['TFLOP/s']:7.1f} TF {r['GB/s']:7.0f} GB/s {100 * r['roofline_ratio']:5.1f}%"

@@ -51,11 +51,12 @@ from kernels.gguf_kquant_mmq import (  # noqa: E402
     kquant_dequantize,
     kquant_mmq,
 )
+from kernels.launch_configs import GgufBlocksConfig, KquantMmqConfig  # noqa: E402
 
 H = LLAMA_LINEARS["o"][1]
 SHAPES = dict(LLAMA_LINEARS, lm_head=(128256, H))
-# (BLOCK_N, BLOCK_M, warps, stages, splits); session 17's first sweep had (64, 32, 4, 3) best
-# to M = 64 at ~530 GB/s: more stages, splits and 32-row tiles try for more bytes in flight
+# (BLOCK_N, BLOCK_M, warps, stages, splits): more stages, splits and 32-row tiles try for
+# more bytes in flight
 KQUANT_SWEEP = [(64, 16, 4, 2, 1), (64, 32, 4, 3, 1), (64, 32, 4, 4, 1), (64, 32, 4, 5, 1),
                 (64, 32, 4, 3, 2), (64, 32, 4, 3, 4), (64, 32, 4, 4, 2), (64, 32, 4, 4, 4),
                 (64, 16, 4, 4, 4), (64, 32, 8, 3, 2), (64, 64, 4, 3, 1), (64, 64, 4, 4, 2),
@@ -71,12 +72,12 @@ def time_dequantize(qtype: GGMLType, lin: str, ws: list, dense: torch.Tensor, sw
     """Dequantize alone (M = 0 in `times`): the byte-tile kernel of gguf_gemm.py against
     kquant_dequantize's configs; bytes moved = the blocks read + the bf16 written."""
     n, k = dense.shape
-    paths = {"dequant tiles": lambda w: gg.gguf_dequantize(w, qtype, BF16, (gg.DEQUANT_BLOCK_N,
-                                                                          1, 1))}
+    paths = {"dequant tiles": lambda w: gg.gguf_dequantize(w, qtype, BF16,
+                                                           GgufBlocksConfig(8, 1, 1))}
     if qtype in KQUANT_MMQ_TYPES:
         for cfg in [None] + (DEQUANT_SWEEP if sweep else []):
             paths[f"dequant words {cfg or 'default'}"] = \
-                lambda w, c=cfg: kquant_dequantize(w, qtype, BF16, c)
+                lambda w, c=cfg: kquant_dequantize(w, qtype, BF16, c and GgufBlocksConfig(*c))
     for path, fn in paths.items():
         t = gpu_time(lambda: [fn(w) for w in ws]) / len(ws)
         times[path, 0] = t
@@ -97,7 +98,8 @@ def time_paths(qtype: GGMLType, lin: str, n: int, k: int, ms: list[int], sweep: 
         paths = {"gguf_gemm": lambda w: gg.gguf_gemm(x, w, qtype),
                  "dequant+cuBLAS": lambda w: x @ gg.gguf_dequantize(w, qtype, BF16).T}
         if qtype in KQUANT_MMQ_TYPES:
-            for cfg in [kquant_config(m, n)] + (KQUANT_SWEEP if sweep else []):
+            for cfg in [kquant_config(m, n)] + [KquantMmqConfig(*c)
+                                                for c in (KQUANT_SWEEP if sweep else [])]:
                 paths[f"kquant_mmq {cfg}"] = lambda w, c=cfg: kquant_mmq(x, w, qtype, c)
         if m <= 64:
             paths["mmq"] = lambda w: gg.gguf_mmq(x, w, qtype)

@@ -39,6 +39,7 @@ from examples.bench.kernels import (  # noqa: E402
     row,
 )
 from kernels.gguf_mmvq import gguf_mmvq, gguf_mmvq_q8_1, mmvq_config, quantize_q8_1  # noqa: E402
+from kernels.launch_configs import MmvqConfig  # noqa: E402
 
 TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 _LEGACY = [(1, 8, 1), (1, 16, 1), (1, 32, 1), (1, 64, 1), (2, 32, 1), (1, 32, 2), (1, 64, 2),
@@ -98,7 +99,7 @@ def main() -> None:
                 xq8 = quantize_q8_1(x)
                 out = torch.empty(m, n, dtype=BF16, device=DEV)
                 configs = [None] + (sweep or CONFIGS[qtype] if args.sweep and m == 1 else [])
-                for cfg in configs:
+                for cfg in (c and MmvqConfig(*c) for c in configs):
                     t = gpu_time(lambda: [gguf_mmvq_q8_1(xq8, w, qtype, out, cfg)
                                           for w in ws]) / len(ws)
                     err = rel_err(gguf_mmvq_q8_1(xq8, ws[0], qtype, out, cfg), ref)

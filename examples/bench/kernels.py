@@ -37,8 +37,9 @@ from kernels.decode_attention import (  # noqa: E402
     paged_attention_decode,
     paged_attention_decode_ref,
 )
-from kernels.gemv import dense_gemv, dense_gemv_ref, gemv_config  # noqa: E402
+from kernels.gemv import dense_gemv, dense_gemv_config, dense_gemv_ref  # noqa: E402
 from kernels.gemv_rope_cache import qkv_gemv_rope_cache, qkv_gemv_rope_cache_ref  # noqa: E402
+from kernels.launch_configs import GemvConfig, GgufBlocksConfig  # noqa: E402
 from kernels.moe_sum import moe_sum  # noqa: E402
 from kernels.paged_attention import (  # noqa: E402
     paged_attention_prefill,
@@ -199,11 +200,11 @@ def bench_dense(sweep: bool) -> None:
         x = torch.randn(1, k, dtype=BF16, device=DEV)
         ref = dense_gemv_ref(x.float(), ws[0].float(), silu_and_mul=silu)
         err = rel_err(dense_gemv(x, ws[0], silu_and_mul=silu), ref)
-        configs = [gemv_config(n, k, silu)]
+        configs = [dense_gemv_config(n, k, silu)]
         if sweep:
-            configs += [(bn, bk, w, st) for bn in (4, 8, 16) for bk in (256, 512, 1024)
+            configs += [GemvConfig(bn, bk, w, st) for bn in (4, 8, 16) for bk in (256, 512, 1024)
                         for w in (2, 4, 8) for st in (1, 2, 3, 4)
-                        if bn * bk <= 16384 and (bn, bk, w, st) != configs[0]]
+                        if bn * bk <= 16384 and GemvConfig(bn, bk, w, st) != configs[0]]
         for cfg in configs:
             tt = gpu_time(lambda cfg=cfg: [dense_gemv(x, w, silu_and_mul=silu, config=cfg)
                                            for w in ws])
@@ -229,8 +230,9 @@ def bench_qkv_rope(sweep: bool) -> None:
         [NQ * HD, NKV * HD, NKV * HD], dim=-1), args[1], HD, args[2], slot) for w in ws]
     row("gemv_then_rotary_cache", shape, gpu_time(lambda: [f() for f in pair]) / len(ws),
         n * H * 2, 2 * n * H, note="the unfused pair (2 launches)")
-    configs = [None] + ([(bn, bk, w, st) for bn in (4, 8, 16) for bk in (256, 512, 1024)
-                         for w in (2, 4, 8) for st in (1, 2, 3) if bn * bk <= 8192] * sweep)
+    configs = [None] + ([GemvConfig(bn, bk, w, st) for bn in (4, 8, 16)
+                         for bk in (256, 512, 1024) for w in (2, 4, 8) for st in (1, 2, 3)
+                         if bn * bk <= 8192] * sweep)
     for cfg in configs:
         tt = gpu_time(lambda: [qkv_gemv_rope_cache(x, w, None, *args, config=cfg) for w in ws])
         row("qkv_gemv_rope_cache", shape, tt / len(ws), n * H * 2, 2 * n * H,
@@ -363,7 +365,7 @@ def gguf_gemm_ref(x: torch.Tensor, w: torch.Tensor, qtype: int) -> torch.Tensor:
 
 
 LLAMA_LINEARS = {"qkv": (6144, H), "o": (H, H), "gate_up": (2 * FF, H), "down": (H, FF)}
-# (BLOCK_N, blocks per step, warps) tried per type by --sweep, besides gemv_config's
+# (BLOCK_N, blocks per step, warps) tried per type by --sweep, besides gguf_gemv_config's
 GEMV_SWEEP = {
     GGMLType.Q4_K: [(1, 2, 1), (2, 2, 1), (8, 2, 1), (4, 4, 1), (4, 4, 2), (2, 4, 1)],
     GGMLType.Q6_K: [(1, 4, 1), (2, 4, 1), (8, 4, 1), (4, 8, 1), (4, 8, 2), (2, 8, 1)],
@@ -384,7 +386,8 @@ def bench_gguf(sweep: bool) -> None:
             nbytes = w0.numel() + 2 * (k + n)
             configs = [None]
             if sweep:
-                configs += [c for c in GEMV_SWEEP[qtype] if c != gg.gemv_config(qtype, n)]
+                configs += [c for c in map(lambda t: GgufBlocksConfig(*t), GEMV_SWEEP[qtype])
+                            if c != gg.gguf_gemv_config(qtype, n)]
             best = None
             for cfg in configs:
                 tt = gpu_time(lambda cfg=cfg: [gg.gguf_gemv(x, w, qtype, config=cfg) for w in ws])
@@ -392,7 +395,7 @@ def bench_gguf(sweep: bool) -> None:
                 best = tt if best is None else min(best, tt)
                 row(f"gguf_gemv {qtype.name}", f"{lin} {n}x{k} M=1", tt, nbytes,
                     err=err if cfg is None else None,
-                    note=str(cfg) if cfg else f"default {gg.gemv_config(qtype, n)}")
+                    note=str(cfg) if cfg else f"default {gg.gguf_gemv_config(qtype, n)}")
             per_token[qtype.name] += 32 * (best or 0)
     for lin, (n, k) in LLAMA_LINEARS.items():
         dense = [torch.randn(n, k, dtype=BF16, device=DEV) for _ in range(copies(2 * n * k))]

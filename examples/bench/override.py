@@ -8,7 +8,7 @@ HBM with launches overlapped under PDL, and configs that won alone lost end to e
 13, docs/BENCHMARKS.md). This runs the command in process (it adds --no-multiprocessing: an
 engine-core child would import the kernels afresh) after replacing:
 
-    BENCH_GEMV="N,K:BN,BK,WARPS,STAGES;..."  kernels/gemv.py gemv_config for [N, K] weights
+    BENCH_GEMV="N,K:BN,BK,WARPS,STAGES;..."  kernels/gemv.py dense_gemv_config for [N, K]
     BENCH_MOE_W13, BENCH_MOE_W2="BN,BK,WARPS,STAGES"  kernels/fused_moe_gemv.py's pair
     BENCH_DECODE_TILE=KEYS  the decode attention's KV tile (paged_attention_decode's tile_n)
 
@@ -33,6 +33,16 @@ def _ints(text: str, count: int, name: str) -> tuple[int, ...]:
     return values
 
 
+def _gemv_config(text: str, name: str):
+    """A GemvConfig from "BN,BK,WARPS,STAGES"; a SystemExit naming `name` if invalid."""
+    from kernels.launch_configs import GemvConfig
+
+    try:
+        return GemvConfig(*_ints(text, 4, name))
+    except ValueError as e:
+        raise SystemExit(f"{name}: {e}") from None
+
+
 def apply(env: Mapping[str, str]) -> None:
     """Replace the config functions the BENCH_* entries of env name (the others stay)."""
     import kernels.decode_attention as decode_attention
@@ -45,18 +55,18 @@ def apply(env: Mapping[str, str]) -> None:
             shape, sep, config = item.partition(":")
             if not sep:
                 raise SystemExit(f"BENCH_GEMV: expected N,K:BN,BK,WARPS,STAGES, got {item!r}")
-            shapes[_ints(shape, 2, "BENCH_GEMV")] = _ints(config, 4, "BENCH_GEMV")
-        base_gemv = gemv.gemv_config
-        gemv.gemv_config = lambda n, k, silu_and_mul=False: shapes.get(
+            shapes[_ints(shape, 2, "BENCH_GEMV")] = _gemv_config(config, "BENCH_GEMV")
+        base_gemv = gemv.dense_gemv_config
+        gemv.dense_gemv_config = lambda n, k, silu_and_mul=False: shapes.get(
             (n, k), base_gemv(n, k, silu_and_mul))
-    w13, w2 = (_ints(env[name], 4, name) if env.get(name) else None
+    w13, w2 = (_gemv_config(env[name], name) if env.get(name) else None
                for name in ("BENCH_MOE_W13", "BENCH_MOE_W2"))
     if w13 or w2:
         base_moe = fused_moe_gemv.fused_moe_gemv_config
 
         def moe_config(hidden: int, intermediate: int, top_k: int):
             a, b = base_moe(hidden, intermediate, top_k)
-            return w13 or a, w2 or b
+            return fused_moe_gemv.MoeGemvConfigs(w13 or a, w2 or b)
 
         fused_moe_gemv.fused_moe_gemv_config = moe_config
     if env.get("BENCH_DECODE_TILE"):

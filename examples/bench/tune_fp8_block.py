@@ -45,6 +45,7 @@ from kernels.fp8_block_gemm import (  # noqa: E402
     get_w8a8_block_fp8_configs,
     w8a8_block_fp8_matmul,
 )
+from kernels.launch_configs import GemmConfig  # noqa: E402
 
 BLOCK = [128, 128]
 # upstream's 18 sizes run past a device call here: a subset to the bench's largest
@@ -77,7 +78,8 @@ def time_config(args: tuple, config: dict) -> float:
     """Seconds per GEMM with `config`; inf if it does not launch (shared memory, ...)."""
     a, bs, a_s, b_s = args
     try:
-        return gpu_time(lambda: [w8a8_block_fp8_matmul(a, b, a_s, b_s, BLOCK, config=config)
+        cfg = GemmConfig(**config)
+        return gpu_time(lambda: [w8a8_block_fp8_matmul(a, b, a_s, b_s, BLOCK, config=cfg)
                                  for b in bs]) / len(bs)
     except Exception as e:  # OutOfResources and other launch failures: not a candidate
         print(f"    skip {config}: {type(e).__name__}", flush=True)
@@ -98,7 +100,7 @@ def compile_all(args: tuple, configs: list[dict]) -> None:
     try:
         with precompile_triton():
             for cfg in configs:
-                w8a8_block_fp8_matmul(a, bs[0], a_s, b_s, BLOCK, config=cfg)
+                w8a8_block_fp8_matmul(a, bs[0], a_s, b_s, BLOCK, config=GemmConfig(**cfg))
     except Exception as e:  # a config that fails to compile is skipped when timed
         print(f"    compile failed in {configs}: {type(e).__name__}", flush=True)
 
@@ -131,6 +133,8 @@ def descend(args: tuple, m: int, start: list[dict], rounds: int) -> tuple[dict, 
 
 
 def save(n: int, k: int, configs: dict[int, dict], dirs: list[Path]) -> None:
+    """The file kernels/fp8_block_gemm.py get_w8a8_block_fp8_configs reads: upstream's
+    name for this device, batch size -> config."""
     name = get_config_file_name(n, k, *BLOCK)
     text = json.dumps({str(m): configs[m] for m in sorted(configs)}, indent=4) + "\n"
     for d in dirs:
@@ -154,14 +158,15 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name()}  shapes {shapes}", flush=True)
     summary = []
     for i, (n, k) in enumerate(shapes):
-        tuned = dict(get_w8a8_block_fp8_configs(n, k, *BLOCK) or {})
+        tuned = {m: cfg.kwargs() for m, cfg in
+                 (get_w8a8_block_fp8_configs(n, k, *BLOCK) or {}).items()}
         deadline = start + args.budget_s * (i + 1) / len(shapes)  # a share per shape
         for m in args.batch_sizes:
             if time.time() > deadline:
                 print(f"budget spent: N={n} K={k} M={m} and after keep their configs")
                 break
             io = inputs(m, n, k)
-            current = get_config(m, n, k, *BLOCK)
+            current = get_config(m, n, k, *BLOCK).kwargs()
             t_cur = time_config(io, current)
             best, t_best = descend(io, m, [current, seed_config(m)], args.rounds)
             tuned[m] = best

@@ -1,29 +1,32 @@
-"""Launch configs of the fused MoE kernel: tuned JSON files per (E, N, dtype, device), else
-upstream's default heuristic.
+"""Launch configs of the fused MoE kernel: tuned JSON files per (E, N, dtype, block shape,
+device), else upstream's default heuristic.
 
 Mirrors vllm/model_executor/layers/fused_moe/fused_moe.py (get_config_file_name,
 get_moe_configs, get_default_config, try_get_optimal_moe_config) and fused_moe/__init__.py
 (override_config / get_config). File names are upstream's:
-"E={E},N={N},device_name={name}[,dtype={dtype}].json" with N the expert intermediate size
-(w2's last dim), the device name with spaces as underscores (any H200 variant reads as
-NVIDIA_H200), no dtype for bf16/fp16 and "float32" for fp32. A file maps batch sizes M to
-configs; the config of the nearest M is used. Looked up in $VLLM_TUNED_CONFIG_FOLDER first,
-then configs/ beside this file (written by examples/bench/benchmark_moe.py --tune).
+"E={E},N={N},device_name={name}[,dtype={dtype}][,block_shape=[{bn},{bk}]].json" with N the
+expert intermediate size (w2's last dim), no dtype for bf16/fp16, "float32" for fp32 and
+"fp8_w8a8" for FP8, the block shape of block-quantized FP8 weights; device names and the
+file format are kernels/tuned_configs.py's (every H200 variant reads as NVIDIA_H200; an
+H100 without its own file takes get_default_config). A file maps batch sizes M to configs;
+the config of the nearest M is used. Looked up in $VLLM_TUNED_CONFIG_FOLDER first, then
+kernels/configs/fused_moe/ (written by `python3 examples/bench/benchmark_moe.py --tune`).
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 
-logger = logging.getLogger(__name__)
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "configs")
+from kernels.launch_configs import GemmConfig
+from kernels.tuned_configs import config_dir, config_file_name, find_configs, nearest
+from kernels.tuned_configs import device_name as get_device_name
+
+CONFIG_DIR = config_dir("fused_moe")
 _override: dict | None = None
 
 
@@ -47,34 +50,21 @@ def get_config_dtype_str(dtype: torch.dtype) -> str | None:
     return "float32" if dtype == torch.float32 else None
 
 
-def get_device_name() -> str:
-    name = torch.cuda.get_device_name().replace(" ", "_") if torch.cuda.is_available() \
-        else "cpu"
-    return "NVIDIA_H200" if "H200" in name.split("_") else name
-
-
-def get_config_file_name(E: int, N: int, dtype: str | None, device_name: str | None = None
-                         ) -> str:
-    device_name = device_name or get_device_name()
-    dtype_selector = f",dtype={dtype}" if dtype else ""
-    return f"E={E},N={N},device_name={device_name}{dtype_selector}.json"
+def get_config_file_name(E: int, N: int, dtype: str | None, device_name: str | None = None,
+                         block_shape: list[int] | None = None) -> str:
+    return config_file_name({"E": E, "N": N}, device_name or get_device_name(), dtype,
+                            block_shape)
 
 
 @functools.lru_cache
-def get_moe_configs(E: int, N: int, dtype: str | None) -> dict[int, dict] | None:
+def get_moe_configs(E: int, N: int, dtype: str | None, block_n: int | None = None,
+                    block_k: int | None = None) -> dict[int, dict] | None:
     """{M: config} from the first tuned file found, or None."""
-    name = get_config_file_name(E, N, dtype)
+    block_shape = [block_n, block_k] if block_n and block_k else None
+    name = get_config_file_name(E, N, dtype, block_shape=block_shape)
     folders = [os.environ.get("VLLM_TUNED_CONFIG_FOLDER"), CONFIG_DIR]
-    for path in (os.path.join(f, name) for f in folders if f):
-        if os.path.exists(path):
-            with open(path) as f:
-                tuned = json.load(f)
-            tuned.pop("triton_version", None)
-            logger.info("Using configuration from %s for MoE layer.", path)
-            return {int(m): cfg for m, cfg in tuned.items()}
-    logger.warning("Using default MoE config. Performance might be sub-optimal! Config "
-                   "file not found at %s", name)
-    return None
+    configs = find_configs(name, [f for f in folders if f], GemmConfig, "MoE layer", "MoE")
+    return {m: cfg.kwargs() for m, cfg in configs.items()} if configs else None
 
 
 def get_default_config(M: int, E: int, N: int, K: int, topk: int, dtype: str | None
@@ -94,14 +84,16 @@ def get_default_config(M: int, E: int, N: int, K: int, topk: int, dtype: str | N
 
 
 def try_get_optimal_moe_config(w1_shape: tuple[int, ...], w2_shape: tuple[int, ...],
-                               top_k: int, dtype: str | None, M: int) -> dict[str, int]:
-    """w1 [E, 2N, K], w2 [E, K, N]: the override, else the tuned file's nearest M, else
-    the default."""
+                               top_k: int, dtype: str | None, M: int,
+                               block_shape: list[int] | None = None) -> dict[str, int]:
+    """w1 [E, 2N, K], w2 [E, K, N], block_shape [bn, bk] of block-quantized weights: the
+    override, else the tuned file's nearest M, else the default."""
     override = get_config()
     if override:
         return override
     E, _, N = w2_shape
-    configs = get_moe_configs(E, N, dtype)
+    block_n, block_k = block_shape if block_shape else (0, 0)
+    configs = get_moe_configs(E, N, dtype, block_n, block_k)
     if configs:
-        return configs[min(configs, key=lambda m: abs(m - M))]
+        return nearest(configs, M)
     return get_default_config(M, E, N, w1_shape[2], top_k, dtype)

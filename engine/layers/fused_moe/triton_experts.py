@@ -85,7 +85,7 @@ def fused_experts_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: tor
     if config is None:
         dtype_str = "fp8_w8a8" if use_fp8_w8a8 else get_config_dtype_str(hidden_states.dtype)
         config = try_get_optimal_moe_config(tuple(w13.shape), tuple(w2.shape), top_k,
-                                            dtype_str, m)
+                                            dtype_str, m, block_shape)
     q1 = q2 = {}  # each launch's FP8 keywords
     if use_fp8_w8a8:
         q1 = dict(use_fp8_w8a8=True, block_shape=block_shape, A_scale=a1_scale,
