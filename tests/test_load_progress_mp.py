@@ -86,3 +86,18 @@ def test_abort_at_the_first_progress_stops_the_child_load(model_path, children):
     assert info.value.status == 13  # VLLM_ERR_CANCELLED
     assert len(children) == 1 and children[0].poll() == 1  # ended by its FAILED path, reaped
 
+
+
+def test_a_reporter_that_raises_ends_the_child_load_too(model_path, children):
+    """The exception reaches the caller, and the child, answered LOAD_ABORT, ends its load
+    itself (exit status 1 of its FAILED path; a child left waiting would be signalled)."""
+
+    class Stop(Exception):
+        pass
+
+    def reporter(fraction: float) -> bool:
+        raise Stop
+
+    with reporting(reporter), pytest.raises(Stop):
+        _mp_engine(model_path)
+    assert len(children) == 1 and children[0].poll() == 1

@@ -44,6 +44,7 @@ from engine.engine_core.engine_core_messages import (
 from engine.engine_core.engine_core_utils import (
     DEAD,
     FAILED,
+    LOAD_ABORT,
     PROGRESS,
     READY,
     CoreProcess,
@@ -114,7 +115,7 @@ class SyncMPClient(EngineCoreClient):
             if frames[0] == READY:
                 return msgspec.msgpack.decode(frames[1], type=EngineCoreReady)
             if frames[0] == PROGRESS:
-                self._answer_load(answer(reporter, msgspec.msgpack.decode(frames[1], type=float)))
+                self._answer_load(reporter, msgspec.msgpack.decode(frames[1], type=float))
                 continue
             if frames[0] == FAILED:
                 failure = msgspec.msgpack.decode(frames[1], type=EngineCoreStartupFailure)
@@ -125,8 +126,17 @@ class SyncMPClient(EngineCoreClient):
             if outputs.log_record is not None:
                 _emit_log(outputs.log_record)
 
-    def _answer_load(self, frame: bytes) -> None:
-        """The child waits for it (one frame); a dead child is seen by the next poll."""
+    def _answer_load(self, reporter, progress: float) -> None:
+        """The reporter's answer, which the child waits for; LOAD_ABORT when the reporter
+        raises (then the exception goes on, and the child's load ends at once). A dead
+        child is seen by the next poll."""
+        frame = LOAD_ABORT
+        try:
+            frame = answer(reporter, progress)
+        finally:
+            self._send_load_answer(frame)
+
+    def _send_load_answer(self, frame: bytes) -> None:
         while self.core.proc.poll() is None:
             try:
                 self.input_socket.send(frame)
