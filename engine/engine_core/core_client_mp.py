@@ -54,7 +54,7 @@ from engine.engine_core.engine_core_utils import (
 from engine.engine_core.load_progress_relay import answer
 from engine.errors import VllmError
 from engine.exceptions import INVALID_STATE, EngineDeadError
-from engine.load_progress import LoadCancelledError, current
+from engine.load_progress import LoadCancelledError, Reporter, current
 from engine.process_utils import describe_exit
 from engine.serial_utils import MsgpackDecoder, MsgpackEncoder
 
@@ -126,7 +126,7 @@ class SyncMPClient(EngineCoreClient):
             if outputs.log_record is not None:
                 _emit_log(outputs.log_record)
 
-    def _answer_load(self, reporter, progress: float) -> None:
+    def _answer_load(self, reporter: Reporter | None, progress: float) -> None:
         """The reporter's answer, which the child waits for; LOAD_ABORT when the reporter
         raises (then the exception goes on, and the child's load ends at once). A dead
         child is seen by the next poll."""
