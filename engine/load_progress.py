@@ -8,8 +8,9 @@ aborts the load); vLLM's loaders only show a tqdm bar over the checkpoint shards
 (vllm/model_executor/model_loader/weight_utils.py, safetensors_weights_iterator). The
 tensors map onto (0, TENSORS_END]; the caller reports 1.0 once the engine is ready
 (include/vllm.h: 1 comes once). A reporter returning False raises LoadCancelledError
-(VLLM_ERR_CANCELLED) before the next tensor is read. Reporters are per thread: a load in
-an engine-core child process reports nothing here.
+(VLLM_ERR_CANCELLED) before the next tensor is read. Reporters are per thread; a load in
+an engine-core child process reports through engine/engine_core/load_progress_relay.py,
+which asks the front end's reporter (current()) at each tensor.
 """
 
 from __future__ import annotations
@@ -30,21 +31,35 @@ class LoadCancelledError(VllmError):
     status = 13  # VLLM_ERR_CANCELLED
 
 
+Reporter = Callable[[float], bool]
+
+
 @contextmanager
-def reporting(reporter: Callable[[float], bool]) -> Iterator[None]:
+def reporting(reporter: Reporter) -> Iterator[None]:
     """reporter(progress) -> False to abort, for the loads this thread runs inside."""
-    previous = getattr(_local, "reporter", None)
-    _local.reporter = reporter
+    previous = install(reporter)
     try:
         yield
     finally:
-        _local.reporter = previous
+        install(previous)
+
+
+def install(reporter: Reporter | None) -> Reporter | None:
+    """Makes reporter this thread's (None: none); returns the one it replaces."""
+    previous = current()
+    _local.reporter = reporter
+    return previous
+
+
+def current() -> Reporter | None:
+    """This thread's reporter, if any."""
+    return getattr(_local, "reporter", None)
 
 
 def track(items: Iterable[T], total: int, part: int = 0, parts: int = 1) -> Iterator[T]:
     """items, reporting after each one (part `part` of `parts` equal parts of the load:
     one per checkpoint file); raises LoadCancelledError when the reporter says stop."""
-    reporter = getattr(_local, "reporter", None)
+    reporter = current()
     for done, item in enumerate(items, 1):
         yield item
         if reporter is None or total <= 0:

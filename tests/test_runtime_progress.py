@@ -2,8 +2,9 @@
 progress callback sees 0, then one value per GGUF tensor read in (0, 1), then 1; a 0
 returned at the first value strictly between 0 and 1 ends the load with
 VLLM_ERR_CANCELLED before the next tensor is read (far fewer than half of them, counted
-with engine/gguf/reader.py on the same file). track() over several checkpoint files
-(safetensors) reports each file as an equal part.
+with engine/gguf/reader.py on the same file). Both with the engine core in process and
+in a child process (engine/engine_core/load_progress_relay.py). track() over several
+checkpoint files (safetensors) reports each file as an equal part.
 
 Oracle: llama.h's progress_callback contract (llama_model_loader calls it per tensor;
 false aborts the load), the tensor count of the GGUF reader. Ours (vLLM's loaders report
@@ -29,10 +30,13 @@ def _n_tensors(model_path: str) -> int:
         reader.close()
 
 
-def _create(api, model_path, on_progress) -> int:
+# vllm_engine_params.multiprocessing: -1 the core in this process, 1 in a child
+MODES = pytest.mark.parametrize("multiprocessing", [-1, 1], ids=["inproc", "child"])
+
+
+def _create(api, model_path, on_progress, multiprocessing: int) -> int:
     ffi, lib = api.ffi, api.lib
-    # the core in this process (multiprocessing -1): a child's load reports only 0 and 1
-    p, _keep = api.params(progress_callback=on_progress, multiprocessing=-1)
+    p, _keep = api.params(progress_callback=on_progress, multiprocessing=multiprocessing)
     out = ffi.new("vllm_engine **")
     status = lib.vllm_engine_create(model_path.encode(), p, out)
     if status == lib.VLLM_OK:
@@ -42,7 +46,8 @@ def _create(api, model_path, on_progress) -> int:
 
 @pytest.mark.capi
 @pytest.mark.slow
-def test_progress_is_reported_per_tensor(api, model_path):
+@MODES
+def test_progress_is_reported_per_tensor(api, model_path, multiprocessing):
     seen = []
 
     @api.ffi.callback("int32_t(float, void *)")
@@ -50,7 +55,7 @@ def test_progress_is_reported_per_tensor(api, model_path):
         seen.append(fraction)
         return 1
 
-    assert _create(api, model_path, on_progress) == api.lib.VLLM_OK
+    assert _create(api, model_path, on_progress, multiprocessing) == api.lib.VLLM_OK
     n = _n_tensors(model_path)
     assert seen[0] == 0.0 and seen[-1] == 1.0
     middle = seen[1:-1]
@@ -61,7 +66,9 @@ def test_progress_is_reported_per_tensor(api, model_path):
 
 @pytest.mark.capi
 @pytest.mark.slow
-def test_abort_at_the_first_partial_progress_reads_few_tensors(api, model_path):
+@MODES
+def test_abort_at_the_first_partial_progress_reads_few_tensors(api, model_path,
+                                                               multiprocessing):
     seen = []
 
     @api.ffi.callback("int32_t(float, void *)")
@@ -69,7 +76,8 @@ def test_abort_at_the_first_partial_progress_reads_few_tensors(api, model_path):
         seen.append(fraction)
         return 0 if 0 < fraction < 1 else 1
 
-    assert _create(api, model_path, on_progress) == api.lib.VLLM_ERR_CANCELLED
+    assert _create(api, model_path, on_progress, multiprocessing) == \
+        api.lib.VLLM_ERR_CANCELLED
     n = _n_tensors(model_path)
     assert len(seen) == 2 and seen[0] == 0.0  # no call after the abort
     read = round(seen[1] / TENSORS_END * n)

@@ -3,6 +3,11 @@
 dead core into EngineDeadError; SyncMPClient: an output thread feeding a queue;
 call_utility / UtilityOutput).
 
+The start-up wait answers the child's load progress (PROGRESS frames before READY) with
+this thread's load_progress reporter (engine/engine_core/load_progress_relay.py): the
+progress callback of vllm_engine_create sees every tensor, and its abort stops the child's
+load before the next one (LoadCancelledError, as in process).
+
 vLLM's AsyncMPClient is asyncio; our AsyncLLM is threaded (the C ABI and the HTTP
 server call it from OS threads), so it uses this client too: its loop blocks in
 get_output without the engine lock. Sockets: the front end binds a PUSH (input) and a
@@ -39,13 +44,17 @@ from engine.engine_core.engine_core_messages import (
 from engine.engine_core.engine_core_utils import (
     DEAD,
     FAILED,
+    LOAD_ABORT,
+    PROGRESS,
     READY,
     CoreProcess,
     ipc_addresses,
     launch_core_process,
 )
+from engine.engine_core.load_progress_relay import answer
 from engine.errors import VllmError
 from engine.exceptions import INVALID_STATE, EngineDeadError
+from engine.load_progress import LoadCancelledError, Reporter, current
 from engine.process_utils import describe_exit
 from engine.serial_utils import MsgpackDecoder, MsgpackEncoder
 
@@ -89,7 +98,8 @@ class SyncMPClient(EngineCoreClient):
 
     def _wait_for_ready(self) -> EngineCoreReady:
         """The child's handshake; its start-up failure as the exception it had. Log
-        records of the start-up come first."""
+        records and load progress of the start-up come first."""
+        reporter = current()  # the caller's: vllm_engine_create's progress callback
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             if not self.output_socket.poll(_POLL_MS):
@@ -104,12 +114,35 @@ class SyncMPClient(EngineCoreClient):
             frames = self.output_socket.recv_multipart()
             if frames[0] == READY:
                 return msgspec.msgpack.decode(frames[1], type=EngineCoreReady)
+            if frames[0] == PROGRESS:
+                self._answer_load(reporter, msgspec.msgpack.decode(frames[1], type=float))
+                continue
             if frames[0] == FAILED:
                 failure = msgspec.msgpack.decode(frames[1], type=EngineCoreStartupFailure)
+                if failure.status == LoadCancelledError.status:
+                    raise LoadCancelledError(failure.message)
                 raise error_from_wire((failure.status, failure.message))
             outputs = self.decoder.decode(frames)
             if outputs.log_record is not None:
                 _emit_log(outputs.log_record)
+
+    def _answer_load(self, reporter: Reporter | None, progress: float) -> None:
+        """The reporter's answer, which the child waits for; LOAD_ABORT when the reporter
+        raises (then the exception goes on, and the child's load ends at once). A dead
+        child is seen by the next poll."""
+        frame = LOAD_ABORT
+        try:
+            frame = answer(reporter, progress)
+        finally:
+            self._send_load_answer(frame)
+
+    def _send_load_answer(self, frame: bytes) -> None:
+        while self.core.proc.poll() is None:
+            try:
+                self.input_socket.send(frame)
+                return
+            except zmq.Again:  # not connected yet: look again
+                continue
 
     # ---------------------------------------------------------------- outputs
 

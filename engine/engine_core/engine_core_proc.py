@@ -21,7 +21,9 @@ between them: READY comes before any request is sent, and DEAD, after which the 
 reads nothing, goes out behind the last step's outputs on the same socket.
 The first message on the output socket is the handshake: READY + EngineCoreReady, or
 FAILED + EngineCoreStartupFailure (the model did not load: status and message reach
-vllm_engine_create). A failing step sends DEAD + the reason, then the process exits (with
+vllm_engine_create); before it, PROGRESS frames of the load, each answered by the front
+end on the input socket (engine/engine_core/load_progress_relay.py). A failing step sends
+DEAD + the reason, then the process exits (with
 tensor parallelism, a dead worker whose collective leaves the loop waiting gets DEAD from
 the executor's failure callback instead, end_if_stuck). Log
 records of the "engine" loggers go to the front end, which re-emits them. The child exits
@@ -52,6 +54,7 @@ from engine.engine_core.engine_core_messages import (
     UtilityOutput,
 )
 from engine.engine_core.engine_core_utils import DEAD, FAILED, READY
+from engine.engine_core.load_progress_relay import LoadProgressRelay
 from engine.errors import VllmError
 from engine.executor.multiproc_executor import MultiprocExecutor
 from engine.serial_utils import MsgpackDecoder, MsgpackEncoder
@@ -82,7 +85,7 @@ class _ForwardHandler(logging.Handler):
 
 class EngineCoreProc:
     def __init__(self, engine_core, input_address: str, output_address: str,
-                 ctx: zmq.Context) -> None:
+                 ctx: zmq.Context, input_socket: zmq.Socket | None = None) -> None:
         self.engine_core = engine_core
         self.input_queue: queue.Queue = queue.Queue()
         self.shutdown_requested = False
@@ -94,15 +97,18 @@ class EngineCoreProc:
         self.output_socket.setsockopt(zmq.SNDHWM, 0)
         self.output_socket.setsockopt(zmq.LINGER, 2000)
         self.output_socket.connect(output_address)
-        threading.Thread(target=self.process_input_sockets, args=(ctx, input_address),
+        threading.Thread(target=self.process_input_sockets,
+                         args=(ctx, input_address, input_socket),
                          name="vllm-core-input", daemon=True).start()
 
-    def process_input_sockets(self, ctx: zmq.Context, address: str) -> None:
+    def process_input_sockets(self, ctx: zmq.Context, address: str,
+                              sock: zmq.Socket | None = None) -> None:
         decoders = {EngineCoreRequestType.ADD: MsgpackDecoder(EngineCoreRequest),
                     EngineCoreRequestType.ABORT: MsgpackDecoder(list[str]),
                     EngineCoreRequestType.UTILITY: MsgpackDecoder(tuple[int, str, list])}
-        sock = ctx.socket(zmq.PULL)
-        sock.connect(address)
+        if sock is None:  # else the load's, connected already (load_progress_relay.py)
+            sock = ctx.socket(zmq.PULL)
+            sock.connect(address)
         try:
             while True:
                 frames = sock.recv_multipart(copy=False)
@@ -254,6 +260,7 @@ def run_engine_core(argv: list[str] | None = None) -> int:
     engine_logger.addHandler(_ForwardHandler(output_queue))
     engine_logger.setLevel(args.log_level)
     engine_logger.propagate = False
+    relay = LoadProgressRelay(ctx, args.input, output_queue)  # this thread's load reporter
     try:
         from engine.engine_core.engine_core import EngineCore
 
@@ -266,7 +273,7 @@ def run_engine_core(argv: list[str] | None = None) -> int:
                 message = f"{type(e).__name__}: {message}"
             output_queue.put((FAILED, EngineCoreStartupFailure(status, message)))
             return 1
-        proc = EngineCoreProc(core, args.input, args.output, ctx)
+        proc = EngineCoreProc(core, args.input, args.output, ctx, relay.hand_over())
         if isinstance(core.executor, MultiprocExecutor):
             core.executor.register_failure_callback(
                 lambda reason: end_if_stuck(reason, output_queue, sender, ctx, loop_done))
@@ -274,6 +281,7 @@ def run_engine_core(argv: list[str] | None = None) -> int:
         output_queue.put((READY, core.ready))
         code = proc.run()
     finally:
+        relay.close()  # a failed load's socket, before the context ends
         loop_done.set()
         _end_output(output_queue, sender, ctx)
     return code

@@ -26,6 +26,10 @@ from engine.process_utils import python_executable
 
 # the first frame of the child's messages on the output socket (engine_core_proc.py)
 READY, FAILED, DEAD = b"READY", b"FAILED", b"DEAD"
+# before READY: PROGRESS + the load's progress; the front end's answer on the input
+# socket is one of LOAD_CONTINUE, LOAD_ABORT, LOAD_UNWATCHED (engine_core/load_progress_relay.py)
+PROGRESS = b"PROGRESS"
+LOAD_CONTINUE, LOAD_ABORT, LOAD_UNWATCHED = b"LOAD_CONTINUE", b"LOAD_ABORT", b"LOAD_UNWATCHED"
 
 
 @dataclasses.dataclass

@@ -1,0 +1,103 @@
+"""Load progress per tensor with abort when the engine core runs in a child process
+(engine/engine_core/load_progress_relay.py, core_client_mp.py's start-up wait,
+engine_core_proc.py): the front end's load_progress reporter sees one value per GGUF
+tensor the child reads, and False at the first one stops the child's load before the
+next tensor (LoadCancelledError, VLLM_ERR_CANCELLED, the child reaped), as in process
+(tests/test_runtime_progress.py; the C ABI's side is there too).
+
+Oracle: llama.h's progress_callback contract (llama_model_loader calls it per tensor;
+false aborts the load), the tensor count of engine/gguf/reader.py on the same file.
+Ours (vLLM's engine core sends nothing before its READY handshake).
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.engine_core import core_client_mp
+from engine.gguf.reader import GGUFReader
+from engine.llm_engine import LLMEngine
+from engine.load_progress import TENSORS_END, LoadCancelledError, reporting
+from engine.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+
+def _n_tensors(model_path: str) -> int:
+    reader = GGUFReader(model_path)
+    try:
+        return len(reader.tensors)
+    finally:
+        reader.close()
+
+
+def _mp_engine(model_path: str) -> LLMEngine:
+    return LLMEngine.from_config(EngineConfig(model_path, device="cpu", max_model_len=256,
+                                              multiprocessing=True))
+
+
+@pytest.fixture
+def children(monkeypatch) -> list[subprocess.Popen]:
+    """The engine-core processes started by the test."""
+    started = []
+    launch = core_client_mp.launch_core_process
+
+    def recording_launch(*args, **kwargs):
+        core = launch(*args, **kwargs)
+        started.append(core.proc)
+        return core
+
+    monkeypatch.setattr(core_client_mp, "launch_core_process", recording_launch)
+    return started
+
+
+def test_child_load_reports_each_tensor_then_serves(model_path, children):
+    seen = []
+    with reporting(lambda fraction: seen.append(fraction) or True):
+        engine = _mp_engine(model_path)
+    try:
+        assert engine.is_multiprocess and len(children) == 1
+        assert len(seen) == _n_tensors(model_path)
+        assert all(0 < a < b for a, b in zip(seen, seen[1:]))
+        assert seen[-1] == pytest.approx(TENSORS_END)
+        engine.add_request("a", "The capital of France is",
+                           SamplingParams(temperature=0, max_tokens=2))
+        finished = []
+        while engine.has_unfinished_requests():
+            finished += [out for out in engine.step() if out.finished]
+        assert len(finished) == 1 and len(finished[0].outputs[0].token_ids) == 2
+    finally:
+        engine.shutdown()
+
+
+def test_abort_at_the_first_progress_stops_the_child_load(model_path, children):
+    seen = []
+    with reporting(lambda fraction: seen.append(fraction) or False):
+        with pytest.raises(LoadCancelledError) as info:
+            _mp_engine(model_path)
+    n = _n_tensors(model_path)
+    assert len(seen) == 1 and 0 < seen[0] < 1  # no call after the abort
+    read = round(seen[0] / TENSORS_END * n)
+    assert read == 1 < n / 2
+    assert f"({read} of {n} tensors read)" in str(info.value)
+    assert info.value.status == 13  # VLLM_ERR_CANCELLED
+    assert len(children) == 1 and children[0].poll() == 1  # ended by its FAILED path, reaped
+
+
+
+def test_a_reporter_that_raises_ends_the_child_load_too(model_path, children):
+    """The exception reaches the caller, and the child, answered LOAD_ABORT, ends its load
+    itself (exit status 1 of its FAILED path; a child left waiting would be signalled)."""
+
+    class Stop(Exception):
+        pass
+
+    def reporter(fraction: float) -> bool:
+        raise Stop
+
+    with reporting(reporter), pytest.raises(Stop):
+        _mp_engine(model_path)
+    assert len(children) == 1 and children[0].poll() == 1
