@@ -11,7 +11,7 @@
   docs/c_api.md has a "Migrating from <old> to N.0" section naming every function,
   typedef, enum constant and struct it changed or removed;
 - the rule itself flags each kind of break and accepts additions.
-Ours (vLLM has no C ABI); the conventions are those of /work/shared/design/c-abi.md.
+Ours (vLLM has no C ABI); the conventions are docs/c_api.md's.
 """
 
 from __future__ import annotations

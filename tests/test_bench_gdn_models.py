@@ -1,4 +1,4 @@
-"""The hybrid Gated DeltaNet bench shapes (issue 18): examples/bench/models/qwen3.5-27b and
+"""The hybrid Gated DeltaNet bench shapes: examples/bench/models/qwen3.5-27b and
 qwen3.5-35b-a3b read through the engine's config reader (engine/model_loader/hf_config.py)
 as the text-only Qwen3_5(Moe)ForCausalLM, build on the meta device with the parameter
 counts of the published checkpoints' language models, and the suite's batch-1 rooflines

@@ -1,4 +1,4 @@
-"""examples/bench/gguf_parity.py (issue 16, deliverable 4): the probe that measures a GGUF
+"""examples/bench/gguf_parity.py : the probe that measures a GGUF
 model on a device against the fp32 CPU engine. On CPU both sides are the same engine, so
 the probe must report exact agreement; a wrong alignment of the teacher-forced positions
 or of the greedy comparison shows up as less than that. (The CUDA figures are measured on

@@ -203,7 +203,7 @@ def test_suite_step_and_table(tiny, tmp_path, monkeypatch, capsys):
     assert "req/s" in rows["Llama-8B throughput 2 x (64, 4)"]
     assert "PENDING" not in rows["Llama-8B start-up to first token (graphs)"]
     assert "graph capture 0.00" in rows["Llama-8B start-up to first token (graphs)"]
-    # the --max-num-seqs 64 throughput row (issue 13), from its own step
+    # the --max-num-seqs 64 throughput row, from its own step
     monkeypatch.setattr(suite, "SEQS64_PROMPTS", 2)
     suite.run_step("llama8b-seqs64", tmp_path, throughput_prompts=0)
     s64 = json.loads((tmp_path / "suite-llama8b-seqs64.json").read_text())

@@ -1,4 +1,4 @@
-"""The suite's Qwen3-30B-A3B step (issue 17, deliverable 5): latency at batch 1, 8 and 32
+"""The suite's Qwen3-30B-A3B step: latency at batch 1, 8 and 32
 and the random throughput run, and the table rows that put the throughput beside the
 Llama-8B figure of the same run (target >= 1.3x) with vLLM's published figure unratioed.
 CPU only: the table from hand-made results."""

@@ -1,4 +1,4 @@
-"""What include/vllm.h's comments promise is what the library does (issue 15, item 5):
+"""What include/vllm.h's comments promise is what the library does:
 a zeroed engine params struct with only struct_size set is valid, a model directory
 holding one .gguf loads it (and two are refused), VLLM_END_OF_STREAM sets no error
 message, and vllm_engine_num_unfinished counts a pulled request until its

@@ -1,4 +1,4 @@
-"""libvllm as a good citizen of its host process (issue 15, item 2): signals stay the
+"""libvllm as a good citizen of its host process: signals stay the
 host's, OpenMP threads sleep between calls, vllm_engine_params.n_threads (ABI 0.5) sets
 torch's thread count, and no start-up failure ends the host (tests/c/host_test.c).
 

@@ -5,7 +5,7 @@
   (background loop). Oracle: one last event per request, token counts, equal greedy
   texts across threads, thread-local errors. Mirrors the concurrency of vLLM 0.33
   tests/v1/engine/test_async_llm.py (test_load / test_abort) at the C boundary.
-- tests/c/step_threads_test.c: 4 threads step one caller-driven engine (issue 15, item 3).
+- tests/c/step_threads_test.c: 4 threads step one caller-driven engine.
   Oracle: each thread gets only its requests' outputs, cumulative token counts, exactly
   one finished output per request, greedy texts equal to a single-threaded run; a thread
   that added nothing is refused with VLLM_ERR_INVALID_STATE once only other threads'

@@ -131,7 +131,7 @@ def test_worker_death_with_a_stuck_loop_sends_dead_and_ends(tmp_path):
     """end_if_stuck (the tensor-parallel executor's failure callback in the child): a busy
     loop held in a collective with the dead peer (its socket still open) still gets DEAD +
     the reason to the front end, and the process exits 1. In a real process, three times:
-    without the context flush, DEAD was lost in 11 of 40 exits (session 17 review)."""
+    without the context flush, DEAD was lost in 11 of 40 exits (before the flush)."""
     import subprocess
     import sys
     import textwrap

@@ -1,5 +1,5 @@
 """Gemma 3 270M (Q4_K_M: mixed Q8_0/Q5_0/Q4_K/Q6_K tensors, SentencePiece vocabulary)
-generates through the C CLI (issue 5 acceptance). The oracle for the text is the same
+generates through the C CLI. The oracle for the text is the same
 request through our Python engine (itself checked against transformers in
 tests/test_gemma3_gguf.py): the CLI must stream exactly that greedy text.
 """

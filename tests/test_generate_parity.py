@@ -2,7 +2,7 @@
 
 Oracle: Hugging Face transformers in fp32 loading the same GGUF (it dequantizes with
 the gguf package), greedy `generate`. Also engine invariants, the end-to-end checks of
-issue 4 (vLLM tests/v1/core are ported as unit tests in test_scheduler.py,
+the scheduler (vLLM tests/v1/core are ported as unit tests in test_scheduler.py,
 test_prefix_caching.py, test_kv_cache_utils.py): batching invariance (4 requests together
 give exactly the tokens each gives alone); greedy tokens unchanged with prefix caching
 off, with chunked prefill, under preemption (FCFS, and priority with prefix caching);

@@ -154,7 +154,7 @@ def test_cuda_runs_the_gguf_kernels_like_the_dense_path(gguf_path):
 def test_start_up_compiles_the_gguf_kernels_of_every_row_count(gguf_path, triton_compiles):
     """compute_logits runs outside the CUDA graphs, and a GGUF layer picks its Triton
     variant by row count (GEMV block rows, the fused GEMM to 16 rows): a row count first
-    seen while serving waited for Triton's JIT (session 18: a compile inside the timed
+    seen while serving waited for Triton's JIT (a compile inside the timed
     offline run). Start-up compiles every GGUF layer's variants
     (engine/model_loader/gguf_quant.py precompile_gguf_kernels); past 65 rows, one path."""
     engine = LLMEngine.from_config(EngineConfig(gguf_path, device="cuda", max_num_seqs=80,

@@ -1,4 +1,4 @@
-"""Issue 14 (hostile input, round 2) through the C ABI, libvllm.so loaded into this process:
+"""Hostile input through the C ABI, libvllm.so loaded into this process:
 items 6 and 7 with the issue's exact inputs, then a bounded property-based fuzz of the
 argument space of include/vllm.h's engine, tokenizer, chat-template, request and OpenAI
 functions: every call returns a documented status (never VLLM_ERR_INTERNAL, never a

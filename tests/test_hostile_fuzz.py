@@ -1,5 +1,5 @@
 """Property-based fuzz of /v1/completions and /v1/chat/completions through examples/server
-(issue 14): request bodies built from every request field of vLLM's CompletionRequest and
+: request bodies built from every request field of vLLM's CompletionRequest and
 ChatCompletionRequest (vllm/entrypoints/openai/{completion,chat_completion}/protocol.py),
 each set to a plausible value, a wrong-typed one or junk JSON. Properties: never a 5xx (nor
 an error event with a 5xx code inside a stream), an error body always has vLLM's shape,

@@ -1,4 +1,4 @@
-"""engine/entrypoints/openai/prompt_limits.py (issue 14, item 3): a prompt text that
+"""engine/entrypoints/openai/prompt_limits.py : a prompt text that
 provably has more tokens than the context is refused before it is tokenized, with vLLM's
 context-length 400 (vllm/renderers/params.py); the bound holds only for normalizers that
 never shorten text; long texts are encoded with the GIL released, to the same ids."""

@@ -1,4 +1,4 @@
-"""Issue 14 (hostile input, round 2) through examples/server on the default model: each
+"""Hostile input through examples/server on the default model: each
 input of the issue, exactly, gets its 4xx with vLLM's error body {"error": {message, type,
 param, code}}, never a traceback in the server log, and the next ordinary request is
 served. Also: /health stays fast while a 32 MB prompt is refused, a non-streamed request

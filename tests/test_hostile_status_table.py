@@ -1,4 +1,4 @@
-"""examples/server/app.py STATUS_TO_HTTP (issue 14, item 1): every vllm.h error status has
+"""examples/server/app.py STATUS_TO_HTTP : every vllm.h error status has
 its HTTP status in one table with vLLM's semantics (400/404/413/501/503), and 500 is only
 VLLM_ERR_INTERNAL's."""
 

@@ -19,7 +19,7 @@ from engine.errors import OutOfResourcesError
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 
-SKIP_SWA = "sliding-window / chunked-local / mamba managers do not exist here (issue 4)"
+SKIP_SWA = "sliding-window / chunked-local / mamba managers do not exist here"
 
 
 def make_manager(block_size: int = 2, num_blocks: int = 100) -> FullAttentionManager:

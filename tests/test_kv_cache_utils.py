@@ -27,7 +27,7 @@ from engine.metrics import CachingMetrics, PrefixCacheStats
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 
-NO_INPUT = "this engine has no multimodal / LoRA / prompt-embeds inputs (issue 4)"
+NO_INPUT = "this engine has no multimodal / LoRA / prompt-embeds inputs (not built)"
 
 
 def make_request(request_id: str, prompt_token_ids: list[int], block_size: int = 3,

@@ -536,7 +536,7 @@ def test_cancel_frees_the_request(client):
 
 needs_logprobs = pytest.mark.skipif(
     "logprobs" not in inspect.signature(SamplingParams).parameters,
-    reason="waits for logprobs in SamplingParams (issue 4)")
+    reason="waits for logprobs in SamplingParams (not built)")
 
 
 @needs_logprobs

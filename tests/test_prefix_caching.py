@@ -19,7 +19,7 @@ from engine.core.kv_cache_utils import KVCacheBlock, hash_block_tokens
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 
-NOT_HERE = "one full-attention KV group and no multimodal/LoRA/KV events here (issue 4)"
+NOT_HERE = "one full-attention KV group and no multimodal/LoRA/KV events here (not built)"
 
 
 def make_request(request_id: str, prompt_token_ids: list[int], block_size: int,

@@ -6,7 +6,7 @@ Face names (Q/K un-permuted, what transformers' GGUF loader produces), a config.
 the GGUF's hyper-parameters, and tokenizer.json / tokenizer_config.json from the GGUF's
 tokenizer. Loading it goes through the safetensors loader and the HF-directory tokenizer;
 the oracle is our engine on the GGUF (itself checked against transformers in
-tests/test_generate_parity.py). Issue 5 acceptance.
+tests/test_generate_parity.py).
 """
 
 from __future__ import annotations

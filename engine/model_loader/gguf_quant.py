@@ -137,7 +137,7 @@ def precompile_gguf_kernels(model: nn.Module) -> None:
     the last row threshold of kernels/gguf_mmvq.py and kernels/gguf_gemm.py (beyond it
     dequantize + cuBLAS, one variant), on a thread pool (kernels/_common.py
     precompile_triton: no launch). One at a time inside the profile run and the graph
-    capture, a Q4_K_M Llama-8B's 63 compiles took 135 s on the H200 (session 18). The
+    capture, a Q4_K_M Llama-8B's 63 compiles took 135 s on the H200 (docs/BENCHMARKS.md). The
     activations take the dtype of the model's dense weights (embeddings, norms: one dtype,
     engine/worker/model_load.py). CUDA only."""
     from kernels._common import precompile_triton  # lazy: triton, CUDA path only

@@ -7,7 +7,7 @@ Per type, shape (qkv, o, gate_up, down, lm_head) and token count M, every path t
 the dispatch kernels/gguf_gemm.py takes (`gguf_gemm`), the word-load tile GEMM
 (kernels/gguf_kquant_mmq.py, Q4_K / Q6_K; --sweep adds KQUANT_SWEEP's configs), the byte-tile
 GEMM (`gguf_mmq`, M <= 64), dequantize + cuBLAS, and bf16 cuBLAS on the dequantized weights
-(what the bf16 model pays: the bar issue 16's offline criterion sets); and dequantize alone
+(what the bf16 model pays: the bar for a GGUF model's offline throughput); and dequantize alone
 (M = 0: the byte-tile kernel against kquant_dequantize; --dequant-sweep adds DEQUANT_SWEEP's
 configs). Then, per type and M, the sum over one layer's four linears of each path: where the
 tile GEMM's sum drops under dequantize + cuBLAS is the crossover for gguf_gemm's dispatch.

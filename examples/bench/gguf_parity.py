@@ -1,4 +1,4 @@
-"""How far a GGUF model on a device strays from the fp32 CPU engine (issue 16, deliverable 4).
+"""How far a GGUF model on a device strays from the fp32 CPU engine .
 
     python examples/bench/gguf_parity.py --model FILE.gguf [--device cuda] [--dtype bfloat16]
         [--max-tokens 32] [--out DIR]

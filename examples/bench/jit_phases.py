@@ -11,7 +11,7 @@ from triton.knobs.runtime's jit_cache_hook / jit_post_compile_hook: a kernel's s
 from the first request of each variant to its compile's end, so for a compile on a thread
 pool (kernels/_common.py precompile_triton, finished at the end of its pass) they are not
 its compile time; the count is exact. A compile inside a timed run is time the throughput
-figure pays. Session 18 found the GGUF offline
+figure pays. It found the GGUF offline
 drop with it (docs/BENCHMARKS.md). With JIT_KEYS=FILE every compile's phase, kernel and
 Triton cache key (its argument specialization: types, 16-byte divisibility, constexprs)
 is appended to FILE, to tell a run's new variant from the start-up's. Example, the

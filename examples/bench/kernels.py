@@ -6,8 +6,8 @@ Shapes are Llama-3.1-8B's (hidden 4096, 32 q / 8 kv heads of 128, MLP 14336, bf1
 activations, block size 16); section moe takes Qwen3-30B-A3B's (top-8 pairs). Times are
 CUDA-graph replays (no launch overhead) over enough distinct input copies that the data does
 not sit in the 50 MB L2, as a model's layers do not. Each row: time per call, bytes moved or
-FLOPs, the ratio to the H200 ceilings measured in ../shared/device/README.md (4.28 TB/s
-copy, 799 TFLOP/s bf16), and the max relative error against the reference. --sweep also
+FLOPs, the ratio to the H200's measured ceilings (4.28 TB/s copy, 799 TFLOP/s bf16;
+docs/BENCHMARKS.md), and the max relative error against the reference. --sweep also
 times other launch configs of the attention and GEMV kernels (sections: dense qkv_rope
 decode prefill unified gguf); the GGUF matmuls past the GEMV are examples/bench/gguf_gemm.py.
 Prints a table last; writes kernels.json to --out (default $OUT or .).
@@ -151,7 +151,7 @@ def bench_small() -> None:
         row("reshape_and_cache", f"T={t} kv={NKV}x{HD}", tt, 4 * t * NKV * HD * 2, err=err,
             note="err = mismatched elements")
 
-        # RoPE fused with the cache write (issue 13): q in place, rotated k and v to the cache
+        # RoPE fused with the cache write: q in place, rotated k and v to the cache
         qkv = torch.randn(t, (NQ + 2 * NKV) * HD, dtype=BF16, device=DEV)
         q, kk, vv = qkv.split([NQ * HD, NKV * HD, NKV * HD], dim=-1)
         ref_kv = kv.clone()
@@ -164,7 +164,7 @@ def bench_small() -> None:
             2 * t * NQ * HD * 2 + 4 * t * NKV * HD * 2, err=err,
             note="vs rotary_embedding + reshape_and_cache above")
 
-        # with Qwen3's per-head q/k RMSNorm folded in (issue 17, QK_NORM)
+        # with Qwen3's per-head q/k RMSNorm folded in (QK_NORM)
         qw = torch.rand(HD, dtype=BF16, device=DEV) + 0.5
         kw = torch.rand_like(qw) + 0.5
         ref_kv = kv.clone()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 12's acceptance pair in one device call: `serve` at max concurrency 64 against the
+# The serve-vs-offline pair in one device call: `serve` at max concurrency 64 against the
 # offline engine at --max-num-seqs 64 on the same random 300 x (1024 in, 128 out) prompts,
 # and `serve` at concurrency 1 (its median TPOT). Prints both and the ratio.
 #
@@ -11,7 +11,7 @@
 # offline figure is `python -m examples.bench throughput` with the same weights and flags.
 # A short offline run comes first (WARMUP_PROMPTS=64, 0 for none): it fills Triton's on-disk
 # kernel cache with the kernels the first traffic compiles, so neither measured side pays
-# the JIT (on a fresh machine the side run first lost 4-8% to it, session 12).
+# the JIT (on a fresh machine the side run first lost 4-8% to it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp}
@@ -46,7 +46,7 @@ offline = json.loads((out / "offline64.json").read_text())
 serve1 = json.loads((out / "serve1" / "serve.json").read_text())
 ratio = serve64["request_throughput"] / offline["requests_per_second"]
 print(f"serve, 64 streams: {serve64['request_throughput']:.2f} req/s; offline, 64 sequences: "
-      f"{offline['requests_per_second']:.2f} req/s; ratio {ratio:.3f} (issue 12: >= 0.95)")
+      f"{offline['requests_per_second']:.2f} req/s; ratio {ratio:.3f} (target >= 0.95)")
 print(f"serve, one stream: median TPOT {serve1['median_tpot_ms']:.2f} ms, P99 "
-      f"{serve1['p99_tpot_ms']:.2f} ms (issue 12: <= 4.18)")
+      f"{serve1['p99_tpot_ms']:.2f} ms (target <= 4.18)")
 PY

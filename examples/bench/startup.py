@@ -13,7 +13,7 @@ before the engine's import to the first sampled token of a one-token request:
     Startup time:       the sum (what a user waits for the first token)
 
 vLLM times LLM construction only, its core in process; ours keeps the engine's default
-mode and the imports and first token in the total (issue 13's start-up row). Cold
+mode and the imports and first token in the total (the start-up row of docs/BENCHMARKS.md). Cold
 iterations run with an empty Triton cache of their own (vLLM: a fresh VLLM_CACHE_ROOT and
 inductor cache; Triton's is the compile cache this engine has), then --num-iters-warmup
 iterations fill the default cache and --num-iters-warm iterations use it. Printed and

@@ -16,7 +16,7 @@ compiles: Triton's requests for a variant it had not in memory (jit_cache_hook),
 from a compile-only pass, "waited" from a launch that compiled before it ran (one at a
 time). Run it with an empty TRITON_CACHE_DIR for a cold start. --graph-warmups sets
 engine/worker/cudagraph.py's eager runs before each capture (A/B; default: the tree's).
-Session 24 found with it that Triton 3.6 hashed a kernel's source on every compile-only
+It showed that Triton 3.6 hashed a kernel's source on every compile-only
 launch of a pending variant (docs/BENCHMARKS.md).
 """
 

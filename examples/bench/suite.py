@@ -4,7 +4,7 @@
         [--budget-s 540] [--cudagraph-mode MODE]
         [--steps llama8b-graphs llama8b-seqs64 llama8b-eager qwen3-8b qwen3-30b-a3b]
     PYTHONPATH=. python -m examples.bench.suite --budget-s 560 \
-        --steps qwen3.5-35b-a3b qwen3.5-27b     # the hybrid GDN steps (issue 18), opt-in
+        --steps qwen3.5-35b-a3b qwen3.5-27b     # the hybrid GDN steps, opt-in
     PYTHONPATH=. python -m examples.bench.suite --steps llama8b-fp8 qwen3.5-35b-a3b-fp8
 
 Every step is a child process (`--step NAME`) that builds one engine with random weights
@@ -16,11 +16,11 @@ prompts) and runs benchmarks on it through examples/bench/{startup,latency,throu
   N x (1024 in, 128 out), temperature 1.0, ignore_eos; `throughput` on 200
   sharegpt-synthetic prompts (the size of vLLM CI's H200 ShareGPT run).
 - llama8b-seqs64: `throughput` random 300 x (1024 in, 128 out) at --max-num-seqs 64
-  (most steps mix prefill chunks with decodes: issue 13's graphed-mixed-steps figure).
+  (most steps mix prefill chunks with decodes: the graphed-mixed-steps figure).
 - llama8b-eager: `latency` batch 1 with --enforce-eager.
 - qwen3-8b: `latency` batch 1 with CUDA graphs; qwen3-30b-a3b: `latency` batch 1/8/32 and
-  `throughput` random N x (1024 in, 128 out) (issue 17: >= 1.3x Llama-8B's).
-- qwen3.5-35b-a3b, qwen3.5-27b (hybrid Gated DeltaNet, issue 18; not in the default
+  `throughput` random N x (1024 in, 128 out) (target: >= 1.3x Llama-8B's).
+- qwen3.5-35b-a3b, qwen3.5-27b (hybrid Gated DeltaNet; not in the default
   --steps: with 70 / 54 GB of weights they need a device call of their own): `latency`
   batch 1 and `throughput` random N x (1024 in, 128 out), CUDA graphs.
 - llama8b-fp8, qwen3.5-35b-a3b-fp8 (opt-in): the same two benchmarks on block-FP8 weights
@@ -31,8 +31,8 @@ Batch-1 decode is latency's decode throughput excluding the first step. Prefix c
 off in every step (latency's default; the random prompts share no prefix). A child writes
 $OUT/suite-<step>.json after each benchmark and its output to $OUT/suite.log, so one that
 runs out of time keeps what it measured; the parent gives each step what is left of
---budget-s and marks what did not run as PENDING. Ratios use the measured H200 ceilings
-of /work/shared/device/README.md.
+--budget-s and marks what did not run as PENDING. Ratios use the H200's measured ceilings
+(docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ STEPS = {  # name: (model directory, extra engine flags, latency batch sizes)
     "llama8b-eager": ("llama-3.1-8b", ["--enforce-eager"], [1]),
     "qwen3-8b": ("qwen3-8b", [], [1]),
     "qwen3-30b-a3b": ("qwen3-30b-a3b", [], [1, 8, 32]),
-    # hybrid GDN (issue 18). Memory on the H200 (139 GiB; --gpu-memory-utilization 0.9 of it
+    # hybrid GDN. Memory on the H200 (139 GiB; --gpu-memory-utilization 0.9 of it
     # is 125 GiB): 27B has 50.1 GiB of weights plus 36.8 GiB of state for the default 256
     # slots and the null slot (48 GDN layers x 3.2 MB = 153.9 MB a request, fp32 SSM state),
     # which leaves ~33 GiB of KV at 64 KiB/token (16 attention layers), where 256 x 1152
@@ -103,10 +103,10 @@ VLLM_H200 = 22.6  # req/s, vLLM CI throughput_llama8B_tp1 (ShareGPT, 200 prompts
 THROUGHPUT_LENS = (1024, 128)  # (input, output) tokens of the random throughput run
 SHAREGPT_PROMPTS = 200  # as vLLM CI's throughput_llama8B_tp1
 SEQS64_PROMPTS = 300  # llama8b-seqs64: 300 x THROUGHPUT_LENS at --max-num-seqs 64
-# issue 13's acceptance figures; issue 18's as fractions of ROOFLINE_B1
+# target ratios; the hybrids' as fractions of ROOFLINE_B1
 TARGETS = {"b1": 250.0, "eager_b1": 60.0, "throughput": 34.0, "seqs64": 26.0, "startup": 20.0,
            "qwen3.5-35b-a3b": 0.5, "qwen3.5-27b": 0.8,
-           "moe_vs_llama": 1.3}  # issue 17: 30B-A3B offline >= 1.3x Llama-8B's, same run
+           "moe_vs_llama": 1.3}  # 30B-A3B offline >= 1.3x Llama-8B's, same run
 # vLLM's published Qwen3-30B-A3B figure (performance anchors A9): not like-for-like
 VLLM_QWEN3_30B = "vLLM bf16, 1xH100, concurrency 10, 2048 in / 1024 out: TPOT 13.18 ms (A9)"
 # vLLM's published figures for the hybrid GDN models (shared/reference/hybrid-gdn.md section
@@ -259,7 +259,7 @@ def _latency_rows(get, step: str, label: str, batches) -> list[tuple[str, str, s
 
 
 def _moe_rows(get, status: dict) -> list[tuple[str, str, str, str]]:
-    """Issue 17's rows beyond batch 1: Qwen3-30B-A3B latency at batch 8 / 32 and offline
+    """The MoE rows beyond batch 1: Qwen3-30B-A3B latency at batch 8 / 32 and offline
     throughput against Llama-8B's of the same run."""
     rows = _latency_rows(get, "qwen3-30b-a3b", "Qwen3-30B-A3B", (8, 32))
     tp = get("qwen3-30b-a3b", "throughput") or {}
@@ -276,7 +276,7 @@ def _moe_rows(get, status: dict) -> list[tuple[str, str, str, str]]:
 
 
 def _gdn_rows(get, results: dict, status: dict) -> list[tuple[str, str, str, str]]:
-    """Issue 18's rows, for the hybrid GDN steps that ran or were asked for."""
+    """The hybrid rows, for the hybrid GDN steps that ran or were asked for."""
     rows = []
     for step, label in (("qwen3.5-35b-a3b", "Qwen3.5-35B-A3B"), ("qwen3.5-27b", "Qwen3.5-27B")):
         if step not in results and step not in status:

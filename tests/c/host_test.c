@@ -1,5 +1,5 @@
 /*
- * tests/c/host_test.c - libvllm in a C host that owns its process (issue 15, item 2):
+ * tests/c/host_test.c - libvllm in a C host that owns its process :
  * signals, OpenMP's wait policy, start-up failures that must not end the host.
  * tests/test_capi_host_runtime.py runs it.
  *

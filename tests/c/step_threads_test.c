@@ -1,6 +1,6 @@
 /*
  * tests/c/step_threads_test.c - 4 threads add requests to one caller-driven engine and
- * all call vllm_engine_step at once (issue 15, item 3). tests/test_capi_step_threads.py
+ * all call vllm_engine_step at once. tests/test_capi_step_threads.py
  * builds it with -fsanitize=address.
  *
  * usage: step_threads_test MODEL_PATH
