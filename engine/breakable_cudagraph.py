@@ -87,12 +87,14 @@ class BreakableCapture:
         self.num_graphs += 1
         self._graph = None
 
-    def add_eager(self, fn: Callable[[], Any]) -> Any:
-        """End the segment, run fn now (not captured), keep it for replay, start the next
-        segment; -> fn's result of this run."""
+    def add_eager(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """End the segment, run fn(*args) now (not captured) and keep it for replay, on
+        weak references to the tensor arguments (taken once the segment has ended, no
+        capture under way); start the next segment; -> fn's result of this run."""
         self._end_segment()
-        result = fn()
-        self.segments.append(fn)
+        weak = tuple(weak_ref_tensor(a) if isinstance(a, torch.Tensor) else a for a in args)
+        result = fn(*weak)
+        self.segments.append(lambda: fn(*weak))
         self.num_eager_breaks += 1
         self._begin_segment()
         return result
@@ -109,5 +111,4 @@ def eager_break(fn: Callable[..., Any], *args: Any) -> Any:
     capture = BreakableCapture.current()
     if capture is None:
         return fn(*args)
-    weak = tuple(weak_ref_tensor(a) if isinstance(a, torch.Tensor) else a for a in args)
-    return capture.add_eager(lambda: fn(*weak))
+    return capture.add_eager(fn, *args)

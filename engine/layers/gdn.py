@@ -19,10 +19,14 @@ State (bound by engine/worker/mamba_utils.py): conv_state [num_blocks, K-1, conv
 (vLLM's "SD" layout) and ssm_state [num_blocks, Hv, dv, dk], strided views of the block
 pool shared with the attention KV (one page per block); the state index of a request is
 its state block in this layer's KV cache group (`state_group`, the metadata md.gdn holds
-one GDNMetadata per group); block 0 is the null block. CUDA runs the
-Triton kernels (kernels/causal_conv1d.py, kernels/gated_delta_rule.py), the CPU their torch
-references. Without metadata (the profile run) the core is skipped (zeros), as attention.
-Prefill rows (more than one token) on CUDA run the chunked kernels of
+one GDNMetadata per group); block 0 is the null block. In a breakable graph (a hybrid's
+mixed step, engine/worker/cudagraph_runner.py) md.gdn holds a GDNStepRef instead: the
+core is an eager break (engine/breakable_cudagraph.py, vLLM's qwen_gdn_attention_core
+splitting op) that runs on the step's metadata, read from the reference when it runs,
+over the step's own tokens, into a zeroed output the graph allocated. In the memory
+profile (no metadata) the core runs on `profile_metadata` when the runner sets it. CUDA
+runs the Triton kernels (kernels/causal_conv1d.py, kernels/gated_delta_rule.py), the CPU
+their torch references. Prefill rows (more than one token) on CUDA run the chunked kernels of
 kernels/chunk_gated_delta_rule.py when GDN_PREFILL_BACKEND is "triton" (vLLM's
 --gdn-prefill-backend triton: FLA's chunk_gated_delta_rule), decode rows the recurrent
 kernel; "recurrent" runs every row recurrently. "auto" (the default; vLLM's auto always
