@@ -118,6 +118,32 @@ def test_profile_run_runs_the_gdn_core_on_a_scratch_state(hybrid_dir, monkeypatc
         layer.conv_state, layer.ssm_state = conv, ssm
 
 
+def test_eager_mixed_step_compile_pass_batches(hybrid_dir, monkeypatch):
+    """The start-up pass over eager mixed steps runs max_num_tokens tokens as one or four
+    decode rows plus a prefill row, through attention's decode split and every GDN core,
+    writing no KV (padding slots) and no request state (the null block only). Attention
+    through its kernels (interpreted on CPU), which skip padding slots as on CUDA."""
+    monkeypatch.setattr(attention_layer, "use_kernels", lambda q: True)
+    engine = _engine(hybrid_dir[0], max_num_batched_tokens=16)
+    runner = engine.model_runner
+    pool = [layer.kv_cache[:, 1:].clone() for layer in runner.model.modules()
+            if isinstance(layer, attention_layer.Attention)]
+    ssm = [layer.ssm_state[1:].clone() for layer in runner.model.modules()
+           if isinstance(layer, GatedDeltaNetAttention)]
+    seen = []
+    real = GatedDeltaNetAttention._forward_core
+    monkeypatch.setattr(GatedDeltaNetAttention, "_forward_core", lambda self, x, b, a, md: (
+        seen.append((md.query_start_loc, md.state_indices)), real(self, x, b, a, md))[1])
+    runner._compile_eager_mixed_steps()
+    layers = len(ssm)
+    assert seen == [([0, 1, 16], [0, 0])] * layers + [([0, 1, 2, 3, 4, 16], [0] * 5)] * layers
+    kv = [layer.kv_cache for layer in runner.model.modules()
+          if isinstance(layer, attention_layer.Attention)]
+    assert all(torch.equal(a, b[:, 1:]) for a, b in zip(pool, kv))  # block 0: null
+    assert all(torch.equal(a, layer.ssm_state[1:]) for a, layer in zip(ssm, [
+        m for m in runner.model.modules() if isinstance(m, GatedDeltaNetAttention)]))
+
+
 class SimulatedGraphs(CudaGraphs):
     """Replay = the captured forward run again (what a CUDA graph replay executes; an
     eager break outside a capture calls through)."""

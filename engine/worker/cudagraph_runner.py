@@ -13,20 +13,24 @@ buffers) and mixed prefill/decode steps piecewise ones: breakable graphs
 graph is captured (and in the compile pass before), its core runs on capture_lens rows
 on the null block (engine/worker/mamba_utils.py), so the mixed steps' conv, chunked and
 recurrent kernel variants compile at start-up. FULL becomes FULL_AND_PIECEWISE for them,
-as vLLM resolves FULL with a UNIFORM_BATCH backend.
+as vLLM resolves FULL with a UNIFORM_BATCH backend. Before any capture, a hybrid's eager
+mixed steps at max_num_tokens compile their variants (_compile_eager_mixed_steps).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import torch
 
 from engine.compilation_config import CUDAGraphMode
-from engine.layers.attention import AttentionMetadata
+from engine.layers.attention import Attention, AttentionMetadata
+from engine.layers.gdn import dummy_gdn_metadata
 from engine.model_loader.gguf_quant import precompile_gguf_kernels
 from engine.worker.cudagraph import CudaGraphs
 from engine.worker.cudagraph_dispatcher import BatchDescriptor, CudagraphDispatcher
+from kernels._common import precompile_triton
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +50,7 @@ class CudaGraphRunnerMixin:
         if self.device.type != "cuda":
             return 0.0
         precompile_gguf_kernels(self.model)  # GGUF layers' Triton variants, side by side
+        self._compile_eager_mixed_steps()
         if not sizes or mode == CUDAGraphMode.NONE:
             return 0.0
         if self.mamba is not None and mode == CUDAGraphMode.FULL:
@@ -58,6 +63,35 @@ class CudaGraphRunnerMixin:
         graphs = self.init_cudagraphs(CudaGraphs, mode, sizes)
         self.memory_profile["cudagraph_pool"] = graphs.pool_bytes
         return graphs.capture_time_s
+
+    @torch.inference_mode()
+    def _compile_eager_mixed_steps(self) -> None:
+        """A hybrid's eager mixed steps (past the largest graph, or without graphs) at
+        max_num_tokens tokens, their Triton launches only compiling (kernels/_common.py
+        precompile_triton): one or four decode rows and a prefill row of the rest, on the
+        null block with no KV write, so the attention decode split, the unified prefill
+        kernel over the prefill rows and the GDN kernels of such steps compile here and
+        not inside a timed run. Skipped while a layer still has KV scales to calculate
+        (an eager step would mark them done)."""
+        attn = [m for m in self.model.modules() if isinstance(m, Attention)]
+        if self.mamba is None or any(a.calculate_kv_scales for a in attn):
+            return
+        m, dev = self.max_num_tokens, self.device
+        with precompile_triton():
+            for d in (1, 4):
+                if m - d < 2:
+                    continue
+                lens = [1] * d + [m - d]
+                qsl = [0, *itertools.accumulate(lens)]
+                md = AttentionMetadata(
+                    m, torch.full((m,), PAD_SLOT_ID, dtype=torch.long, device=dev), qsl,
+                    lens, self.block_table.step.gpu[:d + 1],
+                    torch.tensor(qsl, dtype=torch.int32, device=dev),
+                    torch.tensor(lens, dtype=torch.int32, device=dev), m - d, m - d,
+                    num_decodes=d)
+                md.gdn = [dummy_gdn_metadata(lens, dev)] * len(self.mamba.groups)
+                ids = torch.zeros(m, dtype=torch.long, device=dev)
+                self.model(ids, ids, md)
 
     def init_cudagraphs(self, graphs_cls: type[CudaGraphs], mode: CUDAGraphMode,
                         sizes: list[int]) -> CudaGraphs:
