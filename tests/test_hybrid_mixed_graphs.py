@@ -13,6 +13,8 @@ what a replay executes; tests/test_kernels_cudagraph_runner.py); on CUDA they ar
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from test_hybrid_gdn_engine import KERNEL_LAYERS, _engine, _run, _saved_model
@@ -22,6 +24,7 @@ from engine.compilation_config import CUDAGraphMode
 from engine.layers import attention as attention_layer
 from engine.layers.gdn import GatedDeltaNetAttention, GDNStepRef
 from engine.worker.cudagraph import CudaGraphs
+from engine.worker.cudagraph_runner import eager_mixed_lens
 from engine.worker.mamba_utils import capture_lens, profile_gdn_core, profile_lens
 
 pytest.importorskip("transformers")
@@ -119,10 +122,11 @@ def test_profile_run_runs_the_gdn_core_on_a_scratch_state(hybrid_dir, monkeypatc
 
 
 def test_eager_mixed_step_compile_pass_batches(hybrid_dir, monkeypatch):
-    """The start-up pass over eager mixed steps runs max_num_tokens tokens as one or four
-    decode rows plus a prefill row, through attention's decode split and every GDN core,
-    writing no KV (padding slots) and no request state (the null block only). Attention
-    through its kernels (interpreted on CPU), which skip padding slots as on CUDA."""
+    """The start-up pass over eager mixed steps runs decode rows then prefill rows
+    (eager_mixed_lens: a long one, or short ones), through attention's decode split and
+    every GDN core, writing no KV (padding slots) and no request state (the null block
+    only). Attention through its kernels (interpreted on CPU), which skip padding slots as
+    on CUDA."""
     monkeypatch.setattr(attention_layer, "use_kernels", lambda q: True)
     engine = _engine(hybrid_dir[0], max_num_batched_tokens=16)
     runner = engine.model_runner
@@ -135,8 +139,11 @@ def test_eager_mixed_step_compile_pass_batches(hybrid_dir, monkeypatch):
     monkeypatch.setattr(GatedDeltaNetAttention, "_forward_core", lambda self, x, b, a, md: (
         seen.append((md.query_start_loc, md.state_indices)), real(self, x, b, a, md))[1])
     runner._compile_eager_mixed_steps()
-    layers = len(ssm)
-    assert seen == [([0, 1, 16], [0, 0])] * layers + [([0, 1, 2, 3, 4, 16], [0] * 5)] * layers
+    lens = [[1, 15], [1, 1, 1, 1, 12], [1, 2], [1, 2, 2], [1, 2, 2, 2, 2], [1, 1, 1, 1, 2],
+            [1, 1, 1, 1, 2, 2], [1, 1, 1, 1, 2, 2, 2, 2]]
+    assert eager_mixed_lens(16) == lens
+    qsl = [[0, *itertools.accumulate(r)] for r in lens]
+    assert seen == [(q, [0] * (len(q) - 1)) for q in qsl for _ in ssm]
     kv = [layer.kv_cache for layer in runner.model.modules()
           if isinstance(layer, attention_layer.Attention)]
     assert all(torch.equal(a, b[:, 1:]) for a, b in zip(pool, kv))  # block 0: null

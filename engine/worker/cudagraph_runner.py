@@ -66,28 +66,26 @@ class CudaGraphRunnerMixin:
 
     @torch.inference_mode()
     def _compile_eager_mixed_steps(self) -> None:
-        """A hybrid's eager mixed steps (past the largest graph, or without graphs) at
-        max_num_tokens tokens, their Triton launches only compiling (kernels/_common.py
-        precompile_triton): one or four decode rows and a prefill row of the rest, on the
-        null block with no KV write, so the attention decode split, the unified prefill
-        kernel over the prefill rows and the GDN kernels of such steps compile here and
-        not inside a timed run. Skipped while a layer still has KV scales to calculate
-        (an eager step would mark them done)."""
+        """A hybrid's eager mixed steps (past the largest graph, or without graphs), their
+        Triton launches only compiling (kernels/_common.py precompile_triton), on the
+        batches of eager_mixed_lens, on the null block with no KV write: the attention
+        decode split, the unified prefill kernel over the prefill rows (one segment, or
+        split with its reduce) and the GDN kernels of such steps compile here, not inside
+        a timed run. Skipped while a layer still has KV scales to calculate (an eager
+        step would mark them done)."""
         attn = [m for m in self.model.modules() if isinstance(m, Attention)]
         if self.mamba is None or any(a.calculate_kv_scales for a in attn):
             return
-        m, dev = self.max_num_tokens, self.device
+        dev, table = self.device, self.block_table.step.gpu  # [rows, max_blocks] int32
         with precompile_triton():
-            for d in (1, 4):
-                if m - d < 2:
-                    continue
-                lens = [1] * d + [m - d]
+            for lens in eager_mixed_lens(self.max_num_tokens):
+                m, d = sum(lens), lens.count(1)
                 qsl = [0, *itertools.accumulate(lens)]
                 md = AttentionMetadata(
                     m, torch.full((m,), PAD_SLOT_ID, dtype=torch.long, device=dev), qsl,
-                    lens, self.block_table.step.gpu[:d + 1],
+                    lens, table.new_zeros(len(lens), table.shape[1]),  # the null block
                     torch.tensor(qsl, dtype=torch.int32, device=dev),
-                    torch.tensor(lens, dtype=torch.int32, device=dev), m - d, m - d,
+                    torch.tensor(lens, dtype=torch.int32, device=dev), max(lens), max(lens),
                     num_decodes=d)
                 md.gdn = [dummy_gdn_metadata(lens, dev)] * len(self.mamba.groups)
                 ids = torch.zeros(m, dtype=torch.long, device=dev)
@@ -143,6 +141,18 @@ class CudaGraphRunnerMixin:
         elif self.mamba is not None:  # the device buffers each step's build_metadata fills
             md.gdn = self.mamba.graph_metadata(rows, md.query_start_loc_t)
         return self.model(self.input_ids.gpu[:n], self.positions.gpu[:n], md)
+
+
+def eager_mixed_lens(max_tokens: int) -> list[list[int]]:
+    """Row lengths of the eager mixed steps compiled at start-up: 1 or 4 decode rows
+    (the slices after them 16-byte aligned or not) then one prefill row of the rest of
+    max_tokens (the unified kernel in one segment), or 1, 2, 4 or 16 two-token prefill
+    rows (split into segments, then reduced; a row count of 1, unaligned, aligned, a
+    multiple of 16); the batches that fit max_tokens."""
+    out = [[1] * d + [max_tokens - d] for d in (1, 4) if max_tokens - d >= 2]
+    out += [[1] * d + [2] * r for d in (1, 4) for r in (1, 2, 4, 16)
+            if d + 2 * r <= max_tokens]
+    return out
 
 
 def _graph_rows(desc: BatchDescriptor) -> int:
