@@ -198,8 +198,10 @@ def test_cuda_mixed_graphs_equal_eager_and_compile_nothing(dtype, tmp_path_facto
     """FULL_AND_PIECEWISE on a tiny hybrid: decode steps replay full graphs, mixed steps
     breakable ones (prompts of ~100 tokens in 128-token steps: chunked GDN rows inside
     graphs up to 128 tokens); tokens equal the eager engine's token for token, and after
-    start-up the run compiles no Triton kernel (the capture passes compiled the GDN conv,
-    chunked and recurrent variants of mixed steps)."""
+    start-up the run compiles no GDN or attention kernel (the capture passes compiled the
+    GDN conv, chunked and recurrent variants of mixed steps, the eager pass those of eager
+    ones). Other kernels (the sampler's) compile in the profile run, which a fixed KV
+    budget skips."""
     path, _, _ = _saved_model("qwen3_5", tmp_path_factory, 8)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (100, 70, 9, 130)]
@@ -218,6 +220,7 @@ def test_cuda_mixed_graphs_equal_eager_and_compile_nothing(dtype, tmp_path_facto
     triton_compiles.clear()
     assert _run(engine, prompts, max_tokens=8) == eager
     assert any(not d.uniform for d in replayed) and any(d.uniform for d in replayed)
-    assert triton_compiles == []
+    covered = ("_conv_", "_chunk_", "_fused_recurrent", "rms_norm_gated", "paged_attention")
+    assert [c for c in triton_compiles if any(k in c for k in covered)] == []
     assert isinstance(runner.mamba.step_ref, GDNStepRef)
     assert runner.mamba.step_ref.metadata is None
