@@ -19,7 +19,7 @@ import pytest
 import torch
 from test_hybrid_gdn_engine import KERNEL_LAYERS, _engine, _run, _saved_model
 
-from engine.breakable_cudagraph import BreakableCapture, eager_break
+from engine.breakable_cudagraph import BreakableCapture, eager_break, weak_ref_tensor
 from engine.compilation_config import CUDAGraphMode
 from engine.layers import attention as attention_layer
 from engine.layers.gdn import GatedDeltaNetAttention, GDNStepRef
@@ -79,6 +79,46 @@ def test_eager_break_outside_a_capture_calls_through():
     with pytest.raises(RuntimeError, match="Nested"):
         with BreakableCapture(graph_cls=_FakeGraph), BreakableCapture(graph_cls=_FakeGraph):
             pass
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_weak_ref_tensor_aliases_without_owning():
+    t = torch.arange(12, dtype=torch.bfloat16, device="cuda").view(3, 4)[:, 1:3]
+    w = weak_ref_tensor(t)
+    assert (w.data_ptr(), w.shape, w.stride(), w.dtype) == (t.data_ptr(), t.shape,
+                                                             t.stride(), t.dtype)
+    w.add_(1)
+    assert torch.equal(t, w)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    del t
+    assert torch.cuda.memory_allocated() < before  # w does not keep the block
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_breakable_capture_replays_segments_around_eager_calls():
+    """Real graphs: z = (2x + k) * 3, with the `+ k` an eager break reading a host value
+    at replay time; replays see new inputs in x and the new k."""
+    x = torch.ones(8, device="cuda")
+    k = {"v": 1.0}
+
+    def add_k(y: torch.Tensor) -> None:
+        y.add_(k["v"])
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), BreakableCapture(torch.cuda.graph_pool_handle()) as cap:
+        y = x * 2
+        eager_break(add_k, y)
+        z = y * 3
+    torch.cuda.current_stream().wait_stream(side)
+    assert (cap.num_graphs, cap.num_eager_breaks) == (2, 1)
+    x.fill_(5.0)
+    k["v"] = 4.0
+    cap.replay()
+    assert torch.equal(z, torch.full_like(z, 42.0))
 
 
 @pytest.mark.parametrize("n,lens", [(1, [1]), (2, [2]), (3, [1, 2]), (1024, [1, 1023])])
