@@ -75,10 +75,13 @@ def profile_gdn_core(model: nn.Module, num_tokens: int, max_num_reqs: int,
     """Inside, a forward without metadata (the memory profile) runs every GDN layer's
     core on profile_lens rows through the chunked kernels (vLLM's "triton" prefill
     backend: each row of more than one token is chunked), so the profile's peak holds
-    the core's temporaries at the full chunk (conv output, gates, w, u, the per-chunk
-    solve scratch: ~0.7 GiB at 16,384 tokens for Qwen3.5-35B-A3B), which vLLM's profile
-    run skips. Rows share one state slot: the layers' state before the KV cache exists
-    is one scratch slot (fp32 recurrent state), its contents never read."""
+    the core's temporaries at the full chunk, which vLLM's profile run skips: conv
+    output, gates, w, u, output and the per-chunk solve scratch ([chunks, Hv, 64, 64]
+    fp32). Qwen3.5-35B-A3B's layer at 16,384 tokens over 1,024 rows: 1,024 chunks (a step
+    of auto's chunked path has at most tokens / 64 + its prefill rows), ~1.1 GiB; one
+    16,384-token row would count ~0.75 GiB. Rows share one state slot: the layers' state
+    before the KV cache exists is one scratch slot (fp32 recurrent state), its contents
+    never read."""
     layers = [m for m in model.modules() if isinstance(m, GatedDeltaNetAttention)]
     if not layers or num_tokens < 1:
         yield
