@@ -191,6 +191,38 @@ def test_eager_mixed_step_compile_pass_batches(hybrid_dir, monkeypatch):
         m for m in runner.model.modules() if isinstance(m, GatedDeltaNetAttention)]))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.usefixtures("in_process_core")
+def test_cuda_profile_peak_holds_the_gdn_core(hybrid_dir, monkeypatch):
+    """The profile run's peak at 1,024 tokens (4 rows of 256: 16 chunks) exceeds the one
+    of a profile that skips the GDN core by at least the per-chunk solve scratch
+    ([16, Hv, 64, 64] fp32), the largest of the chunked kernels' temporaries."""
+    import contextlib
+
+    from engine.worker import model_runner
+
+    engine = _engine(hybrid_dir[0], device="cuda", max_num_batched_tokens=1024,
+                     max_model_len=512, kv_cache_memory_bytes=64 << 20)
+    runner = engine.model_runner
+    layer = next(m for m in runner.model.modules() if isinstance(m, GatedDeltaNetAttention))
+
+    def peak() -> int:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        runner.profile_run(1024, sample=False)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+
+    peak()  # compiles
+    with_core = peak()
+    monkeypatch.setattr(model_runner, "profile_gdn_core",
+                        lambda *a: contextlib.nullcontext())
+    without = peak()
+    assert with_core - without >= 16 * layer.num_v_heads * 64 * 64 * 4  # the scratch
+
+
 class SimulatedGraphs(CudaGraphs):
     """Replay = the captured forward run again (what a CUDA graph replay executes; an
     eager break outside a capture calls through)."""
