@@ -19,10 +19,14 @@ State (bound by engine/worker/mamba_utils.py): conv_state [num_blocks, K-1, conv
 (vLLM's "SD" layout) and ssm_state [num_blocks, Hv, dv, dk], strided views of the block
 pool shared with the attention KV (one page per block); the state index of a request is
 its state block in this layer's KV cache group (`state_group`, the metadata md.gdn holds
-one GDNMetadata per group); block 0 is the null block. CUDA runs the
-Triton kernels (kernels/causal_conv1d.py, kernels/gated_delta_rule.py), the CPU their torch
-references. Without metadata (the profile run) the core is skipped (zeros), as attention.
-Prefill rows (more than one token) on CUDA run the chunked kernels of
+one GDNMetadata per group); block 0 is the null block. In a breakable graph (a hybrid's
+mixed step, engine/worker/cudagraph_runner.py) md.gdn holds a GDNStepRef instead: the
+core is an eager break (engine/breakable_cudagraph.py, vLLM's qwen_gdn_attention_core
+splitting op) that runs on the step's metadata, read from the reference when it runs,
+over the step's own tokens, into a zeroed output the graph allocated. In the memory
+profile (no metadata) the core runs on `profile_metadata` when the runner sets it. CUDA
+runs the Triton kernels (kernels/causal_conv1d.py, kernels/gated_delta_rule.py), the CPU
+their torch references. Prefill rows (more than one token) on CUDA run the chunked kernels of
 kernels/chunk_gated_delta_rule.py when GDN_PREFILL_BACKEND is "triton" (vLLM's
 --gdn-prefill-backend triton: FLA's chunk_gated_delta_rule), decode rows the recurrent
 kernel; "recurrent" runs every row recurrently. "auto" (the default; vLLM's auto always
@@ -43,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.breakable_cudagraph import eager_break
 from engine.errors import InvalidArgumentError, ModelLoadError
 from engine.layers.attention import use_kernels
 from engine.layers.linear import MergedReplicatedLinear, RowParallelLinear
@@ -72,13 +77,15 @@ class GDNMetadata:
     query_start_loc_t: torch.Tensor  # [num_reqs + 1] int32
     state_indices_t: torch.Tensor  # [num_reqs] int64
     has_initial_state_t: torch.Tensor  # [num_reqs] bool
+    prefill_backend: str | None = None  # None: GDN_PREFILL_BACKEND
 
     @functools.cached_property
     def chunked_prefill(self) -> bool:
         """Whether this step's prefill rows run the chunked kernels (GDN_PREFILL_BACKEND)."""
-        if self.max_query_len <= 1 or GDN_PREFILL_BACKEND == "recurrent":
+        backend = self.prefill_backend or GDN_PREFILL_BACKEND
+        if self.max_query_len <= 1 or backend == "recurrent":
             return False
-        return GDN_PREFILL_BACKEND == "triton" or self.max_query_len >= CHUNK_SIZE
+        return backend == "triton" or self.max_query_len >= CHUNK_SIZE
 
     @functools.cached_property
     def prefill_split(self) -> GDNPrefillSplit:
@@ -105,6 +112,31 @@ class GDNPrefillSplit:
     prefill_state_indices_t: torch.Tensor  # [rows]: rows of more than one token
     decode_state_indices_t: torch.Tensor | None  # [rows]: one-token rows; None: none
     chunk_indices_t: torch.Tensor  # [num_chunks, 2] int32 (sequence, chunk)
+
+
+def dummy_gdn_metadata(lens: list[int], device: torch.device, state_index: int = 0,
+                       prefill_backend: str | None = None) -> GDNMetadata:
+    """Metadata of rows of `lens` tokens, every one on state block `state_index` with no
+    initial state: the batches a capture or the memory profile runs the GDN core on
+    (their state writes land in that one block: the pool's null block, or the profile's
+    scratch slot, whose contents nothing reads)."""
+    qsl = [0]
+    for n in lens:
+        qsl.append(qsl[-1] + n)
+    n = len(lens)
+    idx, init = [state_index] * n, [False] * n
+    return GDNMetadata(qsl, idx, init, max(lens), async_tensor_h2d(qsl, torch.int32, device),
+                       async_tensor_h2d(idx, torch.long, device),
+                       async_tensor_h2d(init, torch.bool, device), prefill_backend)
+
+
+class GDNStepRef:
+    """The GDN metadata of the step a breakable graph replays (per KV cache group),
+    set by the model runner before the replay and read by the layers' eager core
+    (vLLM's forward context, read by qwen_gdn_attention_core)."""
+
+    def __init__(self) -> None:
+        self.metadata: list[GDNMetadata] | None = None
 
 
 class RMSNormGated(nn.Module):
@@ -166,6 +198,9 @@ class GatedDeltaNetAttention(nn.Module):
         self.conv_state: torch.Tensor | None = None
         self.ssm_state: torch.Tensor | None = None
         self.state_group = 0
+        # the memory profile's metadata (engine/worker/mamba_utils.py profile_gdn_core):
+        # a forward without metadata runs the core on it; None: the core is skipped
+        self.profile_metadata: GDNMetadata | None = None
 
     def _qkvz_from_grouped(self, w: torch.Tensor) -> torch.Tensor:
         # Qwen3-Next rows per key head g: [q_g, k_g, v_g (r*dv), z_g (r*dv)] -> [Q | K | V | Z]
@@ -187,14 +222,28 @@ class GatedDeltaNetAttention(nn.Module):
         # strided views of one [n, conv_dim + value_dim + 2 Hv] output: the kernels take strides
         mixed_qkv, z, b, a = self.in_proj(hidden_states).split(
             [self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
-        gdn: GDNMetadata | None = None if md is None or md.gdn is None \
-            else md.gdn[self.state_group]
-        if gdn is None:  # profile run: activations only
+        gdn: GDNMetadata | GDNStepRef | None = self.profile_metadata \
+            if md is None or md.gdn is None else md.gdn[self.state_group]
+        if gdn is None:  # profile run without a profiled core: activations only
             core = hidden_states.new_zeros(n, self.num_v_heads, self.head_v_dim)
+        elif isinstance(gdn, GDNStepRef):  # a breakable graph: the core runs eagerly
+            core = hidden_states.new_zeros(n, self.num_v_heads, self.head_v_dim)
+            eager_break(self._core_into, mixed_qkv, b, a, core, gdn)
         else:
             core = self._forward_core(mixed_qkv, b, a, gdn)
         core = self.norm(core, z.view(n, self.num_v_heads, self.head_v_dim))  # [n, value_dim]
         return self.out_proj(core)
+
+    def _core_into(self, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                   core: torch.Tensor, ref: GDNStepRef) -> None:
+        """The eager break of a breakable graph: the core over the step's real tokens
+        (the rows of its metadata: the graph's padding tokens stay 0), written into
+        `core` [n_padded, Hv, dv]. Without metadata (none set) it leaves `core` as is."""
+        if ref.metadata is None:
+            return
+        gdn = ref.metadata[self.state_group]
+        t = gdn.query_start_loc[-1]
+        core[:t].copy_(self._forward_core(mixed_qkv[:t], b[:t], a[:t], gdn))
 
     def _forward_core(self, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
                       gdn: GDNMetadata) -> torch.Tensor:

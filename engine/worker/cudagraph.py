@@ -19,6 +19,12 @@ nothing (a new variant's module still loads at its first launch, inside its capt
 vLLM's captures without warm-ups), and what the forward sets up lazily in Python or torch
 (handles, caches) is set up outside them. Inside one eager warm-up each, one compile at a
 time, Llama-8B's cold capture took 20.7 s on the H200 (docs/BENCHMARKS.md, session 24).
+
+Descriptors the runner marks breakable (hybrid GDN models' mixed steps, whose GDN core
+supports uniform decode batches only: vLLM's AttentionCGSupport.UNIFORM_BATCH) are
+captured as breakable graphs (engine/breakable_cudagraph.py, vLLM's piecewise capture
+without torch.compile): graph segments with the GDN core run eagerly between them, on a
+side stream, into the same pool.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from unittest import mock
 
 import torch
 
+from engine.breakable_cudagraph import BreakableCapture
 from engine.worker.cudagraph_dispatcher import BatchDescriptor, CudagraphDispatcher
 from kernels._common import precompile_triton
 
@@ -41,9 +48,13 @@ _WARMUP_RUNS = 0  # vLLM's cudagraph_num_of_warmups default (the compile pass ru
 
 
 class CudaGraphs:
-    def __init__(self, dispatcher: CudagraphDispatcher) -> None:
+    def __init__(self, dispatcher: CudagraphDispatcher,
+                 breakable: Callable[[BatchDescriptor], bool] | None = None) -> None:
         self.dispatcher = dispatcher
-        self._graphs: dict[BatchDescriptor, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.breakable = breakable or (lambda desc: False)
+        # per key: (a graph or a breakable capture, its output)
+        self._graphs: dict[BatchDescriptor, tuple[torch.cuda.CUDAGraph | BreakableCapture,
+                                                  torch.Tensor]] = {}
         self.capture_time_s = 0.0
         self.pool_bytes = 0  # device memory the graphs' pool holds after capture
 
@@ -62,23 +73,35 @@ class CudaGraphs:
         torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved()
         pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream() if any(map(self.breakable, descs)) else None
         with _bulk_capture():
             for desc in descs:
                 for _ in range(_WARMUP_RUNS):
                     forward(desc)
                 torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = forward(desc)  # [num_tokens, hidden], lives in the graph's pool
+                if self.breakable(desc):
+                    with torch.cuda.stream(side), BreakableCapture(pool) as graph:
+                        out = forward(desc)
+                    torch.cuda.current_stream().wait_stream(side)
+                else:
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        out = forward(desc)  # [num_tokens, hidden], lives in the pool
                 self._graphs[desc] = (graph, out)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # the warm-ups' cached blocks; the pool's stay
         self.capture_time_s = time.perf_counter() - start
         self.pool_bytes = torch.cuda.memory_reserved() - before
-        logger.info("captured %d CUDA graphs (cudagraph_mode %s, %d..%d tokens) in %.2f s, "
-                    "%.0f MiB", len(self._graphs), self.dispatcher.mode.name,
-                    self.dispatcher.capture_sizes[0], self.dispatcher.max_capture_size,
+        logger.info("captured %d CUDA graphs (cudagraph_mode %s, %d..%d tokens; %d "
+                    "breakable) in %.2f s, %.0f MiB", len(self._graphs),
+                    self.dispatcher.mode.name, self.dispatcher.capture_sizes[0],
+                    self.dispatcher.max_capture_size, self.num_breakable,
                     self.capture_time_s, self.pool_bytes / (1 << 20))
+
+    @property
+    def num_breakable(self) -> int:
+        """Captured graphs with eager breaks."""
+        return sum(isinstance(g, BreakableCapture) for g, _ in self._graphs.values())
 
     def replay(self, desc: BatchDescriptor) -> torch.Tensor:
         """Hidden states [desc.num_tokens, hidden] (overwritten by the next replay)."""

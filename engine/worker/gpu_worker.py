@@ -2,7 +2,8 @@
 (determine_available_memory) and vllm/utils/mem_utils.py (memory_profiling).
 
 The model runner's profile_run does one forward pass at max_num_batched_tokens (and the
-sampler's logits peak) before the KV cache exists; then
+sampler's logits peak) before the KV cache exists (a hybrid's GDN cores run in it, on a
+scratch state: their temporaries at the full chunk count); then
 
     kv_cache_bytes = total * gpu_memory_utilization
                      - (torch peak + non-torch memory + CUDA-graph memory)

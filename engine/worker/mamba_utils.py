@@ -23,6 +23,9 @@ become cached. Block 0 is the pool's null block: padding rows' state index.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
@@ -36,12 +39,73 @@ from engine.core.kv_cache_interface import (
 )
 from engine.core.kv_cache_utils import group_hybrid_layers
 from engine.errors import InvalidArgumentError, ModelLoadError
-from engine.layers.gdn import GatedDeltaNetAttention, GDNMetadata
+from engine.layers.gdn import (
+    GatedDeltaNetAttention,
+    GDNMetadata,
+    GDNStepRef,
+    dummy_gdn_metadata,
+)
 from engine.models.config import ModelArchConfig
 from engine.sample.ops.torch_utils import async_tensor_h2d
 from engine.worker.input_batch import CpuGpuBuffer
 
 NULL_BLOCK = 0
+
+
+def capture_lens(num_tokens: int) -> list[int]:
+    """The rows a breakable graph of num_tokens tokens runs its GDN core on while it is
+    captured: a decode row and a prefill row of the rest (from 3 tokens), so the capture
+    passes reach the mixed steps' kernel variants (conv time blocks of every width up to
+    64, the recurrent kernel alone and after the chunked ones)."""
+    return [num_tokens] if num_tokens < 3 else [1, num_tokens - 1]
+
+
+def profile_lens(num_tokens: int, max_num_reqs: int) -> list[int]:
+    """vLLM's _dummy_run batch: num_tokens split evenly over min(num_tokens, max_num_reqs)
+    rows, the remainder on the last."""
+    rows = max(1, min(num_tokens, max_num_reqs))
+    lens = [num_tokens // rows] * rows
+    lens[-1] += num_tokens % rows
+    return lens
+
+
+@contextlib.contextmanager
+def profile_gdn_core(model: nn.Module, num_tokens: int, max_num_reqs: int,
+                     device: torch.device) -> Iterator[None]:
+    """Inside, a forward without metadata (the memory profile) runs every GDN layer's
+    core on profile_lens rows through the chunked kernels (vLLM's "triton" prefill
+    backend: each row of more than one token is chunked), so the profile's peak holds
+    the core's temporaries at the full chunk, which vLLM's profile run skips: conv
+    output, gates, w, u, output and the per-chunk solve scratch ([chunks, Hv, 64, 64]
+    fp32). Qwen3.5-35B-A3B's layer at 16,384 tokens over 1,024 rows: 1,024 chunks (a step
+    of auto's chunked path has at most tokens / 64 + its prefill rows), ~1.1 GiB; one
+    16,384-token row would count ~0.75 GiB. Rows share one state slot: the layers' state
+    before the KV cache exists is one scratch slot (fp32 recurrent state), its contents
+    never read."""
+    layers = [m for m in model.modules() if isinstance(m, GatedDeltaNetAttention)]
+    if not layers or num_tokens < 1:
+        yield
+        return
+    md = dummy_gdn_metadata(profile_lens(num_tokens, max_num_reqs), device, NULL_BLOCK,
+                            "triton")
+    unbound = [layer for layer in layers if layer.conv_state is None]
+    if unbound:
+        ref = unbound[0]
+        conv = torch.zeros(1, ref.conv_kernel_size - 1, ref.conv_dim,
+                           dtype=ref.conv1d.weight.dtype, device=device)
+        ssm = torch.zeros(1, ref.num_v_heads, ref.head_v_dim, ref.head_k_dim,
+                          dtype=torch.float32, device=device)
+    for layer in unbound:
+        layer.conv_state, layer.ssm_state = conv, ssm
+    for layer in layers:
+        layer.profile_metadata = md
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.profile_metadata = None
+        for layer in unbound:
+            layer.conv_state = layer.ssm_state = None
 
 
 def num_gdn_layers(cfg: ModelArchConfig) -> int:
@@ -137,6 +201,9 @@ class MambaStateCache:
                               for _ in groups]
         self.has_initial_state = CpuGpuBuffer(max_num_reqs, dtype=torch.bool, device=device)
         self.blocks_of: dict[str, list[int]] = {}  # req_id -> its state block per group
+        # where a breakable (mixed) graph's GDN layers read their step's metadata: the
+        # model runner sets it before each replay
+        self.step_ref = GDNStepRef()
         # new requests' state blocks to zero / (saved blocks, own blocks) to copy
         self._pending_zeros: list[list[int]] = []
         self._pending_copies: list[tuple[list[int], list[int]]] = []
@@ -210,6 +277,12 @@ class MambaStateCache:
 
     def free(self, req_id: str) -> None:
         self.blocks_of.pop(req_id, None)
+
+    def capture_metadata(self, num_tokens: int) -> list[GDNMetadata]:
+        """The GDN metadata a breakable graph's eager core runs on while the graph of
+        num_tokens tokens is captured: capture_lens rows on the null block."""
+        md = dummy_gdn_metadata(capture_lens(num_tokens), self.device, NULL_BLOCK)
+        return [md] * len(self.groups)
 
     def graph_metadata(self, rows: int, query_start_loc_t: torch.Tensor
                        ) -> list[GDNMetadata]:

@@ -6,8 +6,9 @@ input batch (engine/worker/input_batch.py: preallocated input ids, positions, sl
 mapping, query start locations, sequence lengths and a [max_num_reqs, max_blocks] block
 table, filled on the host with numpy and copied to the device once each per step); it
 builds the attention metadata once per step, runs the model (a captured CUDA graph of the
-padded token count when the dispatcher has one, engine/worker/cudagraph_dispatcher.py and
-cudagraph.py: mixed prefill/decode steps too), applies the grammar bitmask of
+padded token count when the dispatcher has one, engine/worker/cudagraph_dispatcher.py,
+cudagraph.py and cudagraph_runner.py: mixed prefill/decode steps too, a hybrid's as
+breakable graphs whose GDN core runs eagerly on the step's rows), applies the grammar bitmask of
 structured-output requests, samples on the device, and computes prompt logprobs for the
 requests that ask (over the scheduled chunk; chunks of a chunked prefill are concatenated
 and handed over with the first sampled token, as vLLM's _get_prompt_logprobs_dict). The
@@ -27,11 +28,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.compilation_config import CUDAGraphMode
 from engine.core.sched_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
 from engine.errors import InvalidArgumentError
 from engine.layers.attention import Attention, AttentionMetadata, num_leading_decodes
-from engine.model_loader.gguf_quant import precompile_gguf_kernels
 from engine.sample.metadata import (
     SamplingMetadata,
     build_sampling_metadata,
@@ -46,12 +45,12 @@ from engine.sample.sampler import Sampler
 from engine.sampling_params import SamplingParams, SamplingType
 from engine.structured_output.utils import apply_grammar_bitmask
 from engine.worker.cudagraph import CudaGraphs
-from engine.worker.cudagraph_dispatcher import BatchDescriptor, CudagraphDispatcher
+from engine.worker.cudagraph_dispatcher import BatchDescriptor
+from engine.worker.cudagraph_runner import PAD_SLOT_ID, CudaGraphRunnerMixin, _graph_rows
 from engine.worker.input_batch import BlockTable, CpuGpuBuffer
-from engine.worker.mamba_utils import HybridKVCacheConfig, MambaStateCache
+from engine.worker.mamba_utils import HybridKVCacheConfig, MambaStateCache, profile_gdn_core
 
 _PROMPT_LOGITS_ROWS = 512  # prompt positions per logits matmul (bounds [rows, vocab] memory)
-PAD_SLOT_ID = -1  # slot of a padding token: the cache kernel skips it
 PLACEHOLDER_TOKEN_ID = -1  # a sampled token still in flight (async scheduling)
 
 
@@ -127,7 +126,7 @@ class AsyncModelRunnerOutput:
         return self._output
 
 
-class ModelRunner:
+class ModelRunner(CudaGraphRunnerMixin):
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor] | None,
                  device: torch.device, block_size: int, max_num_reqs: int = 256,
                  max_num_tokens: int = 8192, max_model_len: int | None = None) -> None:
@@ -159,6 +158,7 @@ class ModelRunner:
         self.seq_lens = CpuGpuBuffer(max_num_reqs + 1, dtype=torch.int32, **buf)
         self.block_table: BlockTable | None = None
         self.mamba: MambaStateCache | None = None  # Gated DeltaNet state (hybrid models)
+        self._capture_gdn: dict[int, list] = {}  # num_tokens -> breakable capture metadata
         if kv_caches is not None:
             self.initialize_kv_cache(kv_caches)
 
@@ -272,7 +272,11 @@ class ModelRunner:
             self.seq_lens.copy_to_gpu(rows), max_query_len,
             0 if graph else int(seq_lens[:n].max()),
             num_decodes=0 if graph else num_leading_decodes(num_sched))
-        if self.mamba is not None:
+        if self.mamba is not None and graph and self._breakable(graph):
+            # the eager GDN core of a breakable graph runs on the step's own rows
+            md.gdn = self.mamba.build_metadata(req_ids, starts.tolist(), qsl[:n + 1].tolist(),
+                                               max_query_len, md.query_start_loc_t[:n + 1])
+        elif self.mamba is not None:
             md.gdn = self.mamba.build_metadata(req_ids, starts.tolist(), qsl[:n + 1].tolist(),
                                                max_query_len, md.query_start_loc_t, rows)
         inputs = _StepInputs(req_ids, qsl[:n + 1].copy(), seq_lens[:n].copy(),
@@ -300,7 +304,11 @@ class ModelRunner:
             return AsyncModelRunnerOutput([], [], None, None, None, [], {})
         inp = self._prepare_inputs(so)
         req_ids, qsl, seq_lens = inp.req_ids, inp.qsl, inp.seq_lens
-        if inp.graph:
+        if inp.graph and self._breakable(inp.graph):  # its eager GDN core reads the step
+            self.mamba.step_ref.metadata = inp.md.gdn
+            hidden = self.cudagraphs.replay(inp.graph)[:int(qsl[-1])]
+            self.mamba.step_ref.metadata = None
+        elif inp.graph:
             hidden = self.cudagraphs.replay(inp.graph)[:int(qsl[-1])]
         else:
             hidden = self.model(inp.input_ids, inp.positions, inp.md)
@@ -365,68 +373,18 @@ class ModelRunner:
     @torch.inference_mode()
     def profile_run(self, num_tokens: int, sample: bool = True) -> torch.Tensor:
         """vLLM's profile_run: a forward pass over num_tokens tokens without KV cache
-        (attention skipped) plus, with `sample`, logits and a sort of max_num_reqs rows
-        (the sampler's top-k/top-p peak), so the activation peak can be measured; on CUDA
-        the sampler's argmax kernels compile here too."""
+        (attention skipped; a hybrid's GDN cores run, on a scratch state:
+        engine/worker/mamba_utils.py profile_gdn_core) plus, with `sample`, logits and a
+        sort of max_num_reqs rows (the sampler's top-k/top-p peak), so the activation
+        peak can be measured; on CUDA the sampler's argmax kernels compile here too."""
         ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-        hidden = self.model(ids, ids, None)
+        with profile_gdn_core(self.model, num_tokens, self.max_num_reqs, self.device):
+            hidden = self.model(ids, ids, None)
         if sample:
             logits = self.model.compute_logits(hidden[:min(num_tokens, self.max_num_reqs)])
             logits.sort(dim=-1)
             warm_up_sampling_kernels(logits)
         return hidden
-
-    def capture_model(self, sizes: list[int]) -> float:
-        """Capture CUDA graphs for `sizes` (token counts; CUDA only) in the mode they carry
-        (engine/worker/cudagraph_dispatcher.py CaptureSizes; a plain list: FULL); returns
-        the capture time in s. On CUDA the GGUF layers' kernels compile first, graphs or
-        not."""
-        mode = getattr(sizes, "mode", CUDAGraphMode.FULL)
-        if self.device.type != "cuda":
-            return 0.0
-        precompile_gguf_kernels(self.model)  # GGUF layers' Triton variants, side by side
-        if not sizes or mode == CUDAGraphMode.NONE:
-            return 0.0
-        if self.mamba is not None and mode.mixed_mode() != CUDAGraphMode.NONE:
-            mode = CUDAGraphMode.FULL_DECODE_ONLY  # GDN state metadata: decode graphs only
-        graphs = self.init_cudagraphs(CudaGraphs, mode, sizes)
-        self.memory_profile["cudagraph_pool"] = graphs.pool_bytes
-        return graphs.capture_time_s
-
-    def init_cudagraphs(self, graphs_cls: type[CudaGraphs], mode: CUDAGraphMode,
-                        sizes: list[int]) -> CudaGraphs:
-        """Dispatcher and graphs for `sizes`; the persistent buffers get their padding
-        values here, once, outside any graph: a write inside the captured forward would be
-        replayed at every step, over the step's own inputs."""
-        dispatcher = CudagraphDispatcher(mode, [s for s in sizes if s <= self.max_num_tokens],
-                                         self.max_num_reqs)
-        descs = dispatcher.capture_descs()
-        if descs:
-            rows = max(_graph_rows(d) for d in descs)
-            tokens = dispatcher.max_capture_size
-            self.seq_lens.gpu[:rows].zero_()
-            self.query_start_loc.gpu[:rows + 1].zero_()
-            self.slot_mapping.gpu[:tokens].fill_(PAD_SLOT_ID)
-            if self.mamba is not None:
-                self.mamba.reset_graph_buffers()
-            self.input_ids.gpu[:tokens].zero_()
-            self.positions.gpu[:tokens].zero_()
-        graphs = graphs_cls(dispatcher)
-        graphs.capture(self._graph_forward)
-        self.cudagraphs = graphs
-        return graphs
-
-    def _graph_forward(self, desc: BatchDescriptor) -> torch.Tensor:
-        """The forward a graph of `desc` captures: the model over the persistent buffers'
-        first desc.num_tokens rows; it writes none of them."""
-        n, rows = desc.num_tokens, _graph_rows(desc)
-        md = AttentionMetadata(n, self.slot_mapping.gpu[:n], [], [],
-                               self.block_table.step.gpu[:rows],
-                               self.query_start_loc.gpu[:rows + 1], self.seq_lens.gpu[:rows],
-                               1 if desc.uniform else n)
-        if self.mamba is not None:  # the device buffers each step's build_metadata fills
-            md.gdn = self.mamba.graph_metadata(rows, md.query_start_loc_t)
-        return self.model(self.input_ids.gpu[:n], self.positions.gpu[:n], md)
 
     def _get_prompt_logprobs_dict(self, hidden: torch.Tensor, req_ids: list[str],
                                   qsl: list[int]) -> dict[str, LogprobsTensors]:
@@ -468,12 +426,6 @@ class ModelRunner:
             {i: s.generator for i, s in enumerate(states) if s.generator},
             self.model.config.vocab_size, self.device, [s.thinking_scan for s in states],
             last_ids)
-
-
-def _graph_rows(desc: BatchDescriptor) -> int:
-    """Request rows of a graph's attention metadata: a uniform decode graph has one per
-    token; a mixed one its requests plus the padding tokens' request."""
-    return desc.num_reqs if desc.uniform else desc.num_reqs + 1
 
 
 def _first_rows(rows: list[int], num_reqs: int) -> list[int]:
