@@ -15,7 +15,7 @@ figure pays. It found the GGUF offline
 drop with it (docs/BENCHMARKS.md). With JIT_KEYS=FILE every compile's phase, kernel and
 Triton cache key (its argument specialization: types, 16-byte divisibility, constexprs)
 is appended to FILE, to tell a run's new variant from the start-up's. Example, the
-issue-16 workload:
+GGUF offline workload:
 
     python examples/bench/jit_phases.py 1000:0 --skip-tokenizer-init --max-model-len 2048 \\
         --dataset-name random --input-len 1024 --output-len 128 --model /tmp/q4.gguf
