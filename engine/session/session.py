@@ -33,7 +33,7 @@ from engine.exceptions import EngineDeadError
 from engine.fair_lock import FairRLock
 from engine.llm_engine import EMBED_ON_GENERATE, LLMEngine
 from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import RequestOutputKind, SamplingParams
 from engine.session import model_meta, plain_text
 from engine.session.create_checks import check_create_inputs, load_chat_template
 from engine.session.embed import run_caller_driven, run_loop, vectors
@@ -147,7 +147,9 @@ class EngineSession:
 
     def add_request(self, request_id: str, prompt: str | list[int],
                     params: SamplingParams) -> None:
-        """Adds a request owned by the calling thread (its outputs go to its steps)."""
+        """Adds a request owned by the calling thread (its outputs go to its steps).
+        Outputs are DELTA (as the loop's): the timings count tokens from them."""
+        params.output_kind = RequestOutputKind.DELTA
         with self.lock:
             self.require_caller_driven("vllm_request_add")
             self._router.check_new(request_id)
