@@ -76,7 +76,7 @@ class EngineSession:
         # output was not taken yet
         self._awaiting_last_output: dict[int, str] = {}
         self._info: model_meta.SessionModelInfo | None = None
-        self._metadata: dict | None = None
+        self._metadata: tuple[dict, int, int, bool] | None = None  # read_metadata's
 
     @classmethod
     def create(cls, config: EngineConfig, *, chat_template: str | None = None,
