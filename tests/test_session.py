@@ -157,3 +157,16 @@ def test_chat_template_resolution_and_abort(model_path, tmp_path):
     with pytest.raises(LoadCancelledError, match="returned 0 at 0"):
         EngineSession.create(EngineConfig(model=model_path), progress=stop_at_start)
     assert seen == [0.0]
+
+
+def test_no_tokenizer_is_an_invalid_state_for_every_tokenizer_call(model_path):
+    s = EngineSession.create(EngineConfig(model=model_path, max_model_len=256,
+                                          skip_tokenizer_init=True))
+    try:
+        for call in (lambda: s.tokenize("a", add_special=False, parse_special=True),
+                     lambda: s.detokenize([1], skip_special_tokens=True),
+                     lambda: s.token_to_piece(1, special=True)):
+            with pytest.raises(InvalidStateError, match="skip_tokenizer_init"):
+                call()
+    finally:
+        s.shutdown()
