@@ -5,7 +5,8 @@ This module holds the engine, tokenizer and chat template functions; capi.caller
 streaming), capi.openai_glue (the OpenAI layer) and capi.logs (log routing) hold the
 rest, and capi.plumbing what they share (exception -> status mapping, handle
 registries). Importing this module registers all of them. The C shims have already
-checked NULL pointers and struct sizes. No engine logic lives here.
+checked NULL pointers and struct sizes. No engine logic lives here: each function
+converts C values, calls the engine session (engine/session/), and converts back.
 """
 
 from __future__ import annotations
@@ -23,17 +24,12 @@ from capi import (  # noqa: F401  (glue_* bodies)
     logs,
     model_meta,
     openai_glue,
-    plain_text,
     pooling_glue,
     streams,
 )
-from capi.create_checks import check_create_inputs
 from capi.plumbing import (
     BufferTooSmallError,
-    CancelledError,
-    EngineRecord,
-    InvalidStateError,
-    RuntimeInitError,
+    EngineHandle,
     c_string,
     copy_out,
     engines,
@@ -43,17 +39,7 @@ from capi.plumbing import (
     text,
 )
 from capi.release import release_memory
-from engine import load_progress
-from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError
-
-
-def _engine_class():
-    try:
-        from engine.llm_engine import LLMEngine
-    except Exception as e:
-        raise RuntimeInitError(f"cannot import the engine: {type(e).__name__}: {e}") from None
-    return LLMEngine
+from engine.session import EngineConfig, EngineSession, InvalidArgumentError
 
 
 def _quiet_embedded_interpreter() -> None:
@@ -72,7 +58,7 @@ def _quiet_embedded_interpreter() -> None:
 
 @export
 def glue_init() -> None:
-    _engine_class()
+    """Nothing left to do: importing this module imported the engine."""
 
 
 @export
@@ -95,51 +81,45 @@ def glue_shutdown() -> None:
 # --------------------------------------------------------------------------- engine
 
 
+# vllm_engine_params fields by how C says "unset": NULL (or "" where vllm.h documents
+# NULL or "" as the default), 0 (numbers whose 0 means "the default"), 0 (tristates).
+# Unset fields are left out, so EngineConfig's defaults apply; the rest are always set.
+_TEXT = ("served_model_name", "tokenizer", "tool_strict_level")
+_TEXT_OR_EMPTY = ("device", "dtype", "structured_outputs_backend", "reasoning_parser",
+                  "tool_call_parser", "load_format", "reasoning_start_str",
+                  "reasoning_end_str", "quantization", "kv_cache_dtype", "mamba_cache_dtype",
+                  "mamba_ssm_cache_dtype", "mamba_cache_mode", "runner", "convert",
+                  "pooler_config")
+_NONZERO = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
+            "kv_cache_memory_bytes", "n_threads", "tensor_parallel_size")
+_BOOL = ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager",
+         "enable_auto_tool_choice", "skip_tokenizer_init", "calculate_kv_scales")
+_TRISTATE = ("async_scheduling", "multiprocessing")
+
+
 def _engine_config(model: str, p) -> EngineConfig:
-    return EngineConfig(
-        model=model,
-        device=optional_text(p.device, "params->device") or "auto",
-        dtype=optional_text(p.dtype, "params->dtype") or "auto",
-        max_model_len=p.max_model_len,
-        max_num_seqs=p.max_num_seqs or EngineConfig.max_num_seqs,  # vllm.h: 0 = default
-        max_num_batched_tokens=p.max_num_batched_tokens,
-        block_size=p.block_size or EngineConfig.block_size,
-        kv_cache_memory_bytes=p.kv_cache_memory_bytes,
-        enable_prefix_caching=bool(p.enable_prefix_caching),
-        enable_chunked_prefill=bool(p.enable_chunked_prefill),
-        seed=p.seed,
-        enforce_eager=bool(p.enforce_eager),
-        served_model_name=optional_text(p.served_model_name, "params->served_model_name"),
-        tokenizer=optional_text(p.tokenizer, "params->tokenizer"),
-        structured_outputs_backend=optional_text(
-            p.structured_outputs_backend, "params->structured_outputs_backend") or "auto",
-        reasoning_parser=optional_text(p.reasoning_parser, "params->reasoning_parser") or "",
-        tool_call_parser=optional_text(p.tool_call_parser, "params->tool_call_parser") or "",
-        enable_auto_tool_choice=bool(p.enable_auto_tool_choice),
-        load_format=optional_text(p.load_format, "params->load_format") or "auto",
-        gpu_memory_utilization=f32(p.gpu_memory_utilization) or EngineConfig.gpu_memory_utilization,
-        skip_tokenizer_init=bool(p.skip_tokenizer_init),
-        async_scheduling=_tristate(p.async_scheduling, "params->async_scheduling"),
-        n_threads=p.n_threads,
-        multiprocessing=_tristate(p.multiprocessing, "params->multiprocessing"),
-        tensor_parallel_size=p.tensor_parallel_size or 1,
-        tool_strict_level=optional_text(p.tool_strict_level, "params->tool_strict_level"),
-        reasoning_start_str=optional_text(
-            p.reasoning_start_str, "params->reasoning_start_str") or "",
-        reasoning_end_str=optional_text(p.reasoning_end_str, "params->reasoning_end_str") or "",
-        # since 1.3: NULL (or "") is vLLM's default; EngineConfig checks the values
-        quantization=optional_text(p.quantization, "params->quantization") or None,
-        kv_cache_dtype=optional_text(p.kv_cache_dtype, "params->kv_cache_dtype") or "auto",
-        calculate_kv_scales=bool(p.calculate_kv_scales),
-        mamba_cache_dtype=optional_text(
-            p.mamba_cache_dtype, "params->mamba_cache_dtype") or "auto",
-        mamba_ssm_cache_dtype=optional_text(
-            p.mamba_ssm_cache_dtype, "params->mamba_ssm_cache_dtype") or "auto",
-        mamba_cache_mode=optional_text(p.mamba_cache_mode, "params->mamba_cache_mode") or None,
-        runner=optional_text(p.runner, "params->runner") or "auto",
-        convert=optional_text(p.convert, "params->convert") or "auto",
-        pooler_config=optional_text(p.pooler_config, "params->pooler_config") or None,
-    )
+    """vllm_engine_params -> EngineConfig with only the fields the caller set."""
+    kwargs: dict = {"seed": p.seed}
+    for name in _TEXT:
+        value = optional_text(getattr(p, name), f"params->{name}")
+        if value is not None:
+            kwargs[name] = value
+    for name in _TEXT_OR_EMPTY:
+        value = optional_text(getattr(p, name), f"params->{name}")
+        if value:
+            kwargs[name] = value
+    for name in _NONZERO:
+        if getattr(p, name):
+            kwargs[name] = getattr(p, name)
+    for name in _BOOL:
+        kwargs[name] = bool(getattr(p, name))
+    for name in _TRISTATE:
+        value = _tristate(getattr(p, name), f"params->{name}")
+        if value is not None:
+            kwargs[name] = value
+    if p.gpu_memory_utilization:
+        kwargs["gpu_memory_utilization"] = f32(p.gpu_memory_utilization)
+    return EngineConfig(model=model, **kwargs)
 
 
 def _tristate(value: int, name: str) -> bool | None:
@@ -147,20 +127,6 @@ def _tristate(value: int, name: str) -> bool | None:
     if value not in (-1, 0, 1):
         raise InvalidArgumentError(f"{name} must be -1, 0 or 1, got {value}")
     return None if value == 0 else value == 1
-
-
-def _load_chat_template(value: str) -> str:
-    """vLLM's --chat-template (renderers/chat_utils/chat_template.py): a file's text,
-    else the value itself when it looks like a template."""
-    try:
-        with open(value, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        if not any(c in value for c in "{}\n"):
-            raise InvalidArgumentError(
-                f"The supplied chat template ({value}) looks like a file path, but it failed "
-                f"to be opened. Tried: {value}. Reason: {e}") from None
-        return value
 
 
 def _report_progress(p, fraction: float) -> bool:
@@ -171,40 +137,20 @@ def _report_progress(p, fraction: float) -> bool:
                                   p.progress_callback_user_data) != 0
 
 
-def _load_aborted(fraction: float) -> CancelledError:
-    return CancelledError(f"vllm_engine_create: the progress callback returned 0 at "
-                          f"{fraction:g}: model load aborted")
-
-
 @export
 def glue_engine_create(model_path, params, out) -> None:
     config = _engine_config(text(model_path, "model_path"), params)
-    override = optional_text(params.chat_template, "params->chat_template")
-    chat_template = None if override is None else _load_chat_template(override)
-    check_create_inputs(config.model, chat_template)  # vLLM fails at start-up
-    if not _report_progress(params, 0.0):
-        raise _load_aborted(0.0)
-    with load_progress.reporting(lambda fraction: _report_progress(params, fraction)):
-        engine = _engine_class().from_config(config)
-    if chat_template is not None:
-        if engine.tokenizer is None:
-            engine.shutdown()
-            raise InvalidArgumentError("chat_template needs a tokenizer (skip_tokenizer_init)")
-        engine.tokenizer.chat_template = chat_template
-    if not _report_progress(params, 1.0):
-        engine.shutdown()
-        raise _load_aborted(1.0)
-    out[0] = engines.add(EngineRecord(engine, config))
+    session = EngineSession.create(
+        config, chat_template=optional_text(params.chat_template, "params->chat_template"),
+        progress=lambda fraction: _report_progress(params, fraction))
+    out[0] = engines.add(EngineHandle(session))
     at_exit.install(glue_shutdown)  # torch is loaded now: its exit destructors run after
 
 
 def _free(key: int) -> None:
-    record = engines.take(key)
-    if record.loop is not None:  # aborts what is live; the loop hands out the last events
-        record.loop.shutdown()
-    with record.lock:  # stops the engine-core process, if any
-        record.engine.shutdown()
-    del record
+    handle = engines.take(key)
+    handle.session.shutdown()
+    del handle
     release_memory()
 
 
@@ -213,31 +159,31 @@ def glue_engine_free(key) -> None:
     _free(key)
 
 
+def _cstr(value: str | None):
+    return ffi.NULL if value is None else ffi.new("char[]", value.encode("utf-8"))
+
+
 @export
 def glue_engine_model_info(key, out) -> None:
-    record = engines.get_live(key)
-    info = record.engine.model_info
-    if record.info_strings is None:
-        record.info_strings = (
-            ffi.new("char[]", info.architecture.encode("utf-8")),
-            ffi.new("char[]", info.name.encode("utf-8")),
-        )
-    out.vocab_size = info.vocab_size
-    out.max_model_len = info.max_model_len
-    out.bos_token_id = info.bos_token_id
-    out.eos_token_id = info.eos_token_id
-    out.architecture, out.name = record.info_strings
-    model_meta.fill_info(record, out)
+    handle = engines.get_live(key)
+    info = handle.session.model_info()
+    if handle.info is None:  # alive with the handle: out points into it
+        eog = list(info.eog_token_ids)
+        handle.info = {name: _cstr(getattr(info, name)) for name in (
+            "architecture", "name", "device", "dtype", "chat_template", "quantization",
+            "kv_cache_dtype")}
+        handle.info["eog_token_ids"] = ffi.new("int32_t[]", eog) if eog else ffi.NULL
+    for name in ("vocab_size", "max_model_len", "bos_token_id", "eos_token_id", "n_params",
+                 "n_layers", "kv_capacity_tokens"):
+        setattr(out, name, getattr(info, name))
+    for name, value in handle.info.items():
+        setattr(out, name, value)
+    out.n_eog_token_ids = len(info.eog_token_ids)
 
 
 @export
 def glue_engine_metrics(key, out) -> None:
-    record = engines.get_live(key)
-    if record.loop is not None:  # never waits for a step: the last step's gauges
-        stats = record.loop.get_stats()
-    else:
-        with record.lock:
-            stats = record.stats.snapshot(record.engine)
+    stats = engines.get_live(key).session.metrics()
     success = stats.pop("request_success")
     for name, value in stats.items():
         setattr(out, name, value)
@@ -251,16 +197,15 @@ def glue_engine_metrics(key, out) -> None:
 @export
 def glue_tokenize(key, text_ptr, text_len, add_special, parse_special, tokens, capacity,
                   n_tokens) -> None:
-    tokenizer = _tokenizer(key)
+    session = engines.get_live(key).session
+    session.tokenizer()  # no tokenizer: that error before the text's
     data = ffi.unpack(text_ptr, text_len) if text_len else b""
     try:
         value = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InvalidArgumentError(f"text is not valid UTF-8: {e}") from None
-    if parse_special:
-        ids = tokenizer.encode(value, add_special_tokens=bool(add_special))
-    else:
-        ids = plain_text.encode(tokenizer, value, add_special=bool(add_special))
+    ids = session.tokenize(value, add_special=bool(add_special),
+                           parse_special=bool(parse_special))
     n_tokens[0] = len(ids)
     if len(ids) > capacity:
         raise BufferTooSmallError(f"{len(ids)} tokens do not fit in capacity {capacity}")
@@ -269,29 +214,16 @@ def glue_tokenize(key, text_ptr, text_len, add_special, parse_special, tokens, c
 
 @export
 def glue_detokenize(key, tokens, n_tokens, skip_special_tokens, buf, capacity, n_bytes) -> None:
-    tokenizer = engines.get_live(key).engine.tokenizer
+    session = engines.get_live(key).session
     ids = list(tokens[0:n_tokens]) if n_tokens else []
-    decoded = tokenizer.decode(ids, skip_special_tokens=bool(skip_special_tokens))
+    decoded = session.detokenize(ids, skip_special_tokens=bool(skip_special_tokens))
     copy_out(decoded.encode("utf-8", "replace"), buf, capacity, n_bytes)
-
-
-def _tokenizer(key):
-    tokenizer = engines.get_live(key).engine.tokenizer
-    if tokenizer is None:
-        raise InvalidStateError("the engine has no tokenizer (skip_tokenizer_init)")
-    return tokenizer
-
-
-def _token_bytes(tokenizer, token: int, special: bool) -> bytes:
-    """llama_token_to_piece: the bytes the token stands for; special tokens only on request."""
-    data = tokenizer.id_to_bytes(token)  # checks the range
-    return b"" if token in tokenizer.all_special_ids and not special else data
 
 
 @export
 def glue_token_to_piece(key, token, special, buf, capacity, n_bytes) -> None:
-    tokenizer = _tokenizer(key)
-    copy_out(_token_bytes(tokenizer, token, bool(special)), buf, capacity, n_bytes)
+    piece = engines.get_live(key).session.token_to_piece(token, special=bool(special))
+    copy_out(piece, buf, capacity, n_bytes)
 
 
 # --------------------------------------------------------------------------- chat template
@@ -308,13 +240,12 @@ def _json_list(value: str, what: str) -> list[dict]:
 
 
 def _render(key, messages_json, tools_json, add_generation_prompt, out) -> None:
-    record = engines.get_live(key)
+    session = engines.get_live(key).session
     messages = _json_list(text(messages_json, "messages_json"), "messages_json")
     tools = optional_text(tools_json, "tools_json")
-    with record.lock:
-        prompt = record.engine.apply_chat_template(
-            messages, add_generation_prompt=bool(add_generation_prompt),
-            tools=None if tools is None else _json_list(tools, "tools_json"))
+    prompt = session.render_chat_template(
+        messages, add_generation_prompt=bool(add_generation_prompt),
+        tools=None if tools is None else _json_list(tools, "tools_json"))
     out[0] = c_string(prompt)
 
 

@@ -22,7 +22,7 @@ from capi.plumbing import (
     export,
     text,
 )
-from engine.errors import InvalidArgumentError, VllmError
+from engine.session import InvalidArgumentError, VllmError
 
 
 @dataclass
@@ -52,12 +52,12 @@ def glue_openai_request(key, method, endpoint, body, body_size, flags, http_stat
                         response_json, stream) -> None:
     from engine.entrypoints.openai.api import handle_openai_request
 
-    record = engines.get_live(key)
-    client = record.require_loop("vllm_openai_request")
+    session = engines.get_live(key).session
+    client = session.require_loop("vllm_openai_request")
     defer = {"defer": True} if flags & lib.VLLM_OPENAI_DEFER_RESPONSE else {}
     result = handle_openai_request(client, text(method, "method"), text(endpoint, "endpoint"),
                                    _body_text(body, body_size),
-                                   served_model_name=record.served_model_name, **defer)
+                                   served_model_name=session.served_model_name, **defer)
     if (result.body is None) == (result.stream is None):
         raise VllmError("the OpenAI layer must return exactly one of a body and a stream")
     if result.stream is not None:

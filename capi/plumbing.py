@@ -7,8 +7,8 @@
   host's terminal.
 - Handle registries: small integer keys, one counter for every kind of handle, so a
   stale key or a key of another kind is VLLM_ERR_INVALID_HANDLE, never a crash.
-- The engine record: an LLMEngine, the lock that serializes its use (shared with its
-  AsyncLLM once the background loop runs), its stats and C-side memory.
+- The engine handle: an engine.session.EngineSession (the engine, its loop, lock,
+  stats, timings) and the C memory handed out for it.
 """
 
 from __future__ import annotations
@@ -16,22 +16,21 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 from _libvllm import ffi, lib
 
-from engine.async_llm import AsyncLLM, StatsCollector
-from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError, OutOfResourcesError, VllmError
-from engine.fair_lock import FairRLock
-from engine.sampling_params import (
+from engine.session import (
+    EngineSession,
+    InvalidArgumentError,
+    OutOfResourcesError,
     RepetitionDetectionParams,
     RequestOutputKind,
     SamplingParams,
+    StructuredOutputsParams,
+    VllmError,
     check_num_logprob_token_ids,
 )
-from engine.structured_output.params import StructuredOutputsParams
 
 
 class BufferTooSmallError(VllmError):
@@ -52,14 +51,6 @@ class TimeoutStatus(VllmError):
 
 class EndOfStream(VllmError):
     status = lib.VLLM_END_OF_STREAM
-
-
-class InvalidStateError(VllmError):
-    status = lib.VLLM_ERR_INVALID_STATE
-
-
-class CancelledError(VllmError):
-    status = lib.VLLM_ERR_CANCELLED
 
 
 def set_error(status: int, message: str) -> int:
@@ -230,41 +221,14 @@ def copy_out(data: bytes, buf, capacity: int, n_bytes) -> None:
 
 
 @dataclass
-class EngineRecord:
-    engine: Any  # LLMEngine
-    config: EngineConfig
-    lock: FairRLock = field(default_factory=FairRLock)
-    stats: StatsCollector = field(default_factory=StatsCollector)
-    loop: AsyncLLM | None = None
-    # caller-driven mode (capi.caller_driven): request id -> its RequestTimes (tokens so
-    # far, timings), until its last output reached its owner; owner = the thread that
-    # added it
-    requests: dict[str, Any] = field(default_factory=dict)
-    owners: dict[str, int] = field(default_factory=dict)
-    adders: set[int] = field(default_factory=set)  # threads that ever added a request
-    pending: dict[int, list] = field(default_factory=dict)  # thread -> its routed outputs
+class EngineHandle:
+    """What a vllm_engine handle stands for: the engine session, and the C memory the
+    ABI hands out for it."""
+
+    session: EngineSession
     step_memory: dict[int, list] = field(default_factory=dict)  # thread -> cdata of its
-    # last step's outputs
-    # background loop (capi.streams): id(request record) -> request id of the pulled
-    # requests whose last event was not pulled yet
-    awaiting_last_event: dict[int, str] = field(default_factory=dict)
-    info_strings: tuple | None = None  # cdata behind vllm_model_info's strings
-    meta: Any = None  # capi.model_meta.ModelMeta, read on first use
-
-    def require_loop(self, what: str) -> AsyncLLM:
-        if self.loop is None:
-            raise InvalidStateError(f"{what} needs the background loop: call "
-                                    "vllm_engine_start_loop first")
-        return self.loop
-
-    def require_caller_driven(self, what: str) -> None:
-        if self.loop is not None:
-            raise InvalidStateError(f"{what} is not allowed while the background loop runs "
-                                    "(use vllm_request_submit)")
-
-    @property
-    def served_model_name(self) -> str:
-        return self.config.served_model_name or self.config.model
+    # last vllm_engine_step's outputs (alive until that thread's next step)
+    info: dict | None = None  # cdata behind vllm_model_info's strings and arrays
 
 
 engines = Registry("engine")

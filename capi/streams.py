@@ -1,8 +1,8 @@
 """capi.streams: the background loop and per-request streaming of include/vllm.h
 (vllm_engine_start_loop, vllm_request_submit / _next / _cancel / _free).
 
-The loop is engine.async_llm.AsyncLLM sharing the engine record's lock, so the
-caller-driven functions and the loop never run the engine at the same time. Events are
+The engine session (engine/session/) runs the loop and keeps each request's timings;
+this module turns its DELTA RequestOutputs into events. Events are
 built from DELTA RequestOutputs; an error that ends a request (the engine loop died)
 becomes a last event with VLLM_FINISH_ERROR and its status and message. Push events are
 valid during the callback only; a pulled event stays alive in its request record until
@@ -11,7 +11,6 @@ the next pull or free.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -22,8 +21,6 @@ from capi.generation_defaults import apply_generation_config
 from capi.plumbing import (
     FINISH_REASONS,
     EndOfStream,
-    EngineRecord,
-    InvalidStateError,
     Registry,
     TimeoutStatus,
     engines,
@@ -32,9 +29,7 @@ from capi.plumbing import (
     sampling_params,
     text,
 )
-from capi.typed_outputs import RequestTimes
-from engine.async_llm import AsyncLLM, RequestStream
-from engine.errors import VllmError
+from engine.session import InvalidStateError, RequestTimes, SubmittedRequest, VllmError
 
 _EMPTY = ffi.new("char[]", b"")
 
@@ -75,7 +70,7 @@ def _event(request_id: str, piece: tuple, times: RequestTimes) -> tuple[object, 
         event.num_output_tokens = sum(times.num_output_tokens.values())
         event.arrival_time = times.arrival_time
         event.first_token_latency = times.first_token_latency.get(0, 0.0)
-        event.e2e_latency = time.monotonic() - times.arrival_mono
+        event.e2e_latency = times.e2e_latency()
     else:
         delta = ffi.new("char[]", completion.text.encode("utf-8", "replace"))
         ids = ffi.new("int32_t[]", completion.token_ids)
@@ -92,36 +87,22 @@ def _event(request_id: str, piece: tuple, times: RequestTimes) -> tuple[object, 
     return event, memory
 
 
-def _pusher(request_id: str, times: RequestTimes, callback, user_data):
-    """The on_output of a push-mode request: each output as events to callback."""
+def _pusher(request_id: str, callback, user_data):
+    """The push of a push-mode request: each output as events to callback."""
 
-    def on_output(item) -> None:
+    def push(item, times: RequestTimes) -> None:
         for piece in _pieces(item):
             event, _memory = _event(request_id, piece, times)  # alive during the call
             lib.glue_emit_event(callback, event, user_data)
 
-    return on_output
+    return push
 
 
 @dataclass
 class _Request:
-    stream: RequestStream
-    record: EngineRecord
-    times: RequestTimes
+    submitted: SubmittedRequest
     backlog: deque = field(default_factory=deque)  # _pieces not pulled yet
     event_memory: list = field(default_factory=list)  # cdata of the last pulled event
-
-    def last_event_taken(self) -> None:
-        """Its last event was pulled, or the handle freed: no longer unfinished."""
-        self.record.awaiting_last_event.pop(id(self), None)
-
-
-def num_unfinished(record: EngineRecord) -> int:
-    """vllm_engine_num_unfinished of a looping engine: requests in the loop, plus pulled
-    ones whose last event waits to be pulled."""
-    waiting = sum(1 for rid in record.awaiting_last_event.values()
-                  if not record.loop.has_request(rid))
-    return record.loop.num_unfinished() + waiting
 
 
 _requests = Registry("request")
@@ -134,41 +115,30 @@ def forget_all() -> None:
 
 @export
 def glue_engine_start_loop(key) -> None:
-    record = engines.get_live(key)
-    with record.lock:
-        if record.loop is not None:
-            return
-        if record.requests:
-            raise InvalidStateError(
-                f"{len(record.requests)} request(s) added with vllm_request_add are unfinished:"
-                " step or abort them before vllm_engine_start_loop")
-        record.step_memory.clear()
-        record.loop = AsyncLLM(record.engine, stats=record.stats, lock=record.lock)
+    handle = engines.get_live(key)
+    if handle.session.loop is None:
+        handle.session.start_loop()
+        handle.step_memory.clear()
 
 
 @export
 def glue_request_submit(key, request_id, prompt, prompt_token_ids, n_prompt_token_ids, params,
                         callback, user_data, out) -> None:
-    record = engines.get_live(key)
-    loop = record.require_loop("vllm_request_submit")
+    session = engines.get_live(key).session
+    session.require_loop("vllm_request_submit")
     rid = text(request_id, "request_id")
-    apply_generation_config(params, record.engine.default_sampling_params)  # since 1.3
-    sampling = sampling_params(params)
-    times = RequestTimes.for_params(sampling)
-    on_output = None if callback == ffi.NULL else _pusher(rid, times, callback, user_data)
-    stream = loop.add_request(rid, prompt_arg(prompt, prompt_token_ids, n_prompt_token_ids),
-                              sampling, on_output=on_output)
+    apply_generation_config(params, session.default_sampling_params)  # since 1.3
+    push = None if callback == ffi.NULL else _pusher(rid, callback, user_data)
+    submitted = session.submit(rid, prompt_arg(prompt, prompt_token_ids, n_prompt_token_ids),
+                               sampling_params(params), push=push, pulled=out != ffi.NULL)
     if out != ffi.NULL:
-        request = _Request(stream, record, times)
-        if on_output is None:
-            record.awaiting_last_event[id(request)] = rid
-        out[0] = _requests.add(request)
+        out[0] = _requests.add(_Request(submitted))
 
 
 @export
 def glue_request_next(key, timeout_ms, event) -> None:
     request = _requests.get_live(key)
-    stream = request.stream
+    stream = request.submitted.stream
     if stream.pushes:
         raise InvalidStateError(f"request {stream.request_id!r} streams to its callback")
     if not request.backlog:
@@ -183,18 +153,18 @@ def glue_request_next(key, timeout_ms, event) -> None:
                 f"no event of request {stream.request_id!r} within {timeout_ms} ms")
         request.backlog.extend(_pieces(item))
     piece = request.backlog.popleft()
-    event[0], request.event_memory = _event(stream.request_id, piece, request.times)
+    event[0], request.event_memory = _event(stream.request_id, piece, request.submitted.times)
     if event[0].finished:
-        request.last_event_taken()
+        request.submitted.last_event_taken()
 
 
 @export
 def glue_request_cancel(key) -> None:
-    _requests.get_live(key).stream.cancel()
+    _requests.get_live(key).submitted.stream.cancel()
 
 
 @export
 def glue_request_free(key) -> None:
     request = _requests.take(key)
-    request.stream.cancel()
-    request.last_event_taken()
+    request.submitted.stream.cancel()
+    request.submitted.last_event_taken()

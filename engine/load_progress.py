@@ -1,7 +1,7 @@
 """Model-load progress with abort, per tensor: the weight iterators of the loaders
 (engine/model_loader/gguf_loader.py, weight_utils.py) pass their tensors through
 track(); the C ABI's vllm_engine_create installs the caller's progress callback with
-reporting() around the engine's construction (capi/glue.py).
+reporting() around the engine's construction (engine/session/session.py).
 
 As llama.cpp's llama_model_loader (progress_callback called per tensor; returning false
 aborts the load); vLLM's loaders only show a tqdm bar over the checkpoint shards

@@ -201,9 +201,9 @@ def test_reset_refused_while_a_request_holds_blocks(api, dummy):
 # --------------------------------------------------------------------------- health
 
 
-def _record(api, e):
-    """The engine's record inside the library (this process runs its Python side)."""
-    return sys.modules["capi.plumbing"].engines[int(api.ffi.cast("uintptr_t", e))]
+def _session(api, e):
+    """The engine's session inside the library (this process runs its Python side)."""
+    return sys.modules["capi.plumbing"].engines[int(api.ffi.cast("uintptr_t", e))].session
 
 
 def test_check_health_in_process_never_waits_for_the_engine_lock(api, dummy):
@@ -216,7 +216,7 @@ def test_check_health_in_process_never_waits_for_the_engine_lock(api, dummy):
         held, release = threading.Event(), threading.Event()
 
         def hold_the_lock():
-            with _record(api, e).lock:
+            with _session(api, e).lock:
                 held.set()
                 release.wait(60)
 
@@ -241,7 +241,7 @@ def test_check_health_after_the_in_process_loop_failed(api, dummy):
     e = _create(api, dummy, multiprocessing=-1)
     try:
         api.ok(lib.vllm_engine_start_loop(e))
-        engine = _record(api, e).engine
+        engine = _session(api, e).engine
 
         def failing_step():
             raise RuntimeError("injected step failure")
@@ -344,7 +344,7 @@ def test_version_is_abi_major_minor_and_the_package_version(api, built):
     (None, {}, True, "gguf"),  # no general.file_type
 ], ids=["none", "fp8-ckpt", "compressed-tensors", "online-fp8", "gguf", "gguf-untyped"])
 def test_weight_format_names(configured, kv, is_gguf, want):
-    from capi import weight_format
+    from engine.session import weight_format
 
     assert weight_format.quantization(configured, kv, is_gguf) == want
     assert weight_format.kv_cache_dtype("auto", "bfloat16") == "bfloat16"

@@ -214,3 +214,41 @@ def test_graph_tools_find_cycles_lazy_and_relative(tmp_path: Path):
     edges = _graph(tmp_path)
     assert edges["engine.b.y"] == {"engine.a.x"}
     assert _cycles(edges) == [["engine.a.x", "engine.b.y"]]
+
+
+# ---- capi/ is C <-> Python marshalling and error mapping: it reaches the engine only
+# through the session face and the OpenAI entry point vllm_openai_request calls ----
+
+CAPI_ALLOWED = ("engine",  # the package root: the version only
+                "engine.session",  # EngineSession, its types and errors (the face)
+                "engine.entrypoints.openai.api")  # handle_openai_request
+
+
+def _capi_violations(root: Path = ROOT) -> list[str]:
+    files = {_module_name(p, root): p for pkg in PACKAGES for p in (root / pkg).rglob("*.py")
+             if ".venv" not in p.parts}
+    hits = []
+    for path in sorted((root / "capi").glob("*.py")):
+        for target, line in _imports(path, set(files), root):
+            if target.split(".")[0] == "engine" and target not in CAPI_ALLOWED:
+                hits.append(f"{path.relative_to(root)}:{line}: imports {target}")
+    return hits
+
+
+def test_capi_imports_only_the_session_and_openai_entry_point():
+    assert _capi_violations() == []
+
+
+def test_capi_rule_sees_lazy_and_submodule_imports(tmp_path: Path):
+    for pkg in PACKAGES:
+        (tmp_path / pkg).mkdir()
+    (tmp_path / "engine" / "__init__.py").write_text("__version__ = '0'\n")
+    (tmp_path / "engine" / "session").mkdir()
+    (tmp_path / "engine" / "session" / "__init__.py").write_text("from .s import S\n")
+    (tmp_path / "engine" / "session" / "s.py").write_text("S = 1\n")
+    (tmp_path / "engine" / "llm_engine.py").write_text("X = 1\n")
+    (tmp_path / "capi" / "g.py").write_text(
+        "import engine\nfrom engine.session import S\n\n\ndef f():\n"
+        "    from engine.llm_engine import X\n    from engine.session import s\n")
+    assert [h.split(": ", 1)[1] for h in _capi_violations(tmp_path)] == [
+        "imports engine.llm_engine", "imports engine.session.s"]

@@ -1,5 +1,5 @@
-"""capi.weight_format: what vllm_model_info.quantization and .kv_cache_dtype report
-(since ABI 1.3), from the engine's config and the model metadata capi.model_meta read.
+"""What vllm_model_info.quantization and .kv_cache_dtype report (since ABI 1.3), from
+the engine's config and the model metadata engine/session/model_meta.py read.
 
 quantization mirrors vLLM's ModelConfig.quantization (vllm/config/model.py
 _verify_quantization): the --quantization the engine was given, else the checkpoint's

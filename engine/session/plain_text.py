@@ -1,4 +1,4 @@
-"""Tokenizing caller text with special-token text left as plain text (vllm_tokenize with
+"""Tokenizing text with special-token text left as plain text (vllm_tokenize with
 parse_special = 0, llama.h's llama_tokenize(..., parse_special = false)).
 
 The engine's tokenizer matches special tokens written in the text ("<|im_start|>"
