@@ -99,7 +99,7 @@ def fill_info(record, out) -> None:
     meta = _meta(record)
     out.n_params, out.n_layers = meta.n_params, meta.n_layers
     ready = record.engine.engine_core.ready
-    out.kv_capacity_tokens = ready.num_gpu_blocks * record.config.block_size
+    out.kv_capacity_tokens = ready.num_gpu_blocks * ready.config.cache.block_size
     c = meta.cdata
     out.device, out.dtype, out.chat_template = c["device"], c["dtype"], c["chat_template"]
     out.eog_token_ids, out.n_eog_token_ids = c["eog"], c["n_eog"]

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
+from engine import envs
 from engine.config import EngineConfig
 from engine.core.sched_output import GrammarOutput, SchedulerOutput
 from engine.distributed.parallel_state import (
@@ -40,14 +41,14 @@ from engine.distributed.parallel_state import (
 from engine.errors import VllmError
 from engine.executor import messages
 from engine.process_utils import describe_exit, python_executable
+from engine.resolved_config import ResolvedConfig
 
 logger = logging.getLogger(__name__)
-ENV_TIMEOUT = "LIBVLLM_DIST_TIMEOUT_S"  # rendezvous and collective timeout, s
 _MONITOR_POLL_S = 0.2
 
 
 def dist_timeout() -> timedelta:
-    return timedelta(seconds=float(os.environ.get(ENV_TIMEOUT, "300")))
+    return timedelta(seconds=envs.LIBVLLM_DIST_TIMEOUT_S)
 
 
 def get_open_port() -> int:
@@ -63,7 +64,7 @@ class MultiprocExecutor:
         self.dead_reason: str | None = None
         self.failure_callback: Callable[[str], None] | None = None
         self._closing = False
-        env = dict(os.environ)
+        env = envs.child_environment()
         env.setdefault("MASTER_ADDR", "127.0.0.1")
         env.setdefault("MASTER_PORT", str(get_open_port()))
         # rank 0 meets the workers' env:// at the same address (this process's environment
@@ -71,7 +72,9 @@ class MultiprocExecutor:
         self.init_method = f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         env["WORLD_SIZE"] = str(self.world_size)
-        cfg = json.dumps(dataclasses.asdict(config))
+        # the user's intent (the workers load no tokenizer); the resolved config follows
+        # in WorkerInit
+        cfg = json.dumps({**dataclasses.asdict(config), "skip_tokenizer_init": True})
         self.workers: list[subprocess.Popen] = []
         for rank in range(1, self.world_size):
             argv = [python_executable(), "-m", "engine.executor.multiproc_worker",
@@ -132,10 +135,8 @@ class MultiprocExecutor:
 
     # ------------------------------------------------------------- start-up and steps
 
-    def init_workers(self, max_model_len: int, max_num_batched_tokens: int,
-                     max_num_seqs: int, profile: bool) -> None:
-        messages.send(messages.WorkerInit(max_model_len, max_num_batched_tokens, max_num_seqs,
-                                          profile))
+    def init_workers(self, config: ResolvedConfig, profile: bool) -> None:
+        messages.send(messages.WorkerInit(config, profile))
 
     def initialize_kv_cache(self, num_gpu_blocks: int) -> None:
         messages.send(num_gpu_blocks)

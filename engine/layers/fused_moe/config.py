@@ -22,6 +22,8 @@ from contextlib import contextmanager
 
 import torch
 
+from engine import envs
+
 logger = logging.getLogger(__name__)
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "configs")
 _override: dict | None = None
@@ -64,7 +66,7 @@ def get_config_file_name(E: int, N: int, dtype: str | None, device_name: str | N
 def get_moe_configs(E: int, N: int, dtype: str | None) -> dict[int, dict] | None:
     """{M: config} from the first tuned file found, or None."""
     name = get_config_file_name(E, N, dtype)
-    folders = [os.environ.get("VLLM_TUNED_CONFIG_FOLDER"), CONFIG_DIR]
+    folders = [envs.VLLM_TUNED_CONFIG_FOLDER, CONFIG_DIR]
     for path in (os.path.join(f, name) for f in folders if f):
         if os.path.exists(path):
             with open(path) as f:
