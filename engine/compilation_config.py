@@ -107,7 +107,7 @@ def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
 
 class CaptureSizes(list):
     """Capture sizes (ascending token counts) with the resolved mode they are for: what
-    EngineConfig.cudagraph_batch_sizes hands the model runner's capture_model."""
+    CompilationConfig.capture_sizes (engine/resolved_config.py) hands capture_model."""
 
     def __init__(self, sizes: list[int], mode: CUDAGraphMode) -> None:
         super().__init__(sizes if mode != CUDAGraphMode.NONE else [])
