@@ -174,7 +174,7 @@ def test_cache_mode_dtypes_and_block_size_resolved(model_dir):
     engine = _engine(path, mamba_cache_mode="align", mamba_ssm_cache_dtype="bfloat16")
     cache = engine.engine_core.ready.config.cache
     assert cache.mamba_cache_mode == "none" and engine.scheduler.mamba_align is None
-    assert engine.config.block_size == 16 and cache.block_size == 16
+    assert engine.config.block_size == 8 and cache.block_size == 16  # asked 8, raised
     layer = engine.model_runner.mamba.layers[0]
     assert (layer.conv_state.dtype, layer.ssm_state.dtype) == (torch.float32, torch.bfloat16)
     assert len(_run(engine, prompts[:1])[0]) == MAX_TOKENS
