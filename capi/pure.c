@@ -121,7 +121,8 @@ static void write_defaults(void *dst, size_t size, void *defaults, size_t full) 
     memcpy(dst, defaults, n);
 }
 
-/* Defaults of engine/config.py (EngineConfig). */
+/* Defaults of engine/config.py (EngineConfig): 0 / NULL where its default is None (the
+ * engine resolves it) or the flag's "auto"; tests/test_config_frozen.py checks each. */
 VLLM_API void vllm_engine_params_init(vllm_engine_params *params, size_t size) {
     vllm_engine_params d;
     memset(&d, 0, sizeof d);
@@ -129,6 +130,7 @@ VLLM_API void vllm_engine_params_init(vllm_engine_params *params, size_t size) {
     d.enable_prefix_caching = 1;
     d.enable_chunked_prefill = 1;
     d.gpu_memory_utilization = 0.9f;
+    d.tensor_parallel_size = 1;
     write_defaults(params, size, &d, sizeof d);
 }
 

@@ -25,9 +25,9 @@ logger = logging.getLogger(__name__)
 # vLLM's default (VLLM_COMPILE -O2): decode graphs on the decode kernel + mixed graphs
 DEFAULT_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"
 # vLLM's ceiling is 512 (1024 on data-center Blackwell): its steps past it still run
-# Inductor-compiled code, ours Python-launched kernels. At vLLM's H200 default of 1024
-# requests, Qwen3-30B-A3B decode steps of 513 to 1024 tokens took 105.6 ms eager against
-# 41.6 graphed (1000 x (1024, 128): 32.05 vs 42.03 req/s; docs/BENCHMARKS.md)
+# Inductor-compiled code, ours Python-launched kernels, so decode steps of 513 to 1024
+# tokens are graphed here too (eager vs graphed at vLLM's H200 default of 1024 requests:
+# docs/BENCHMARKS.md, `python -m examples.bench throughput`)
 _DEFAULT_MAX_GRAPH_SIZE = 1024
 
 
@@ -107,7 +107,7 @@ def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
 
 class CaptureSizes(list):
     """Capture sizes (ascending token counts) with the resolved mode they are for: what
-    EngineConfig.cudagraph_batch_sizes hands the model runner's capture_model."""
+    CompilationConfig.capture_sizes (engine/resolved_config.py) hands capture_model."""
 
     def __init__(self, sizes: list[int], mode: CUDAGraphMode) -> None:
         super().__init__(sizes if mode != CUDAGraphMode.NONE else [])

@@ -1,23 +1,20 @@
-"""EngineConfig: the one flat configuration of an engine (vLLM's EngineArgs, flattened).
+"""EngineConfig: what the user asked for (vLLM's EngineArgs, flattened), frozen.
 
 Mirrors the names and defaults of vllm/engine/arg_utils.py (EngineArgs) for the fields
-that exist so far, the checks of vllm/config/scheduler.py (SchedulerConfig) and
-vllm/config/cache.py (gpu_memory_utilization), and the CUDA-graph capture ladder of
-vllm/config/compilation.py (CompilationConfig: cudagraph_mode, cudagraph_capture_sizes,
-max_cudagraph_capture_size; engine/compilation_config.py derives them). 0 / None
-means "derive from the model or the machine".
+that exist so far, with the value checks of vllm/config/scheduler.py, cache.py and
+compilation.py. A None default (or vllm.h's 0 for the int fields) means "unset": the one
+resolve step, engine/resolved_config.py resolve_config, derives the value from the model
+and the device at engine-core start-up, and everything below reads the ResolvedConfig it
+returns. Nothing writes an EngineConfig after construction (tests/test_config_frozen.py
+scans the tree for writes); its defaults are the only defaults (vllm.h's
+vllm_engine_params_init writes the same values, checked by that test).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.compilation_config import (
-    CaptureSizes,
-    CUDAGraphMode,
-    cudagraph_capture_sizes,
-    resolve_cudagraph_mode,
-)
+from engine.compilation_config import CUDAGraphMode
 from engine.errors import InvalidArgumentError
 from engine.pooler_config import (
     PoolerConfig,
@@ -33,16 +30,17 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 MAMBA_DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineConfig:
     model: str
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    max_model_len: int = 0  # 0: the model's context length
-    max_num_seqs: int = 0  # 0: vLLM's default for the device (batch_defaults)
-    max_num_batched_tokens: int = 0  # 0: batch_defaults with chunked prefill
+    max_model_len: int | None = None  # None / 0: the model's context length
+    max_num_seqs: int | None = None  # None / 0: vLLM's default for the device
+    max_num_batched_tokens: int | None = None  # None / 0: the device's, with chunked prefill
     block_size: int = 16
-    kv_cache_memory_bytes: int = 0  # 0: derived from device memory (overrides the fraction)
+    # None / 0: derived from device memory; else the KV cache's bytes (overrides the fraction)
+    kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.9  # fraction of the GPU this engine may use (vLLM)
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
@@ -55,8 +53,7 @@ class EngineConfig:
     # FULL_AND_PIECEWISE (a piecewise part is captured as a full graph here:
     # engine/compilation_config.py). None: vLLM's default FULL_AND_PIECEWISE,
     # decode graphs on the decode kernel + mixed graphs of every step up to the largest
-    # capture size (H200, session 10: 14.4 to 18.3 s start-up, 1% to 2% more offline
-    # throughput than FULL, which starts in 13.2 s)
+    # capture size (start-up and throughput against FULL: docs/BENCHMARKS.md)
     cudagraph_mode: str | None = None
     # overlap scheduling step N+1 with running step N (vLLM --async-scheduling);
     # None: on with CUDA, off on CPU (whose forward pass blocks: nothing to overlap)
@@ -123,9 +120,9 @@ class EngineConfig:
             raise InvalidArgumentError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise InvalidArgumentError(f"unsupported dtype {self.dtype!r}")
-        for name in ("max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes",
-                     "n_threads"):
-            if getattr(self, name) < 0:
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                     "kv_cache_memory_bytes", "n_threads"):
+            if (getattr(self, name) or 0) < 0:
                 raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)}")
         if isinstance(self.tensor_parallel_size, bool) or \
                 not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
@@ -135,8 +132,6 @@ class EngineConfig:
             raise InvalidArgumentError("distributed_executor_backend must be mp or "
                                        f"external_launcher, got "
                                        f"{self.distributed_executor_backend!r}")
-        if self.max_num_seqs < 0:
-            raise InvalidArgumentError(f"max_num_seqs must be >= 0, got {self.max_num_seqs}")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise InvalidArgumentError(
                 f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
@@ -165,14 +160,20 @@ class EngineConfig:
         self._check_quantization()
         self._check_parsers()
         check_runner_convert(self.runner, self.convert)
-        if not isinstance(self.pooler_config, PoolerConfig | None):
-            self.pooler_config = PoolerConfig.from_json(self.pooler_config)
-        self.runner_type = resolve_runner_type(self.runner, self.convert)
+        resolve_runner_type(self.runner, self.convert)
+        self.resolved_pooler()  # a bad --pooler-config fails here, not at start-up
+
+    @property
+    def runner_type(self) -> str:
+        """generate | pooling (vLLM's ModelConfig.runner_type)."""
+        return resolve_runner_type(self.runner, self.convert)
 
     def resolved_pooler(self) -> PoolerConfig:
         """The pooler of a pooling engine (a converted decoder's defaults under the
-        user's --pooler-config)."""
-        return resolve_pooler_config(self.pooler_config)
+        user's --pooler-config, a PoolerConfig, its JSON or None)."""
+        user = self.pooler_config
+        return resolve_pooler_config(
+            user if isinstance(user, PoolerConfig | None) else PoolerConfig.from_json(user))
 
     def _check_quantization(self) -> None:
         """The quantization, KV-cache and Mamba-state dtypes the engine supports, with
@@ -210,44 +211,3 @@ class EngineConfig:
             from engine.tool_parsers.structural_tag import ToolStrictLevel
 
             ToolStrictLevel.from_name(self.tool_strict_level)
-
-    def cudagraph_batch_sizes(self) -> CaptureSizes:
-        """Token counts to capture, ascending, with the resolved cudagraph mode (empty for
-        NONE / enforce_eager); vLLM's derivation from max_num_seqs and
-        max_num_batched_tokens (set by the engine before capture)."""
-        mode = resolve_cudagraph_mode(CUDAGraphMode.parse(self.cudagraph_mode),
-                                      self.enforce_eager)  # None: the field's comment
-        return CaptureSizes(cudagraph_capture_sizes(
-            self.max_num_seqs, self.max_num_batched_tokens or 8192,
-            self.cudagraph_capture_sizes, self.max_cudagraph_capture_size), mode)
-
-    def verify_max_model_len(self, max_model_len: int) -> None:
-        """vllm/config/scheduler.py::SchedulerConfig.verify_max_model_len."""
-        batched = self.max_num_batched_tokens
-        if batched < max_model_len and not self.enable_chunked_prefill:
-            raise InvalidArgumentError(
-                f"max_num_batched_tokens ({batched}) is smaller than max_model_len "
-                f"({max_model_len}). This effectively limits the maximum sequence length to "
-                "max_num_batched_tokens and makes vLLM reject longer sequences. Please "
-                "increase max_num_batched_tokens or decrease max_model_len.")
-        if batched < self.max_num_seqs:
-            raise InvalidArgumentError(
-                f"max_num_batched_tokens ({batched}) must be greater than or equal to "
-                f"max_num_seqs ({self.max_num_seqs}).")
-        if self.long_prefill_token_threshold > max_model_len:
-            raise InvalidArgumentError(
-                f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) cannot "
-                f"be greater than the max_model_len ({max_model_len}).")
-
-
-def batch_defaults(device_name: str, device_memory: int) -> tuple[int, int]:
-    """(max_num_seqs, max_num_batched_tokens with chunked prefill): vLLM's
-    get_batch_defaults for its LLM class (vllm/engine/arg_utils.py): (1024, 16384) on a
-    GPU of at least 70 GiB that is not an A100 (H100, H200), else (256, 8192), the CPU
-    too (`vllm serve` takes 8192 tokens on the large GPUs: examples/server passes it).
-    Hybrid GDN models get the same: their recurrent state comes out of the KV block pool
-    (one state block per running request and group), so the pool, not the seat count,
-    limits how many run (docs/hybrid-gdn.md)."""
-    if device_memory < 70 << 30 or "a100" in device_name.lower():
-        return 256, 8192
-    return 1024, 16384

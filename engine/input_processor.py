@@ -71,7 +71,7 @@ class InputProcessor:
     def check_fits_kv_cache(self, request_id: str, prompt_len: int, max_tokens: int) -> None:
         """Refuse a request the KV cache can never hold instead of letting it wait forever
         (the scheduler's own check, done here so it fails add_request in any mode)."""
-        bs = self.config.block_size
+        bs = self.ready.config.cache.block_size  # resolved (a hybrid model's is raised)
         # the last sampled token is never fed back, so it needs no KV slot
         num_slots = min(prompt_len + max_tokens, self.max_model_len) - 1
         needed = -(-max(num_slots, prompt_len) // bs)

@@ -64,11 +64,7 @@ class LLMEngine:
         self.engine_core = engine_core
         self.tokenizer = tokenizer
         ready = engine_core.ready
-        # what the core resolved at start-up (vLLM's handshake fills the config too)
-        config.max_num_batched_tokens = ready.max_num_batched_tokens
-        config.max_num_seqs = ready.max_num_seqs
-        config.async_scheduling = ready.async_scheduling
-        config.block_size = ready.block_size  # a hybrid GDN model's is raised
+        self.resolved = ready.config  # what the core resolved at start-up (vLLM's handshake)
         self.max_model_len = ready.max_model_len
         self.cudagraph_capture_time_s = ready.cudagraph_capture_time_s
         self.memory_profile = ready.memory_profile  # bytes (CUDA), as the core measured
@@ -85,7 +81,7 @@ class LLMEngine:
         self._user_ids: dict[str, str] = {}  # core id -> user id, where they differ
         self._renames = 0
         self._pooling: dict[str, list[int]] = {}  # live pooling requests (core id -> prompt)
-        self.runner_type = config.runner_type  # generate | pooling
+        self.runner_type = self.resolved.runner_type  # generate | pooling
         self.hidden_size = ready.hidden_size  # the pooled vector's size
         self._matryoshka = (ready.matryoshka_dimensions, ready.is_matryoshka)
         # the model's generation_config.json defaults (vLLM ModelConfig.get_diff_sampling_param)
@@ -128,7 +124,7 @@ class LLMEngine:
 
     @property
     def batch_queue_size(self) -> int:
-        return 2 if self.config.async_scheduling else 1
+        return 2 if self.resolved.scheduler.async_scheduling else 1
 
     def _inproc_core(self):
         if not isinstance(self.engine_core, InprocClient):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
+from engine import envs
 from engine.errors import VllmError
 
 ENV_PYTHON = "LIBVLLM_PYTHON"
@@ -18,7 +19,7 @@ ENV_PYTHON = "LIBVLLM_PYTHON"
 
 def python_executable() -> str:
     """The interpreter to run the child with (never the C host program)."""
-    explicit = os.environ.get(ENV_PYTHON, "").strip()
+    explicit = envs.LIBVLLM_PYTHON
     candidates = [explicit] if explicit else []
     if sys.executable and os.path.basename(sys.executable).startswith("python"):
         candidates.append(sys.executable)

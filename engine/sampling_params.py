@@ -154,11 +154,10 @@ class SamplingParams:
     def from_optional(**kwargs) -> SamplingParams:
         """The API-layer constructor: None means the default; logit_bias keys become
         ints and its values are clamped to [-100, 100] (vLLM's from_optional)."""
-        defaults = {"n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-                    "repetition_penalty": 1.0, "temperature": 1.0, "top_p": 1.0}
-        for name, default in defaults.items():
+        for name in ("n", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                     "temperature", "top_p"):
             if kwargs.get(name) is None:
-                kwargs[name] = default
+                kwargs[name] = getattr(SamplingParams, name)  # the field's default
         if kwargs.get("logit_bias") is not None:
             kwargs["logit_bias"] = _convert_logit_bias(kwargs["logit_bias"])
         if kwargs.get("repetition_detection") is not None and not isinstance(

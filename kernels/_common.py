@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import envs
 from kernels.errors import InvalidArgumentError
 
 # Activation dtypes every kernel accepts.
@@ -70,8 +71,7 @@ def num_sms(device: torch.device) -> int:
 
 @functools.cache
 def _pdl_supported(device_index: int) -> bool:
-    return (os.environ.get("TRITON_INTERPRET") != "1"
-            and os.environ.get("LIBVLLM_DISABLE_PDL") != "1"
+    return (not envs.TRITON_INTERPRET and not envs.LIBVLLM_DISABLE_PDL
             and torch.cuda.get_device_capability(device_index)[0] >= 9)
 
 
@@ -120,7 +120,7 @@ def precompile_triton(workers: int = 0) -> Iterator[None]:
     keeps it only in the mode, so every later launch of the variant would hash the kernel's
     source again, thousands of times in a graph capture pass). The tensors the skipped
     kernels would write keep whatever they held. Nothing changes under the interpreter."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if envs.TRITON_INTERPRET:
         yield
         return
     from triton.runtime import _async_compile

@@ -34,12 +34,12 @@ no PTX). Row offsets are 64-bit and N, K come from the tensors' own shapes
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels import envs
 from kernels._common import cdiv, check, check_float, check_same_device, pdl_launch, pdl_wait
 from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
 from kernels.gguf_mmvq_lanes import (
@@ -398,7 +398,7 @@ def _quantize_q8_1_kernel(
 
 
 def _asm() -> bool:
-    return os.environ.get("TRITON_INTERPRET") != "1"
+    return not envs.TRITON_INTERPRET
 
 
 def quantize_q8_1(x: torch.Tensor, silu_and_mul: bool = False

@@ -23,15 +23,15 @@ LIBVLLM_DISABLE_LAUNCH_CACHE=1 sends every launch through Triton (A/B benchmarks
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import triton
 from triton.runtime.jit import JITFunction
 
+from kernels import envs
 from kernels._common import compiling
 
-_ENABLED = os.environ.get("LIBVLLM_DISABLE_LAUNCH_CACHE") != "1"
+_ENABLED = not envs.LIBVLLM_DISABLE_LAUNCH_CACHE
 
 
 class CachedLaunch:

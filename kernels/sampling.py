@@ -25,12 +25,11 @@ pick the other token, as fair a sample. The Triton interpreter has no libdevice:
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from kernels import envs
 from kernels._common import (
     cdiv,
     check,
@@ -125,7 +124,7 @@ def _chunking(rows: int, vocab: int, device: torch.device) -> tuple[int, int]:
 
 
 def _libdevice_log() -> bool:
-    return os.environ.get("TRITON_INTERPRET") != "1"
+    return not envs.TRITON_INTERPRET
 
 
 def argmax_rows(x: torch.Tensor, noise_q: torch.Tensor | None = None) -> torch.Tensor:

@@ -11,7 +11,6 @@ import pytest
 
 from capi.header import HEADER, abi_version, api_cdef, api_functions
 from engine import errors
-from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.capi
@@ -90,28 +89,6 @@ def test_status_codes_match_engine_errors(abi):
     names = [ffi.string(lib.vllm_status_string(i)).decode() for i in range(10)]
     assert names[0] == "VLLM_OK" and names[9] == "VLLM_ERR_INTERNAL"
     assert ffi.string(lib.vllm_status_string(-1)).decode() == "VLLM_ERR_UNKNOWN"
-
-
-def test_engine_params_defaults_match_engine_config(abi):
-    ffi, lib = abi
-    p = ffi.new("vllm_engine_params *")
-    lib.vllm_engine_params_init(p, ffi.sizeof(p[0]))
-    want = EngineConfig(model="m")
-    assert p.struct_size == ffi.sizeof("vllm_engine_params")
-    assert p.device == ffi.NULL and p.dtype == ffi.NULL  # NULL = "auto"
-    assert want.device == "auto" and want.dtype == "auto"
-    for name in (
-        "max_model_len",
-        "max_num_seqs",
-        "max_num_batched_tokens",
-        "block_size",
-        "kv_cache_memory_bytes",
-        "enable_prefix_caching",
-        "enable_chunked_prefill",
-        "seed",
-        "enforce_eager",
-    ):
-        assert getattr(p, name) == getattr(want, name), name
 
 
 def test_sampling_params_defaults_match_vllm(abi):

@@ -17,12 +17,19 @@ from engine.compilation_config import (
     cudagraph_capture_sizes,
     resolve_cudagraph_mode,
 )
-from engine.config import EngineConfig, batch_defaults
+from engine.config import EngineConfig
 from engine.errors import InvalidArgumentError
+from engine.resolved_config import DeviceFacts, batch_defaults, resolve_config
 from engine.worker.cudagraph_dispatcher import BatchDescriptor, CudagraphDispatcher
 from engine.worker.model_runner import _graph_rows
 
 M = CUDAGraphMode
+
+
+def _capture_sizes(**kwargs) -> CaptureSizes:
+    """What the engine core hands capture_model for these flags (CPU batch defaults)."""
+    return resolve_config(EngineConfig("m", **kwargs), 4096,
+                          DeviceFacts("cpu")).compilation.capture_sizes()
 
 
 @pytest.mark.parametrize("mode", ["FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
@@ -131,25 +138,21 @@ def test_batch_defaults(name, memory, seqs):
 
 
 def test_engine_config_max_num_seqs_checked():
-    assert EngineConfig("m").max_num_seqs == 0  # derived by the engine core
+    assert EngineConfig("m").max_num_seqs is None  # derived by the engine core
     with pytest.raises(InvalidArgumentError, match="max_num_seqs must be >= 0, got -1"):
         EngineConfig("m", max_num_seqs=-1)
 
 
 def test_engine_config_capture_sizes_and_mode():
-    sizes = EngineConfig("m", max_num_seqs=64, max_num_batched_tokens=8192
-                         ).cudagraph_batch_sizes()
+    sizes = _capture_sizes(max_num_seqs=64, max_num_batched_tokens=8192)
     assert isinstance(sizes, CaptureSizes) and sizes.mode == M.FULL_AND_PIECEWISE  # default
-    assert EngineConfig("m", cudagraph_mode="FULL").cudagraph_batch_sizes(
-        ).mode == M.FULL  # one routine
-    assert EngineConfig("m", cudagraph_mode="PIECEWISE").cudagraph_batch_sizes(
-        ).mode == M.FULL
+    assert _capture_sizes(cudagraph_mode="FULL").mode == M.FULL  # one routine
+    assert _capture_sizes(cudagraph_mode="PIECEWISE").mode == M.FULL
     assert sizes[-1] == 128
-    assert EngineConfig("m", cudagraph_mode="full").cudagraph_batch_sizes().mode == M.FULL
-    assert EngineConfig("m", enforce_eager=True).cudagraph_batch_sizes() == []
-    assert EngineConfig("m", cudagraph_mode="NONE").cudagraph_batch_sizes() == []
-    assert EngineConfig("m", cudagraph_mode="FULL_DECODE_ONLY").cudagraph_batch_sizes(
-        ).mode == M.FULL_DECODE_ONLY
+    assert _capture_sizes(cudagraph_mode="full").mode == M.FULL
+    assert _capture_sizes(enforce_eager=True) == []
+    assert _capture_sizes(cudagraph_mode="NONE") == []
+    assert _capture_sizes(cudagraph_mode="FULL_DECODE_ONLY").mode == M.FULL_DECODE_ONLY
     with pytest.raises(InvalidArgumentError, match="cudagraph_mode"):
         EngineConfig("m", cudagraph_mode="ALWAYS")
 

@@ -16,6 +16,7 @@ from engine.config import EngineConfig
 from engine.errors import InvalidArgumentError, ModelLoadError
 from engine.llm_engine import LLMEngine
 from engine.model_loader.dummy_loader import DUMMY_HIGH, DUMMY_LOW
+from engine.resolved_config import DeviceFacts, resolve_config
 from engine.sampling_params import SamplingParams
 
 _BASE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -94,15 +95,20 @@ def test_config_rejects_bad_values(field, value):
         EngineConfig("m", **{field: value})
 
 
+def _capture_sizes(**kwargs) -> list[int]:
+    return resolve_config(EngineConfig("m", **kwargs), 4096,
+                          DeviceFacts("cpu")).compilation.capture_sizes()
+
+
 def test_cudagraph_capture_ladder_is_vllms():
     """In tokens, derived from max_num_seqs as vLLM's _set_cudagraph_sizes (more cases in
     tests/test_cudagraph_dispatch.py)."""
-    sizes = EngineConfig("m", max_num_seqs=256).cudagraph_batch_sizes()
+    sizes = _capture_sizes(max_num_seqs=256)
     assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[-3:] == [480, 496, 512]
     # ceiling 2 x 512 (vLLM: 512 on Hopper; engine/worker/cudagraph_dispatcher.py)
-    assert EngineConfig("m", max_num_seqs=512).cudagraph_batch_sizes()[-2:] == [1008, 1024]
+    assert _capture_sizes(max_num_seqs=512)[-2:] == [1008, 1024]
     assert 248 in sizes and 256 in sizes and 272 in sizes and 264 not in sizes
-    assert EngineConfig("m", max_num_seqs=8).cudagraph_batch_sizes() == [1, 2, 4, 8, 16]
-    assert EngineConfig("m", cudagraph_capture_sizes=[4, 1, 4, 99999]).cudagraph_batch_sizes() \
+    assert _capture_sizes(max_num_seqs=8) == [1, 2, 4, 8, 16]
+    assert _capture_sizes(cudagraph_capture_sizes=[4, 1, 4, 99999]) \
         == [1, 4]
-    assert EngineConfig("m", enforce_eager=True).cudagraph_batch_sizes() == []
+    assert _capture_sizes(enforce_eager=True) == []

@@ -130,7 +130,7 @@ def test_cuda_graphs_bf16_equal_eager_bf16(hf_dir):
     """Also async scheduling (on by default on CUDA) against none: the same tokens."""
     _, path, _ = hf_dir
     graphs, _, engine = greedy(path, "cuda", "bfloat16", kv_cache_memory_bytes=64 << 20)
-    assert engine.config.async_scheduling and engine.batch_queue_size == 2
+    assert engine.resolved.scheduler.async_scheduling and engine.batch_queue_size == 2
     eager, _, eager_engine = greedy(path, "cuda", "bfloat16", enforce_eager=True,
                                     kv_cache_memory_bytes=64 << 20, async_scheduling=False)
     assert eager_engine.model_runner.cudagraphs is None

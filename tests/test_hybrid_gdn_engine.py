@@ -147,7 +147,8 @@ def test_prefix_caching_align_mode_hits_and_matches(model_dir):
     path, prompts, ref = model_dir
     pool = 64 * 2 * 4096  # 64 blocks: the 4 prompts' saved states outlive the run
     engine = _engine(path, enable_prefix_caching=True, kv_cache_memory_bytes=pool)
-    assert engine.config.mamba_cache_mode == "align" and engine.config.block_size == 16
+    cache = engine.resolved.cache
+    assert cache.mamba_cache_mode == "align" and cache.block_size == 16
     cached: list[int] = []
     assert _run(engine, prompts, cached) == ref
     assert cached == [0, 0, 0, 0]
@@ -171,8 +172,9 @@ def test_cache_mode_dtypes_and_block_size_resolved(model_dir):
     state dtypes; the raised block size reaches the front end (EngineCoreReady)."""
     path, prompts, ref = model_dir
     engine = _engine(path, mamba_cache_mode="align", mamba_ssm_cache_dtype="bfloat16")
-    assert engine.config.mamba_cache_mode == "none" and engine.scheduler.mamba_align is None
-    assert engine.config.block_size == 16 and engine.engine_core.ready.block_size == 16
+    cache = engine.engine_core.ready.config.cache
+    assert cache.mamba_cache_mode == "none" and engine.scheduler.mamba_align is None
+    assert engine.config.block_size == 8 and cache.block_size == 16  # asked 8, raised
     layer = engine.model_runner.mamba.layers[0]
     assert (layer.conv_state.dtype, layer.ssm_state.dtype) == (torch.float32, torch.bfloat16)
     assert len(_run(engine, prompts[:1])[0]) == MAX_TOKENS

@@ -20,6 +20,7 @@ from engine.core.kv_cache_utils import get_num_kv_blocks
 from engine.core.scheduler import Scheduler
 from engine.errors import OutOfResourcesError
 from engine.request import RequestStatus
+from engine.resolved_config import SchedulerConfig
 
 GROUPS = 3
 
@@ -30,7 +31,8 @@ def _scheduler(num_blocks: int, max_num_seqs: int = 1024, max_model_len: int = 2
                           max_num_batched_tokens=max_num_batched_tokens,
                           enable_prefix_caching=False)
     kv = KVCacheManager(num_blocks, 16, max_model_len, False, num_mamba_groups=GROUPS)
-    return Scheduler(config, kv, max_model_len)
+    return Scheduler(SchedulerConfig.from_engine_config(
+        config, max_model_len, max_num_seqs, max_num_batched_tokens, False), kv)
 
 
 def test_state_blocks_come_from_the_pool():

@@ -26,6 +26,7 @@ from engine.core.sched_utils import check_stop
 from engine.core.scheduler import Scheduler
 from engine.errors import InvalidArgumentError, OutOfResourcesError
 from engine.request import Request, RequestStatus
+from engine.resolved_config import SchedulerConfig
 from engine.sampling_params import SamplingParams
 from engine.stats_aggregator import StatsAggregator
 
@@ -54,7 +55,9 @@ def create_scheduler(max_num_seqs: int = 16, max_num_batched_tokens: int = 8192,
     kv = KVCacheManager(num_blocks, block_size, max_model_len, enable_prefix_caching,
                         log_stats=log_stats, watermark=config.watermark)
     scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
-    return scheduler_cls(config, kv, max_model_len, log_stats=log_stats)
+    sched_config = SchedulerConfig.from_engine_config(
+        config, max_model_len, max_num_seqs, max_num_batched_tokens, async_scheduling)
+    return scheduler_cls(sched_config, kv, log_stats=log_stats)
 
 
 def create_requests(num_requests: int, num_tokens: int = 10, ignore_eos: bool = False,

@@ -1,7 +1,7 @@
 """examples/server's token budget: `vllm serve`'s 8,192 tokens a step where the user set
 none and chunked prefill is on (the library derives the LLM class's 16,384 on H100-class
-GPUs, engine/config.py batch_defaults); a set value, or chunked prefill off (the engine then
-takes the context length, as vLLM), passes through."""
+GPUs, engine/resolved_config.py batch_defaults); a set value, or chunked prefill off (the
+engine then takes the context length, as vLLM), passes through."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ def test_model_info_comes_from_the_engine(session):
     info = session.model_info()
     assert info.architecture == session.engine.model_info.architecture
     assert info.kv_capacity_tokens == (session.engine.engine_core.ready.num_gpu_blocks
-                                       * session.engine.engine_core.ready.block_size)
+                                       * session.engine.engine_core.ready.config.cache.block_size)
     assert info.n_layers > 0 and info.n_params > 0
     assert info.eos_token_id in info.eog_token_ids
     assert session.model_metadata()["general.architecture"] == "llama"

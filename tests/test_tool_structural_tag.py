@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 
 import pytest
 from xgrammar import Grammar
@@ -217,11 +218,11 @@ def test_server_level_function_constrains_every_call(tokenizer) -> None:  # noqa
     add = client.add_request
     client.add_request = lambda rid, prompt, params, **kw: \
         seen.append(params.structured_outputs) or add(rid, prompt, params, **kw)
-    client.engine.config.tool_strict_level = "function"
+    client.engine.config = replace(client.engine.config, tool_strict_level="function")
     chat(client, False, tools=_tools(None))
     assert _accepts(seen[0], _hermes('{"town": 1}'))
     assert not _accepts(seen[0], '<tool_call>\n{"name": "other", "arguments": {}}\n</tool_call>')
-    client.engine.config.tool_strict_level = "parameter"
+    client.engine.config = replace(client.engine.config, tool_strict_level="parameter")
     chat(client, False, tools=_tools(None))
     assert not _accepts(seen[1], _hermes('{"town": 1}'))
     assert _accepts(seen[1], _hermes('{"city": "Oslo"}'))
@@ -294,7 +295,7 @@ def test_forced_choices_without_a_tag_model_keep_the_json_schema(tokenizer,  # n
     assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == \
         {"city": "X"}
     monkeypatch.delenv("VLLM_ENFORCE_STRICT_TOOL_CALLING")  # guidance reads no xgrammar tag
-    client.engine.config.structured_outputs_backend = "guidance"
+    client.engine.config = replace(client.engine.config, structured_outputs_backend="guidance")
     chat(client, False, tools=_tools(True), tool_choice="required")
     chat(client, False, tools=_tools(True))
     assert seen[1].json is not None and seen[2] is None

@@ -14,11 +14,11 @@ vLLM's bytes but chain and collide identically.
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any, NewType, Protocol
 
+from engine import envs
 from engine.errors import OutOfResourcesError
 
 BlockHash = NewType("BlockHash", bytes)
@@ -39,7 +39,7 @@ NONE_HASH: BlockHash
 
 def resolve_none_hash_seed() -> str:
     """PYTHONHASHSEED if set, else vLLM's fixed seed for cryptographic hashes."""
-    seed = os.getenv("PYTHONHASHSEED")
+    seed = envs.PYTHONHASHSEED
     return DEFAULT_NONE_HASH_SEED if seed is None else seed
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from engine.config import EngineConfig
 from engine.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from engine.core.mamba_align import MambaAlignCache
 from engine.core.request_queue import SchedulingPolicy, create_request_queue
@@ -36,21 +35,21 @@ from engine.core.sched_utils import check_stop, remove_all
 from engine.errors import OutOfResourcesError, VllmError
 from engine.metrics import SchedulerStats
 from engine.request import Request, RequestStatus
+from engine.resolved_config import SchedulerConfig
 
 if TYPE_CHECKING:
     from engine.structured_output import StructuredOutputManager
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, kv_cache_manager: KVCacheManager,
-                 max_model_len: int, log_stats: bool = True,
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
+                 log_stats: bool = True,
                  structured_output_manager: StructuredOutputManager | None = None) -> None:
-        config.verify_max_model_len(max_model_len)
-        self.config = config
+        self.config = config  # resolved (engine/resolved_config.py), read only
         self.max_num_running_reqs = config.max_num_seqs
         self.max_num_scheduled_tokens = config.max_num_batched_tokens
-        self.max_model_len = max_model_len
-        self.policy = SchedulingPolicy(config.scheduling_policy)
+        self.max_model_len = config.max_model_len
+        self.policy = SchedulingPolicy(config.policy)
         self.kv_cache_manager = kv_cache_manager
         self.block_size = kv_cache_manager.block_size
         self.log_stats = log_stats

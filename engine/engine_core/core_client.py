@@ -15,10 +15,9 @@ or run only where needed.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
-from engine import platforms
+from engine import envs, platforms
 from engine.config import EngineConfig
 from engine.engine_core.engine_core_messages import (
     EngineCoreOutput,
@@ -26,12 +25,9 @@ from engine.engine_core.engine_core_messages import (
     EngineCoreReady,
     EngineCoreRequest,
 )
-from engine.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from engine.engine_core.engine_core import EngineCore
-
-ENV_MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
 def use_multiprocessing(config: EngineConfig) -> bool:
@@ -41,11 +37,9 @@ def use_multiprocessing(config: EngineConfig) -> bool:
     device here is config.device, "auto" being CUDA when NVML reports a GPU."""
     if config.multiprocessing is not None:
         return config.multiprocessing
-    env = os.environ.get(ENV_MULTIPROCESSING, "").strip()
-    if env:
-        if env not in ("0", "1"):
-            raise InvalidArgumentError(f"{ENV_MULTIPROCESSING} must be 0 or 1, got {env!r}")
-        return env == "1"
+    env = envs.VLLM_ENABLE_V1_MULTIPROCESSING
+    if env is not None:
+        return env
     if config.device == "auto":
         return platforms.cuda_platform_available()
     return config.device == "cuda"

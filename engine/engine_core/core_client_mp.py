@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import queue
 import threading
 import time
@@ -31,6 +30,7 @@ from concurrent.futures import Future
 import msgspec
 import zmq
 
+from engine import envs
 from engine.config import EngineConfig
 from engine.engine_core.core_client import EngineCoreClient
 from engine.engine_core.engine_core_messages import (
@@ -60,7 +60,7 @@ from engine.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 _POLL_MS = 100
 _SHUTDOWN_WAIT_S = 5.0
-READY_TIMEOUT_S = float(os.environ.get("VLLM_ENGINE_READY_TIMEOUT_S", "600"))  # vLLM's
+READY_TIMEOUT_S = envs.VLLM_ENGINE_READY_TIMEOUT_S
 logger = logging.getLogger(__name__)
 
 

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 import torch
 
-from engine.config import EngineConfig, batch_defaults
+from engine.config import EngineConfig
 from engine.core.async_scheduler import AsyncScheduler
 from engine.core.kv_cache_interface import HybridKVCacheConfig
 from engine.core.kv_cache_manager import KVCacheManager
@@ -49,6 +49,7 @@ from engine.layers.kv_cache_dtype import kv_cache_torch_dtype
 from engine.layers.kv_scales import configure_kv_cache
 from engine.models.config import ModelArchConfig, get_diff_sampling_param
 from engine.request import Request, RequestStatus
+from engine.resolved_config import DeviceFacts, ResolvedConfig, resolve_config
 from engine.structured_output import (
     StructuredOutputManager,
     StructuredOutputRequest,
@@ -68,118 +69,116 @@ from engine.worker.model_runner import (
     ModelRunner,
     SampledModelRunnerOutput,
 )
-from engine.worker.pooling_runner import PoolingModelRunner, check_pooling_engine
+from engine.worker.pooling_runner import PoolingModelRunner
 from engine.worker.torch_threads import set_torch_threads_for_runtime
 
 _CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
 
 
 def _hybrid_config(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dtype,
-                   max_model_len: int) -> HybridKVCacheConfig | None:
+                   mamba_cache_mode: str, max_model_len: int) -> HybridKVCacheConfig:
     """A hybrid GDN model's unified specs (vLLM's HybridAttentionMambaModelConfig /
-    MambaModelConfig.verify_and_update_config): mamba_cache_mode from prefix caching,
-    the attention block size raised so its page holds a state page; None otherwise."""
-    if not num_gdn_layers(arch):
-        return None
-    config.mamba_cache_mode = "align" if config.enable_prefix_caching else "none"
-    hybrid = hybrid_kv_cache_config(
+    MambaModelConfig.verify_and_update_config): the attention block size of config
+    raised so its page holds a state page."""
+    return hybrid_kv_cache_config(
         arch, dtype, config.block_size, mamba_cache_dtype=config.mamba_cache_dtype,
         mamba_ssm_cache_dtype=config.mamba_ssm_cache_dtype,
-        mamba_cache_mode=config.mamba_cache_mode, max_model_len=max_model_len,
+        mamba_cache_mode=mamba_cache_mode, max_model_len=max_model_len,
         kv_dtype=kv_cache_torch_dtype(config.kv_cache_dtype, dtype))
-    config.block_size = hybrid.attn_spec.block_size
-    return hybrid
 
 
-def _batch_defaults(device: torch.device) -> tuple[int, int]:
-    props = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
-    return batch_defaults(props.name if props else "cpu", props.total_memory if props else 0)
+def _device_facts(device: torch.device) -> DeviceFacts:
+    if device.type != "cuda":
+        return DeviceFacts(device.type)
+    props = torch.cuda.get_device_properties(device)
+    return DeviceFacts(device.type, props.name, props.total_memory)
+
+
+def _resolve(config: EngineConfig, arch: ModelArchConfig, device: torch.device,
+             dtype: torch.dtype) -> tuple[ResolvedConfig, HybridKVCacheConfig | None]:
+    """The engine's one resolve step (engine/resolved_config.py) and, for a hybrid GDN
+    model, the specs of its resolved block size and mamba_cache_mode."""
+    hybrid = bool(num_gdn_layers(arch))
+    resolved = resolve_config(
+        config, arch.max_position_embeddings, _device_facts(device),
+        (lambda mode, max_len: _hybrid_config(config, arch, dtype, mode, max_len)
+         .attn_spec.block_size) if hybrid else None)
+    if not hybrid:
+        return resolved, None
+    return resolved, _hybrid_config(config, arch, dtype, resolved.cache.mamba_cache_mode,
+                                    resolved.scheduler.max_model_len)
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, model: torch.nn.Module, arch: ModelArchConfig,
-                 tokenizer: Tokenizer | None, device: torch.device, dtype: torch.dtype,
+    def __init__(self, config: EngineConfig, resolved: ResolvedConfig,
+                 model: torch.nn.Module, arch: ModelArchConfig, tokenizer: Tokenizer | None,
+                 device: torch.device, dtype: torch.dtype,
+                 hybrid: HybridKVCacheConfig | None = None,
                  executor: MultiprocExecutor | ExternalLauncherExecutor | None = None
                  ) -> None:
-        self.config = config
+        self.config = config  # the user's intent
+        self.resolved = resolved  # what runs: everything below reads only this
+        sched, cache = resolved.scheduler, resolved.cache
         self.executor = executor  # tensor parallel: the workers of ranks 1..tp-1
-        self.tp_size = config.tensor_parallel_size
+        self.tp_size = resolved.tensor_parallel_size
         verify_tensor_parallel(arch, self.tp_size)
         self.device = device
         self.eos_token_id = None if tokenizer is None else tokenizer.eos_token_id
-        self.max_model_len = config.max_model_len or arch.max_position_embeddings
-        if self.max_model_len > arch.max_position_embeddings:
-            raise InvalidArgumentError(
-                f"max_model_len ({self.max_model_len}) is greater than the model's context "
-                f"length ({arch.max_position_embeddings})")
-        seqs, tokens = _batch_defaults(device)
-        config.max_num_seqs = config.max_num_seqs or seqs
-        if not config.max_num_batched_tokens:
-            config.max_num_batched_tokens = tokens if config.enable_chunked_prefill else max(
-                self.max_model_len, 2048)
-        config.verify_max_model_len(self.max_model_len)  # vLLM's SchedulerConfig checks
-        self.hybrid = _hybrid_config(config, arch, dtype, self.max_model_len)
-        self.pooling = config.runner_type == "pooling"  # engine/worker/pooling_runner.py
-        if self.pooling:
-            check_pooling_engine(config, self.hybrid is not None)
+        self.max_model_len = sched.max_model_len
+        self.hybrid = hybrid
+        self.pooling = resolved.runner_type == "pooling"  # engine/worker/pooling_runner.py
         runner_cls, runner_kw = (PoolingModelRunner, {"pooler": config.resolved_pooler()}) \
             if self.pooling else (ModelRunner, {})
         self.model_runner = runner_cls(
-            model, None, device, config.block_size, max_num_reqs=config.max_num_seqs,
-            max_num_tokens=config.max_num_batched_tokens, max_model_len=self.max_model_len,
+            model, None, device, cache.block_size, max_num_reqs=sched.max_num_seqs,
+            max_num_tokens=sched.max_num_batched_tokens, max_model_len=self.max_model_len,
             **runner_kw)
         if executor is not None:  # the workers build their runners (and profile on CUDA)
-            executor.init_workers(self.max_model_len, config.max_num_batched_tokens,
-                                  config.max_num_seqs,
-                                  device.type == "cuda" and not config.kv_cache_memory_bytes)
+            executor.init_workers(resolved,
+                                  device.type == "cuda" and not cache.kv_cache_memory_bytes)
         self.num_gpu_blocks = self._num_kv_blocks(arch, dtype)
         if executor is not None:
             executor.initialize_kv_cache(self.num_gpu_blocks)
-        kv_dtype = configure_kv_cache(model, config.kv_cache_dtype, config.calculate_kv_scales,
+        kv_dtype = configure_kv_cache(model, cache.kv_cache_dtype, cache.calculate_kv_scales,
                                       dtype)  # engine/layers/kv_scales.py
         if self.hybrid is not None:  # one pool for KV and GDN state (vLLM's layout)
             self.hybrid = replace(self.hybrid, num_blocks=self.num_gpu_blocks)
             self.model_runner.initialize_kv_cache(
                 allocate_hybrid_kv_cache(self.hybrid, device), self.hybrid)
         else:
-            shape = kv_cache_shape(arch, self.num_gpu_blocks, config.block_size, self.tp_size)
+            shape = kv_cache_shape(arch, self.num_gpu_blocks, cache.block_size, self.tp_size)
             self.model_runner.initialize_kv_cache(
                 [torch.empty(shape, dtype=kv_dtype, device=device)
                  for _ in range(arch.num_hidden_layers)])
         num_mamba_groups = 0 if self.hybrid is None else len(self.hybrid.mamba_groups)
-        kv = KVCacheManager(self.num_gpu_blocks, config.block_size, self.max_model_len,
-                            config.enable_prefix_caching, watermark=config.watermark,
+        kv = KVCacheManager(self.num_gpu_blocks, cache.block_size, self.max_model_len,
+                            cache.enable_prefix_caching, watermark=cache.watermark,
                             num_mamba_groups=num_mamba_groups)
         self.structured_output_manager = None if tokenizer is None else \
             _structured_output_manager(config, tokenizer, arch.vocab_size)
-        if config.async_scheduling is None:  # vLLM: on unless incompatible; ours: CUDA
-            config.async_scheduling = device.type == "cuda"
-        scheduler_cls = AsyncScheduler if config.async_scheduling else Scheduler
-        self.scheduler = scheduler_cls(config, kv, self.max_model_len,
+        scheduler_cls = AsyncScheduler if sched.async_scheduling else Scheduler
+        self.scheduler = scheduler_cls(sched, kv,
                                        structured_output_manager=self.structured_output_manager)
-        if num_mamba_groups and config.mamba_cache_mode == "align":  # GDN prefix caching
-            self.scheduler.mamba_align = MambaAlignCache(kv.block_pool, config.block_size,
+        if num_mamba_groups and cache.mamba_cache_mode == "align":  # GDN prefix caching
+            self.scheduler.mamba_align = MambaAlignCache(kv.block_pool, cache.block_size,
                                                          num_mamba_groups)
         # CUDA graphs, captured at start-up (vLLM's capture_model); 0.0 without
         self.cudagraph_capture_time_s = self.model_runner.capture_model(
-            config.cudagraph_batch_sizes())
+            resolved.compilation.capture_sizes())
         if executor is not None:  # every rank samples the same draws (vLLM's set_random_seed)
-            torch.manual_seed(config.seed)
+            torch.manual_seed(resolved.seed)
         # steps queued on the device whose output is not processed yet, newest first
         self.batch_queue: deque[tuple[AsyncModelRunnerOutput, SchedulerOutput]] = deque()
-        self.batch_queue_size = 2 if config.async_scheduling else 1
+        self.batch_queue_size = 2 if sched.async_scheduling else 1
         self.ready = EngineCoreReady(
             architecture=arch.architecture, name=arch.name, vocab_size=arch.vocab_size,
-            max_model_len=self.max_model_len, num_gpu_blocks=self.num_gpu_blocks,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs, async_scheduling=config.async_scheduling,
+            num_gpu_blocks=self.num_gpu_blocks, config=resolved,
             cudagraph_capture_time_s=self.cudagraph_capture_time_s,
             default_sampling_params=get_diff_sampling_param(arch.generation_config),
             memory_profile=dict(self.model_runner.memory_profile),
-            device=device.type, dtype=str(dtype).removeprefix("torch."),
+            dtype=str(dtype).removeprefix("torch."),
             eos_token_ids=_eos_token_ids(arch.generation_config),
-            block_size=config.block_size, hidden_size=arch.hidden_size,
-            is_matryoshka=arch.is_matryoshka,
+            hidden_size=arch.hidden_size, is_matryoshka=arch.is_matryoshka,
             matryoshka_dimensions=list(arch.matryoshka_dimensions or ()) or None)
 
     @classmethod
@@ -197,29 +196,32 @@ class EngineCore:
             model, arch, tokenizer, device, dtype = load_model_and_tokenizer(config)
             if device.type == "cuda":  # vLLM's gpu_worker, once the weights are in
                 set_torch_threads_for_runtime(config.n_threads)
-            return cls(config, model, arch, tokenizer, device, dtype, executor), tokenizer
+            resolved, hybrid = _resolve(config, arch, device, dtype)
+            return cls(config, resolved, model, arch, tokenizer, device, dtype, hybrid,
+                       executor), tokenizer
         except BaseException:
             if executor is not None:
                 executor.abort()
             raise
 
     def _num_kv_blocks(self, arch: ModelArchConfig, dtype: torch.dtype) -> int:
-        bs = self.config.block_size
+        cache, sched = self.resolved.cache, self.resolved.scheduler
+        bs = cache.block_size
         kv_heads = num_kv_heads_per_rank(arch, self.tp_size)
         block_bytes = (2 * num_attention_layers(arch) * bs * kv_heads * arch.head_dim
-                       * torch.finfo(kv_cache_torch_dtype(self.config.kv_cache_dtype,
+                       * torch.finfo(kv_cache_torch_dtype(cache.kv_cache_dtype,
                                                           dtype)).bits // 8)
         state_blocks = 0  # hybrid: a block is a page of each buffer, a request holds states
         if self.hybrid is not None:
             block_bytes, state_blocks = self.hybrid.block_bytes, len(self.hybrid.mamba_groups)
-        budget = self.config.kv_cache_memory_bytes
+        budget = cache.kv_cache_memory_bytes
         if not budget:
             if self.device.type == "cuda":  # vLLM's profile run + gpu_memory_utilization
                 budget = determine_available_memory(
-                    self.model_runner, self.config.max_num_batched_tokens,
-                    self.config.gpu_memory_utilization)
+                    self.model_runner, sched.max_num_batched_tokens,
+                    cache.gpu_memory_utilization)
             else:  # the CPU default, capped at what max_num_seqs full contexts need
-                need = self.config.max_num_seqs * (
+                need = sched.max_num_seqs * (
                     -(-self.max_model_len // bs) + 1 + state_blocks) * block_bytes
                 budget = min(_CPU_KV_CACHE_BYTES, need)
         return get_num_kv_blocks(budget, block_bytes, bs, self.max_model_len, state_blocks)
@@ -235,7 +237,8 @@ class EngineCore:
             sp.structured_outputs, rid, set(sp.all_stop_token_ids), request.prompt_token_ids,
             request.reasoning_parser_kwargs)
         req = Request(rid, request.prompt_token_ids, sp, self.eos_token_id,
-                      request.arrival_time, self.config.block_size, priority=request.priority,
+                      request.arrival_time, self.resolved.cache.block_size,
+                      priority=request.priority,
                       cache_salt=request.cache_salt, structured_output_request=so_request)
         try:
             if rid in self.scheduler.requests:

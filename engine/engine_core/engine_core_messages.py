@@ -23,6 +23,7 @@ from engine.errors import (
 )
 from engine.metrics import SchedulerStats
 from engine.pooling_params import PoolingParams
+from engine.resolved_config import ResolvedConfig
 from engine.sample.outputs import LogprobsLists
 from engine.sampling_params import SamplingParams
 
@@ -84,28 +85,33 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
 
 
 class EngineCoreReady(msgspec.Struct, array_like=True, gc=False):
-    """What the front end learns from the core at start-up (vLLM's handshake)."""
+    """What the front end learns from the core at start-up (vLLM's handshake): the
+    resolved config (engine/resolved_config.py) and the model's facts."""
 
     architecture: str
     name: str
     vocab_size: int
-    max_model_len: int
     num_gpu_blocks: int
-    max_num_batched_tokens: int  # resolved
-    max_num_seqs: int  # resolved
-    async_scheduling: bool  # resolved
+    config: ResolvedConfig  # the engine core's one resolve step: sizes, modes, device
     cudagraph_capture_time_s: float
     default_sampling_params: dict  # the model's generation_config.json defaults
     memory_profile: dict  # bytes, gpu_worker's profile run and the graph pool (CUDA)
-    device: str  # "cuda" | "cpu", as the core resolved config.device
     dtype: str  # "bfloat16" | "float16" | "float32", as the core resolved config.dtype
     # generation_config.json's eos_token_id (or a GGUF's end-of-generation ids) as a list:
     # only these cross, the file's other keys being arbitrary JSON msgpack may not encode
     eos_token_ids: list[int]
-    block_size: int = 16  # resolved: a hybrid GDN model's attention page holds a state
     hidden_size: int = 0  # the pooled vector's size (vLLM ModelConfig.embedding_size)
     is_matryoshka: bool = False  # pooling requests may ask for fewer `dimensions`
     matryoshka_dimensions: list[int] | None = None  # the sizes allowed; None: any
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.scheduler.max_model_len
+
+    @property
+    def device(self) -> str:
+        """"cuda" | "cpu", as the core resolved EngineConfig.device."""
+        return self.config.device
 
 
 class EngineCoreStartupFailure(msgspec.Struct, array_like=True, gc=False):

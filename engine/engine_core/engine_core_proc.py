@@ -3,7 +3,9 @@
 process_output_sockets).
 
 `python -m engine.engine_core.engine_core_proc --input ADDR --output ADDR --config JSON ...`
-(started by engine/engine_core/engine_core_utils.py). Three threads:
+(started by engine/engine_core/engine_core_utils.py; JSON: the user's EngineConfig, which
+this process resolves, as the in-process core does, and returns in its ready message).
+Three threads:
 - input thread: zmq PULL -> MsgpackDecoder -> input queue (decoding overlaps the device);
 - busy loop (main thread): apply every queued request / abort / utility call, run one
   EngineCore step while there is work, encode its EngineCoreOutputs and send them on its
@@ -308,7 +310,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="the libvllm engine-core process")
     p.add_argument("--input", required=True)
     p.add_argument("--output", required=True)
-    p.add_argument("--config", required=True, help="EngineConfig as JSON")
+    p.add_argument("--config", required=True,
+                   help="EngineConfig (the user's intent) as JSON; the core resolves it")
     p.add_argument("--parent-pid", type=int, required=True)
     p.add_argument("--log-level", type=int, default=logging.WARNING)
     return p.parse_args(argv)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 
+from engine import envs
 from engine.config import EngineConfig
 from engine.process_utils import python_executable
 
@@ -51,7 +52,7 @@ def ipc_addresses() -> tuple[str, str, str]:
 
 def launch_core_process(config: EngineConfig, ipc_dir: str, input_address: str,
                         output_address: str) -> CoreProcess:
-    env = dict(os.environ)
+    env = envs.child_environment()
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the child is the core
     log_level = logging.getLogger("engine").getEffectiveLevel()

@@ -10,10 +10,9 @@ LOCAL_RANK, MASTER_ADDR, MASTER_PORT); this is how tensor parallelism spans mach
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from engine import envs
 from engine.config import EngineConfig
 from engine.core.sched_output import GrammarOutput, SchedulerOutput
 from engine.distributed.parallel_state import (
@@ -23,6 +22,7 @@ from engine.distributed.parallel_state import (
 )
 from engine.errors import InvalidArgumentError
 from engine.executor.multiproc_executor import dist_timeout
+from engine.resolved_config import ResolvedConfig
 
 _ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -31,23 +31,22 @@ class ExternalLauncherExecutor:
     """The executor hooks of engine/engine_core/engine_core.py, with nothing to send."""
 
     def __init__(self, config: EngineConfig, backend: str) -> None:
-        missing = [v for v in _ENV if not os.environ.get(v)]
+        missing = [v for v in _ENV if getattr(envs, v) is None]
         if missing:
             raise InvalidArgumentError(f"distributed_executor_backend external_launcher "
                                        f"needs {', '.join(missing)} in the environment")
-        world = int(os.environ["WORLD_SIZE"])
+        world = envs.WORLD_SIZE
         if world != config.tensor_parallel_size:
             raise InvalidArgumentError(f"WORLD_SIZE {world} != tensor_parallel_size "
                                        f"{config.tensor_parallel_size}")
         if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        init_distributed_environment(world, int(os.environ["RANK"]), backend,
+            torch.cuda.set_device(envs.LOCAL_RANK or 0)
+        init_distributed_environment(world, envs.RANK, backend,
                                      timeout=dist_timeout())
         initialize_model_parallel(world)
         self.dead_reason: str | None = None
 
-    def init_workers(self, max_model_len: int, max_num_batched_tokens: int,
-                     max_num_seqs: int, profile: bool) -> None:
+    def init_workers(self, config: ResolvedConfig, profile: bool) -> None:
         pass
 
     def initialize_kv_cache(self, num_gpu_blocks: int) -> None:

@@ -2,9 +2,10 @@
 by engine/serial_utils.py and sent on the gloo CPU group (never pickled).
 
 Start-up, in the order of the engine core's own steps (each rank's collectives must pair
-up): WorkerInit once the runner's sizes are known (a worker on CUDA then runs the same
-profile pass), the KV block count once the cache is sized (then every rank captures its
-CUDA graphs); then one StepMessage per step, `scheduler_output` None meaning shut down.
+up): WorkerInit (rank 0's ResolvedConfig) once the runner's sizes are known (a worker on
+CUDA then runs the same profile pass), the KV block count once the cache is sized (then
+every rank captures its CUDA graphs); then one StepMessage per step, `scheduler_output`
+None meaning shut down.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from engine.core.sched_output import GrammarOutput, SchedulerOutput
 from engine.distributed.communication_op import broadcast_bytes
+from engine.resolved_config import ResolvedConfig
 from engine.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 _INLINE = 1 << 62  # every buffer inline: the message is one byte string
@@ -20,9 +22,7 @@ _INLINE = 1 << 62  # every buffer inline: the message is one byte string
 
 @dataclass
 class WorkerInit:
-    max_model_len: int
-    max_num_batched_tokens: int
-    max_num_seqs: int
+    config: ResolvedConfig  # rank 0's (the workers resolve nothing)
     profile: bool  # CUDA without kv_cache_memory_bytes: run determine_available_memory
 
 

@@ -34,6 +34,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from engine import envs
 from engine.config import EngineConfig
 from engine.core.sched_output import GrammarOutput, SchedulerOutput
 from engine.distributed.parallel_state import (
@@ -44,14 +45,14 @@ from engine.distributed.parallel_state import (
 from engine.errors import VllmError
 from engine.executor import messages
 from engine.process_utils import describe_exit, python_executable
+from engine.resolved_config import ResolvedConfig
 
 logger = logging.getLogger(__name__)
-ENV_TIMEOUT = "LIBVLLM_DIST_TIMEOUT_S"  # rendezvous and collective timeout, s
 _MONITOR_POLL_S = 0.2
 
 
 def dist_timeout() -> timedelta:
-    return timedelta(seconds=float(os.environ.get(ENV_TIMEOUT, "300")))
+    return timedelta(seconds=envs.LIBVLLM_DIST_TIMEOUT_S)
 
 
 def get_open_port() -> int:
@@ -79,8 +80,11 @@ class MultiprocExecutor:
                             "first (torch.distributed.destroy_process_group()) or use "
                             "distributed_executor_backend='external_launcher'")
         self.init_method = get_distributed_init_method("127.0.0.1", get_open_port())
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        cfg = json.dumps(dataclasses.asdict(config))
+        env = envs.child_environment()
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        # the user's intent (the workers load no tokenizer); the resolved config follows
+        # in WorkerInit
+        cfg = json.dumps({**dataclasses.asdict(config), "skip_tokenizer_init": True})
         for rank in range(1, self.world_size):
             argv = [python_executable(), "-m", "engine.executor.multiproc_worker",
                     "--rank", str(rank), "--backend", backend, "--parent-pid",
@@ -141,10 +145,8 @@ class MultiprocExecutor:
 
     # ------------------------------------------------------------- start-up and steps
 
-    def init_workers(self, max_model_len: int, max_num_batched_tokens: int,
-                     max_num_seqs: int, profile: bool) -> None:
-        messages.send(messages.WorkerInit(max_model_len, max_num_batched_tokens, max_num_seqs,
-                                          profile))
+    def init_workers(self, config: ResolvedConfig, profile: bool) -> None:
+        messages.send(messages.WorkerInit(config, profile))
 
     def initialize_kv_cache(self, num_gpu_blocks: int) -> None:
         messages.send(num_gpu_blocks)

@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from engine import envs
 from engine.config import EngineConfig
 from engine.distributed.parallel_state import (
     destroy_distributed_environment,
@@ -37,35 +38,35 @@ from engine.worker.torch_threads import set_torch_threads_for_runtime
 
 
 def run_worker(config: EngineConfig, rank: int, backend: str, init_method: str) -> None:
+    """config: the user's intent, as the executor sent it (no tokenizer); the sizes and
+    modes come resolved from rank 0 (WorkerInit)."""
     tp = config.tensor_parallel_size
     if backend == "nccl":  # one GPU per rank on this host (LOCAL_RANK when launched)
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(envs.LOCAL_RANK if envs.LOCAL_RANK is not None else rank)
     init_distributed_environment(tp, rank, backend, init_method, timeout=dist_timeout())
     initialize_model_parallel(tp)
     if config.n_threads:
         torch.set_num_threads(config.n_threads)
-    config.skip_tokenizer_init = True
     model, arch, _, device, dtype = load_model_and_tokenizer(config)
     if device.type == "cuda":
         set_torch_threads_for_runtime(config.n_threads)
     init = messages.recv(messages.WorkerInit)
-    config.max_num_batched_tokens = init.max_num_batched_tokens  # as rank 0 derived them
-    config.max_num_seqs = init.max_num_seqs
-    runner = ModelRunner(model, None, device, config.block_size,
-                         max_num_reqs=config.max_num_seqs,
-                         max_num_tokens=init.max_num_batched_tokens,
-                         max_model_len=init.max_model_len)
+    sched, cache = init.config.scheduler, init.config.cache
+    runner = ModelRunner(model, None, device, cache.block_size,
+                         max_num_reqs=sched.max_num_seqs,
+                         max_num_tokens=sched.max_num_batched_tokens,
+                         max_model_len=sched.max_model_len)
     if init.profile:
-        determine_available_memory(runner, init.max_num_batched_tokens,
-                                   config.gpu_memory_utilization)
+        determine_available_memory(runner, sched.max_num_batched_tokens,
+                                   cache.gpu_memory_utilization)
     num_blocks = messages.recv(int)
-    shape = kv_cache_shape(arch, num_blocks, config.block_size, tp)
-    kv_dtype = configure_kv_cache(model, config.kv_cache_dtype, config.calculate_kv_scales,
+    shape = kv_cache_shape(arch, num_blocks, cache.block_size, tp)
+    kv_dtype = configure_kv_cache(model, cache.kv_cache_dtype, cache.calculate_kv_scales,
                                   dtype)  # engine/layers/kv_scales.py
     runner.initialize_kv_cache([torch.empty(shape, dtype=kv_dtype, device=device)
                                 for _ in range(arch.num_hidden_layers)])
-    runner.capture_model(config.cudagraph_batch_sizes())
-    torch.manual_seed(config.seed)  # the draws of rank 0's sampler, step after step
+    runner.capture_model(init.config.compilation.capture_sizes())
+    torch.manual_seed(init.config.seed)  # the draws of rank 0's sampler, step after step
     while (msg := messages.recv(messages.StepMessage)).scheduler_output is not None:
         runner.execute_model(msg.scheduler_output, msg.grammar_output)
     destroy_distributed_environment()

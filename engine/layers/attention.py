@@ -33,7 +33,6 @@ ignores the scales.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import envs
 from engine.layers import linear
 from engine.layers.kv_cache_dtype import (
     FP8_KV_DTYPE,
@@ -94,7 +94,7 @@ def use_kernels(q: torch.Tensor) -> bool:
 
 @functools.cache
 def _qkv_rope_fold_enabled() -> bool:
-    return os.environ.get("LIBVLLM_DISABLE_QKV_ROPE_FOLD") != "1"
+    return not envs.LIBVLLM_DISABLE_QKV_ROPE_FOLD
 
 
 class Attention(nn.Module):

@@ -40,13 +40,13 @@ Set it with the environment variable LIBVLLM_GDN_PREFILL_BACKEND.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import envs
 from engine.breakable_cudagraph import eager_break
 from engine.errors import InvalidArgumentError, ModelLoadError
 from engine.layers.attention import use_kernels
@@ -62,7 +62,7 @@ from kernels.gated_delta_rule import fused_sigmoid_gating_delta_rule, gated_delt
 from kernels.rms_norm_gated import rms_norm_gated, rms_norm_gated_ref
 
 GDN_PREFILL_BACKENDS = ("auto", "recurrent", "triton")
-GDN_PREFILL_BACKEND = os.environ.get("LIBVLLM_GDN_PREFILL_BACKEND", "auto")
+GDN_PREFILL_BACKEND = envs.LIBVLLM_GDN_PREFILL_BACKEND
 
 
 @dataclass

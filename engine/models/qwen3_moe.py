@@ -10,12 +10,12 @@ kernel (kernels/rms_norm_gemv.py; LIBVLLM_DISABLE_NORM_ROUTER_FOLD=1 turns that 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 
+from engine import envs
 from engine.layers import linear
 from engine.layers.fused_moe import FusedMoE
 from engine.layers.linear import ReplicatedLinear
@@ -40,7 +40,7 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
 
 @functools.cache
 def _norm_router_fold_enabled() -> bool:
-    return os.environ.get("LIBVLLM_DISABLE_NORM_ROUTER_FOLD") != "1"
+    return not envs.LIBVLLM_DISABLE_NORM_ROUTER_FOLD
 
 
 class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):

@@ -92,7 +92,7 @@ def describe(engine: LLMEngine, config: EngineConfig, kv: dict, n_params: int, n
         vocab_size=info.vocab_size, max_model_len=info.max_model_len,
         bos_token_id=info.bos_token_id, eos_token_id=info.eos_token_id,
         architecture=info.architecture, name=info.name, n_params=n_params, n_layers=n_layers,
-        kv_capacity_tokens=ready.num_gpu_blocks * ready.block_size, device=ready.device,
-        dtype=ready.dtype, chat_template=template, eog_token_ids=tuple(eog),
+        kv_capacity_tokens=ready.num_gpu_blocks * ready.config.cache.block_size,
+        device=ready.device, dtype=ready.dtype, chat_template=template, eog_token_ids=tuple(eog),
         quantization=quantization(config.quantization, kv, is_gguf),
         kv_cache_dtype=kv_cache_dtype(config.kv_cache_dtype, ready.dtype))

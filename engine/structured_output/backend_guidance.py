@@ -12,12 +12,12 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import os
 from dataclasses import dataclass
 
 import llguidance
 import torch
 
+from engine import envs
 from engine.errors import InvalidArgumentError
 from engine.structured_output.backend_types import (
     StructuredOutputBackend,
@@ -181,7 +181,7 @@ class GuidanceBackend(StructuredOutputBackend):
         grammar = self.cache.get_or_compile(
             (request_type, grammar_spec), lambda: self._serialize(request_type, grammar_spec)
         )
-        log_level = int(os.environ.get("LLGUIDANCE_LOG_LEVEL", "1"))
+        log_level = envs.LLGUIDANCE_LOG_LEVEL
         matcher = llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=log_level)
         if err := matcher.get_error():
             raise InvalidArgumentError(f"Grammar error: {err}")

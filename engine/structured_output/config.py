@@ -10,20 +10,13 @@ additions: vLLM has no limit on a whole grammar compile and caches only inside x
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
+from engine import envs
 from engine.errors import InvalidArgumentError, UnsupportedError
 
 BACKENDS = ("auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer")
 SHIPPED_BACKENDS = ("auto", "xgrammar", "guidance")
-
-
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        raise InvalidArgumentError(f"environment variable {name} must be an integer") from None
 
 
 @dataclass
@@ -37,9 +30,8 @@ class StructuredOutputsConfig:
     compiled_cache_size: int = 256
     compiled_cache_mb: int = 64  # the serialized guidance grammars the LRU may keep
     regex_compilation_timeout_s: int = field(
-        default_factory=lambda: _env_int("VLLM_REGEX_COMPILATION_TIMEOUT_S", 5)
-    )
-    xgrammar_cache_mb: int = field(default_factory=lambda: _env_int("VLLM_XGRAMMAR_CACHE_MB", 512))
+        default_factory=lambda: envs.VLLM_REGEX_COMPILATION_TIMEOUT_S)
+    xgrammar_cache_mb: int = field(default_factory=lambda: envs.VLLM_XGRAMMAR_CACHE_MB)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

@@ -23,11 +23,11 @@ import enum
 import functools
 import json
 import logging
-import os
 from typing import Any
 
 from pydantic import TypeAdapter
 
+from engine import envs
 from engine.errors import InvalidArgumentError
 from engine.structured_output.json_nesting import check_json_nesting
 from engine.structured_output.params import StructuredOutputsParams
@@ -61,7 +61,7 @@ class ToolStrictLevel(enum.IntEnum):
 
 def strict_tool_calling_enforced() -> bool:
     """vllm/envs.py: on unless the variable is something other than true / 1."""
-    return os.environ.get("VLLM_ENFORCE_STRICT_TOOL_CALLING", "True").lower() in ("true", "1")
+    return envs.VLLM_ENFORCE_STRICT_TOOL_CALLING
 
 
 def _function(tool: Any) -> dict | None:

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.core.sched_output import GrammarOutput, SchedulerOutput
-from engine.errors import UnsupportedError
 from engine.layers.pooler import embed_activation, pool_hidden_states
 from engine.pooler_config import PoolerConfig
 from engine.pooling_params import PoolingParams
@@ -87,16 +86,3 @@ class PoolingModelRunner(ModelRunner):
             sampled.append([POOLED_TOKEN_ID])
         return PoolerModelRunnerOutput(inp.req_ids, sampled, pooler_output=pooled)
 
-
-def check_pooling_engine(config, hybrid: bool) -> None:
-    """What a pooling engine changes in, or refuses of, an EngineConfig: no prefix
-    caching (a cached prefix has no hidden states to pool, vLLM's
-    skip_reading_prefix_cache) and no async scheduling (one step per output)."""
-    if config.tensor_parallel_size > 1:
-        raise UnsupportedError("--runner pooling runs on one rank (tensor_parallel_size 1)")
-    if hybrid:
-        raise UnsupportedError("--runner pooling supports attention-only models")
-    if config.async_scheduling:
-        raise UnsupportedError("--runner pooling does not support --async-scheduling")
-    config.async_scheduling = False
-    config.enable_prefix_caching = False

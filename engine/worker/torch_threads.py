@@ -14,9 +14,10 @@ device keeps its threads: there they run the forward pass.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
+
+from engine import envs
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ def set_torch_threads_for_runtime(n_threads: int = 0) -> None:
     """1 torch thread from now on, unless n_threads or OMP_NUM_THREADS chose a count."""
     if n_threads:
         return
-    omp = os.environ.get("OMP_NUM_THREADS")
+    omp = envs.OMP_NUM_THREADS
     if omp is not None:
         if omp.strip().isdigit() and int(omp) > 1:  # vLLM's warning
             logger.warning("OMP_NUM_THREADS=%s is set; leaving Torch threads at %d for "

@@ -73,7 +73,7 @@ def run(engine, args: argparse.Namespace) -> dict:
         print(f"{percentage}% percentile latency: {percentile} seconds")
     decode_tokens = args.batch_size * args.n * (args.output_len - 1)
     # the first step samples every first token only when all prompts fit in it
-    one_step = args.batch_size * args.input_len <= engine.config.max_num_batched_tokens
+    one_step = args.batch_size * args.input_len <= engine.resolved.scheduler.max_num_batched_tokens
     rates = [decode_tokens / (lat - first) for lat, first in runs if lat > first] \
         if one_step else []
     results["decode_tokens_per_second"] = float(np.mean(rates)) if rates else None

@@ -40,7 +40,7 @@ def beam_search_params(req, structured_outputs, max_tokens: int, defaults: dict,
         raise VLLMValidationError("length_penalty must be a finite number",
                                   parameter="length_penalty")
     temperature = req.temperature if req.temperature is not None \
-        else defaults.get("temperature", 1.0)
+        else defaults.get("temperature", SamplingParams.temperature)
     skip = req.skip_special_tokens if req.skip_special_tokens is not None \
         else defaults.get("skip_special_tokens", True)
     params = BeamSearchParams(

@@ -21,9 +21,10 @@ from engine.sampling_params import RequestOutputKind, SamplingParams
 from engine.tool_parsers import ToolParserManager
 from engine.tool_parsers.structural_tag import ToolStrictLevel
 
-_DEFAULT_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0,
-                     "frequency_penalty": 0.0, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
-                     "min_p": 0.0}
+# the SamplingParams defaults the OpenAI layer fills in (the fields' own defaults)
+_DEFAULT_SAMPLING = {name: getattr(SamplingParams, name) for name in (
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "temperature", "top_p",
+    "top_k", "min_p")}
 
 
 class ServingContext:

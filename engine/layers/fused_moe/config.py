@@ -16,12 +16,12 @@ kernels/configs/fused_moe/ (written by `python3 examples/bench/benchmark_moe.py 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 
+from engine import envs
 from kernels.launch_configs import GemmConfig
 from kernels.tuned_configs import config_dir, config_file_name, find_configs, nearest
 from kernels.tuned_configs import device_name as get_device_name
@@ -62,7 +62,7 @@ def get_moe_configs(E: int, N: int, dtype: str | None, block_n: int | None = Non
     """{M: config} from the first tuned file found, or None."""
     block_shape = [block_n, block_k] if block_n and block_k else None
     name = get_config_file_name(E, N, dtype, block_shape=block_shape)
-    folders = [os.environ.get("VLLM_TUNED_CONFIG_FOLDER"), CONFIG_DIR]
+    folders = [envs.VLLM_TUNED_CONFIG_FOLDER, CONFIG_DIR]
     configs = find_configs(name, [f for f in folders if f], GemmConfig, "MoE layer", "MoE")
     return {m: cfg.kwargs() for m, cfg in configs.items()} if configs else None
 

@@ -25,11 +25,10 @@ keywords after fused_topk; on the CPU the method has dequantized them at load.
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
+from engine import envs
 from engine.distributed.communication_op import tensor_model_parallel_all_reduce
 from engine.distributed.parallel_state import (
     get_tensor_model_parallel_rank,
@@ -52,7 +51,7 @@ MOE_BACKENDS = ("triton", "torch")
 
 def moe_backend() -> str:
     """LIBVLLM_MOE_BACKEND: "triton" (default) or "torch"; anything else is an error."""
-    backend = os.environ.get("LIBVLLM_MOE_BACKEND", "triton")
+    backend = envs.LIBVLLM_MOE_BACKEND
     if backend not in MOE_BACKENDS:
         raise InvalidArgumentError(f"LIBVLLM_MOE_BACKEND={backend!r} is not one of "
                                    f"{', '.join(MOE_BACKENDS)}")

@@ -32,6 +32,7 @@ from engine.entrypoints.openai.responses.store import ResponseStore
 from engine.entrypoints.openai.responses.stream import ResponseEvents, item_status
 from engine.entrypoints.openai.serving_chat import ChatJob
 from engine.entrypoints.openai.serving_engine import ServingContext
+from engine.sampling_params import SamplingParams
 
 _NO_STORE = ("This vLLM engine does not support `store=True` and therefore does not support "
              "the background mode. To enable these features, set the environment variable "
@@ -108,9 +109,10 @@ class ResponsesJob:
         self.created = int(time.time())
         defaults = ctx.default_sampling
         self.sampling = {
-            "temperature": defaults.get("temperature", 1.0) if request.temperature is None
-            else request.temperature,
-            "top_p": defaults.get("top_p", 1.0) if request.top_p is None else request.top_p,
+            "temperature": defaults.get("temperature", SamplingParams.temperature)
+            if request.temperature is None else request.temperature,
+            "top_p": defaults.get("top_p", SamplingParams.top_p) if request.top_p is None
+            else request.top_p,
             "max_output_tokens": ctx.get_max_tokens(request.max_output_tokens,
                                                     len(self.chat.prompt_ids))}
 

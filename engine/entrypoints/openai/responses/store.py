@@ -12,12 +12,12 @@ The environment is read in one place: store_for, once per engine client.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import weakref
 from collections import OrderedDict
 
-ENABLE_ENV = "VLLM_ENABLE_RESPONSES_API_STORE"
+from engine import envs
+
 MAX_ENTRIES_ENV = "VLLM_RESPONSES_API_STORE_MAX_ENTRIES"
 MAX_BYTES_ENV = "VLLM_RESPONSES_API_STORE_MAX_BYTES"
 DEFAULT_MAX_ENTRIES = 1024
@@ -78,9 +78,8 @@ def store_for(client) -> ResponseStore:
     with _stores_lock:
         store = _stores.get(client)
         if store is None:
-            enabled = os.environ.get(ENABLE_ENV, "0").strip().lower() in ("1", "true")
-            store = ResponseStore(enabled,
-                                  int(os.environ.get(MAX_ENTRIES_ENV, DEFAULT_MAX_ENTRIES)),
-                                  int(os.environ.get(MAX_BYTES_ENV, DEFAULT_MAX_BYTES)))
+            store = ResponseStore(envs.VLLM_ENABLE_RESPONSES_API_STORE,
+                                  envs.VLLM_RESPONSES_API_STORE_MAX_ENTRIES,
+                                  envs.VLLM_RESPONSES_API_STORE_MAX_BYTES)
             _stores[client] = store
         return store
