@@ -225,7 +225,7 @@ def test_cuda_small_pool_preempts_under_async_scheduling(model_dir):
     blocks are handed to new requests while the step before is still queued, and the
     fp32 greedy tokens stay transformers'; every block comes back."""
     path, prompts, ref = model_dir
-    engine = _engine(path, device="cuda", kv_cache_memory_bytes=10 * 2 * 4096,
+    engine = _engine(path, device="cuda", dtype="float32", kv_cache_memory_bytes=10 * 2 * 4096,
                      async_scheduling=True, max_num_batched_tokens=8)
     assert _run(engine, prompts) == ref
     assert engine.scheduler.num_preemptions > 0

@@ -50,17 +50,28 @@ def test_rms_norm_per_block_quant(t, h, group, with_residual, dtype, transposed)
         else:
             y = rms_norm(x, w, 1e-6)
         q_un, s_un = per_token_group_quant_fp8(y, group)
-        torch.testing.assert_close(s, s_un, atol=0, rtol=0)
-        assert_fp8_equal(q, q_un)
+        if dtype == torch.float32:  # no rounding of y to a narrower dtype hides the two
+            # kernels' reduction orders: scales within 4 ulps, fp8 values within one step
+            torch.testing.assert_close(s, s_un, rtol=5e-7, atol=0)
+            assert _within_one_step(q, q_un, keep_half_steps=True)
+        else:
+            torch.testing.assert_close(s, s_un, atol=0, rtol=0)
+            assert_fp8_equal(q, q_un)
     # the reference's norm sums in another order: its scales within the rounding of the
     # norm's output, its fp8 values within one step (away from powers of two under the
     # interpreter, assert_fp8_equal's reason)
     torch.testing.assert_close(s, s_ref, rtol=1e-2 if dtype == torch.bfloat16 else 2e-3,
                                atol=0)
+    assert _within_one_step(q, q_ref, keep_half_steps=ON_CUDA)
+
+
+def _within_one_step(q: torch.Tensor, q_ref: torch.Tensor, keep_half_steps: bool) -> bool:
+    """Every fp8 value of q within one e4m3 step of q_ref's (values at a power of two
+    skipped unless keep_half_steps)."""
     mantissa, exponent = torch.frexp(q_ref.float())
     step = torch.exp2(((exponent - 1).clamp(min=-6) - 3).float())
-    keep = (mantissa.abs() != 0.5) | ON_CUDA
-    assert ((q.float() - q_ref.float()).abs() <= step)[keep].all()
+    keep = (mantissa.abs() != 0.5) | keep_half_steps
+    return bool(((q.float() - q_ref.float()).abs() <= step)[keep].all())
 
 
 def test_rms_norm_per_block_quant_errors() -> None:
