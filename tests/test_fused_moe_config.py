@@ -4,7 +4,9 @@ engine/layers/fused_moe: CPU only, no Triton needed.
 Mirrors vLLM 0.33 tests/kernels/moe/test_grouped_topk.py (grouped_topk against a
 per-token loop) and the config lookup of fused_moe.py (get_config_file_name naming,
 nearest-M choice in try_get_optimal_moe_config, VLLM_TUNED_CONFIG_FOLDER first, the
-default config when no file exists, override_config).
+default config when no file exists, override_config). vLLM has no unit test of
+get_default_config: DEFAULT_CONFIGS transcribes its rule (block FP8, FP8 per tensor,
+bf16/fp16, fp32) as a table.
 """
 
 from __future__ import annotations
