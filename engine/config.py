@@ -101,8 +101,8 @@ class EngineConfig:
     calculate_kv_scales: bool = False  # vLLM --calculate-kv-scales: k/v scales from data
     # hybrid (Mamba / GDN) state: vLLM --mamba-cache-dtype / --mamba-ssm-cache-dtype
     # (auto | float32 | float16 | bfloat16; auto: the model config's mamba_ssm_dtype, else
-    # the model dtype) and --mamba-cache-mode (none | align; None: align with prefix
-    # caching, else none)
+    # the model dtype) and --mamba-cache-mode (none | align; deprecated as in vLLM, no
+    # effect: engine/resolved_config.py derives the mode from prefix caching)
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"
     mamba_cache_mode: str | None = None

@@ -5,8 +5,10 @@ parts, __post_init__ resolving the cudagraph mode and _set_cudagraph_sizes the c
 sizes, try_verify_and_update_config raising a hybrid model's block size), the parts'
 fields of vllm/config/scheduler.py (SchedulerConfig, verify_max_model_len's messages),
 vllm/config/cache.py (CacheConfig) and vllm/config/compilation.py (CompilationConfig),
-and the device batch defaults of vllm/engine/arg_utils.py (get_batch_defaults,
-_set_default_max_num_seqs_and_batched_tokens_args).
+the device batch defaults of vllm/engine/arg_utils.py (get_batch_defaults,
+_set_default_max_num_seqs_and_batched_tokens_args) and its --mamba-cache-mode deprecation
+(create_engine_config), with vllm/model_executor/models/config.py
+(MambaModelConfig.verify_and_update_config: a hybrid's mode follows prefix caching).
 
 resolve_config is the one function that derives values; the engine core calls it once at
 start-up (engine/engine_core/engine_core.py EngineCore.from_config), once the weights are
@@ -18,6 +20,7 @@ tests/test_config_frozen.py fails on any write to it outside this module.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,6 +32,13 @@ from engine.compilation_config import (
 )
 from engine.config import EngineConfig
 from engine.errors import InvalidArgumentError, UnsupportedError
+
+logger = logging.getLogger(__name__)
+
+# vllm/engine/arg_utils.py _MAMBA_CACHE_MODE_DEPRECATION_MESSAGE, verbatim
+MAMBA_CACHE_MODE_DEPRECATION_MESSAGE = (
+    "--mamba-cache-mode is deprecated and will be removed in v0.33.0. "
+    "It has no effect: Mamba prefix caching follows --enable-prefix-caching.")
 
 # (mamba_cache_mode, max_model_len) -> the attention block size whose page holds a
 # hybrid model's state page (engine/worker/mamba_utils.py hybrid_kv_cache_config)
@@ -171,9 +181,9 @@ def resolve_config(config: EngineConfig, max_position_embeddings: int, device: D
     # no prefix caching for pooling (a cached prefix has no hidden states to pool, vLLM's
     # skip_reading_prefix_cache); a hybrid model's state follows it
     prefix_caching = config.enable_prefix_caching and not pooling
-    mamba_cache_mode, block_size = config.mamba_cache_mode or "none", config.block_size
+    mamba_cache_mode = _mamba_cache_mode(config, prefix_caching, hybrid_block_size is not None)
+    block_size = config.block_size
     if hybrid_block_size is not None:
-        mamba_cache_mode = "align" if prefix_caching else "none"
         block_size = hybrid_block_size(mamba_cache_mode, max_model_len)
     cache = CacheConfig(
         block_size, prefix_caching, config.kv_cache_dtype, config.calculate_kv_scales,
@@ -181,6 +191,18 @@ def resolve_config(config: EngineConfig, max_position_embeddings: int, device: D
         config.mamba_cache_dtype, config.mamba_ssm_cache_dtype, mamba_cache_mode)
     return ResolvedConfig(scheduler, cache, _compilation(config, scheduler), device.type,
                           config.runner_type, config.tensor_parallel_size, config.seed)
+
+
+def _mamba_cache_mode(config: EngineConfig, prefix_caching: bool, hybrid: bool) -> str:
+    """vLLM 0.33: the mode follows prefix caching ("align" with it, else "none") for a
+    hybrid model (MambaModelConfig.verify_and_update_config) and is "none" for any other
+    (CacheConfig's default); a mamba_cache_mode the user sets has no effect, whatever its
+    value and the prefix-caching setting: it logs EngineArgs.create_engine_config's
+    deprecation warning (EngineConfig rejects a value other than none / align, as vLLM's
+    argument parser does)."""
+    if config.mamba_cache_mode is not None:
+        logger.warning(MAMBA_CACHE_MODE_DEPRECATION_MESSAGE)
+    return "align" if hybrid and prefix_caching else "none"
 
 
 def _compilation(config: EngineConfig, scheduler: SchedulerConfig) -> CompilationConfig:

@@ -243,8 +243,12 @@ typedef struct vllm_engine_params {
     const char *mamba_ssm_cache_dtype; /* --mamba-ssm-cache-dtype, the SSM state only:
                                         NULL or "auto" (as mamba_cache_dtype), or one of
                                         its dtypes */
-    const char *mamba_cache_mode;    /* --mamba-cache-mode: NULL (derived: "align" with
-                                        prefix caching, else "none"), "none", "align" */
+    const char *mamba_cache_mode;    /* --mamba-cache-mode, deprecated as in vLLM: no
+                                        effect. The mode is always derived: "align" for a
+                                        hybrid model with prefix caching, else "none".
+                                        NULL or "": unset; "none", "align": ignored, with
+                                        vLLM's deprecation warning in the log; any other
+                                        value: VLLM_ERR_INVALID_ARGUMENT */
     int32_t calculate_kv_scales;     /* --calculate-kv-scales: 1 computes the fp8 KV
                                         cache's scales from the data; default 0 */
     /* since 1.3: pooling (vLLM's --runner, --convert, --pooler-config; an unknown value

@@ -4,7 +4,9 @@ engine/layers/fused_moe: CPU only, no Triton needed.
 Mirrors vLLM 0.33 tests/kernels/moe/test_grouped_topk.py (grouped_topk against a
 per-token loop) and the config lookup of fused_moe.py (get_config_file_name naming,
 nearest-M choice in try_get_optimal_moe_config, VLLM_TUNED_CONFIG_FOLDER first, the
-default config when no file exists, override_config).
+default config when no file exists, override_config). vLLM has no unit test of
+get_default_config: DEFAULT_CONFIGS transcribes its rule (block FP8, FP8 per tensor,
+bf16/fp16, fp32) as a table.
 """
 
 from __future__ import annotations
@@ -171,13 +173,116 @@ def test_start_up_compiles_a_forward_per_moe_config(tmp_path, monkeypatch) -> No
         get_moe_configs.cache_clear()
 
 
-def test_default_config_is_upstreams_heuristic() -> None:
-    small = get_default_config(1, 128, 768, 2048, 8, None)
-    assert small == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128,
-                     "GROUP_SIZE_M": 1, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4}
-    big = get_default_config(4096, 8, 14336, 4096, 2, None)
-    assert (big["BLOCK_SIZE_M"], big["BLOCK_SIZE_N"], big["BLOCK_SIZE_K"],
-            big["GROUP_SIZE_M"], big["num_warps"]) == (128, 128, 64, 16, 8)
+def _first_counts(rule, limit: int) -> list[int]:
+    """The first M below limit of each distinct config rule(M) gives."""
+    return [m for m in range(1, limit) if m == 1 or rule(m) != rule(m - 1)]
+
+
+def test_start_up_compiles_an_fp8_models_own_configs(tmp_path, monkeypatch) -> None:
+    """A block-FP8 MoE model (Fp8MoEMethod kept, as on CUDA) warms up the configs of its
+    own file name (dtype=fp8_w8a8, block_shape=[128,128]) and, without one, of the
+    block-FP8 default, not the bf16 ones."""
+    from engine.layers.quantization import apply_quant_config
+    from engine.layers.quantization.fp8 import Fp8Config
+    from engine.worker.gpu_worker import _moe_config_token_counts
+
+    monkeypatch.setattr(config, "get_device_name", lambda: "TEST_GPU")
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
+    get_moe_configs.cache_clear()
+    moe = torch.nn.Sequential(FusedMoE(6, 2, 256, 128))
+    apply_quant_config(moe, Fp8Config.from_config(
+        {"quant_method": "fp8", "activation_scheme": "dynamic",
+         "weight_block_size": [128, 128]}))
+    assert moe[0].w13_weight.dtype == torch.float8_e4m3fn
+    try:
+        block = _first_counts(lambda m: get_default_config(
+            m, 6, 128, 256, 2, "fp8_w8a8", [128, 128]), 4096)
+        bf16 = _first_counts(lambda m: get_default_config(m, 6, 128, 256, 2, None), 4096)
+        assert _moe_config_token_counts(moe, 4096) == block == [1, 5, 9, 17, 65]
+        assert block != bf16
+        tuned = {str(m): {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": n, "BLOCK_SIZE_K": 128,
+                          "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3}
+                 for m, n in ((1, 64), (256, 128))}
+        (tmp_path / "E=6,N=128,device_name=TEST_GPU.json").write_text(json.dumps(
+            {"1": tuned["1"]}))  # the bf16 file: not this model's
+        (tmp_path / "E=6,N=128,device_name=TEST_GPU,dtype=fp8_w8a8,block_shape=[128,128]"
+                    ".json").write_text(json.dumps(tuned))
+        get_moe_configs.cache_clear()
+        assert _moe_config_token_counts(moe, 4096) == [1, 129]
+    finally:
+        get_moe_configs.cache_clear()
+
+
+# vLLM 0.33 vllm/model_executor/layers/fused_moe/fused_moe.py get_default_config on CUDA
+# (current_platform.is_rocm() False, VLLM_BATCH_INVARIANT off), transcribed from its rule:
+# (M, E, N, K, topk, dtype, block_shape) -> (BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
+# GROUP_SIZE_M, num_warps, num_stages); SPLIT_K is 1 in every row.
+_B = [128, 128]
+DEFAULT_CONFIGS = [
+    # block FP8: M tile 16 to M = 64 then 64; N tile 64 for M <= 8 when 64 divides bn
+    # (4 stages to M = 4), else bn; K tile bk; GROUP_SIZE_M 32 above M = 16
+    ((1, 256, 512, 2048, 8, "fp8_w8a8", _B), (16, 64, 128, 1, 4, 4)),
+    ((4, 256, 512, 2048, 8, "fp8_w8a8", _B), (16, 64, 128, 1, 4, 4)),
+    ((5, 256, 512, 2048, 8, "fp8_w8a8", _B), (16, 64, 128, 1, 4, 3)),
+    ((8, 256, 512, 2048, 8, "fp8_w8a8", _B), (16, 64, 128, 1, 4, 3)),
+    ((9, 256, 512, 2048, 8, "fp8_w8a8", _B), (16, 128, 128, 1, 4, 3)),
+    ((16, 256, 512, 2048, 8, "fp8_w8a8", _B), (16, 128, 128, 1, 4, 3)),
+    ((17, 256, 512, 2048, 8, "fp8_w8a8", _B), (16, 128, 128, 32, 4, 3)),
+    ((64, 256, 512, 2048, 8, "fp8_w8a8", _B), (16, 128, 128, 32, 4, 3)),
+    ((65, 256, 512, 2048, 8, "fp8_w8a8", _B), (64, 128, 128, 32, 4, 3)),
+    ((4096, 256, 512, 2048, 8, "fp8_w8a8", _B), (64, 128, 128, 32, 4, 3)),
+    ((1, 128, 768, 2048, 8, "fp8_w8a8", [32, 128]), (16, 32, 128, 1, 4, 3)),
+    ((2, 128, 768, 2048, 8, "fp8_w8a8", [192, 64]), (16, 64, 64, 1, 4, 4)),
+    # FP8 per tensor / per channel: the general rule with 128-deep K tiles throughout
+    ((1, 128, 768, 2048, 8, "fp8_w8a8", None), (16, 64, 128, 1, 4, 4)),
+    ((65, 128, 768, 2048, 8, "fp8_w8a8", None), (32, 128, 128, 1, 4, 3)),
+    ((200, 128, 768, 2048, 8, "fp8_w8a8", None), (64, 128, 128, 1, 8, 3)),
+    ((4096, 8, 14336, 4096, 2, "fp8_w8a8", None), (128, 128, 128, 16, 8, 3)),
+    # bf16/fp16 (dtype None) and fp32: M tile 16/32/64/128 at M <= 32/96/512/more, N tile
+    # 64 to M = 64, K tile 128 to M = 64 then 64, GROUP_SIZE_M 16 when M // E > 128,
+    # 8 warps above M = 128, 4 stages to M = 32; a block shape without fp8 is ignored
+    ((1, 128, 768, 2048, 8, None, None), (16, 64, 128, 1, 4, 4)),
+    ((32, 128, 768, 2048, 8, None, None), (16, 64, 128, 1, 4, 4)),
+    ((33, 128, 768, 2048, 8, None, None), (32, 64, 128, 1, 4, 3)),
+    ((64, 128, 768, 2048, 8, None, None), (32, 64, 128, 1, 4, 3)),
+    ((65, 128, 768, 2048, 8, None, None), (32, 128, 64, 1, 4, 3)),
+    ((96, 128, 768, 2048, 8, None, None), (32, 128, 64, 1, 4, 3)),
+    ((97, 128, 768, 2048, 8, None, None), (64, 128, 64, 1, 4, 3)),
+    ((128, 128, 768, 2048, 8, None, None), (64, 128, 64, 1, 4, 3)),
+    ((129, 128, 768, 2048, 8, None, None), (64, 128, 64, 1, 8, 3)),
+    ((512, 128, 768, 2048, 8, None, None), (64, 128, 64, 1, 8, 3)),
+    ((513, 128, 768, 2048, 8, None, None), (128, 128, 64, 1, 8, 3)),
+    ((1024, 8, 14336, 4096, 2, None, None), (128, 128, 64, 1, 8, 3)),
+    ((1032, 8, 14336, 4096, 2, None, None), (128, 128, 64, 16, 8, 3)),
+    ((1, 128, 768, 2048, 8, None, _B), (16, 64, 128, 1, 4, 4)),
+    ((40, 6, 40, 24, 2, "float32", None), (32, 64, 128, 1, 4, 3)),
+]
+
+
+@pytest.mark.parametrize("args, want", DEFAULT_CONFIGS)
+def test_default_config_is_upstreams(args, want) -> None:
+    bm, bn, bk, group_m, warps, stages = want
+    assert get_default_config(*args) == {
+        "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": group_m,
+        "SPLIT_K": 1, "num_warps": warps, "num_stages": stages}
+
+
+def test_block_fp8_without_a_file_takes_the_block_default(tmp_path, monkeypatch) -> None:
+    """try_get_optimal_moe_config hands dtype and block_shape on to the default, as
+    upstream does: block-FP8 experts without a tuned file get the block-FP8 config."""
+    monkeypatch.setattr(config, "get_device_name", lambda: "TEST_GPU")
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
+    get_moe_configs.cache_clear()
+    try:
+        w1, w2 = (256, 1024, 2048), (256, 2048, 512)
+        for m in (1, 17, 4096):
+            assert try_get_optimal_moe_config(w1, w2, 8, "fp8_w8a8", m, [128, 128]) == \
+                get_default_config(m, 256, 512, 2048, 8, "fp8_w8a8", [128, 128])
+        got = try_get_optimal_moe_config(w1, w2, 8, "fp8_w8a8", 17, [128, 128])
+        assert (got["BLOCK_SIZE_N"], got["GROUP_SIZE_M"]) == (128, 32)  # not bf16's
+        assert got != try_get_optimal_moe_config(w1, w2, 8, None, 17)
+    finally:
+        get_moe_configs.cache_clear()
 
 
 def test_committed_configs_are_valid() -> None:

@@ -31,6 +31,7 @@ import torch
 from engine.compilation_config import cudagraph_capture_sizes
 from engine.layers.fused_moe.config import get_config_dtype_str, try_get_optimal_moe_config
 from engine.layers.fused_moe.layer import FusedMoE
+from engine.layers.quantization.fp8 import Fp8MoEMethod
 from engine.worker.model_runner import ModelRunner
 from kernels._common import precompile_triton
 
@@ -71,23 +72,37 @@ def determine_available_memory(runner: ModelRunner, num_tokens: int,
 def _moe_config_token_counts(model: torch.nn.Module, num_tokens: int) -> list[int]:
     """The first token count below num_tokens of each fused-MoE launch config the model's
     layers pick (engine/layers/fused_moe/config.py try_get_optimal_moe_config: a tuned
-    table's nearest key, else the default's M ranges). Each config is its own Triton
-    variant (block sizes, GROUP_SIZE_M), which an eager step of such a count would
-    otherwise compile mid-run (Qwen3-30B-A3B on the H200: 1,793 to 6,144 tokens take a
-    GROUP_SIZE_M 16 config that neither the profile run nor a graph reaches)."""
-    shapes = {(tuple(layer.w13_weight.shape), tuple(layer.w2_weight.shape), layer.top_k,
-               get_config_dtype_str(layer.w13_weight.dtype))
-              for layer in model.modules()
-              if isinstance(layer, FusedMoE) and layer.w13_weight is not None}
+    table's nearest key, else the default's M ranges), looked up under the layer's own
+    file name and default (_moe_config_key: FP8 experts' dtype and block shape). Each
+    config is its own Triton variant (block sizes, GROUP_SIZE_M), which an eager step of
+    such a count would otherwise compile mid-run (Qwen3-30B-A3B on the H200: 1,793 to
+    6,144 tokens take a GROUP_SIZE_M 16 config that neither the profile run nor a graph
+    reaches)."""
+    keys = {_moe_config_key(layer) for layer in model.modules()
+            if isinstance(layer, FusedMoE) and layer.w13_weight is not None}
     counts = set()
-    for w1, w2, top_k, dtype in shapes:
+    for w1, w2, top_k, dtype, block_shape in keys:
         seen = set()
         for m in range(1, num_tokens):
-            config = tuple(sorted(try_get_optimal_moe_config(w1, w2, top_k, dtype, m).items()))
+            config = try_get_optimal_moe_config(w1, w2, top_k, dtype, m,
+                                                list(block_shape) if block_shape else None)
+            config = tuple(sorted(config.items()))
             if config not in seen:
                 seen.add(config)
                 counts.add(m)
     return sorted(counts)
+
+
+def _moe_config_key(layer: FusedMoE) -> tuple:
+    """(w1 shape, w2 shape, top_k, config dtype, block shape or None) as the layer's
+    launches look their config up: FP8 experts (an Fp8MoEMethod, kept on CUDA) "fp8_w8a8"
+    with their scheme's block shape, as Fp8MoEMethod.apply hands them to
+    fused_experts_triton; else the weights' dtype (upstream _get_config_dtype_str)."""
+    method = layer.quant_method
+    fp8 = isinstance(method, Fp8MoEMethod)
+    block = method.scheme.block if fp8 else None  # (bn, bk) of block FP8, else None
+    return (tuple(layer.w13_weight.shape), tuple(layer.w2_weight.shape), layer.top_k,
+            get_config_dtype_str(layer.w13_weight.dtype, use_fp8_w8a8=fp8), block)
 
 
 def _cudagraph_estimate(runner: ModelRunner, sizes: list[int]) -> int:
