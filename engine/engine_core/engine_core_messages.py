@@ -110,7 +110,7 @@ class EngineCoreReady(msgspec.Struct, array_like=True, gc=False):
     # a GGUF's key/values as the loader read them (None: a Hugging Face directory); the
     # front end builds its tokenizer and vllm_model_meta_* from them, never re-opening the
     # file. Every value is a str/int/float/bool or a list of them (msgpack-encodable), the
-    # reader caps the array elements; Gemma 3's 262144-token vocabulary is 5.2 MB of msgpack
+    # reader caps the array elements; cost: examples/bench/ready_metadata.py
     gguf_metadata: dict | None = None
 
     @property
