@@ -5,7 +5,9 @@ with config.json (vllm/model_executor/model_loader/__init__.py picks its loader 
 way). The engine core loads its tokenizer from the source its weights came from; a front
 end whose core runs in a child process loads it alone from here, reading no weight
 (vllm/v1/engine/llm_engine.py builds its tokenizer, the core its model), and so never
-imports torch (.agents/specs/torch-free-front-end.md).
+imports torch (.agents/specs/torch-free-front-end.md). A GGUF's tokenizer comes from its
+key/values: the open reader's, or those the engine core read and sent in its ready
+message (EngineCoreReady.gguf_metadata), so the front end never re-opens the file.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ def resolve_model_path(path: str) -> tuple[str, str]:
     raise ModelLoadError(f"{path}: no model found (expected a .gguf file or config.json)")
 
 
-def load_tokenizer(config: EngineConfig, source: GGUFReader | str | None = None
+def load_tokenizer(config: EngineConfig, source: GGUFReader | dict | str | None = None
                    ) -> Tokenizer | None:
     """The engine's tokenizer (None with skip_tokenizer_init). source: the open GGUF
-    reader or HF directory the model came from; None: found from config.model."""
+    reader, a GGUF's key/values or the HF directory the model came from; None: found
+    from config.model."""
     if config.skip_tokenizer_init:  # vLLM: token-id prompts, token-id outputs
         return None
     if config.tokenizer is not None:  # vLLM --tokenizer
@@ -55,4 +58,4 @@ def load_tokenizer(config: EngineConfig, source: GGUFReader | str | None = None
             reader.close()
     if isinstance(source, str):  # a Hugging Face directory
         return Tokenizer.from_hf_dir(source)
-    return Tokenizer.from_gguf_metadata(source.metadata)
+    return Tokenizer.from_gguf_metadata(source if isinstance(source, dict) else source.metadata)

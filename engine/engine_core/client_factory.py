@@ -20,7 +20,9 @@ def make_client(config: EngineConfig) -> tuple[EngineCoreClient, Tokenizer | Non
 
         client = SyncMPClient(config)
         try:
-            return client, load_tokenizer(config)
+            # a GGUF's tokenizer from the key/values the core read: no second open
+            metadata = client.ready.gguf_metadata
+            return client, load_tokenizer(config, metadata)
         except BaseException:
             client.shutdown()
             raise

@@ -179,7 +179,9 @@ class EngineCore:
             dtype=str(dtype).removeprefix("torch."),
             eos_token_ids=_eos_token_ids(arch.generation_config),
             hidden_size=arch.hidden_size, is_matryoshka=arch.is_matryoshka,
-            matryoshka_dimensions=list(arch.matryoshka_dimensions or ()) or None)
+            matryoshka_dimensions=list(arch.matryoshka_dimensions or ()) or None,
+            n_params=arch.checkpoint_numel, n_layers=arch.checkpoint_layers,
+            gguf_metadata=arch.checkpoint_metadata)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> tuple[EngineCore, Tokenizer | None]:

@@ -103,6 +103,15 @@ class EngineCoreReady(msgspec.Struct, array_like=True, gc=False):
     hidden_size: int = 0  # the pooled vector's size (vLLM ModelConfig.embedding_size)
     is_matryoshka: bool = False  # pooling requests may ask for fewer `dimensions`
     matryoshka_dimensions: list[int] | None = None  # the sizes allowed; None: any
+    # vllm_model_info n_params / n_layers as the loader counted them in the checkpoint's
+    # tensor index (ModelArchConfig.checkpoint_*); -1: unknown (dummy load)
+    n_params: int = -1
+    n_layers: int = -1
+    # a GGUF's key/values as the loader read them (None: a Hugging Face directory); the
+    # front end builds its tokenizer and vllm_model_meta_* from them, never re-opening the
+    # file. Every value is a str/int/float/bool or a list of them (msgpack-encodable), the
+    # reader caps the array elements; cost: examples/bench/ready_metadata.py
+    gguf_metadata: dict | None = None
 
     @property
     def max_model_len(self) -> int:

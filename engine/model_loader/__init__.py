@@ -83,7 +83,10 @@ def load_gguf_model(path: str, keep_quantized: bool = False
         cfg = gguf_loader.arch_config_from_gguf(reader)
         cfg.generation_config = gguf_loader.generation_config(reader.metadata, cfg.vocab_size)
         cls, _ = resolve_model_cls(list(cfg.architectures))
-        model = build_model(cls, cfg, gguf_loader.checkpoint_numel(reader))
+        cfg.checkpoint_numel = gguf_loader.checkpoint_numel(reader)
+        cfg.checkpoint_layers = gguf_loader.checkpoint_layers(reader.metadata)
+        cfg.checkpoint_metadata = reader.metadata
+        model = build_model(cls, cfg, cfg.checkpoint_numel)
         keep_quantized &= cfg.architecture not in gguf_hybrid.HYBRID_GGUF_ARCHITECTURES
         absorbed = keep_gguf_quantized(model, reader, cfg) if keep_quantized else set()
         weights = gguf_loader.gguf_weights_iterator(reader, cfg, skip=absorbed)

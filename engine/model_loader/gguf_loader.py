@@ -231,3 +231,9 @@ def gguf_weights_iterator(reader: GGUFReader, cfg: ModelArchConfig,
 
 def checkpoint_numel(reader: GGUFReader) -> int:
     return sum(info.n_elements for info in reader.tensors.values())
+
+
+def checkpoint_layers(md: dict) -> int:
+    """The file's <arch>.block_count (MTP blocks included); -1: none."""
+    layers = md.get(f"{md.get('general.architecture')}.block_count", -1)
+    return layers if isinstance(layers, int) and not isinstance(layers, bool) else -1

@@ -57,6 +57,10 @@ def read_hf_arch(model_dir: str, quantization: str | None = None
     cls, arch = resolve_model_cls(archs)
     cfg = arch_config_from_hf(config, arch, os.path.basename(os.path.normpath(model_dir)))
     cfg.generation_config = read_generation_config(model_dir)
+    text = config.get("text_config")  # a VL wrapper's text model
+    layers = config.get("num_hidden_layers",
+                        text.get("num_hidden_layers") if isinstance(text, dict) else None)
+    cfg.checkpoint_layers = layers if isinstance(layers, int) else -1
     return cls, cfg, get_quant_config(config, quantization)
 
 
@@ -69,7 +73,8 @@ def load_hf_model(model_dir: str, build, quantization: str | None = None,
     fp8 = qcfg is not None and qcfg.scheme.serialized
     # an FP8 checkpoint: the dense weights its layers replace are never allocated
     with dense_weights_on("meta") if fp8 else contextlib.nullcontext():
-        model = build(cls, cfg, checkpoint_numel(files))
+        cfg.checkpoint_numel = checkpoint_numel(files)
+        model = build(cls, cfg, cfg.checkpoint_numel)
     if qcfg is not None:
         apply_quant_config(model, qcfg, torch.device("cpu"))
     materialize_meta_weights(model, torch.device("cpu"))

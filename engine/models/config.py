@@ -61,6 +61,12 @@ class ModelArchConfig:
     # pooled vector may be truncated to `dimensions` (pooling requests)
     is_matryoshka: bool = False
     matryoshka_dimensions: tuple[int, ...] | None = None
+    # what the checkpoint holds, filled by the loader (vllm_model_info n_params / n_layers):
+    # its tensors' elements, its blocks (a GGUF's block_count, MTP blocks included;
+    # config.json num_hidden_layers); -1: unknown. checkpoint_metadata: a GGUF's key/values
+    checkpoint_numel: int = -1
+    checkpoint_layers: int = -1
+    checkpoint_metadata: dict | None = None
 
     def layer_type(self, layer_idx: int) -> str:
         return self.layer_types[layer_idx] if self.layer_types else "full_attention"

@@ -5,24 +5,21 @@ llama_model_meta_*).
 What the core resolved comes from its ready message (EngineCoreReady, vLLM's handshake):
 KV capacity = num_gpu_blocks * block_size (vLLM's num_gpu_blocks), device and dtype (a
 "cuda" or available CUDA device; dtype the configured one, else bfloat16 on CUDA, float32
-on CPU), end-of-generation ids. The key/values are the GGUF file's (engine/gguf/reader.py;
-tensor infos give the parameter count) or a Hugging Face directory's config.json and
-safetensors headers (JSON only, no tensor data), read once per session on first use.
+on CPU), end-of-generation ids, and what the loader found in the checkpoint: the parameter
+count (elements of the GGUF's or the safetensors' tensors, from the tensor index it read),
+the layer count and a GGUF's key/values. The model file is never re-opened here; a Hugging
+Face directory's config.json (small) is read once per session on first use.
 quantization / kv_cache_dtype: engine/session/weight_format.py.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import struct
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
-from engine.gguf.reader import GGUFReader
 from engine.llm_engine import LLMEngine
-from engine.model_source import resolve_model_path
 from engine.session.weight_format import kv_cache_dtype, quantization
 
 
@@ -47,40 +44,16 @@ class SessionModelInfo:
     kv_cache_dtype: str
 
 
-def _gguf(path: str) -> tuple[dict, int, int]:
-    with GGUFReader(path) as r:
-        kv = dict(r.metadata)
-        n_params = sum(t.n_elements for t in r.tensors.values())
-    arch = kv.get("general.architecture")
-    layers = kv.get(f"{arch}.block_count", -1)
-    return kv, n_params, layers if isinstance(layers, int) else -1
-
-
-def _safetensors_params(path: str) -> int:
-    """Elements of every tensor listed in the directory's safetensors headers."""
-    total = 0
-    for name in sorted(f for f in os.listdir(path) if f.endswith(".safetensors")):
-        with open(os.path.join(path, name), "rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(size))
-        total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
-    return total
-
-
-def _hf(path: str, dummy: bool) -> tuple[dict, int, int]:
-    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-        kv = json.load(f)
-    layers = kv.get("num_hidden_layers", kv.get("text_config", {}).get("num_hidden_layers"))
-    return kv, -1 if dummy else _safetensors_params(path), layers if isinstance(
-        layers, int) else -1
-
-
-def read_metadata(config: EngineConfig) -> tuple[dict, int, int, bool]:
-    """(key/values, parameter count, layer count, is GGUF) of config's model."""
-    if config.load_format == "dummy":
-        return (*_hf(config.model, dummy=True), False)
-    kind, path = resolve_model_path(config.model)
-    return (*(_gguf(path) if kind == "gguf" else _hf(path, False)), kind == "gguf")
+def read_metadata(engine: LLMEngine, config: EngineConfig) -> tuple[dict, int, int, bool]:
+    """(key/values, parameter count, layer count, is GGUF) of config's model: the counts
+    the loader made and a GGUF's key/values from the core's ready message, a Hugging Face
+    directory's config.json read here (small; the session keeps it)."""
+    ready = engine.engine_core.ready
+    kv = ready.gguf_metadata
+    if kv is None:
+        with open(os.path.join(config.model, "config.json"), encoding="utf-8") as f:
+            kv = json.load(f)
+    return kv, ready.n_params, ready.n_layers, ready.gguf_metadata is not None
 
 
 def describe(engine: LLMEngine, config: EngineConfig, kv: dict, n_params: int, n_layers: int,

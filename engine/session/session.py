@@ -257,7 +257,7 @@ class EngineSession:
 
     def _read_metadata(self) -> tuple[dict, int, int, bool]:
         if self._metadata is None:
-            self._metadata = model_meta.read_metadata(self.config)
+            self._metadata = model_meta.read_metadata(self.engine, self.config)
         return self._metadata
 
     def metrics(self) -> dict:

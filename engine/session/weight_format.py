@@ -1,5 +1,6 @@
 """What vllm_model_info.quantization and .kv_cache_dtype report (since ABI 1.3), from
-the engine's config and the model metadata engine/session/model_meta.py read.
+the engine's config and the model metadata engine/session/model_meta.py gives (a GGUF's
+key/values as the core's ready message carried them, or config.json).
 
 quantization mirrors vLLM's ModelConfig.quantization (vllm/config/model.py
 _verify_quantization): the --quantization the engine was given, else the checkpoint's
