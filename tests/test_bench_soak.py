@@ -98,3 +98,12 @@ def test_probe_latency_reports_each_probe_with_its_expected_status(monkeypatch, 
         assert figures["wrong_status"] == 0, name
         assert 0 <= figures["p50_ms"] <= figures["p99_ms"] <= figures["max_ms"]
     assert answered["/health"] == 3 and answered["/tokenize"] == 3
+
+
+def test_a_soak_stops_after_its_requests(monkeypatch):
+    monkeypatch.setattr(soak, "ServerProcess", _FakeProcess)
+    args = soak.parse_args(["m.gguf", "--requests", "7", "--minutes", "5", "--concurrency",
+                            "3", "--kill-every-s", "0", "--idle-s", "0", "--mix", "complete"])
+    report = soak.Soak(args).run()
+    assert report["requests"]["sent"] == 7 == report["requests"]["answered"]
+    assert report["minutes"] < 1

@@ -1,20 +1,22 @@
 """Soak of examples/server: minutes of mixed, partly hostile traffic; RSS, probe latency, loss.
 
-    python examples/bench/soak.py MODEL.gguf [--minutes 3] [--concurrency 8]
+    python examples/bench/soak.py MODEL.gguf [--minutes 3 | --requests N] [--concurrency 8]
         [--kill-every-s 60] [--mix stream,complete,...] [--lib build/libvllm.so]
-        [--port 8011] [--idle-s 5]
+        [--port 8011] [--idle-s 5] [--server-flag=--kv-cache-memory-bytes=N ...]
 
 Starts the server (engine core in its own process, --multiprocessing) and runs
---concurrency clients for --minutes. Each client picks a request kind from --mix at random
-(soak_requests.py: a streamed chat it may cut, a short completion, a malformed request, a
-structured-output request, a hostile one). Every --kill-every-s seconds the engine-core
-child is SIGKILLed; the soak measures how long /health takes to turn 503, then restarts the
-server (as a supervisor would). A prober sends GET /health and GET /v1/models every 0.2 s.
-Reports RSS (server, core) over time, the RSS after the first requests, under load at the
-end and after --idle-s idle seconds, the growth per answered request (the slope of RSS
-over requests answered by the last server started, from its second sample on), p50/p99
-probe latency, and requests lost: requests that got no HTTP answer at all (cut ones and
-those in flight at a kill excluded).
+--concurrency clients for --minutes (or until --requests were sent). Each client picks a
+request kind from --mix at random (soak_requests.py: a streamed chat it may cut, a short
+completion, a malformed request, a structured-output request, a hostile one). Every
+--kill-every-s seconds the engine-core child is SIGKILLed; the soak measures how long
+/health takes to turn 503, then restarts the server (as a supervisor would). A prober
+sends GET /health and GET /v1/models every 0.2 s. Reports RSS (server, core) over time,
+the RSS after the first requests, under load at the end and after --idle-s idle seconds,
+the growth per answered request (the slope of RSS over requests answered by the last
+server started, from its second sample on), p50/p99 probe latency, and requests lost:
+requests that got no HTTP answer at all (cut ones and those in flight at a kill
+excluded). With --no-multiprocessing the core runs in the server (the CPU default, as the
+README starts it) and "core" is 0.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ class ServerProcess:
              "--port", str(self.args.port), "--served-model-name", soak_requests.MODEL,
              "--max-model-len", "2048", "--max-num-seqs", "16", *mp,
              "--body-read-timeout", "5", "--uvicorn-log-level", "error",
-             *(["--lib", self.args.lib] if self.args.lib else [])],
+             *(["--lib", self.args.lib] if self.args.lib else []), *self.args.server_flag],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         while call(self.url, "GET", "/health", None, {}, timeout=2) != 200:
             if self.proc.poll() is not None:
@@ -128,13 +130,21 @@ class Soak:
         with self.lock:
             self.counts[key] += 1
 
+    def running(self) -> bool:
+        """Until --minutes passed or --requests were sent."""
+        return time.monotonic() < self.stop_at and (
+            not self.args.requests or self.counts["sent"] < self.args.requests)
+
     def client(self, seed: int) -> None:
         rng = random.Random(seed)
-        while time.monotonic() < self.stop_at:
+        while self.running():
             if not self.up.wait(1):
                 continue
             kind = rng.choice(self.mix)
-            self.count("sent")
+            with self.lock:
+                if self.args.requests and self.counts["sent"] >= self.args.requests:
+                    return
+                self.counts["sent"] += 1
             status = getattr(soak_requests, kind)(self.server.url, self.args.port, rng)
             if status == -1:
                 self.count("cut")
@@ -146,7 +156,7 @@ class Soak:
                     self.count("5xx")
 
     def prober(self) -> None:
-        while time.monotonic() < self.stop_at:
+        while self.running():
             for path in self.probe_ms:
                 if self.up.is_set():
                     started = time.monotonic()
@@ -161,7 +171,7 @@ class Soak:
                          self.counts["answered"] + self.counts["cut"]))
 
     def sampler(self, t0: float) -> None:
-        while time.monotonic() < self.stop_at:
+        while self.running():
             if self.up.is_set():
                 self.sample(t0)
             time.sleep(SAMPLE_EVERY_S)
@@ -210,7 +220,7 @@ class Soak:
         for thread in threads:
             thread.start()
         next_kill = t0 + self.args.kill_every_s
-        while time.monotonic() < self.stop_at:
+        while self.running():
             if self.args.kill_every_s and time.monotonic() >= next_kill:
                 self.kill_and_restart(t0)
                 next_kill = time.monotonic() + self.args.kill_every_s
@@ -224,7 +234,8 @@ class Soak:
         idle = self.rss.pop()
         self.server.stop()
         probes = {p: v for p, v in self.probe_ms.items() if v}
-        return {"minutes": self.args.minutes, "concurrency": self.args.concurrency,
+        return {"minutes": round((time.monotonic() - t0) / 60, 2),
+                "concurrency": self.args.concurrency,
                 "mix": self.args.mix, "requests": self.counts, "kills": self.kills,
                 "memory": self.memory(first, idle),
                 "rss_mb_over_time_s_server_core_answered": self.rss,
@@ -237,6 +248,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("model", help="the GGUF model file")
     p.add_argument("--minutes", type=float, default=3.0)
+    p.add_argument("--requests", type=int, default=0,
+                   help="stop once this many requests were sent (0: run --minutes)")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--kill-every-s", type=float, default=60.0, help="0: no kills")
     p.add_argument("--mix", default=soak_requests.DEFAULT_MIX,
@@ -248,6 +261,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="idle seconds after the load before the last RSS sample")
     p.add_argument("--port", type=int, default=8011)
     p.add_argument("--lib", help="libvllm.so; default: the server's")
+    p.add_argument("--server-flag", action="append", default=[],
+                   help="one more server flag, repeatable (--server-flag=--kv-cache-memory-"
+                   "bytes=67108864)")
     args = p.parse_args(argv)
     unknown = set(args.mix.split(",")) - set(soak_requests.KINDS)
     if unknown:
