@@ -77,6 +77,7 @@ def test_a_short_soak_counts_every_request_and_reports_memory(monkeypatch):
     counts = report["requests"]
     assert counts["sent"] > 0 and counts["lost"] == 0 and counts["5xx"] == 0
     assert counts["sent"] == counts["answered"] + counts["cut"] + counts["lost"]
+    assert report["status_of_a_request_after"] == 200
     memory = report["memory"]
     assert memory["after_first_request_mb"]["server"] > 0
     assert set(memory["growth_kb_per_request"]) == {"server", "core"}

@@ -13,7 +13,8 @@ completion, a malformed request, a structured-output request, a hostile one). Ev
 sends GET /health and GET /v1/models every 0.2 s. Reports RSS (server, core) over time,
 the RSS after the first requests, under load at the end and after --idle-s idle seconds,
 the growth per answered request (the slope of RSS over requests answered by the last
-server started, from its second sample on), p50/p99 probe latency, and requests lost:
+server started, from its second sample on), the status of one more completion after the
+idle wait, p50/p99 probe latency, and requests lost:
 requests that got no HTTP answer at all (cut ones and those in flight at a kill
 excluded). With --no-multiprocessing the core runs in the server (the CPU default, as the
 README starts it) and "core" is 0.
@@ -232,12 +233,13 @@ class Soak:
         time.sleep(self.args.idle_s)
         self.sample(t0)
         idle = self.rss.pop()
+        after = soak_requests.complete(self.server.url, self.args.port, random.Random(0))
         self.server.stop()
         probes = {p: v for p, v in self.probe_ms.items() if v}
         return {"minutes": round((time.monotonic() - t0) / 60, 2),
                 "concurrency": self.args.concurrency,
                 "mix": self.args.mix, "requests": self.counts, "kills": self.kills,
-                "memory": self.memory(first, idle),
+                "memory": self.memory(first, idle), "status_of_a_request_after": after,
                 "rss_mb_over_time_s_server_core_answered": self.rss,
                 "p50_ms": {p: round(percentile(v, 0.5), 1) for p, v in probes.items()},
                 "p99_ms": {p: round(percentile(v, 0.99), 1) for p, v in probes.items()},
