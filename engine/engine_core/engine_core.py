@@ -147,8 +147,8 @@ class EngineCore:
                 allocate_hybrid_kv_cache(self.hybrid, device), self.hybrid)
         else:
             shape = kv_cache_shape(arch, self.num_gpu_blocks, cache.block_size, self.tp_size)
-            self.model_runner.initialize_kv_cache(
-                [torch.empty(shape, dtype=kv_dtype, device=device)
+            self.model_runner.initialize_kv_cache(  # zeroed as vLLM's: resident from the start
+                [torch.zeros(shape, dtype=kv_dtype, device=device)
                  for _ in range(arch.num_hidden_layers)])
         num_mamba_groups = 0 if self.hybrid is None else len(self.hybrid.mamba_groups)
         kv = KVCacheManager(self.num_gpu_blocks, cache.block_size, self.max_model_len,

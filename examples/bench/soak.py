@@ -1,17 +1,23 @@
 """Soak of examples/server: minutes of mixed, partly hostile traffic; RSS, probe latency, loss.
 
-    python examples/bench/soak.py MODEL.gguf [--minutes 3] [--concurrency 8]
-        [--kill-every-s 60] [--lib build/libvllm.so] [--port 8011]
+    python examples/bench/soak.py MODEL.gguf [--minutes 3 | --requests N] [--concurrency 8]
+        [--kill-every-s 60] [--mix stream,complete,...] [--lib build/libvllm.so]
+        [--port 8011] [--idle-s 5] [--server-flag=--kv-cache-memory-bytes=N ...]
 
 Starts the server (engine core in its own process, --multiprocessing) and runs
---concurrency clients for --minutes. Each client picks at random: a streamed chat it may
-cut mid-stream (closing the socket), a short completion, a malformed request (broken JSON,
-max_tokens=-1, Content-Length with Transfer-Encoding, an 18-hex-digit chunk size) or a
-structured-output request. Every --kill-every-s seconds the engine-core child is
-SIGKILLed; the soak measures how long /health takes to turn 503, then restarts the server
-(as a supervisor would). A prober sends GET /health and GET /v1/models every 0.2 s.
-Reports RSS (server, core) over time, p99 probe latency, and requests lost: requests that
-got no HTTP answer at all (cut ones and those in flight at a kill excluded).
+--concurrency clients for --minutes (or until --requests were sent). Each client picks a
+request kind from --mix at random (soak_requests.py: a streamed chat it may cut, a short
+completion, a malformed request, a structured-output request, a hostile one). Every
+--kill-every-s seconds the engine-core child is SIGKILLed; the soak measures how long
+/health takes to turn 503, then restarts the server (as a supervisor would). A prober
+sends GET /health and GET /v1/models every 0.2 s. Reports RSS (server, core) over time,
+the RSS after the first requests, under load at the end and after --idle-s idle seconds,
+the growth per answered request (the slope of RSS over requests answered by the last
+server started, from its second sample on), the status of one more completion after the
+idle wait, p50/p99 probe latency, and requests lost:
+requests that got no HTTP answer at all (cut ones and those in flight at a kill
+excluded). With --no-multiprocessing the core runs in the server (the CPU default, as the
+README starts it) and "core" is 0.
 """
 
 from __future__ import annotations
@@ -21,7 +27,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,12 +34,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import soak_requests  # noqa: E402
 from probe_latency import call, percentile  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = "soak"
-HEADERS = {"Content-Type": "application/json"}
-_INVALID = b'{"model": "soak", "max_tokens": -1, "prompt": "hi", "n": "two"}'
+SAMPLE_EVERY_S = 10.0
 
 
 def rss_mb(pid: int) -> float:
@@ -59,25 +63,42 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def growth_kb_per_request(samples: list[tuple[float, float]]) -> float | None:
+    """The least-squares slope of (requests answered, RSS MiB) samples, in KiB per
+    request; None with fewer than two distinct request counts."""
+    if len({n for n, _ in samples}) < 2:
+        return None
+    mean_n = sum(n for n, _ in samples) / len(samples)
+    mean_r = sum(r for _, r in samples) / len(samples)
+    cov = sum((n - mean_n) * (r - mean_r) for n, r in samples)
+    var = sum((n - mean_n) ** 2 for n, _ in samples)
+    return round(cov / var * 1024, 2)
+
+
 class ServerProcess:
     def __init__(self, args) -> None:
         self.args, self.proc, self.url = args, None, f"http://127.0.0.1:{args.port}"
 
     def start(self) -> float:
-        """Starts the server; seconds until /health answered 200."""
+        """Starts the server and sends it one request of each kind in --mix (the first
+        request's RSS is the baseline); seconds until /health answered 200."""
         started = time.monotonic()
+        mp = ["--multiprocessing"] if self.args.multiprocessing else []
         self.proc = subprocess.Popen(
             [sys.executable, str(ROOT / "examples/server/server.py"), self.args.model,
-             "--port", str(self.args.port), "--served-model-name", MODEL,
-             "--max-model-len", "2048", "--max-num-seqs", "16", "--multiprocessing",
+             "--port", str(self.args.port), "--served-model-name", soak_requests.MODEL,
+             "--max-model-len", "2048", "--max-num-seqs", "16", *mp,
              "--body-read-timeout", "5", "--uvicorn-log-level", "error",
-             *(["--lib", self.args.lib] if self.args.lib else [])],
+             *(["--lib", self.args.lib] if self.args.lib else []), *self.args.server_flag],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         while call(self.url, "GET", "/health", None, {}, timeout=2) != 200:
             if self.proc.poll() is not None:
                 raise SystemExit("the server exited during start-up")
             time.sleep(0.2)
-        return time.monotonic() - started
+        took = time.monotonic() - started
+        for kind in dict.fromkeys(self.args.mix.split(",")):
+            getattr(soak_requests, kind)(self.url, self.args.port, random.Random(0))
+        return took
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -95,29 +116,37 @@ class ServerProcess:
 class Soak:
     def __init__(self, args) -> None:
         self.args, self.server = args, ServerProcess(args)
+        self.mix = args.mix.split(",")
         self.stop_at = 0.0
         self.up = threading.Event()  # cleared from a kill until the restarted server is up
         self.lock = threading.Lock()
         self.counts = {"sent": 0, "answered": 0, "cut": 0, "lost": 0, "lost_at_kill": 0,
                        "5xx": 0}
         self.probe_ms: dict[str, list[float]] = {"/health": [], "/v1/models": []}
-        self.rss: list[tuple[float, ...]] = []  # (s, server MiB, core MiB)
+        self.rss: list[tuple[float, ...]] = []  # (s, server MiB, core MiB, answered)
+        self.lifetime_start = 0  # index in self.rss of the last started server's first sample
         self.kills: list[dict] = []
 
     def count(self, key: str) -> None:
         with self.lock:
             self.counts[key] += 1
 
-    # ------------------------------------------------------------------ clients
+    def running(self) -> bool:
+        """Until --minutes passed or --requests were sent."""
+        return time.monotonic() < self.stop_at and (
+            not self.args.requests or self.counts["sent"] < self.args.requests)
 
     def client(self, seed: int) -> None:
         rng = random.Random(seed)
-        while time.monotonic() < self.stop_at:
+        while self.running():
             if not self.up.wait(1):
                 continue
-            kind = rng.choice(["stream", "stream", "complete", "malformed", "structured"])
-            self.count("sent")
-            status = getattr(self, f"_{kind}")(rng)
+            kind = rng.choice(self.mix)
+            with self.lock:
+                if self.args.requests and self.counts["sent"] >= self.args.requests:
+                    return
+                self.counts["sent"] += 1
+            status = getattr(soak_requests, kind)(self.server.url, self.args.port, rng)
             if status == -1:
                 self.count("cut")
             elif status == 0:
@@ -127,57 +156,8 @@ class Soak:
                 if status >= 500 and self.up.is_set():
                     self.count("5xx")
 
-    def _stream(self, rng: random.Random) -> int:
-        body = json.dumps({"model": MODEL, "stream": True, "max_tokens": rng.randint(8, 96),
-                           "messages": [{"role": "user", "content": "Tell me a story."}]})
-        cut_after = rng.choice([None, None, 1, 3])
-        try:
-            with socket.create_connection(("127.0.0.1", self.args.port), timeout=120) as s:
-                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                          b"application/json\r\nContent-Length: %d\r\n\r\n%s"
-                          % (len(body), body.encode()))
-                reader = s.makefile("rb")
-                status = int(reader.readline().split()[1])
-                events = 0
-                while line := reader.readline():
-                    events += line.startswith(b"data:")
-                    if cut_after is not None and events >= cut_after:
-                        return -1  # the client leaves mid-stream
-                return status
-        except (OSError, IndexError, ValueError):
-            return 0
-
-    def _complete(self, rng: random.Random) -> int:
-        return call(self.server.url, "POST", "/v1/completions", {
-            "model": MODEL, "prompt": "Hello " * rng.randint(1, 300),
-            "max_tokens": rng.randint(1, 16)}, HEADERS, timeout=120)
-
-    def _structured(self, rng: random.Random) -> int:
-        schema = {"type": "object", "properties": {
-            f"k{i}": {"type": "string", "maxLength": rng.randint(2, 9)} for i in range(4)}}
-        return call(self.server.url, "POST", "/v1/chat/completions", {
-            "model": MODEL, "max_tokens": 12, "messages": [{"role": "user", "content": "x"}],
-            "response_format": {"type": "json_schema",
-                                "json_schema": {"name": "s", "schema": schema}}},
-            HEADERS, timeout=120)
-
-    def _malformed(self, rng: random.Random) -> int:
-        raw = [b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
-               b"Transfer-Encoding: chunked\r\n\r\nffffffffffffffffff\r\nab",
-               b"Content-Length: 9\r\n\r\n{\"model\":",
-               b"Content-Length: %d\r\n\r\n%s" % (len(_INVALID), _INVALID)]
-        try:
-            with socket.create_connection(("127.0.0.1", self.args.port), timeout=30) as s:
-                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                          b"application/json\r\n" + rng.choice(raw))
-                return int(s.makefile("rb").readline().split()[1])
-        except (OSError, IndexError, ValueError):
-            return 0
-
-    # ------------------------------------------------------------------ prober, killer
-
     def prober(self) -> None:
-        while time.monotonic() < self.stop_at:
+        while self.running():
             for path in self.probe_ms:
                 if self.up.is_set():
                     started = time.monotonic()
@@ -186,12 +166,18 @@ class Soak:
                         self.probe_ms[path].append((time.monotonic() - started) * 1000)
             time.sleep(0.2)
 
-    def sampler(self, t0: float) -> None:
-        while time.monotonic() < self.stop_at:
-            self.rss.append((round(time.monotonic() - t0), *map(round, self.server.rss())))
-            time.sleep(10)
+    def sample(self, t0: float) -> None:
+        server, core = self.server.rss()
+        self.rss.append((round(time.monotonic() - t0), round(server), round(core),
+                         self.counts["answered"] + self.counts["cut"]))
 
-    def kill_and_restart(self) -> None:
+    def sampler(self, t0: float) -> None:
+        while self.running():
+            if self.up.is_set():
+                self.sample(t0)
+            time.sleep(SAMPLE_EVERY_S)
+
+    def kill_and_restart(self, t0: float) -> None:
         core = [c for c in children(self.server.proc.pid)
                 if b"engine_core_proc" in Path(f"/proc/{c}/cmdline").read_bytes()]
         if not core:
@@ -206,12 +192,27 @@ class Soak:
         restart = self.server.start()
         self.kills.append({"health_503_after_s": round(detected, 3),
                            "restart_s": round(restart, 1)})
+        self.lifetime_start = len(self.rss)
+        self.sample(t0)
         self.up.set()
+
+    def memory(self, first: tuple[float, ...], idle: tuple[float, ...]) -> dict:
+        lifetime = self.rss[self.lifetime_start + 1:]
+        return {
+            "after_first_request_mb": {"server": first[1], "core": first[2]},
+            "under_load_at_end_mb": {"server": self.rss[-1][1], "core": self.rss[-1][2]},
+            "idle_after_mb": {"server": idle[1], "core": idle[2]},
+            "idle_over_first": {k: round(idle[i] / first[i], 2) if first[i] else None
+                                for i, k in ((1, "server"), (2, "core"))},
+            "growth_kb_per_request": {
+                "server": growth_kb_per_request([(s[3], s[1]) for s in lifetime]),
+                "core": growth_kb_per_request([(s[3], s[2]) for s in lifetime])}}
 
     def run(self) -> dict:
         self.server.start()
-        self.up.set()
         t0 = time.monotonic()
+        self.sample(t0)
+        self.up.set()
         self.stop_at = t0 + self.args.minutes * 60
         threads = [threading.Thread(target=self.client, args=(i,), daemon=True)
                    for i in range(self.args.concurrency)]
@@ -220,32 +221,62 @@ class Soak:
         for thread in threads:
             thread.start()
         next_kill = t0 + self.args.kill_every_s
-        while time.monotonic() < self.stop_at:
+        while self.running():
             if self.args.kill_every_s and time.monotonic() >= next_kill:
-                self.kill_and_restart()
+                self.kill_and_restart(t0)
                 next_kill = time.monotonic() + self.args.kill_every_s
             time.sleep(0.5)
         for thread in threads:
             thread.join(180)
-        self.rss.append((round(time.monotonic() - t0), *map(round, self.server.rss())))
+        self.sample(t0)
+        first = self.rss[self.lifetime_start]
+        time.sleep(self.args.idle_s)
+        self.sample(t0)
+        idle = self.rss.pop()
+        after = soak_requests.complete(self.server.url, self.args.port, random.Random(0))
         self.server.stop()
-        return {"minutes": self.args.minutes, "concurrency": self.args.concurrency,
-                "requests": self.counts, "kills": self.kills,
-                "rss_mb_over_time_server_core": self.rss,
-                "p99_ms": {p: round(percentile(v, 0.99), 1) for p, v in self.probe_ms.items()
-                           if v},
+        probes = {p: v for p, v in self.probe_ms.items() if v}
+        return {"minutes": round((time.monotonic() - t0) / 60, 2),
+                "concurrency": self.args.concurrency,
+                "mix": self.args.mix, "requests": self.counts, "kills": self.kills,
+                "memory": self.memory(first, idle), "status_of_a_request_after": after,
+                "rss_mb_over_time_s_server_core_answered": self.rss,
+                "p50_ms": {p: round(percentile(v, 0.5), 1) for p, v in probes.items()},
+                "p99_ms": {p: round(percentile(v, 0.99), 1) for p, v in probes.items()},
                 "probes": {p: len(v) for p, v in self.probe_ms.items()}}
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("model", help="the GGUF model file")
     p.add_argument("--minutes", type=float, default=3.0)
+    p.add_argument("--requests", type=int, default=0,
+                   help="stop once this many requests were sent (0: run --minutes)")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--kill-every-s", type=float, default=60.0, help="0: no kills")
+    p.add_argument("--mix", default=soak_requests.DEFAULT_MIX,
+                   help=f"comma-separated request kinds, repeated for weight: "
+                   f"{', '.join(soak_requests.KINDS)}")
+    p.add_argument("--multiprocessing", action=argparse.BooleanOptionalAction, default=True,
+                   help="the engine core in its own process (needed for --kill-every-s)")
+    p.add_argument("--idle-s", type=float, default=5.0,
+                   help="idle seconds after the load before the last RSS sample")
     p.add_argument("--port", type=int, default=8011)
     p.add_argument("--lib", help="libvllm.so; default: the server's")
-    print(json.dumps(Soak(p.parse_args()).run(), indent=1))
+    p.add_argument("--server-flag", action="append", default=[],
+                   help="one more server flag, repeatable (--server-flag=--kv-cache-memory-"
+                   "bytes=67108864)")
+    args = p.parse_args(argv)
+    unknown = set(args.mix.split(",")) - set(soak_requests.KINDS)
+    if unknown:
+        p.error(f"unknown request kinds in --mix: {sorted(unknown)}")
+    if args.kill_every_s and not args.multiprocessing:
+        p.error("--kill-every-s needs --multiprocessing (0: no kills)")
+    return args
+
+
+def main() -> None:
+    print(json.dumps(Soak(parse_args()).run(), indent=1))
 
 
 if __name__ == "__main__":
