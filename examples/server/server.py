@@ -94,8 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mamba-cache-dtype", help="hybrid models' recurrent state: auto | "
                    "float32 | float16 | bfloat16")
     p.add_argument("--mamba-ssm-cache-dtype", help="as --mamba-cache-dtype, the SSM state")
-    p.add_argument("--mamba-cache-mode", help="none | align; default: align with prefix "
-                   "caching, else none")
+    p.add_argument("--mamba-cache-mode", help="deprecated as in vLLM, no effect (a warning): "
+                   "the mode is align with prefix caching, else none")
     p.add_argument("--runner", choices=["auto", "generate", "pooling"],
                    help="pooling: an embedding engine (/v1/embeddings, /pooling, /score, "
                    "/rerank) instead of a generating one")
