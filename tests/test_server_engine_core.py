@@ -2,7 +2,7 @@
 
 The server's main checks in the multiprocess mode (test_server.py runs the default mode,
 in process on CPU): greedy completions equal the C API oracle (build/vllm-cli), streaming,
-/metrics across the split; then the acceptance of issue 12: SIGKILL of the engine-core
+/metrics across the split; then a SIGKILL of the engine-core
 child during 8 streams ends every stream with an error event, new requests get 503, and
 no zombie is left. Mirrors vLLM 0.33 tests/v1/shutdown/test_forward_error.py at the
 HTTP boundary.

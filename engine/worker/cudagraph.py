@@ -18,7 +18,7 @@ compiling, side by side (kernels/_common.py precompile_triton): the captures com
 nothing (a new variant's module still loads at its first launch, inside its capture, as in
 vLLM's captures without warm-ups), and what the forward sets up lazily in Python or torch
 (handles, caches) is set up outside them. Inside one eager warm-up each, one compile at a
-time, Llama-8B's cold capture took 20.7 s on the H200 (docs/BENCHMARKS.md, session 24).
+time, Llama-8B's cold capture took 20.7 s on the H200 (docs/BENCHMARKS.md).
 
 Descriptors the runner marks breakable (hybrid GDN models' mixed steps, whose GDN core
 supports uniform decode batches only: vLLM's AttentionCGSupport.UNIFORM_BATCH) are
