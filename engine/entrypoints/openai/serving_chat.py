@@ -178,11 +178,7 @@ class ChatJob:
                 if continuous else None
 
         first = True
-        while True:
-            try:
-                item = self.merged.get(clock.remaining())
-            except EOFError:
-                break
+        for item in self.merged.items(clock):
             if item is None:
                 yield None
                 continue

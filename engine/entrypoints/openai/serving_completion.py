@@ -129,11 +129,7 @@ class CompletionJob:
         total = n * len(self.prompts)
         sent_tokens, echoed, offsets = [0] * total, [False] * total, [0] * total
         usage_on, continuous = include_usage(req.stream_options)
-        while True:
-            try:
-                item = self.merged.get(clock.remaining())
-            except EOFError:
-                break
+        for item in self.merged.items(clock):
             if item is None:
                 yield None
                 continue
