@@ -59,6 +59,20 @@ def start_server(built: Path, model_path: str, env: dict, log_path: Path,
     return proc, port, log_path
 
 
+def server_fixture(label: str, check_log: bool = False):
+    """A module-scoped `server` fixture: (port, log path) of start_server's server (its log
+    under a folder named label), stopped after the module; check_log: then no_traceback."""
+    @pytest.fixture(scope="module")
+    def server(built, model_path, child_env, tmp_path_factory):
+        proc, port, log = start_server(built, model_path, child_env,
+                                       tmp_path_factory.mktemp(label) / "server.log")
+        yield port, log
+        stop_server(proc)
+        if check_log:
+            no_traceback(log)
+    return server
+
+
 def stop_server(proc) -> None:
     if proc.poll() is None:
         proc.terminate()
