@@ -6,19 +6,16 @@ from __future__ import annotations
 
 import http.client
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from hostile_server import free_port, request
+from hostile_server import launch, request
+from hostile_server import stop_server as stop
 
-ROOT = Path(__file__).resolve().parent.parent
-SERVER = ROOT / "examples" / "server"
 MODEL = "smol"
 KEY = "agent-key-1"
 STORE_MAX_ENTRIES = 4
+LOGS: dict[int, Path] = {}  # a started server's port -> its log
 
 # strict: the hermes parser's structural tags pin a call's arguments for strict tools only
 WEATHER_PARAMETERS = {"type": "object", "properties": {"city": {"type": "string",
@@ -28,31 +25,24 @@ WEATHER_PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"
 
 def start(built: Path, model_path: str, env: dict, log_path: Path):
     """(process, port) of a healthy server."""
-    port = free_port()
     env = {**env, "VLLM_ENABLE_RESPONSES_API_STORE": "1",
            "VLLM_RESPONSES_API_STORE_MAX_ENTRIES": str(STORE_MAX_ENTRIES)}
-    proc = subprocess.Popen(
-        [sys.executable, str(SERVER / "server.py"), model_path, "--port", str(port),
-         "--api-key", KEY, "--served-model-name", MODEL, "--max-model-len", "512",
-         "--max-num-seqs", "8", "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
-         "--lib", str(built / "libvllm.so"), "--uvicorn-log-level", "warning"],
-        stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 300
-    while request(port, "GET", "/health")[0] != 200:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"server did not become healthy:\n{log_path.read_text()}")
-        time.sleep(0.3)
-    return proc, port
+    return launch(built, model_path, env, log_path, (
+        "--api-key", KEY, "--served-model-name", MODEL, "--max-model-len", "512",
+        "--max-num-seqs", "8", "--tool-call-parser", "hermes", "--enable-auto-tool-choice"))
 
 
-def stop(proc) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+def server_fixture(label: str):
+    """A module-scoped `server` fixture: the port of a healthy server (its log, under a
+    folder named label, in LOGS[port]), stopped after the module."""
+    @pytest.fixture(scope="module")
+    def server(built, model_path, child_env, tmp_path_factory):
+        log_path = tmp_path_factory.mktemp(label) / "server.log"
+        proc, port = start(built, model_path, child_env, log_path)
+        LOGS[port] = log_path
+        yield port
+        stop(proc)
+    return server
 
 
 def post(port: int, path: str, body, headers: dict) -> tuple[int, str]:

@@ -31,25 +31,46 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(built: Path, model_path: str, env: dict, log_path: Path,
-                 max_model_len: int = MAX_MODEL_LEN, extra: tuple[str, ...] = ()):
-    """(process, port, log path) of a healthy server; as a new user starts it (extra:
-    more flags)."""
+def launch(built: Path, model_path: str, env: dict, log_path: Path, flags: tuple[str, ...],
+           ready_path: str = "/health"):
+    """(process, port) of examples/server started with `flags` once `ready_path` answers 200
+    (a failure with its log otherwise)."""
     port = free_port()
-    log = log_path.open("w+")
     proc = subprocess.Popen(
         [sys.executable, str(SERVER / "server.py"), model_path, "--port", str(port),
-         "--served-model-name", MODEL, "--max-model-len", str(max_model_len),
-         "--max-num-seqs", "8", "--body-read-timeout", str(BODY_READ_TIMEOUT_S),
-         "--lib", str(built / "libvllm.so"), "--uvicorn-log-level", "warning", *extra],
-        stdout=log, stderr=subprocess.STDOUT, env=env)
+         "--lib", str(built / "libvllm.so"), "--uvicorn-log-level", "warning", *flags],
+        stdout=log_path.open("w+"), stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 300
-    while request(port, "GET", "/health")[0] != 200:
+    while request(port, "GET", ready_path)[0] != 200:
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             pytest.fail(f"server did not become healthy:\n{log_path.read_text()}")
         time.sleep(0.3)
+    return proc, port
+
+
+def start_server(built: Path, model_path: str, env: dict, log_path: Path,
+                 max_model_len: int = MAX_MODEL_LEN, extra: tuple[str, ...] = ()):
+    """(process, port, log path) of a healthy server; as a new user starts it (extra:
+    more flags)."""
+    proc, port = launch(built, model_path, env, log_path, (
+        "--served-model-name", MODEL, "--max-model-len", str(max_model_len),
+        "--max-num-seqs", "8", "--body-read-timeout", str(BODY_READ_TIMEOUT_S), *extra))
     return proc, port, log_path
+
+
+def server_fixture(label: str, check_log: bool = False):
+    """A module-scoped `server` fixture: (port, log path) of start_server's server (its log
+    under a folder named label), stopped after the module; check_log: then no_traceback."""
+    @pytest.fixture(scope="module")
+    def server(built, model_path, child_env, tmp_path_factory):
+        proc, port, log = start_server(built, model_path, child_env,
+                                       tmp_path_factory.mktemp(label) / "server.log")
+        yield port, log
+        stop_server(proc)
+        if check_log:
+            no_traceback(log)
+    return server
 
 
 def stop_server(proc) -> None:

@@ -23,9 +23,7 @@ import json
 import os
 
 import pytest
-from agent_server import KEY, MODEL, WEATHER_PARAMETERS, post, sse_frames
-from agent_server import start as start_server
-from agent_server import stop as stop_server
+from agent_server import KEY, LOGS, MODEL, WEATHER_PARAMETERS, post, server_fixture, sse_frames
 from hostile_server import no_traceback
 
 from engine.entrypoints.anthropic.protocol import MessagesRequest, translate_error_type
@@ -146,15 +144,7 @@ def test_stream_converter_error_event():
 
 # ---- through the server ---------------------------------------------------------------------
 
-SERVER_LOG: dict = {}
-
-
-@pytest.fixture(scope="module")
-def server(built, model_path, child_env, tmp_path_factory):
-    SERVER_LOG["path"] = tmp_path_factory.mktemp("messages") / "server.log"
-    proc, port = start_server(built, model_path, child_env, SERVER_LOG["path"])
-    yield port
-    stop_server(proc)
+server = server_fixture("messages")
 
 
 @pytest.fixture(scope="module")
@@ -364,4 +354,4 @@ def test_fuzz_never_5xx(server, body, path):
         err = json.loads(text)
         assert err["type"] == "error" and err["error"]["type"] == translate_error_type(status)
     assert "event: error" not in text, text[-500:]
-    no_traceback(SERVER_LOG["path"])
+    no_traceback(LOGS[server])

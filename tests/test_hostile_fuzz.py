@@ -19,8 +19,7 @@ from hostile_server import (
     no_traceback,
     request,
     served,
-    start_server,
-    stop_server,
+    server_fixture,
 )
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -129,12 +128,7 @@ _chat_bodies = _bodies(_chat_fields, {"messages": _field(st.one_of(
     st.lists(_plain_message, min_size=1, max_size=3), st.lists(_message, max_size=3)))})
 
 
-@pytest.fixture(scope="module")
-def server(built, model_path, child_env, tmp_path_factory):
-    proc, port, log = start_server(built, model_path, child_env,
-                                   tmp_path_factory.mktemp("fuzz") / "server.log")
-    yield port, log
-    stop_server(proc)
+server = server_fixture("fuzz")
 
 
 def _check(server, path: str, body: dict) -> None:

@@ -30,20 +30,13 @@ from hostile_server import (
     raw,
     request,
     served,
-    start_server,
-    stop_server,
+    server_fixture,
 )
 
 pytestmark = [pytest.mark.capi, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def server(built, model_path, child_env, tmp_path_factory):
-    proc, port, log = start_server(built, model_path, child_env,
-                                   tmp_path_factory.mktemp("hostile") / "server.log")
-    yield port, log
-    stop_server(proc)
-    no_traceback(log)
+server = server_fixture("hostile", check_log=True)
 
 
 def _post(port, path, body: bytes, content_type="application/json"):

@@ -12,37 +12,20 @@ Oracle: the answer of examples/c/chat.c (as `make run`), the installed file layo
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-QUESTION = "What is the capital of France?"
-SOURCES = ["Makefile", "pyproject.toml", "setup.py", "capi", "engine", "kernels", "include",
-           "examples/c", "examples/cli"]
+from install_checkout import QUESTION, ROOT, bare_env, build_chat, copy_sources, layered_venv
 
 pytestmark = [pytest.mark.capi, pytest.mark.slow]
 
 
-def _bare_env() -> dict[str, str]:
-    """What a user's shell might have: no LIBVLLM_*, no PYTHON*, a plain PATH."""
-    return {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
-
-
 def _copy_checkout(dest: Path) -> Path:
     """A fresh checkout (its .venv a link to the environment that holds torch)."""
-    for name in SOURCES:
-        source, target = ROOT / name, dest / name
-        if source.is_dir():
-            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
+    copy_sources(dest)
     (dest / ".venv").symlink_to(Path(sys.prefix).resolve())
     return dest
 
@@ -58,7 +41,7 @@ def _hidden_package_dirs() -> list[Path]:
     """The checkout's packages and those of an editable install of this environment."""
     dirs = [ROOT / p for p in ("capi", "engine", "kernels")]
     found = subprocess.run([sys.executable, "-c", "import engine; print(engine.__file__)"],
-                           cwd="/", capture_output=True, text=True, env=_bare_env())
+                           cwd="/", capture_output=True, text=True, env=bare_env())
     if found.returncode == 0:
         editable_root = Path(found.stdout.strip()).parent.parent
         dirs += [editable_root / p for p in ("capi", "engine", "kernels")]
@@ -72,19 +55,7 @@ def _run_hidden(cmd: list[str]) -> subprocess.CompletedProcess:
         mounts = " && ".join(f"mount -t tmpfs none '{d}'" for d in _hidden_package_dirs())
         cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                f"{mounts} && exec \"$@\"", "sh", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, env=_bare_env(), timeout=600)
-
-
-def _build_chat(pc_dir: Path, out: Path) -> Path:
-    env = {**_bare_env(), "PKG_CONFIG_PATH": str(pc_dir)}
-    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "libvllm"], env=env,
-                           capture_output=True, text=True)
-    assert flags.returncode == 0, flags.stderr
-    cc = subprocess.run(["cc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic",
-                         str(ROOT / "examples/c/chat.c"), "-o", str(out),
-                         *flags.stdout.split()], capture_output=True, text=True, env=env)
-    assert cc.returncode == 0, cc.stderr
-    return out
+    return subprocess.run(cmd, capture_output=True, text=True, env=bare_env(), timeout=600)
 
 
 def _pyc_files(tree: Path) -> list[Path]:
@@ -123,7 +94,7 @@ def test_installed_files_hold_no_source_path(moved_prefix):
 
 
 def test_moved_prefix_answers_with_only_pkg_config(moved_prefix, model_path, tmp_path):
-    exe = _build_chat(moved_prefix / "lib/pkgconfig", tmp_path / "chat")
+    exe = build_chat(moved_prefix / "lib/pkgconfig", tmp_path / "chat")
     run = _run_hidden([str(exe), model_path, QUESTION])
     assert run.returncode == 0, run.stderr
     assert "Paris" in run.stdout
@@ -161,23 +132,18 @@ def test_wheel_in_a_fresh_environment(tmp_path, model_path):
     assert wheel.returncode == 0, wheel.stderr
     shutil.rmtree(tmp_path / "src")
     env_dir = tmp_path / "env"
-    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(env_dir)],
-                   check=True)
     python = env_dir / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig."
-                                "get_paths()['purelib'])"], capture_output=True, text=True,
-                               check=True).stdout.strip())
-    (site / "torch-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    site = layered_venv(env_dir, "torch-environment.pth")
     install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
                               "-q", "--no-deps", "--no-index",
                               *map(str, (tmp_path / "wheels").glob("*.whl"))],
                              capture_output=True, text=True)
     assert install.returncode == 0, install.stderr
     pc_dir = subprocess.run([str(python), "-m", "capi", "--pkg-config-path"], cwd="/",
-                            capture_output=True, text=True, env=_bare_env())
+                            capture_output=True, text=True, env=bare_env())
     assert pc_dir.returncode == 0, pc_dir.stderr
     assert Path(pc_dir.stdout.strip()) == site / "capi/lib/pkgconfig"
-    exe = _build_chat(Path(pc_dir.stdout.strip()), tmp_path / "chat")
+    exe = build_chat(Path(pc_dir.stdout.strip()), tmp_path / "chat")
     run = _run_hidden([str(exe), model_path, QUESTION])
     assert run.returncode == 0, run.stderr
     assert "Paris" in run.stdout

@@ -18,13 +18,10 @@ the prompt length limit).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
-from hostile_server import JSON, SERVER, error_of, free_port, no_traceback, request, stop_server
+from hostile_server import JSON, error_of, launch, no_traceback, request, stop_server
 from pooling_reference import MIN_COSINE, TEXTS, cosine, hf_embeddings
 
 openai = pytest.importorskip("openai")
@@ -39,19 +36,11 @@ DIM = 576  # SmolLM2-135M's hidden size
 
 @pytest.fixture(scope="module")
 def server(built, model_path, child_env, tmp_path_factory):
-    port, log_path = free_port(), tmp_path_factory.mktemp("pool") / "server.log"
-    log = log_path.open("w+")
-    proc = subprocess.Popen(
-        [sys.executable, str(SERVER / "server.py"), model_path, "--port", str(port),
-         "--served-model-name", MODEL, "--max-model-len", "128", "--runner", "pooling",
-         "--convert", "embed", "--lib", str(built / "libvllm.so"),
-         "--uvicorn-log-level", "warning"], stdout=log, stderr=subprocess.STDOUT, env=child_env)
-    deadline = time.monotonic() + 300
-    while request(port, "GET", "/v1/models")[0] != 200:  # 503 while the model loads
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"server did not start:\n{log_path.read_text()}")
-        time.sleep(0.3)
+    log_path = tmp_path_factory.mktemp("pool") / "server.log"
+    # /v1/models: 503 while the model loads
+    proc, port = launch(built, model_path, child_env, log_path, (
+        "--served-model-name", MODEL, "--max-model-len", "128", "--runner", "pooling",
+        "--convert", "embed"), ready_path="/v1/models")
     yield port, log_path
     stop_server(proc)
     no_traceback(log_path)

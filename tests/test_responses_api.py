@@ -24,9 +24,16 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from agent_server import KEY, MODEL, STORE_MAX_ENTRIES, WEATHER_PARAMETERS, post, sse_frames
-from agent_server import start as start_server
-from agent_server import stop as stop_server
+from agent_server import (
+    KEY,
+    LOGS,
+    MODEL,
+    STORE_MAX_ENTRIES,
+    WEATHER_PARAMETERS,
+    post,
+    server_fixture,
+    sse_frames,
+)
 from hostile_server import no_traceback
 
 from engine.entrypoints.openai.responses.serving import output_items
@@ -117,15 +124,7 @@ def test_output_items_reasoning_message_calls():
 
 # ---- through the server ---------------------------------------------------------------------
 
-SERVER_LOG: dict = {}
-
-
-@pytest.fixture(scope="module")
-def server(built, model_path, child_env, tmp_path_factory):
-    SERVER_LOG["path"] = tmp_path_factory.mktemp("responses") / "server.log"
-    proc, port = start_server(built, model_path, child_env, SERVER_LOG["path"])
-    yield port
-    stop_server(proc)
+server = server_fixture("responses")
 
 
 @pytest.fixture(scope="module")
@@ -368,4 +367,4 @@ def test_fuzz_never_5xx(server, body):
         error = json.loads(text)["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["code"] == status
     assert "event: error" not in text, text[-500:]
-    no_traceback(SERVER_LOG["path"])
+    no_traceback(LOGS[server])

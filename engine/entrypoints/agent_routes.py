@@ -4,15 +4,14 @@ POST /v1/responses, GET /v1/responses/{id}, POST /v1/responses/{id}/cancel
 (vllm/entrypoints/openai/responses/api_router.py) and POST /v1/messages,
 POST /v1/messages/count_tokens (vllm/entrypoints/anthropic/api_router.py). Each API
 answers errors in its own shape: OpenAI's {"error": {...}}, Anthropic's {"type": "error",
-"error": {"type", "message"}} with the same HTTP status. A streamed answer is an
-EventStream of event JSON, each with its event name in "type" (the server sends it as the
+"error": {"type", "message"}} with the same HTTP status. A streamed answer is a
+ChunkStream of event JSON, each with its event name in "type" (the server sends it as the
 SSE `event:` line).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -20,7 +19,7 @@ from pydantic import TypeAdapter
 
 from engine.entrypoints.anthropic import protocol as anthropic
 from engine.entrypoints.anthropic.serving import MessagesJob, count_tokens
-from engine.entrypoints.openai.accumulate import StreamClock
+from engine.entrypoints.openai.chunk_stream import ChunkStream
 from engine.entrypoints.openai.errors import error_json
 from engine.entrypoints.openai.responses.protocol import ResponsesRequest
 from engine.entrypoints.openai.responses.serving import (
@@ -35,40 +34,9 @@ PREFIXES = ("/v1/responses", "/v1/messages")
 _JSON = TypeAdapter(Any)
 
 
-class EventStream:
-    """The events of one streamed answer, with the contract of api.ChunkStream: get()
-    gives the next event JSON, None on timeout, "" at the end; cancel() aborts."""
-
-    def __init__(self, job, on_error: Callable[[BaseException], str]) -> None:
-        self._job, self._on_error = job, on_error
-        self._clock = StreamClock()
-        self._events = job.chunks(self._clock)
-        self._done = False
-
-    def get(self, timeout_s: float | None) -> str | None:
-        if self._done:
-            return ""
-        self._clock.start(timeout_s)
-        try:
-            return next(self._events)
-        except StopIteration:
-            self._finish()
-            return ""
-        except Exception as exc:  # noqa: BLE001 - becomes the stream's error event
-            self._finish()
-            return self._on_error(exc)
-
-    def cancel(self) -> None:
-        self._job.merged.cancel()
-
-    def _finish(self) -> None:
-        self._done = True
-        self._job.merged.close()
-
-
-def _generate(job, stream: bool, on_error) -> tuple[int, str | None, EventStream | None]:
+def _generate(job, stream: bool, on_error) -> tuple[int, str | None, ChunkStream | None]:
     if stream:
-        return 200, None, EventStream(job, on_error)
+        return 200, None, ChunkStream(job, on_error)
     try:
         return 200, job.response(), None
     finally:
@@ -100,7 +68,7 @@ def _messages(ctx: ServingContext, method: str, parts: list[str], body: str):
 
 
 def agent_request(client, method: str, path: str, body: str,
-                  served_model_name: str) -> tuple[int, str | None, EventStream | None]:
+                  served_model_name: str) -> tuple[int, str | None, ChunkStream | None]:
     """(HTTP status, body, stream) of one request under PREFIXES; exactly one of body and
     stream is set. Errors come back as the API's error body, never as exceptions."""
     messages = path.startswith("/v1/messages")

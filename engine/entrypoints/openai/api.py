@@ -21,8 +21,8 @@ from pydantic import TypeAdapter
 
 from engine.entrypoints.agent_routes import PREFIXES as AGENT_PREFIXES
 from engine.entrypoints.agent_routes import agent_request
-from engine.entrypoints.openai.accumulate import StreamClock
 from engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
+from engine.entrypoints.openai.chunk_stream import ChunkStream
 from engine.entrypoints.openai.completion_protocol import CompletionRequest
 from engine.entrypoints.openai.errors import error_json
 from engine.entrypoints.openai.serving_chat import ChatJob
@@ -38,45 +38,6 @@ _GENERATE = {"/v1/completions": (CompletionRequest, CompletionJob),
              "/v1/chat/completions": (ChatCompletionRequest, ChatJob)}
 _ROUTES = {"/v1/completions": "POST", "/v1/chat/completions": "POST", "/v1/models": "GET",
            "/tokenize": "POST", "/detokenize": "POST", "/health": "GET"}
-
-
-class ChunkStream:
-    """The chunks of one streaming response. get() and cancel() may run on different
-    threads; a get() that finds another get() running returns None (as a timeout), so
-    two callers of one handle can never run its generator at once."""
-
-    def __init__(self, job) -> None:
-        self._job = job
-        self._clock = StreamClock()
-        self._chunks = job.chunks(self._clock)
-        self._done = threading.Event()
-        self._getting = threading.Lock()
-
-    def get(self, timeout_s: float | None) -> str | None:
-        """The next chunk's JSON; None if none came within timeout_s; "" at the end."""
-        if self._done.is_set():
-            return ""
-        if not self._getting.acquire(blocking=False):
-            return None
-        try:
-            self._clock.start(timeout_s)
-            return next(self._chunks)
-        except StopIteration:
-            self._finish()
-            return ""
-        except Exception as exc:  # noqa: BLE001 - becomes the stream's error event
-            self._finish()
-            return error_json(exc)[1]
-        finally:
-            self._getting.release()
-
-    def cancel(self) -> None:
-        """Aborts the engine requests (a client that went away); get() then ends the stream."""
-        self._job.merged.cancel()
-
-    def _finish(self) -> None:
-        self._done.set()
-        self._job.merged.close()
 
 
 class DeferredResponse:

@@ -102,13 +102,22 @@ class EmbeddingResponseData(OpenAIBaseModel):
     embedding: list[float] | str
 
 
-class EmbeddingResponse(OpenAIBaseModel):
-    id: str = Field(default_factory=lambda: f"embd-{random_uuid()}")
+class _ListResponse(OpenAIBaseModel):
+    """The envelope of the embedding, pooling and score responses (each subclass sets its
+    id prefix and data items; the fields keep this order)."""
+
+    id: str
     object: str = "list"
     created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list
+    usage: UsageInfo
+
+
+class EmbeddingResponse(_ListResponse):
+    id: str = Field(default_factory=lambda: f"embd-{random_uuid()}")
     model: str | None = None
     data: list[EmbeddingResponseData]
-    usage: UsageInfo
 
 
 class PoolingResponseData(OpenAIBaseModel):
@@ -117,13 +126,9 @@ class PoolingResponseData(OpenAIBaseModel):
     data: list[list[float]] | list[float] | str
 
 
-class PoolingResponse(OpenAIBaseModel):
+class PoolingResponse(_ListResponse):
     id: str = Field(default_factory=lambda: f"pool-{random_uuid()}")
-    object: str = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     data: list[PoolingResponseData]
-    usage: UsageInfo
 
 
 class ScoreResponseData(OpenAIBaseModel):
@@ -132,13 +137,9 @@ class ScoreResponseData(OpenAIBaseModel):
     score: float
 
 
-class ScoreResponse(OpenAIBaseModel):
+class ScoreResponse(_ListResponse):
     id: str = Field(default_factory=lambda: f"embd-{random_uuid()}")
-    object: str = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     data: list[ScoreResponseData]
-    usage: UsageInfo
 
 
 class RerankDocument(OpenAIBaseModel):

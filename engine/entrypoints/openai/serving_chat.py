@@ -40,6 +40,7 @@ from engine.entrypoints.openai.serving_beam import BeamSteps, beam_finals, beam_
 from engine.entrypoints.openai.serving_engine import (
     ServingContext,
     build_sampling_params,
+    common_sampling_values,
     refuse_unsupported,
 )
 from engine.structured_output.response_format import structured_outputs_from_response_format
@@ -177,11 +178,7 @@ class ChatJob:
                 if continuous else None
 
         first = True
-        while True:
-            try:
-                item = self.merged.get(clock.remaining())
-            except EOFError:
-                break
+        for item in self.merged.items(clock):
             if item is None:
                 yield None
                 continue
@@ -236,20 +233,9 @@ def _sampling_values(req: ChatCompletionRequest, max_tokens: int) -> dict:
     prompt_logprobs = req.prompt_logprobs
     if prompt_logprobs is None and req.echo:
         prompt_logprobs = req.top_logprobs
-    return dict(
-        n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-        min_p=req.min_p, presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
-        seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
-        logprobs=req.top_logprobs if req.logprobs and not req.logprob_token_ids else None,
-        # vLLM turns echo into prompt_logprobs=0; only a positive count is asked of the engine
-        # here, since the chat echo itself needs no prompt logprobs.
-        prompt_logprobs=prompt_logprobs or None, logprob_token_ids=req.logprob_token_ids or None,
-        ignore_eos=req.ignore_eos, max_tokens=max_tokens, min_tokens=req.min_tokens,
-        skip_special_tokens=True if req.skip_special_tokens is None else req.skip_special_tokens,
-        spaces_between_special_tokens=req.spaces_between_special_tokens,
-        include_stop_str_in_output=req.include_stop_str_in_output,
-        stream_interval=req.stream_interval, logit_bias=req.logit_bias,
-        bad_words=req.bad_words, thinking_token_budget=req.thinking_token_budget,
-        allowed_token_ids=req.allowed_token_ids, extra_args=req.vllm_xargs or None,
-        repetition_detection=req.repetition_detection)
+    return {**common_sampling_values(req, max_tokens),
+            "logprobs": req.top_logprobs if req.logprobs and not req.logprob_token_ids
+            else None,
+            # vLLM turns echo into prompt_logprobs=0; only a positive count is asked of the
+            # engine here, since the chat echo itself needs no prompt logprobs.
+            "prompt_logprobs": prompt_logprobs or None}

@@ -27,6 +27,7 @@ from engine.entrypoints.openai.serving_beam import BeamSteps, beam_finals, beam_
 from engine.entrypoints.openai.serving_engine import (
     ServingContext,
     build_sampling_params,
+    common_sampling_values,
     refuse_unsupported,
 )
 from engine.structured_output.response_format import structured_outputs_from_response_format
@@ -128,11 +129,7 @@ class CompletionJob:
         total = n * len(self.prompts)
         sent_tokens, echoed, offsets = [0] * total, [False] * total, [0] * total
         usage_on, continuous = include_usage(req.stream_options)
-        while True:
-            try:
-                item = self.merged.get(clock.remaining())
-            except EOFError:
-                break
+        for item in self.merged.items(clock):
             if item is None:
                 yield None
                 continue
@@ -195,18 +192,6 @@ def _sampling_values(req: CompletionRequest, max_tokens: int) -> dict:
     prompt_logprobs = req.prompt_logprobs
     if prompt_logprobs is None and req.echo:
         prompt_logprobs = req.logprobs
-    return dict(
-        n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-        min_p=req.min_p, presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
-        seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
-        logprobs=None if req.logprob_token_ids else req.logprobs, ignore_eos=req.ignore_eos,
-        max_tokens=max_tokens, min_tokens=req.min_tokens, prompt_logprobs=prompt_logprobs,
-        logprob_token_ids=req.logprob_token_ids or None,
-        skip_special_tokens=True if req.skip_special_tokens is None else req.skip_special_tokens,
-        spaces_between_special_tokens=req.spaces_between_special_tokens,
-        include_stop_str_in_output=req.include_stop_str_in_output,
-        stream_interval=req.stream_interval, logit_bias=req.logit_bias,
-        allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words,
-        extra_args=req.vllm_xargs or None, repetition_detection=req.repetition_detection,
-        thinking_token_budget=req.thinking_token_budget)
+    return {**common_sampling_values(req, max_tokens),
+            "logprobs": None if req.logprob_token_ids else req.logprobs,
+            "prompt_logprobs": prompt_logprobs}

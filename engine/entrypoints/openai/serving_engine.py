@@ -141,6 +141,26 @@ def build_sampling_params(values: dict[str, Any], request_names: dict[str, str],
     return kept
 
 
+def common_sampling_values(req: Any, max_tokens: int) -> dict[str, Any]:
+    """The SamplingParams keyword arguments that vLLM's CompletionRequest and
+    ChatCompletionRequest.to_sampling_params take alike from the request; each endpoint adds
+    its logprobs and prompt_logprobs."""
+    return dict(
+        n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+        min_p=req.min_p, presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
+        seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
+        logprob_token_ids=req.logprob_token_ids or None, ignore_eos=req.ignore_eos,
+        max_tokens=max_tokens, min_tokens=req.min_tokens,
+        skip_special_tokens=True if req.skip_special_tokens is None else req.skip_special_tokens,
+        spaces_between_special_tokens=req.spaces_between_special_tokens,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        stream_interval=req.stream_interval, logit_bias=req.logit_bias,
+        allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words,
+        extra_args=req.vllm_xargs or None, repetition_detection=req.repetition_detection,
+        thinking_token_budget=req.thinking_token_budget)
+
+
 def refuse_unsupported(request: Any, fields: dict[str, Any]) -> None:
     """400 for request fields that ask for a feature this server does not have yet."""
     for name, default in fields.items():

@@ -61,6 +61,15 @@ class MergedStream:
             return item
         raise EOFError
 
+    def items(self, clock):
+        """get() bounded by clock (a StreamClock) until every request finished: each
+        (choice, prompt, output), or None when the clock ran out first."""
+        while True:
+            try:
+                yield self.get(clock.remaining())
+            except EOFError:
+                return
+
     def cancel(self) -> None:
         """Aborts every request that has not finished."""
         for _, _, stream in self._streams:
