@@ -49,7 +49,9 @@ REAL_SEEDS = {
 N_CASES = 2400
 FULL_VOCAB_CASES = 12  # per real seed, reader only
 VOCAB_KEEP = 160
-MAX_CASE_SECONDS = 5.0
+# a hang guard, not a speed target: cases take milliseconds, the first one pays the imports
+# (5.1 s on a loaded 2-core machine)
+MAX_CASE_SECONDS = 30.0
 MEMORY_HEADROOM = 1 << 30
 MAX_LOADED_TENSOR_BYTES = 1 << 18
 STR, ARR, U32, U64 = 8, 9, 4, 10
