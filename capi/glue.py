@@ -140,9 +140,10 @@ def _report_progress(p, fraction: float) -> bool:
 @export
 def glue_engine_create(model_path, params, out) -> None:
     config = _engine_config(text(model_path, "model_path"), params)
+    watched = params.progress_callback != ffi.NULL  # unwatched: no per-tensor round trip
     session = EngineSession.create(
         config, chat_template=optional_text(params.chat_template, "params->chat_template"),
-        progress=lambda fraction: _report_progress(params, fraction))
+        progress=(lambda fraction: _report_progress(params, fraction)) if watched else None)
     out[0] = engines.add(EngineHandle(session))
     at_exit.install(glue_shutdown)  # torch is loaded now: its exit destructors run after
 

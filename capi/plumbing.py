@@ -41,10 +41,6 @@ class InvalidHandleError(VllmError):
     status = lib.VLLM_ERR_INVALID_HANDLE
 
 
-class RuntimeInitError(VllmError):
-    status = lib.VLLM_ERR_RUNTIME_INIT
-
-
 class TimeoutStatus(VllmError):
     status = lib.VLLM_ERR_TIMEOUT
 

@@ -189,7 +189,8 @@ def resolve_config(config: EngineConfig, max_position_embeddings: int, device: D
         block_size, prefix_caching, config.kv_cache_dtype, config.calculate_kv_scales,
         config.kv_cache_memory_bytes or 0, config.gpu_memory_utilization, config.watermark,
         config.mamba_cache_dtype, config.mamba_ssm_cache_dtype, mamba_cache_mode)
-    return ResolvedConfig(scheduler, cache, _compilation(config, scheduler), device.type,
+    compilation = _compilation(config, scheduler, hybrid_block_size is not None)
+    return ResolvedConfig(scheduler, cache, compilation, device.type,
                           config.runner_type, config.tensor_parallel_size, config.seed)
 
 
@@ -205,10 +206,19 @@ def _mamba_cache_mode(config: EngineConfig, prefix_caching: bool, hybrid: bool) 
     return "align" if hybrid and prefix_caching else "none"
 
 
-def _compilation(config: EngineConfig, scheduler: SchedulerConfig) -> CompilationConfig:
-    """vLLM's cudagraph mode (enforce_eager: NONE) and _set_cudagraph_sizes."""
+def _compilation(config: EngineConfig, scheduler: SchedulerConfig,
+                 hybrid: bool) -> CompilationConfig:
+    """vLLM's cudagraph mode (enforce_eager: NONE) and _set_cudagraph_sizes. A hybrid GDN
+    model's FULL becomes FULL_AND_PIECEWISE, as vLLM's CompilationConfig resolves a
+    UNIFORM_BATCH backend (vllm/config/compilation.py, GDNAttentionBackend): mixed steps
+    run as breakable graphs with the GDN core eager (engine/worker/cudagraph_runner.py)."""
     mode = resolve_cudagraph_mode(CUDAGraphMode.parse(config.cudagraph_mode),
                                   config.enforce_eager)
+    if hybrid and mode == CUDAGraphMode.FULL:
+        logger.warning("CUDAGraphMode.FULL is not supported with GDNAttentionBackend backend "
+                       "(support: AttentionCGSupport.UNIFORM_BATCH); setting "
+                       "cudagraph_mode=FULL_AND_PIECEWISE")
+        mode = CUDAGraphMode.FULL_AND_PIECEWISE
     sizes = cudagraph_capture_sizes(
         scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
         config.cudagraph_capture_sizes, config.max_cudagraph_capture_size)

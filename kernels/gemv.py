@@ -17,7 +17,7 @@ same for the experts). The down projection of batch-1 decode then reads a plain 
 row (computing SiLU-and-mul in its prologue instead would make every one of its ~1,000
 programs read the [1, 2N] row and redo the exps). The weights are not prefetched before the
 PDL wait: peeling the first tile breaks Triton's pipelining of the loop. Launch configs:
-dense_gemv_config (kernels/tuned_configs.py GemvConfig).
+dense_gemv_config (kernels/launch_configs.py GemvConfig).
 """
 
 from __future__ import annotations

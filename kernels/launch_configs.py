@@ -58,6 +58,7 @@ class GemmConfig(LaunchConfig):
     num_warps: int
     num_stages: int
     SPLIT_K: int | None = None
+    num_ctas: int | None = None  # a Triton launch option some of vLLM's NVIDIA files set
     POW2: ClassVar[tuple[str, ...]] = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K",
                                        "num_warps")
 

@@ -270,6 +270,22 @@ def test_resolve_hybrid_block_size_and_mamba_mode():
     assert resolve_config(EngineConfig("m"), 4096, CPU).cache.block_size == 16
 
 
+def test_resolve_hybrid_full_graphs_as_vllm(caplog):
+    """vLLM's CompilationConfig: FULL with the GDN backend's UNIFORM_BATCH support becomes
+    FULL_AND_PIECEWISE with its warning; the default and FULL_DECODE_ONLY stay."""
+    def hybrid(mode: str, max_len: int) -> int:
+        return 64
+
+    full = resolve_config(EngineConfig("m", cudagraph_mode="FULL"), 4096, H200, hybrid)
+    assert full.compilation.cudagraph_mode == "FULL_AND_PIECEWISE"
+    assert "setting cudagraph_mode=FULL_AND_PIECEWISE" in caplog.text
+    assert resolve_config(EngineConfig("m", cudagraph_mode="FULL"), 4096,
+                          H200).compilation.cudagraph_mode == "FULL"
+    for mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"):
+        assert resolve_config(EngineConfig("m", cudagraph_mode=mode), 4096, H200,
+                              hybrid).compilation.cudagraph_mode == mode
+
+
 def test_resolve_pooling():
     r = resolve_config(EngineConfig("m", runner="pooling"), 4096, H200)
     assert r.runner_type == "pooling" and not r.scheduler.async_scheduling

@@ -100,13 +100,15 @@ def test_missing_file_falls_back_to_the_rule(fp8_dir, caplog) -> None:
 
 def test_found_file_is_read_and_logged(tmp_path, caplog) -> None:
     (tmp_path / "E=2,N=8,device_name=X.json").write_text(
-        json.dumps({"triton_version": "3.6.0", "4": GEMM, "1": dict(GEMM, SPLIT_K=1)}))
+        json.dumps({"triton_version": "3.6.0", "4": GEMM, "1": dict(GEMM, SPLIT_K=1),
+                    "8": dict(GEMM, num_ctas=1)}))  # num_ctas: in some of vLLM's files
     with caplog.at_level(logging.INFO, logger="kernels.tuned_configs"):
         got = find_configs("E=2,N=8,device_name=X.json", [str(tmp_path / "none"),
                                                           str(tmp_path)],
                            GemmConfig, "MoE layer", "MoE")
-    assert list(got) == [4, 1]  # file order; triton_version dropped
+    assert list(got) == [4, 1, 8]  # file order; triton_version dropped
     assert got[4].kwargs() == GEMM and got[1].kwargs() == dict(GEMM, SPLIT_K=1)
+    assert got[8].kwargs() == dict(GEMM, num_ctas=1)
     assert "for MoE layer." in caplog.text
 
 

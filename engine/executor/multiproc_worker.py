@@ -63,7 +63,7 @@ def run_worker(config: EngineConfig, rank: int, backend: str, init_method: str) 
     shape = kv_cache_shape(arch, num_blocks, cache.block_size, tp)
     kv_dtype = configure_kv_cache(model, cache.kv_cache_dtype, cache.calculate_kv_scales,
                                   dtype)  # engine/layers/kv_scales.py
-    runner.initialize_kv_cache([torch.empty(shape, dtype=kv_dtype, device=device)
+    runner.initialize_kv_cache([torch.zeros(shape, dtype=kv_dtype, device=device)  # as rank 0
                                 for _ in range(arch.num_hidden_layers)])
     runner.capture_model(init.config.compilation.capture_sizes())
     torch.manual_seed(init.config.seed)  # the draws of rank 0's sampler, step after step

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from engine import load_progress
@@ -83,19 +84,19 @@ class EngineSession:
                progress: Progress | None = None) -> EngineSession:
         """Loads the engine. chat_template: a file, or the template text (vLLM's
         --chat-template); progress(fraction) is called with 0, per tensor read, and 1."""
-        report = progress or (lambda fraction: True)
         template = None if chat_template is None else load_chat_template(chat_template)
         check_create_inputs(config.model, template)  # vLLM fails at start-up
-        if not report(0.0):
+        if progress is not None and not progress(0.0):
             raise _load_aborted(0.0)
-        with load_progress.reporting(report):
+        # no reporter, no per-tensor reports (a child core then loads without waiting on us)
+        with load_progress.reporting(progress) if progress is not None else nullcontext():
             engine = LLMEngine.from_config(config)
         if template is not None:
             if engine.tokenizer is None:
                 engine.shutdown()
                 raise InvalidArgumentError("chat_template needs a tokenizer (skip_tokenizer_init)")
             engine.tokenizer.chat_template = template
-        if not report(1.0):
+        if progress is not None and not progress(1.0):
             engine.shutdown()
             raise _load_aborted(1.0)
         return cls(engine, config)

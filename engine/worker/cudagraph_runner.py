@@ -20,7 +20,6 @@ mixed steps at max_num_tokens compile their variants (_compile_eager_mixed_steps
 from __future__ import annotations
 
 import itertools
-import logging
 
 import torch
 
@@ -32,8 +31,6 @@ from engine.worker.cudagraph import CudaGraphs
 from engine.worker.cudagraph_dispatcher import BatchDescriptor, CudagraphDispatcher
 from kernels._common import precompile_triton
 
-logger = logging.getLogger(__name__)
-
 PAD_SLOT_ID = -1  # slot of a padding token: the cache kernel skips it
 
 
@@ -43,7 +40,8 @@ class CudaGraphRunnerMixin:
 
     def capture_model(self, sizes: list[int]) -> float:
         """Capture CUDA graphs for `sizes` (token counts; CUDA only) in the mode they carry
-        (engine/worker/cudagraph_dispatcher.py CaptureSizes; a plain list: FULL); returns
+        (engine/compilation_config.py CaptureSizes, resolved by engine/resolved_config.py; a
+        plain list: FULL); returns
         the capture time in s. On CUDA the GGUF layers' kernels compile first, graphs or
         not."""
         mode = getattr(sizes, "mode", CUDAGraphMode.FULL)
@@ -53,13 +51,6 @@ class CudaGraphRunnerMixin:
         self._compile_eager_mixed_steps()
         if not sizes or mode == CUDAGraphMode.NONE:
             return 0.0
-        if self.mamba is not None and mode == CUDAGraphMode.FULL:
-            # vLLM: FULL with a UNIFORM_BATCH backend (GDN) and attention among the
-            # splitting ops becomes FULL_AND_PIECEWISE
-            logger.warning("CUDAGraphMode.FULL is not supported with GDN_ATTN backend "
-                           "(support: UNIFORM_BATCH); setting "
-                           "cudagraph_mode=FULL_AND_PIECEWISE")
-            mode = CUDAGraphMode.FULL_AND_PIECEWISE
         graphs = self.init_cudagraphs(CudaGraphs, mode, sizes)
         self.memory_profile["cudagraph_pool"] = graphs.pool_bytes
         return graphs.capture_time_s

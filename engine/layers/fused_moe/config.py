@@ -113,7 +113,7 @@ def try_get_optimal_moe_config(w1_shape: tuple[int, ...], w2_shape: tuple[int, .
     if override:
         return override
     E, _, N = w2_shape
-    block_n, block_k = block_shape if block_shape else (0, 0)
+    block_n, block_k = block_shape if block_shape else (None, None)
     configs = get_moe_configs(E, N, dtype, block_n, block_k)
     if configs:
         return nearest(configs, M)
