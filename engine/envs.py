@@ -4,8 +4,9 @@
 sets a variable before the read sees it (a module that copies a value into a constant at
 import, as engine/layers/gdn.py GDN_PREFILL_BACKEND, fixes it then). No other module of
 engine/ touches os.environ (tests/test_config_frozen.py scans for it); launchers build a
-child's environment from child_environment(). kernels/ reads its own few through kernels/envs.py (it imports
-nothing from engine/), and capi/libvllm.c reads LIBVLLM_PYTHON before Python starts.
+child's environment from child_environment(). kernels/ reads its own few through
+kernels/envs.py (it imports nothing from engine/), and capi/libvllm.c reads LIBVLLM_PYTHON
+before Python starts.
 """
 
 from __future__ import annotations
