@@ -54,6 +54,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # the engine core in a child process; None: EngineConfig.multiprocessing's rule
     # (engine/engine_core/core_client.py use_multiprocessing)
     "VLLM_ENABLE_V1_MULTIPROCESSING": lambda: _tristate("VLLM_ENABLE_V1_MULTIPROCESSING"),
+    # (CPU) the KV cache's size in GiB (vLLM's legacy VLLM_CPU_KVCACHE_SPACE); here the cap
+    # of the CPU default, which takes no more than max_num_seqs full contexts need; unset
+    # or 0: 4 GiB (engine/engine_core/engine_core.py)
+    "VLLM_CPU_KVCACHE_SPACE": lambda: _int("VLLM_CPU_KVCACHE_SPACE", None),
     # seconds the front end waits for the engine core's ready message
     "VLLM_ENGINE_READY_TIMEOUT_S":
         lambda: float(os.environ.get("VLLM_ENGINE_READY_TIMEOUT_S", "600")),

@@ -78,6 +78,17 @@ def _one_torch_thread() -> None:
 _one_torch_thread()
 
 
+def _small_cpu_kv_cache() -> None:
+    """A 1 GiB cap on the CPU KV cache for this process and every child it starts
+    (VLLM_CPU_KVCACHE_SPACE, vLLM's name; unset it is 4 GiB), unless set already: the
+    cache is zeroed at start-up, so resident from the start, and two workers' engines, CLIs
+    and servers at 4 GiB each outgrew the 24 GiB machine (a worker was OOM-killed)."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+_small_cpu_kv_cache()
+
+
 def _sigint_at_default_for_children() -> None:
     """A test process started as a background job of a non-interactive shell inherits
     SIGINT ignored, and every program it starts would too (exec keeps an ignored signal);

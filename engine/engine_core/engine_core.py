@@ -26,6 +26,7 @@ from dataclasses import replace
 
 import torch
 
+from engine import envs
 from engine.config import EngineConfig
 from engine.core.async_scheduler import AsyncScheduler
 from engine.core.kv_cache_interface import HybridKVCacheConfig
@@ -72,7 +73,7 @@ from engine.worker.model_runner import (
 from engine.worker.pooling_runner import PoolingModelRunner
 from engine.worker.torch_threads import set_torch_threads_for_runtime
 
-_CPU_KV_CACHE_BYTES = 4 << 30  # vLLM's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
+_CPU_KV_CACHE_GIB = 4  # vLLM's VLLM_CPU_KVCACHE_SPACE default
 
 
 def _hybrid_config(config: EngineConfig, arch: ModelArchConfig, dtype: torch.dtype,
@@ -225,7 +226,7 @@ class EngineCore:
             else:  # the CPU default, capped at what max_num_seqs full contexts need
                 need = sched.max_num_seqs * (
                     -(-self.max_model_len // bs) + 1 + state_blocks) * block_bytes
-                budget = min(_CPU_KV_CACHE_BYTES, need)
+                budget = min((envs.VLLM_CPU_KVCACHE_SPACE or _CPU_KV_CACHE_GIB) << 30, need)
         return get_num_kv_blocks(budget, block_bytes, bs, self.max_model_len, state_blocks)
 
     # ---------------------------------------------------------------- requests
