@@ -18,20 +18,12 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.engine_core import core_client_mp
-from engine.gguf.reader import GGUFReader
 from engine.llm_engine import LLMEngine
 from engine.load_progress import TENSORS_END, LoadCancelledError, reporting
 from engine.sampling_params import SamplingParams
+from tests.test_runtime_progress import _n_tensors
 
 pytestmark = pytest.mark.slow
-
-
-def _n_tensors(model_path: str) -> int:
-    reader = GGUFReader(model_path)
-    try:
-        return len(reader.tensors)
-    finally:
-        reader.close()
 
 
 def _mp_engine(model_path: str) -> LLMEngine:
