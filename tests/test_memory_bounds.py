@@ -20,7 +20,6 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.engine_core import engine_core_utils
-from engine.gguf.reader import GGUFReader
 from engine.llm_engine import LLMEngine
 from engine.structured_output import (
     StructuredOutputManager,
@@ -28,18 +27,13 @@ from engine.structured_output import (
     StructuredOutputsConfig,
     StructuredOutputsParams,
 )
-from engine.tokenizer import Tokenizer
 
 CACHE_MB = 4  # a JSON-schema grammar on the default model's 49k vocab takes ~2.5 MB
 
 
 @pytest.fixture(scope="module")
-def tokenizer(model_path):
-    reader = GGUFReader(model_path)
-    try:
-        return Tokenizer.from_gguf_metadata(reader.metadata)
-    finally:
-        reader.close()
+def tokenizer(gguf_tokenizer):
+    return gguf_tokenizer
 
 
 def _schema(n: int) -> str:

@@ -21,7 +21,6 @@ from xgrammar import Grammar
 from xgrammar.testing import _is_grammar_accept_string
 
 from engine.errors import InvalidArgumentError
-from engine.gguf.reader import GGUFReader
 from engine.structured_output import (
     StructuredOutputManager,
     StructuredOutputRequest,
@@ -49,16 +48,11 @@ from engine.structured_output.utils import (
     compile_regex_with_timeout,
 )
 from engine.structured_output.validation import validate_structured_outputs
-from engine.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")
-def tokenizer(model_path):
-    reader = GGUFReader(model_path)
-    try:
-        return Tokenizer.from_gguf_metadata(reader.metadata)
-    finally:
-        reader.close()
+def tokenizer(gguf_tokenizer):
+    return gguf_tokenizer
 
 
 @pytest.fixture(scope="module")
