@@ -55,24 +55,28 @@ def _per_token_group_quant_fp8_kernel(
 
 
 def per_token_group_quant_fp8(x: torch.Tensor, group_size: int, eps: float = GROUP_EPS,
-                              column_major_scales: bool = False
+                              column_major_scales: bool = False, row_multiple: int = 1
                               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] fp32/fp16/bf16, K % group_size == 0 -> (x_q [M, K] float8_e4m3fn,
-    x_s [M, K // group_size] fp32); x_s is a transposed view of a [K // group_size, M]
-    tensor with column_major_scales (upstream's layout for column-major consumers)."""
+    """x [M, K] fp32/fp16/bf16, K % group_size == 0 -> (x_q [Mp, K] float8_e4m3fn,
+    x_s [Mp, K // group_size] fp32); x_s is a transposed view of a [K // group_size, Mp]
+    tensor with column_major_scales (upstream's layout for column-major consumers).
+    Mp is M rounded up to row_multiple (cuBLASLt's block-scaled GEMM wants its scale
+    columns 16-byte aligned: 4); rows past M are left unwritten, their products unused."""
     check_float("x", x)
     check(x.dim() == 2, lambda: f"x must be [M, K], got {tuple(x.shape)}")
     check(group_size > 0 and x.shape[-1] % group_size == 0,
           lambda: f"the last dimension of `x` {x.shape[-1]} must be divisible by "
                   f"`group_size` {group_size}")
     check(x.stride(-1) == 1, "`x` groups must be contiguous")
+    check(row_multiple > 0, lambda: f"row_multiple must be positive, got {row_multiple}")
     m, k = x.shape
     num_groups = k // group_size
-    x_q = torch.empty((m, k), dtype=FP8_DTYPE, device=x.device)
+    rows = cdiv(m, row_multiple) * row_multiple
+    x_q = torch.empty((rows, k), dtype=FP8_DTYPE, device=x.device)
     if column_major_scales:
-        x_s = torch.empty((num_groups, m), dtype=torch.float32, device=x.device).t()
+        x_s = torch.empty((num_groups, rows), dtype=torch.float32, device=x.device).t()
     else:
-        x_s = torch.empty((m, num_groups), dtype=torch.float32, device=x.device)
+        x_s = torch.empty((rows, num_groups), dtype=torch.float32, device=x.device)
     if m == 0 or k == 0:
         return x_q, x_s
     block = next_pow2(group_size)

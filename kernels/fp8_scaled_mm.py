@@ -10,6 +10,15 @@ scale beside a per-row one is expanded to rows (torch takes both tensor-wise or 
 row-wise); row-wise _scaled_mm gives bf16 only, so other output dtypes take the
 channel-wise path. Without _scaled_mm (CPU, pre-Ada GPUs, K or N not a multiple of 16,
 cuBLASLt's rule) the dequantized fp32 matmul computes the same product.
+
+fp8_block_scaled_mm is the DeepSeek-style block-FP8 GEMM on cuBLASLt (CUDA >= 12.9,
+sm_90): activations scaled per [1, 128] token group, weights per [128, 128] block, the
+layout torch._scaled_mm takes as BlockWise1x128 x BlockWise128x128 (the role vLLM's
+CUTLASS `cutlass_scaled_mm` block path plays in
+vllm/model_executor/layers/quantization/utils/fp8_utils.py). It wants the activation
+scales column-major with a row count that is a multiple of 4 and the weight's K blocks a
+multiple of 4 (block_scaled_mm_supported); other shapes take kernels/fp8_block_gemm.py.
+Measured against that Triton GEMM and bf16 by examples/bench/fp8_gemm.py.
 """
 
 from __future__ import annotations
@@ -26,6 +35,22 @@ FP8_DTYPE = torch.float8_e4m3fn
 @functools.cache
 def _device_has_scaled_mm(index: int) -> bool:
     return torch.cuda.get_device_capability(index) >= (8, 9)
+
+
+@functools.cache
+def _device_has_block_scaled_mm(index: int) -> bool:
+    """cuBLASLt's VEC128 / BLK128x128 scale modes: CUDA 12.9+ on sm_90 (Hopper)."""
+    cuda = tuple(int(v) for v in (torch.version.cuda or "0.0").split(".")[:2])
+    return cuda >= (12, 9) and torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def block_scaled_mm_supported(x: torch.Tensor, b_q: torch.Tensor,
+                              block: tuple[int, int] | list[int]) -> bool:
+    """Whether fp8_block_scaled_mm takes x [M, K] against b_q [N, K] in [128, 128] blocks."""
+    n, k = b_q.shape
+    return (x.is_cuda and x.dtype == torch.bfloat16 and tuple(block) == (128, 128)
+            and k % 512 == 0 and n % 16 == 0 and b_q.is_contiguous()
+            and _device_has_block_scaled_mm(x.device.index or 0))
 
 
 def scaled_mm_supported(a_q: torch.Tensor, b_q: torch.Tensor) -> bool:
@@ -89,3 +114,17 @@ def fp8_scaled_mm_ref(a_q: torch.Tensor, b_q: torch.Tensor, a_scale: torch.Tenso
     b = b_q.float() * b_scale.float().reshape(-1, 1)  # [N, K]
     out = a @ b.t()
     return (out if bias is None else out + bias.float()).to(out_dtype)
+
+
+BLOCK_ROWS = 4  # cuBLASLt: the [1, 128] scales' column stride (the row count) 16-byte aligned
+
+
+def fp8_block_scaled_mm(a_q: torch.Tensor, b_q: torch.Tensor, a_scale: torch.Tensor,
+                        b_scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """a_q [Mp, K] fp8 (Mp % 4 == 0), a_scale [Mp, K / 128] fp32 column-major (a transposed
+    contiguous tensor), b_q [N, K] fp8, b_scale [N / 128, K / 128] fp32 -> [Mp, N]."""
+    check(a_q.shape[0] % BLOCK_ROWS == 0 and a_scale.stride(0) == 1,
+          lambda: f"a_q rows must be a multiple of {BLOCK_ROWS} and a_scale column-major, "
+                  f"got {tuple(a_q.shape)}, strides {a_scale.stride()}")
+    return torch._scaled_mm(a_q, b_q.t(), scale_a=a_scale, scale_b=b_scale.contiguous().t(),
+                            out_dtype=out_dtype)

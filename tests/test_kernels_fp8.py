@@ -38,7 +38,13 @@ from kernels.fp8_quant import (
     scaled_fp8_quant,
     scaled_fp8_quant_ref,
 )
-from kernels.fp8_scaled_mm import fp8_scaled_mm, fp8_scaled_mm_ref
+from kernels.fp8_scaled_mm import (
+    BLOCK_ROWS,
+    block_scaled_mm_supported,
+    fp8_block_scaled_mm,
+    fp8_scaled_mm,
+    fp8_scaled_mm_ref,
+)
 from kernels.launch_configs import GemmConfig, GemvConfig
 
 FP8_ON_CUDA = ON_CUDA and torch.cuda.get_device_capability() >= (8, 9)
@@ -88,6 +94,19 @@ def test_per_token_group_quant_fp8(m, k, group, dtype, column_major) -> None:
     assert (s.t() if column_major else s).is_contiguous()
     torch.testing.assert_close(s, s_ref, atol=0, rtol=0)
     assert_fp8_equal(q, q_ref)
+
+
+@pytest.mark.parametrize("m", [1, 5, 8])
+def test_per_token_group_quant_fp8_row_multiple(m) -> None:
+    """Rows padded to a multiple of 4 for cuBLASLt: the scales' column stride is the padded
+    row count and the first M rows are the unpadded result."""
+    x = (torch.randn(m, 256) * 4).to(DEVICE)
+    q, s = per_token_group_quant_fp8(x, 128, column_major_scales=True, row_multiple=4)
+    rows = -(-m // 4) * 4
+    assert q.shape == (rows, 256) and s.shape == (rows, 2) and s.stride() == (1, rows)
+    q_ref, s_ref = per_token_group_quant_fp8_ref(x, 128)
+    torch.testing.assert_close(s[:m], s_ref, atol=0, rtol=0)
+    assert_fp8_equal(q[:m], q_ref)
 
 
 def test_per_token_group_quant_fp8_ref_arithmetic() -> None:
@@ -195,6 +214,23 @@ def test_w8a8_block_fp8_matmul_model_shapes(m, n, k) -> None:
     exact = x.float() @ w.float().t()
     rel = (out.float() - exact).norm() / exact.norm()
     assert rel < 0.05, rel
+
+
+@gpu
+@pytest.mark.parametrize("n,k", MODEL_SHAPES)
+@pytest.mark.parametrize("m", [2, 16, 301])
+def test_fp8_block_scaled_mm_model_shapes(m, n, k) -> None:
+    """cuBLASLt's block-scaled GEMM (what a block-FP8 linear runs from two rows) against
+    the dequantized fp32 matmul, on the padded-row, column-major-scale layout."""
+    x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+    _, b, _, b_s = block_inputs(1, n, k, [128, 128])  # b [N, K] fp8, b_s [N/128, K/128]
+    if not block_scaled_mm_supported(x, b, [128, 128]):
+        pytest.skip("cuBLASLt block scaling needs CUDA 12.9+ on sm_90")
+    a, a_s = per_token_group_quant_fp8(x, 128)
+    a_p, a_s_p = per_token_group_quant_fp8(x, 128, column_major_scales=True,
+                                           row_multiple=BLOCK_ROWS)
+    out = fp8_block_scaled_mm(a_p, b, a_s_p, b_s, torch.bfloat16)[:m]
+    assert_gemm_close(out, w8a8_block_fp8_matmul_ref(a, b, a_s, b_s, [128, 128]))
 
 
 @pytest.mark.parametrize("n,k,block", [(70, 200, [32, 32]), (64, 256, [64, 128]),

@@ -7,10 +7,13 @@ Per model linear (N, K) and token count M: bf16 torch.matmul (cuBLAS); the block
 Triton GEMM (kernels/fp8_block_gemm.py, [128, 128] weight blocks, its tuned config or
 the default; at M = 1 its one-row GEMV, kernels/fp8_gemv.py, with "fp8_block_gemm" the
 GEMM it replaces and "fp8_gemv(...)" other GEMV configs); "fp8_block+q", the same with
-the activation's per-token-group quantization, what a linear layer runs; and
-torch._scaled_mm with per-token x per-channel scales (kernels/fp8_scaled_mm.py,
-row-wise, bf16 out). Each row: us per call, TFLOP/s, GB/s (the bytes a GEMM must move:
-activation, weight, output) and the ratio to the roofline max(FLOPs / peak,
+the activation's per-token-group quantization; "cublas_block+q", the same math on
+cuBLASLt's block-scaled GEMM (kernels/fp8_scaled_mm.py fp8_block_scaled_mm, column-major
+activation scales, rows padded to 4; a linear layer runs it from M = 2 where
+block_scaled_mm_supported holds); and torch._scaled_mm with per-token x per-channel scales
+(kernels/fp8_scaled_mm.py, row-wise, bf16 out). Each row: us per call, TFLOP/s, GB/s
+(the bytes a GEMM must move: activation, weight, output) and the ratio to the
+roofline max(FLOPs / peak,
 bytes / bandwidth), with --peak-tflops the dense FP8 peak (bf16's is half of it) and the
 bandwidth --hbm-tbps, else the device-to-device copy bandwidth measured at the start
 (printed either way). Times are CUDA-graph replays (examples/bench/kernels.py gpu_time)
@@ -39,7 +42,12 @@ from examples.bench.kernels import copies, gpu_time, rel_err  # noqa: E402
 from kernels.fp8_block_gemm import get_config, w8a8_block_fp8_matmul  # noqa: E402
 from kernels.fp8_gemv import fp8_gemv_config, w8a8_block_fp8_gemv  # noqa: E402
 from kernels.fp8_quant import per_token_group_quant_fp8, scaled_fp8_quant  # noqa: E402
-from kernels.fp8_scaled_mm import fp8_scaled_mm  # noqa: E402
+from kernels.fp8_scaled_mm import (  # noqa: E402
+    BLOCK_ROWS,
+    block_scaled_mm_supported,
+    fp8_block_scaled_mm,
+    fp8_scaled_mm,
+)
 from kernels.launch_configs import GemvConfig  # noqa: E402
 
 BLOCK = [128, 128]
@@ -79,6 +87,13 @@ def quant_linear(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.T
     return w8a8_block_fp8_matmul(xq, wq, xs, ws, BLOCK)
 
 
+def cublas_linear(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+    """The same on cuBLASLt's block-scaled GEMM: x [M, K] bf16 -> [M, N] bf16."""
+    xq, xs = per_token_group_quant_fp8(x, BLOCK[1], column_major_scales=True,
+                                       row_multiple=BLOCK_ROWS)
+    return fp8_block_scaled_mm(xq, wq, xs, ws, torch.bfloat16)[:x.shape[0]]
+
+
 def bench_shape(model: str, lin: str, n: int, k: int, ms: list[int], peak: float,
                 bw: float, rows: list[dict]) -> None:
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
@@ -104,6 +119,9 @@ def bench_shape(model: str, lin: str, n: int, k: int, ms: list[int], peak: float
                                            for d in ws_ch], len(ws_ch), 1,
                                   fp8_scaled_mm(xq_t, wq_ch, xs_t, w_ch, torch.bfloat16)),
         }
+        if block_scaled_mm_supported(x, wq, BLOCK):
+            paths["cublas_block+q"] = (lambda: [cublas_linear(x, d, ws) for d in ws_blk],
+                                       len(ws_blk), 1, cublas_linear(x, wq, ws))
         if m == 1:  # the GEMM the one-row GEMV replaces, and other GEMV configs
             cfg = get_config(m, n, k, *BLOCK)
             paths["fp8_block_gemm"] = (lambda: [w8a8_block_fp8_matmul(
@@ -133,9 +151,9 @@ def bench_shape(model: str, lin: str, n: int, k: int, ms: list[int], peak: float
 
 def table(rows: list[dict]) -> None:
     """One line per (model, linear, M): each path's us and % of roofline."""
-    paths = ["bf16", "fp8_block", "fp8_block+q", "scaled_mm_rowwise"]
+    paths = ["bf16", "fp8_block", "fp8_block+q", "cublas_block+q", "scaled_mm_rowwise"]
     print(f"\n{'model':6}{'linear':15}{'M':>6} " + "".join(f"{p:>24}" for p in paths)
-          + f"{'block/bf16':>11}")
+          + f"{'block/bf16':>11}{'cublas/bf16':>12}")
     keys = sorted({(r["model"], r["linear"], r["M"]) for r in rows},
                   key=lambda x: (x[0], x[1], x[2]))
     by = {(r["model"], r["linear"], r["M"], r["path"]): r for r in rows}
@@ -143,8 +161,9 @@ def table(rows: list[dict]) -> None:
         cells = [by.get((*key, p)) for p in paths]
         line = "".join(f"{c['us']:11.1f}us {100 * c['roofline_ratio']:5.1f}%roof" if c
                        else f"{'-':>24}" for c in cells)
-        speed = cells[0]["us"] / cells[1]["us"] if cells[0] and cells[1] else float("nan")
-        print(f"{key[0]:6}{key[1]:15}{key[2]:>6} {line}{speed:10.2f}x")
+        speed = [cells[0]["us"] / c["us"] if cells[0] and c else float("nan")
+                 for c in (cells[2], cells[3])]
+        print(f"{key[0]:6}{key[1]:15}{key[2]:>6} {line}{speed[0]:10.2f}x{speed[1]:11.2f}x")
     print("\nM=1: the GEMV (default config, best of the sweep) against the block GEMM")
     for model, lin, _ in (k for k in keys if k[2] == 1):
         one = [r for r in rows if (r["model"], r["linear"], r["M"]) == (model, lin, 1)]

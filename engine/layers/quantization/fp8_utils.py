@@ -103,14 +103,11 @@ def apply_fp8_linear(scheme: WeightScheme, x: torch.Tensor, weight: torch.Tensor
     block: per-token-group activation scales and kernels/fp8_block_gemm.py (vLLM's
     apply_w8a8_block_fp8_linear); channel / tensor: per-token dynamic (or the static
     per-tensor input_scale) activations and kernels/fp8_scaled_mm.py."""
-    from kernels.fp8_quant import per_token_group_quant_fp8, scaled_fp8_quant  # lazy: CUDA
+    from kernels.fp8_quant import scaled_fp8_quant  # lazy: CUDA
 
     x = x.contiguous()  # [M, K]
     if scheme.kind == "block":
-        from kernels.fp8_block_gemm import w8a8_block_fp8_matmul
-
-        x_q, x_s = per_token_group_quant_fp8(x, scheme.block[1])  # [M, K], [M, K / bk]
-        out = w8a8_block_fp8_matmul(x_q, weight, x_s, scale, list(scheme.block), x.dtype)
+        out = _apply_block_fp8(scheme.block, x, weight, scale)
         return out if bias is None else out + bias
     from kernels.fp8_scaled_mm import fp8_scaled_mm
 
@@ -120,3 +117,22 @@ def apply_fp8_linear(scheme: WeightScheme, x: torch.Tensor, weight: torch.Tensor
         x_q, x_s = scaled_fp8_quant(x, None, use_per_token_if_dynamic=True)  # [M, 1]
     w_s = scale.view(-1, 1) if scale.numel() > 1 else scale  # [N, 1] per channel, or [1]
     return fp8_scaled_mm(x_q, weight, x_s, w_s, x.dtype, bias)
+
+
+def _apply_block_fp8(block: tuple[int, int], x: torch.Tensor, weight: torch.Tensor,
+                     scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ block-FP8 weight [N, K] -> [M, N]: one row on the GEMV
+    (kernels/fp8_gemv.py, inside w8a8_block_fp8_matmul), more on cuBLASLt's block-scaled
+    GEMM where it takes the shape, else the Triton GEMM (vLLM's dispatch order in
+    W8A8BlockFp8LinearOp: CUTLASS, then Triton)."""
+    from kernels.fp8_block_gemm import w8a8_block_fp8_matmul
+    from kernels.fp8_quant import per_token_group_quant_fp8
+    from kernels.fp8_scaled_mm import BLOCK_ROWS, block_scaled_mm_supported, fp8_block_scaled_mm
+
+    m = x.shape[0]
+    if m > 1 and block_scaled_mm_supported(x, weight, block):
+        x_q, x_s = per_token_group_quant_fp8(x, block[1], column_major_scales=True,
+                                             row_multiple=BLOCK_ROWS)  # [Mp, K], [Mp, K/bk]
+        return fp8_block_scaled_mm(x_q, weight, x_s, scale, x.dtype)[:m]
+    x_q, x_s = per_token_group_quant_fp8(x, block[1])  # [M, K], [M, K / bk]
+    return w8a8_block_fp8_matmul(x_q, weight, x_s, scale, list(block), x.dtype)
