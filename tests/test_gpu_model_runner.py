@@ -230,16 +230,18 @@ def kv_cache_bytes(engine: LLMEngine) -> int:
     return sum(c.numel() * c.element_size() for c in layers)
 
 
-@pytest.mark.parametrize("util", [0.05, 0.1])
-def test_kv_cache_follows_gpu_memory_utilization(hf_dir, util):
-    """KV bytes = whole blocks of total * util - (torch peak + non-torch), vLLM's formula."""
+@pytest.mark.parametrize("util,eager", [(0.05, True), (0.1, False)])
+def test_kv_cache_follows_gpu_memory_utilization(hf_dir, util, eager):
+    """KV bytes = whole blocks of total * util - (torch peak + non-torch + CUDA graphs),
+    vLLM's formula; no graphs (enforce_eager): none counted."""
     _, path, model = hf_dir
     engine = LLMEngine.from_config(EngineConfig(path, device="cuda", skip_tokenizer_init=True,
-                                                gpu_memory_utilization=util, enforce_eager=True))
+                                                gpu_memory_utilization=util, enforce_eager=eager))
     prof = engine.model_runner.memory_profile
     weights = sum(p.numel() * p.element_size() for p in engine.model_runner.model.parameters())
     assert prof["torch_peak"] >= weights and prof["non_torch"] > 0
-    assert prof["cudagraph_estimate"] > 0  # the largest graph's forward, counted
+    # the largest resolved graph's forward and the other graphs' outputs, counted
+    assert (prof["cudagraph_estimate"] > 0) == (not eager)
     assert prof["available"] == int(prof["total"] * util) - prof["torch_peak"] \
         - prof["non_torch"] - prof["cudagraph_estimate"]
     cache = engine.model_runner.model.model.layers[0].self_attn.attn.kv_cache
@@ -396,5 +398,6 @@ def test_start_up_compiles_every_triton_variant_side_by_side(hf_dir, monkeypatch
         max_model_len=512, kv_cache_memory_bytes=32 << 20))  # no profile run: capture only
     assert engine.model_runner.cudagraphs is not None and waited == []
     runner = engine.model_runner
-    determine_available_memory(runner, runner.max_num_tokens, 0.9)  # both profile passes
+    determine_available_memory(runner, runner.max_num_tokens, 0.9,  # both profile passes
+                               engine.resolved.compilation.capture_sizes())
     assert waited == []

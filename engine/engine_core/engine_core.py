@@ -222,7 +222,7 @@ class EngineCore:
             if self.device.type == "cuda":  # vLLM's profile run + gpu_memory_utilization
                 budget = determine_available_memory(
                     self.model_runner, sched.max_num_batched_tokens,
-                    cache.gpu_memory_utilization)
+                    cache.gpu_memory_utilization, self.resolved.compilation.capture_sizes())
             else:  # the CPU default, capped at what max_num_seqs full contexts need
                 need = sched.max_num_seqs * (
                     -(-self.max_model_len // bs) + 1 + state_blocks) * block_bytes

@@ -58,7 +58,8 @@ def run_worker(config: EngineConfig, rank: int, backend: str, init_method: str) 
                          max_model_len=sched.max_model_len)
     if init.profile:
         determine_available_memory(runner, sched.max_num_batched_tokens,
-                                   cache.gpu_memory_utilization)
+                                   cache.gpu_memory_utilization,
+                                   init.config.compilation.capture_sizes())
     num_blocks = messages.recv(int)
     shape = kv_cache_shape(arch, num_blocks, cache.block_size, tp)
     kv_dtype = configure_kv_cache(model, cache.kv_cache_dtype, cache.calculate_kv_scales,

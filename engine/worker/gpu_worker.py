@@ -12,11 +12,16 @@ where the torch peak includes the weights and the activation peak, and non-torch
 is what the device reports used beyond torch's reserved pool (CUDA context, cuBLAS
 workspaces, other processes). CUDA graphs are captured after the KV cache into one pool
 whose size is about the activation peak of the largest captured forward (largest first,
-the smaller graphs reuse it) plus every graph's output, which stays: the profile measures
-that forward (vLLM's default capture sizes, engine/worker/cudagraph_dispatcher.py) and
-counts it with the outputs of all default sizes, as vLLM's profiling estimates its
-graphs' memory. The pool measured after capture is
-kept beside it (model_runner.memory_profile["cudagraph_pool"]). Both profile passes run
+the smaller graphs reuse it) plus every graph's output, which stays. The graphs are the
+resolved ones (engine/resolved_config.py CompilationConfig.capture_sizes: sizes and mode),
+as the dispatcher keys them (engine/worker/cudagraph_dispatcher.py capture_descs): none
+for NONE (estimate 0, as vLLM's determine_available_memory skips
+profile_cudagraph_memory), decode graphs up to max_num_seqs only for FULL_DECODE_ONLY,
+both routines' for FULL_AND_PIECEWISE. The profile measures the largest one's forward
+and adds the output rows [num_tokens, hidden] of every other graph, as
+vllm/v1/worker/gpu_model_runner.py profile_cudagraph_memory adds a shared first capture
+to a per-graph cost for each further descriptor. The pool measured after capture is kept
+beside it (model_runner.memory_profile["cudagraph_pool"]). Both profile passes run
 once first with their Triton launches only compiling, side by side (kernels/_common.py
 precompile_triton), so the measured passes compile nothing; beside them, a forward at a
 token count of each fused-MoE launch config compiles the variants eager steps reach.
@@ -25,13 +30,15 @@ token count of each fused-MoE launch config compiles the variants eager steps re
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
-from engine.compilation_config import cudagraph_capture_sizes
+from engine.compilation_config import CaptureSizes
 from engine.layers.fused_moe.config import get_config_dtype_str, try_get_optimal_moe_config
 from engine.layers.fused_moe.layer import FusedMoE
 from engine.layers.quantization.fp8 import Fp8MoEMethod
+from engine.worker.cudagraph_dispatcher import BatchDescriptor, CudagraphDispatcher
 from engine.worker.model_runner import ModelRunner
 from kernels._common import precompile_triton
 
@@ -41,13 +48,18 @@ _GIB = 1 << 30
 
 
 def determine_available_memory(runner: ModelRunner, num_tokens: int,
-                               gpu_memory_utilization: float) -> int:
-    """Bytes left for the KV cache (may be <= 0: the caller reports it)."""
+                               gpu_memory_utilization: float,
+                               capture_sizes: CaptureSizes) -> int:
+    """Bytes left for the KV cache (may be <= 0: the caller reports it). capture_sizes:
+    the graphs capture_model will capture (ResolvedConfig.compilation.capture_sizes())."""
     device = runner.device
-    sizes = cudagraph_capture_sizes(runner.max_num_reqs, num_tokens)
+    descs = CudagraphDispatcher(capture_sizes.mode,
+                                [s for s in capture_sizes if s <= num_tokens],
+                                runner.max_num_reqs).capture_descs()  # largest first
+    largest = [descs[0].num_tokens] if descs else []
     with precompile_triton():  # the two passes' Triton variants, side by side
         runner.profile_run(num_tokens)
-        for n in (*_moe_config_token_counts(runner.model, num_tokens), sizes[-1]):
+        for n in (*_moe_config_token_counts(runner.model, num_tokens), *largest):
             runner.profile_run(n, sample=False)
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
@@ -55,7 +67,7 @@ def determine_available_memory(runner: ModelRunner, num_tokens: int,
     runner.profile_run(num_tokens)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device)
-    cudagraph = _cudagraph_estimate(runner, sizes)
+    cudagraph = cudagraph_memory_estimate(descs, lambda n: _measure_forward(runner, n))
     free, total = torch.cuda.mem_get_info(device)
     non_torch = max(0, total - free - torch.cuda.memory_reserved(device))
     torch.cuda.empty_cache()
@@ -105,15 +117,24 @@ def _moe_config_key(layer: FusedMoE) -> tuple:
             get_config_dtype_str(layer.w13_weight.dtype, use_fp8_w8a8=fp8), block)
 
 
-def _cudagraph_estimate(runner: ModelRunner, sizes: list[int]) -> int:
-    """Bytes of the largest size's forward at its peak plus the outputs [size, hidden] of
-    the other sizes' graphs (each graph keeps its own)."""
+def cudagraph_memory_estimate(descs: list[BatchDescriptor],
+                              measure: Callable[[int], tuple[int, int]]) -> int:
+    """Bytes of the graphs' pool for descs (largest first; none: 0): the largest one's
+    forward at its peak plus the output rows of each other graph (each keeps its own).
+    measure(num_tokens) -> (peak bytes of that forward, bytes of one output row)."""
+    if not descs:
+        return 0
+    peak, row_bytes = measure(descs[0].num_tokens)
+    return peak + sum(d.num_tokens for d in descs[1:]) * row_bytes
+
+
+def _measure_forward(runner: ModelRunner, num_tokens: int) -> tuple[int, int]:
+    """(peak bytes above the current allocation, bytes of one hidden row) of a forward
+    over num_tokens tokens without sampling."""
     device = runner.device
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
-    hidden = runner.profile_run(sizes[-1], sample=False)
+    hidden = runner.profile_run(num_tokens, sample=False)  # [num_tokens, hidden]
     torch.cuda.synchronize(device)
-    row_bytes = hidden[0].numel() * hidden.element_size()
-    used = torch.cuda.max_memory_allocated(device) - base + sum(sizes[:-1]) * row_bytes
-    del hidden
-    return used
+    return (torch.cuda.max_memory_allocated(device) - base,
+            hidden[0].numel() * hidden.element_size())
