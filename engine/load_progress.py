@@ -10,7 +10,8 @@ tensors map onto (0, TENSORS_END]; the caller reports 1.0 once the engine is rea
 (include/vllm.h: 1 comes once). A reporter returning False raises LoadCancelledError
 (VLLM_ERR_CANCELLED) before the next tensor is read. Reporters are per thread; a load in
 an engine-core child process reports through engine/engine_core/load_progress_relay.py,
-which asks the front end's reporter (current()) at each tensor.
+which asks the front end's reporter (current()) at the first and last tensor and once per
+1% of the load between them.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ call_utility / UtilityOutput).
 
 The start-up wait answers the child's load progress (PROGRESS frames before READY) with
 this thread's load_progress reporter (engine/engine_core/load_progress_relay.py): the
-progress callback of vllm_engine_create sees every tensor, and its abort stops the child's
-load before the next one (LoadCancelledError, as in process).
+progress callback of vllm_engine_create sees the first and last tensor and one value per
+1% of the load, and its abort stops the child's load before the next tensor
+(LoadCancelledError, as in process).
 
 vLLM's AsyncMPClient is asyncio; our AsyncLLM is threaded (the C ABI and the HTTP
 server call it from OS threads), so it uses this client too: its loop blocks in

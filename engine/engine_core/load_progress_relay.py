@@ -1,10 +1,14 @@
 """Load progress with abort across the engine-core process boundary: the child's loader
-reports per tensor (engine/load_progress.py's track()) to the front end's reporter, which
-can stop the load before the next tensor is read, as in process.
+reports per tensor (engine/load_progress.py's track()); the relay passes the first
+tensor's progress, then one whenever the load has gone REPORT_STEP (1%) past the last
+one passed, and the last tensor's (TENSORS_END), to the front end's reporter, which can
+stop the load at any of them before the next tensor is read, as in process. A load of
+any tensor count thus makes at most 1 / REPORT_STEP + 2 round trips
+(tests/test_load_progress_relay.py counts them), not one per tensor.
 
 Ours: vLLM's EngineCoreProc (vllm/v1/engine/core.py) sends nothing before its READY
 handshake, and its loaders only draw a tqdm bar (model_loader/weight_utils.py). The
-protocol, one round trip per tensor before READY:
+protocol, one round trip per progress passed before READY:
 - the child sends PROGRESS + the progress (a float) on its output socket, behind the log
   records before it, and waits;
 - the front end answers on the input socket: LOAD_CONTINUE, LOAD_ABORT (its reporter
@@ -30,6 +34,9 @@ from engine.engine_core.engine_core_utils import (
     PROGRESS,
 )
 from engine.errors import VllmError
+from engine.load_progress import TENSORS_END
+
+REPORT_STEP = 0.01  # the least progress between two values passed to the front end
 
 
 class LoadProgressRelay:
@@ -41,11 +48,16 @@ class LoadProgressRelay:
         self.socket.connect(input_address)
         self.output_queue = output_queue  # (tag, obj) items of the output thread
         self.watched = True
+        self.passed: float | None = None  # the last progress the front end was asked about
         self.previous = load_progress.install(self)
 
     def __call__(self, progress: float) -> bool:
         if not self.watched:
             return True
+        if (self.passed is not None and progress - self.passed < REPORT_STEP
+                and progress < TENSORS_END):
+            return True  # within REPORT_STEP of the last value passed: not asked
+        self.passed = progress
         self.output_queue.put((PROGRESS, progress))
         answer = self.socket.recv()
         if answer not in (LOAD_CONTINUE, LOAD_ABORT, LOAD_UNWATCHED):

@@ -83,7 +83,9 @@ class EngineSession:
     def create(cls, config: EngineConfig, *, chat_template: str | None = None,
                progress: Progress | None = None) -> EngineSession:
         """Loads the engine. chat_template: a file, or the template text (vLLM's
-        --chat-template); progress(fraction) is called with 0, per tensor read, and 1."""
+        --chat-template); progress(fraction) is called with 0, per tensor read (a child
+        engine core: per 1% of the load, engine/engine_core/load_progress_relay.py), and
+        1."""
         template = None if chat_template is None else load_chat_template(chat_template)
         check_create_inputs(config.model, template)  # vLLM fails at start-up
         if progress is not None and not progress(0.0):
