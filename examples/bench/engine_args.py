@@ -58,6 +58,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="vLLM's -cc.cudagraph_mode (default: FULL_AND_PIECEWISE)")
     parser.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None)
     parser.add_argument("--max-cudagraph-capture-size", type=int, default=None)
+    parser.add_argument("--quantization", "-q", default=None,
+                        help="vLLM's --quantization (fp8: online FP8 of a bf16 checkpoint)")
+    parser.add_argument("--kv-cache-dtype", default=None, help="auto | fp8 | fp8_e4m3")
+    parser.add_argument("--mamba-ssm-cache-dtype", default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
                         help="vLLM's tensor parallelism: ranks to shard the model over")
@@ -68,7 +72,8 @@ _FIELDS = ("tokenizer", "skip_tokenizer_init", "load_format", "device", "dtype",
            "gpu_memory_utilization", "kv_cache_memory_bytes", "enable_prefix_caching",
            "enable_chunked_prefill", "enforce_eager", "async_scheduling",
            "multiprocessing", "cudagraph_mode", "cudagraph_capture_sizes",
-           "max_cudagraph_capture_size", "seed", "tensor_parallel_size")
+           "max_cudagraph_capture_size", "quantization", "kv_cache_dtype",
+           "mamba_ssm_cache_dtype", "seed", "tensor_parallel_size")
 
 
 def engine_config(args: argparse.Namespace):
