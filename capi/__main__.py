@@ -1,9 +1,9 @@
-"""python -m capi: where the libvllm C library of this Python environment is, for
+"""python -m libvllm.capi: where the libvllm C library of this Python environment is, for
 building C programs against it (pkg-config's answers, without pkg-config).
 
-    python -m capi --cflags --libs        # -I... -L... -lvllm -Wl,-rpath,...
-    python -m capi --pkg-config-path      # a folder for PKG_CONFIG_PATH
-    python -m capi --version
+    python -m libvllm.capi --cflags --libs        # -I... -L... -lvllm -Wl,-rpath,...
+    python -m libvllm.capi --pkg-config-path      # a folder for PKG_CONFIG_PATH
+    python -m libvllm.capi --version
 
 Layouts (capi/install.py): a pip-installed capi package holds lib/ and include/; a
 `make install` prefix holds the package in PREFIX/lib/libvllm/python; a source checkout
@@ -21,9 +21,9 @@ HERE = Path(__file__).resolve().parent
 
 def locate() -> tuple[Path, Path, Path]:
     """(the folder of libvllm.so, of vllm.h, of libvllm.pc) of the first layout found:
-    a pip-installed capi package, a `make install` prefix (PREFIX/lib/libvllm/python/capi),
+    a pip-installed capi package, a `make install` prefix (PREFIX/lib/libvllm/python/libvllm/capi),
     a source checkout."""
-    prefix, root = HERE.parent.parent.parent, HERE.parent
+    prefix, root = HERE.parent.parent.parent.parent, HERE.parent
     for lib, include, pc in ((HERE / "lib", HERE / "include", HERE / "lib" / "pkgconfig"),
                              (prefix / "lib", prefix / "include", prefix / "lib" / "pkgconfig"),
                              (root / "build", root / "include", root / "build")):
@@ -35,7 +35,8 @@ def locate() -> tuple[Path, Path, Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m capi", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m libvllm.capi",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--cflags", action="store_true", help="compiler flags")
     parser.add_argument("--libs", action="store_true", help="linker flags")
     parser.add_argument("--pkg-config-path", action="store_true",
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     if not any(vars(args).values()):
         parser.error("give --cflags, --libs, --pkg-config-path or --version")
     if args.version:
-        import engine
+        from libvllm import engine
 
         print(engine.__version__)
         return

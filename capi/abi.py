@@ -31,7 +31,7 @@ import cffi
 from pycparser import c_ast, c_generator, c_parser
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from capi.header import HEADER, ROOT, abi_version, api_cdef  # noqa: E402
+from libvllm.capi.header import HEADER, ROOT, abi_version, api_cdef  # noqa: E402
 
 ABI_DIR = ROOT / "abi"
 _PRELUDE = """

@@ -27,8 +27,8 @@ import sysconfig
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from capi.forwarders import forwarders_source  # noqa: E402
-from capi.header import GLUE_HEADER, ROOT, abi_version, api_cdef, cdef_source, region  # noqa: E402
+from libvllm.capi.forwarders import forwarders_source  # noqa: E402
+from libvllm.capi.header import GLUE_HEADER, ROOT, abi_version, api_cdef, cdef_source, region  # noqa: E402
 
 BUILD = ROOT / "build"
 MODULE = "_libvllm"
@@ -57,7 +57,7 @@ def _start():
             source_dir = f"the sys.path of {sys.executable}"
         elif source_dir not in sys.path:
             sys.path.insert(0, source_dir)
-        import capi.glue  # noqa: F401  (registers the glue_* functions)
+        import libvllm.capi.glue  # noqa: F401  (registers the glue_* functions)
     except BaseException as e:
         message = (f"cannot load libvllm's Python side from {source_dir}: {type(e).__name__}: "
                    f"{e} (python: {sys.executable}; LIBVLLM_PYTHON names the python of an "

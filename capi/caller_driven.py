@@ -13,9 +13,9 @@ import threading
 
 from _libvllm import ffi
 
-from capi import streams, typed_outputs
-from capi.generation_defaults import apply_generation_config
-from capi.plumbing import (
+from libvllm.capi import streams, typed_outputs
+from libvllm.capi.generation_defaults import apply_generation_config
+from libvllm.capi.plumbing import (
     FINISH_REASONS,
     engines,
     export,
@@ -23,7 +23,7 @@ from capi.plumbing import (
     sampling_params,
     text,
 )
-from engine.session import RoutedOutput
+from libvllm.engine.session import RoutedOutput
 
 _EMPTY = ffi.new("char[]", b"")
 

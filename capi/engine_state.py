@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from _libvllm import lib
 
-from capi.plumbing import engines, export
-from engine.session import EngineDeadError, InvalidStateError, VllmError
+from libvllm.capi.plumbing import engines, export
+from libvllm.engine.session import EngineDeadError, InvalidStateError, VllmError
 
 
 class EngineDeadStatus(VllmError):

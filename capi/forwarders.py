@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from capi.header import ROOT, api_cdef
+from libvllm.capi.header import ROOT, api_cdef
 
 # answered by the loader itself (capi/pure.c, capi/loader.c)
 LOADER_OWN = {"vllm_log_set", "vllm_last_error"}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from _libvllm import ffi, lib
 
-from engine.session import InvalidArgumentError
+from libvllm.engine.session import InvalidArgumentError
 
 # get_diff_sampling_param's names (max_new_tokens already renamed max_tokens) -> the C
 # field's Python type

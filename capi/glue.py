@@ -17,7 +17,7 @@ import warnings
 
 from _libvllm import ffi, lib
 
-from capi import (  # noqa: F401  (glue_* bodies)
+from libvllm.capi import (  # noqa: F401  (glue_* bodies)
     at_exit,
     caller_driven,
     engine_state,
@@ -27,7 +27,7 @@ from capi import (  # noqa: F401  (glue_* bodies)
     pooling_glue,
     streams,
 )
-from capi.plumbing import (
+from libvllm.capi.plumbing import (
     BufferTooSmallError,
     EngineHandle,
     c_string,
@@ -38,8 +38,8 @@ from capi.plumbing import (
     optional_text,
     text,
 )
-from capi.release import release_memory
-from engine.session import EngineConfig, EngineSession, InvalidArgumentError
+from libvllm.capi.release import release_memory
+from libvllm.engine.session import EngineConfig, EngineSession, InvalidArgumentError
 
 
 def _quiet_embedded_interpreter() -> None:

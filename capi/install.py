@@ -4,7 +4,7 @@
 
 PREFIX/lib/libvllm.so.<major> (+ libvllm.so; the loader), PREFIX/lib/
 libvllm-python.so.<major> (the runtime library), PREFIX/lib/libvllm.cfg,
-PREFIX/lib/libvllm/python/{capi,engine,kernels} (the Python side, sources only),
+PREFIX/lib/libvllm/python/libvllm/{capi,engine,kernels} (the Python side, sources only),
 PREFIX/lib/pkgconfig/libvllm.pc, PREFIX/include/vllm.h, PREFIX/bin/vllm-cli. The
 library finds the Python side relative to itself (libvllm.cfg: pythonpath
 libvllm/python). The python it starts: LIBVLLM_PYTHON when set, else the cfg's python
@@ -13,10 +13,10 @@ PREFIX/bin/python3.X (a prefix that is itself such an environment). Copying or m
 the prefix keeps it working; the source tree is not used any more.
 
 wheel_payload(capi_dir): what `pip install .` adds to the capi package (setup.py):
-capi/lib/libvllm.so.<major> (+ libvllm.so), capi/lib/libvllm-python.so.<major>,
+libvllm/capi/lib/libvllm.so.<major> (+ libvllm.so), libvllm/capi/lib/libvllm-python.so.<major>,
 capi/lib/pkgconfig/libvllm.pc and capi/include/vllm.h; no libvllm.cfg: the loader finds
-ENV/bin/python3.X above ENV/lib/python3.X/site-packages/capi/lib and the packages in
-site-packages. `python -m capi --pkg-config-path` prints where.
+ENV/bin/python3.X above ENV/lib/python3.X/site-packages/libvllm/capi/lib and the packages in
+site-packages. `python -m libvllm.capi --pkg-config-path` prints where.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from capi.build import (  # noqa: E402
+from libvllm.capi.build import (  # noqa: E402
     BUILD,
     ROOT,
     RUNTIME,
@@ -41,7 +41,7 @@ from capi.build import (  # noqa: E402
     write_runtime_cfg,
 )
 
-PACKAGES = ("capi", "engine", "kernels")
+PACKAGES = ("capi", "engine", "kernels")  # under libvllm/ (libvllm/__init__.py)
 
 
 def environment_python() -> Path:
@@ -51,12 +51,15 @@ def environment_python() -> Path:
 
 
 def copy_python_side(dest: Path) -> None:
-    """The .py files of the packages under dest (no caches, no C sources)."""
+    """The libvllm package under dest: libvllm/__init__.py and the .py files of
+    PACKAGES in dest/libvllm (no caches, no C sources)."""
+    (dest / "libvllm").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(ROOT / "libvllm" / "__init__.py", dest / "libvllm" / "__init__.py")
     for package in PACKAGES:
         for source in sorted((ROOT / package).rglob("*.py")):
             if "__pycache__" in source.parts:
                 continue
-            target = dest / source.relative_to(ROOT)
+            target = dest / "libvllm" / source.relative_to(ROOT)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
 

@@ -83,7 +83,7 @@ static int is_executable_file(const char *path) {
 static int has_python_side(const char *dir) {
     char glue[PATH_MAX + 16];
     struct stat st;
-    snprintf(glue, sizeof glue, "%s/capi/glue.py", dir);
+    snprintf(glue, sizeof glue, "%s/libvllm/capi/glue.py", dir);
     return stat(glue, &st) == 0;
 }
 
@@ -127,7 +127,7 @@ static int load_failed(const char *format, ...) {
 
 /* libvllm.cfg beside the library, `key = value` lines (relative values are relative to
  * its folder): python = the interpreter of the environment that holds torch;
- * pythonpath = the folder that holds capi/, engine/ and kernels/. Both optional. */
+ * pythonpath = the folder that holds libvllm/ (capi/, engine/, kernels/). Both optional. */
 static void read_cfg(void) {
     char line[PATH_MAX + 64];
     FILE *file;
@@ -151,11 +151,11 @@ static void read_cfg(void) {
     fclose(file);
 }
 
-/* The folder that holds capi/glue.py: LIBVLLM_SOURCE_DIR (development), the cfg's
- * pythonpath, lib/libvllm/python (make install), .. (build/), ../.. (the wheel's
- * capi/lib); "" when none: the python environment's own sys.path must have it. */
+/* The folder that holds libvllm/capi/glue.py: LIBVLLM_SOURCE_DIR (development), the cfg's
+ * pythonpath, lib/libvllm/python (make install), .. (build/), ../../.. (the wheel's
+ * libvllm/capi/lib); "" when none: the python environment's own sys.path must have it. */
 static void find_pythonpath(void) {
-    static const char *const relative[] = {"libvllm/python", "..", "../.."};
+    static const char *const relative[] = {"libvllm/python", "..", "../../.."};
     const char *env = getenv("LIBVLLM_SOURCE_DIR");
     if (env != NULL && env[0] != '\0') {
         snprintf(found_pythonpath, sizeof found_pythonpath, "%s", env);
@@ -174,13 +174,13 @@ static void find_pythonpath(void) {
 
 /* LIBVLLM_PYTHON (only it, when set); else the cfg's python; else the environment the
  * library is installed into (PREFIX/bin beside PREFIX/lib; ENV/bin above the wheel's
- * ENV/lib/python3.X/site-packages/capi/lib). 0 with load_error saying what was tried. */
+ * ENV/lib/python3.X/site-packages/libvllm/capi/lib). 0 with load_error saying what was tried. */
 static int find_python(void) {
     const char *name = "python" LIBVLLM_PY_VERSION;
     const char *env = getenv("LIBVLLM_PYTHON");
     char tried[2048] = "";
-    /* PREFIX/lib -> PREFIX/bin; ENV/lib/python3.X/site-packages/capi/lib -> ENV/bin */
-    static const char *const installed[] = {"../bin", "../../../../../bin"};
+    /* PREFIX/lib -> PREFIX/bin; ENV/lib/python3.X/site-packages/libvllm/capi/lib -> ENV/bin */
+    static const char *const installed[] = {"../bin", "../../../../../../bin"};
     char relative[64];
     size_t used = 0;
     if (env != NULL && env[0] != '\0') {
@@ -201,7 +201,7 @@ static int find_python(void) {
                                  cfg_python, cfg_file);
     }
     for (size_t i = 0; i < sizeof installed / sizeof installed[0]; i++) {
-        if (i == 1 && !ends_with(lib_dir, "/lib/python" LIBVLLM_PY_VERSION "/site-packages/capi/lib"))
+        if (i == 1 && !ends_with(lib_dir, "/lib/python" LIBVLLM_PY_VERSION "/site-packages/libvllm/capi/lib"))
             continue;
         snprintf(relative, sizeof relative, "%s/%s", installed[i], name);
         resolve_path(lib_dir, relative, found_python, sizeof found_python);

@@ -1,6 +1,6 @@
 """capi.logs: routes the engine's Python `logging` records to vllm_log_set's callback.
 
-With a callback set, the "engine" and "capi" loggers get a handler that hands each
+With a callback set, the "libvllm.engine" and "libvllm.capi" loggers get a handler that hands each
 formatted record to glue_log (C calls the callback there, without the GIL) and stop
 propagating, at the callback's minimum level. Without one they propagate as usual: an
 embedded interpreter has no handlers, so Python's last resort prints warnings and
@@ -13,9 +13,9 @@ import logging
 
 from _libvllm import lib
 
-from capi.plumbing import export
+from libvllm.capi.plumbing import export
 
-_LOGGERS = ("engine", "capi")
+_LOGGERS = ("libvllm.engine", "libvllm.capi")
 
 
 class _CallbackHandler(logging.Handler):

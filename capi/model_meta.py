@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 
-from capi.plumbing import copy_out, engines, export, text
-from engine.session import InvalidArgumentError, NotFoundError
+from libvllm.capi.plumbing import copy_out, engines, export, text
+from libvllm.engine.session import InvalidArgumentError, NotFoundError
 
 
 def value_text(value: object) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from _libvllm import ffi, lib
 
-from capi.plumbing import (
+from libvllm.capi.plumbing import (
     EndOfStream,
     Registry,
     TimeoutStatus,
@@ -22,7 +22,7 @@ from capi.plumbing import (
     export,
     text,
 )
-from engine.session import InvalidArgumentError, VllmError
+from libvllm.engine.session import InvalidArgumentError, VllmError
 
 
 @dataclass
@@ -50,7 +50,7 @@ def _body_text(body, body_size: int) -> str:
 @export
 def glue_openai_request(key, method, endpoint, body, body_size, flags, http_status,
                         response_json, stream) -> None:
-    from engine.entrypoints.openai.api import handle_openai_request
+    from libvllm.engine.entrypoints.openai.api import handle_openai_request
 
     session = engines.get_live(key).session
     client = session.require_loop("vllm_openai_request")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from _libvllm import ffi, lib
 
-from engine.session import (
+from libvllm.engine.session import (
     EngineSession,
     InvalidArgumentError,
     OutOfResourcesError,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from _libvllm import ffi
 
-from capi.plumbing import BufferTooSmallError, engines, export
-from engine.session import InvalidArgumentError
+from libvllm.capi.plumbing import BufferTooSmallError, engines, export
+from libvllm.engine.session import InvalidArgumentError
 
 
 def _inputs(texts, text_lens, token_ids, n_token_ids, n_inputs: int) -> list[str | list[int]]:

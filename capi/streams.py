@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from _libvllm import ffi, lib
 
-from capi import typed_outputs
-from capi.generation_defaults import apply_generation_config
-from capi.plumbing import (
+from libvllm.capi import typed_outputs
+from libvllm.capi.generation_defaults import apply_generation_config
+from libvllm.capi.plumbing import (
     FINISH_REASONS,
     EndOfStream,
     Registry,
@@ -29,7 +29,7 @@ from capi.plumbing import (
     sampling_params,
     text,
 )
-from engine.session import InvalidStateError, RequestTimes, SubmittedRequest, VllmError
+from libvllm.engine.session import InvalidStateError, RequestTimes, SubmittedRequest, VllmError
 
 _EMPTY = ffi.new("char[]", b"")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from _libvllm import ffi
 
-from engine.session import RequestTimes
+from libvllm.engine.session import RequestTimes
 
 
 def fill(out, completion, first_token_latency: float, times: RequestTimes, finished: bool,

@@ -31,15 +31,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from engine.errors import NotFoundError
-from engine.exceptions import INVALID_STATE, EngineClosedError, EngineDeadError
-from engine.fair_lock import FairRLock
-from engine.outputs import PoolingRequestOutput, RequestOutput
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import RequestOutputKind, SamplingParams
+from libvllm.engine.errors import NotFoundError
+from libvllm.engine.exceptions import INVALID_STATE, EngineClosedError, EngineDeadError
+from libvllm.engine.fair_lock import FairRLock
+from libvllm.engine.outputs import PoolingRequestOutput, RequestOutput
+from libvllm.engine.pooling_params import PoolingParams
+from libvllm.engine.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:  # the engine (torch) is imported by whoever builds the LLMEngine
-    from engine.llm_engine import LLMEngine
+    from libvllm.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.logprobs import Logprob
-from engine.sampling_params import SamplingParams, verify_num_sequences
+from libvllm.engine.logprobs import Logprob
+from libvllm.engine.sampling_params import SamplingParams, verify_num_sequences
 
 # run_step(token lists) -> per beam (finish_reason, {token id: Logprob} of its one new token)
 RunStep = Callable[[list[list[int]], SamplingParams], list[tuple[str | None, dict | None]]]

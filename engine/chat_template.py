@@ -29,7 +29,7 @@ from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
-from engine.chat_template_budget import (
+from libvllm.engine.chat_template_budget import (
     BINOP_CHECKS,
     BUDGET,
     MAX_OUTPUT_CHARS,
@@ -42,7 +42,7 @@ from engine.chat_template_budget import (
     need,
     weight,
 )
-from engine.errors import InvalidArgumentError
+from libvllm.engine.errors import InvalidArgumentError
 
 _TEXT_PART_TYPES = ("text", "input_text")
 

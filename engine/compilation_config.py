@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import logging
 
-from engine.errors import InvalidArgumentError
+from libvllm.engine.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.compilation_config import CUDAGraphMode
-from engine.errors import InvalidArgumentError
-from engine.pooler_config import (
+from libvllm.engine.compilation_config import CUDAGraphMode
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.pooler_config import (
     PoolerConfig,
     check_runner_convert,
     resolve_pooler_config,
@@ -195,8 +195,8 @@ class EngineConfig:
 
     def _check_parsers(self) -> None:
         """Parser names as vLLM's serve-args checks (unknown name, auto without parser)."""
-        from engine.reasoning import ReasoningParserManager
-        from engine.tool_parsers import ToolParserManager
+        from libvllm.engine.reasoning import ReasoningParserManager
+        from libvllm.engine.tool_parsers import ToolParserManager
 
         for name, manager, flag in (
                 (self.reasoning_parser, ReasoningParserManager, "reasoning_parser"),
@@ -208,6 +208,6 @@ class EngineConfig:
             raise InvalidArgumentError(
                 "--enable-auto-tool-choice requires --tool-call-parser")
         if self.tool_strict_level is not None:
-            from engine.tool_parsers.structural_tag import ToolStrictLevel
+            from libvllm.engine.tool_parsers.structural_tag import ToolStrictLevel
 
             ToolStrictLevel.from_name(self.tool_strict_level)

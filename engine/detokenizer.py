@@ -18,7 +18,7 @@ import sys
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.decoders import DecodeStream
 
-from engine.sampling_params import SamplingParams
+from libvllm.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 INVALID_PREFIX_ERR_MSG = "Invalid prefix encountered"  # tokenizers' DecodeStream error

@@ -1,6 +1,6 @@
 """Every environment variable engine/ reads, as vllm/envs.py: one table of name -> reader
 (default and parser in one lambda), read lazily on each attribute access
-(`from engine import envs; envs.VLLM_ENABLE_V1_MULTIPROCESSING`), so a test or a host that
+(`from libvllm.engine import envs; envs.VLLM_ENABLE_V1_MULTIPROCESSING`), so a test or a host that
 sets a variable before the read sees it (a module that copies a value into a constant at
 import, as engine/layers/gdn.py GDN_PREFILL_BACKEND, fixes it then). No other module of
 engine/ touches os.environ (tests/test_config_frozen.py scans for it); launchers build a
@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from engine.errors import InvalidArgumentError
+from libvllm.engine.errors import InvalidArgumentError
 
 
 def _int(name: str, default: int | None) -> int | None:

@@ -8,7 +8,7 @@ bottom layer, whose launchers raise them) and re-exported here unchanged: one cl
 so a kernel's error maps to the same status as the engine's.
 """
 
-from kernels.errors import InvalidArgumentError, UnsupportedError, VllmError
+from libvllm.kernels.errors import InvalidArgumentError, UnsupportedError, VllmError
 
 __all__ = ["InvalidArgumentError", "ModelLoadError", "NotFoundError", "OutOfResourcesError",
            "UnsupportedError", "VllmError"]

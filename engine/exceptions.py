@@ -10,7 +10,7 @@ EngineClosedError: the engine was shut down.
 
 from __future__ import annotations
 
-from engine.errors import VllmError
+from libvllm.engine.errors import VllmError
 
 INTERNAL = 9  # VLLM_ERR_INTERNAL
 INVALID_STATE = 12  # VLLM_ERR_INVALID_STATE

@@ -9,14 +9,14 @@ core only refuses what it cannot know (a grammar that does not compile).
 
 from __future__ import annotations
 
-from engine.config import EngineConfig
-from engine.engine_core.engine_core_messages import EngineCoreReady
-from engine.errors import InvalidArgumentError, OutOfResourcesError
-from engine.reasoning.config import resolve_reasoning_token_ids
-from engine.sampling_params import SamplingParams
-from engine.structured_output import StructuredOutputsConfig
-from engine.structured_output.validation import validate_structured_outputs
-from engine.tokenizer import Tokenizer
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.engine_core.engine_core_messages import EngineCoreReady
+from libvllm.engine.errors import InvalidArgumentError, OutOfResourcesError
+from libvllm.engine.reasoning.config import resolve_reasoning_token_ids
+from libvllm.engine.sampling_params import SamplingParams
+from libvllm.engine.structured_output import StructuredOutputsConfig
+from libvllm.engine.structured_output.validation import validate_structured_outputs
+from libvllm.engine.tokenizer import Tokenizer
 
 
 class InputProcessor:

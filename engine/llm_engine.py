@@ -17,26 +17,26 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from engine.chat_template import render_chat_template
-from engine.config import EngineConfig
-from engine.engine_core.client_factory import make_client
-from engine.engine_core.core_client import EngineCoreClient, InprocClient
-from engine.engine_core.engine_core_messages import (
+from libvllm.engine.chat_template import render_chat_template
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.engine_core.client_factory import make_client
+from libvllm.engine.engine_core.core_client import EngineCoreClient, InprocClient
+from libvllm.engine.engine_core.engine_core_messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     error_from_wire,
 )
-from engine.errors import InvalidArgumentError, NotFoundError, UnsupportedError
-from engine.input_processor import InputProcessor
-from engine.output_processor import OutputProcessor
-from engine.outputs import PoolingOutput, PoolingRequestOutput, RequestOutput
-from engine.parallel_sampling import ParentRequest
-from engine.pooling_params import PoolingParams
-from engine.request import validate_cache_salt
-from engine.sampling_params import SamplingParams
-from engine.stats_aggregator import EngineStats, StatsAggregator
-from engine.tokenizer import Tokenizer
+from libvllm.engine.errors import InvalidArgumentError, NotFoundError, UnsupportedError
+from libvllm.engine.input_processor import InputProcessor
+from libvllm.engine.output_processor import OutputProcessor
+from libvllm.engine.outputs import PoolingOutput, PoolingRequestOutput, RequestOutput
+from libvllm.engine.parallel_sampling import ParentRequest
+from libvllm.engine.pooling_params import PoolingParams
+from libvllm.engine.request import validate_cache_salt
+from libvllm.engine.sampling_params import SamplingParams
+from libvllm.engine.stats_aggregator import EngineStats, StatsAggregator
+from libvllm.engine.tokenizer import Tokenizer
 
 
 @dataclass

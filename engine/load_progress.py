@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
-from engine.errors import VllmError
+from libvllm.engine.errors import VllmError
 
 T = TypeVar("T")
 TENSORS_END = 0.9  # the rest: moving to the device, the KV cache, warm-up

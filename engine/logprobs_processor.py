@@ -13,8 +13,12 @@ from collections.abc import Iterable
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.logprobs import PromptLogprobs, SampleLogprobs, append_logprobs_for_next_position
-from engine.sample.outputs import LogprobsLists
+from libvllm.engine.logprobs import (
+    PromptLogprobs,
+    SampleLogprobs,
+    append_logprobs_for_next_position,
+)
+from libvllm.engine.sample.outputs import LogprobsLists
 
 _REPLACEMENT = "\ufffd"
 

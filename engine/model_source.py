@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import os
 
-from engine.config import EngineConfig
-from engine.errors import ModelLoadError
-from engine.gguf.reader import GGUFReader
-from engine.tokenizer import Tokenizer
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import ModelLoadError
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.tokenizer import Tokenizer
 
 
 def resolve_model_path(path: str) -> tuple[str, str]:

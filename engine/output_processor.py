@@ -13,16 +13,16 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.engine_core.engine_core_messages import (
+from libvllm.engine.detokenizer import IncrementalDetokenizer
+from libvllm.engine.engine_core.engine_core_messages import (
     EngineCoreOutput,
     EngineCoreRequest,
     error_from_wire,
 )
-from engine.logprobs_processor import LogprobsProcessor
-from engine.outputs import CompletionOutput, RequestOutput
-from engine.parallel_sampling import ParentRequest
-from engine.sampling_params import RequestOutputKind
+from libvllm.engine.logprobs_processor import LogprobsProcessor
+from libvllm.engine.outputs import CompletionOutput, RequestOutput
+from libvllm.engine.parallel_sampling import ParentRequest
+from libvllm.engine.sampling_params import RequestOutputKind
 
 
 class RequestState:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.logprobs import PromptLogprobs, SampleLogprobs
+from libvllm.engine.logprobs import PromptLogprobs, SampleLogprobs
 
 
 @dataclass

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from copy import copy
 
-from engine.outputs import CompletionOutput
-from engine.sampling_params import RequestOutputKind, SamplingParams
+from libvllm.engine.outputs import CompletionOutput
+from libvllm.engine.sampling_params import RequestOutputKind, SamplingParams
 
 
 class ParentRequest:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields
 
-from engine.errors import InvalidArgumentError, UnsupportedError
+from libvllm.engine.errors import InvalidArgumentError, UnsupportedError
 
 RUNNERS = ("auto", "generate", "pooling")
 CONVERTS = ("auto", "none", "embed", "classify")

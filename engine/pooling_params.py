@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.errors import InvalidArgumentError
-from engine.pooler_config import POOLING_TASKS, PoolerConfig
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.pooler_config import POOLING_TASKS, PoolerConfig
 
 
 @dataclass

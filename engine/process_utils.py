@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
-from engine import envs
-from engine.errors import VllmError
+from libvllm.engine import envs
+from libvllm.engine.errors import VllmError
 
 ENV_PYTHON = "LIBVLLM_PYTHON"
 

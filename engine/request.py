@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import enum
 
-from engine.core.kv_cache_utils import BlockHash, get_request_block_hasher
-from engine.errors import InvalidArgumentError, VllmError
-from engine.sampling_params import SamplingParams
-from engine.structured_output.request import StructuredOutputRequest
+from libvllm.engine.core.kv_cache_utils import BlockHash, get_request_block_hasher
+from libvllm.engine.errors import InvalidArgumentError, VllmError
+from libvllm.engine.sampling_params import SamplingParams
+from libvllm.engine.structured_output.request import StructuredOutputRequest
 
 _CACHE_SALT_FORBIDDEN_CHARS = frozenset("@/\\\x00")
 _MAX_CACHE_SALT_LENGTH = 128

@@ -24,14 +24,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.compilation_config import (
+from libvllm.engine.compilation_config import (
     CaptureSizes,
     CUDAGraphMode,
     cudagraph_capture_sizes,
     resolve_cudagraph_mode,
 )
-from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError, UnsupportedError
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import InvalidArgumentError, UnsupportedError
 
 logger = logging.getLogger(__name__)
 

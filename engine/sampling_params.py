@@ -15,8 +15,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from engine.errors import InvalidArgumentError
-from engine.structured_output.params import StructuredOutputsParams
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.structured_output.params import StructuredOutputsParams
 
 _SAMPLING_EPS = 1e-5
 _MAX_TEMP = 1e-2

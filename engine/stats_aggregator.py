@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.metrics import CachingMetrics, SchedulerStats
+from libvllm.engine.metrics import CachingMetrics, SchedulerStats
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Re-export of engine.tokenizers.Tokenizer for the modules that import it from here."""
 
-from engine.tokenizers import Tokenizer
+from libvllm.engine.tokenizers import Tokenizer
 
 __all__ = ["Tokenizer"]

@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import envs
-from kernels.errors import InvalidArgumentError
+from libvllm.kernels import envs
+from libvllm.kernels.errors import InvalidArgumentError
 
 # Activation dtypes every kernel accepts.
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

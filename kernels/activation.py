@@ -19,8 +19,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels._common import cdiv, check, check_float, next_pow2, pdl_launch, pdl_wait
-from kernels.launch_cache import cached_launch
+from libvllm.kernels._common import cdiv, check, check_float, next_pow2, pdl_launch, pdl_wait
+from libvllm.kernels.launch_cache import cached_launch
 
 ELEMENTS = 4096  # outputs a program writes: narrow rows (MoE, d = 512 / 768) share one
 

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels._common import cdiv, check, next_pow2, pdl_launch, pdl_wait
-from kernels.launch_cache import cached_launch
+from libvllm.kernels._common import cdiv, check, next_pow2, pdl_launch, pdl_wait
+from libvllm.kernels.launch_cache import cached_launch
 
 
 def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor,

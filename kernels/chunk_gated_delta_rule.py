@@ -29,9 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check, next_pow2
-from kernels.gated_delta_rule import check_gdn_inputs, check_sigmoid_gates, gdn_gates
-from kernels.launch_cache import cached_launch
+from libvllm.kernels._common import check, next_pow2
+from libvllm.kernels.gated_delta_rule import check_gdn_inputs, check_sigmoid_gates, gdn_gates
+from libvllm.kernels.launch_cache import cached_launch
 
 CHUNK_SIZE = 64  # FLA_CHUNK_SIZE
 

@@ -27,9 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check, next_pow2, pdl_launch, pdl_wait
-from kernels.launch_cache import cached_launch
-from kernels.paged_attention import (
+from libvllm.kernels._common import check, next_pow2, pdl_launch, pdl_wait
+from libvllm.kernels.launch_cache import cached_launch
+from libvllm.kernels.paged_attention import (
     LOG2E,
     _attend_tile,
     _attend_tiles,

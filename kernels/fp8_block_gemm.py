@@ -23,11 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import cdiv, check, check_same_device
-from kernels.fp8_gemv import w8a8_block_fp8_gemv
-from kernels.launch_cache import cached_launch
-from kernels.launch_configs import GemmConfig
-from kernels.tuned_configs import (
+from libvllm.kernels._common import cdiv, check, check_same_device
+from libvllm.kernels.fp8_gemv import w8a8_block_fp8_gemv
+from libvllm.kernels.launch_cache import cached_launch
+from libvllm.kernels.launch_configs import GemmConfig
+from libvllm.kernels.tuned_configs import (
     config_dir,
     config_file_name,
     device_name,

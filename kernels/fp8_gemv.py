@@ -20,9 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import cdiv, check, next_pow2, pdl_launch, pdl_wait
-from kernels.launch_cache import cached_launch
-from kernels.launch_configs import GemvConfig
+from libvllm.kernels._common import cdiv, check, next_pow2, pdl_launch, pdl_wait
+from libvllm.kernels.launch_cache import cached_launch
+from libvllm.kernels.launch_configs import GemvConfig
 
 
 @cached_launch

@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import cdiv, check, check_float, next_pow2
-from kernels.launch_cache import cached_launch
+from libvllm.kernels._common import cdiv, check, check_float, next_pow2
+from libvllm.kernels.launch_cache import cached_launch
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max

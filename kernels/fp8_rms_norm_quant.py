@@ -16,10 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check, next_pow2, pdl_launch, pdl_wait
-from kernels.fp8_quant import FP8_DTYPE, FP8_MAX, GROUP_EPS, per_token_group_quant_fp8_ref
-from kernels.launch_cache import cached_launch
-from kernels.rms_norm import (
+from libvllm.kernels._common import check, next_pow2, pdl_launch, pdl_wait
+from libvllm.kernels.fp8_quant import FP8_DTYPE, FP8_MAX, GROUP_EPS, per_token_group_quant_fp8_ref
+from libvllm.kernels.launch_cache import cached_launch
+from libvllm.kernels.rms_norm import (
     check_norm_args,
     norm_block,
     norm_warps,

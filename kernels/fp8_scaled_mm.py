@@ -27,7 +27,7 @@ import functools
 
 import torch
 
-from kernels._common import FLOAT_DTYPES, check, check_same_device
+from libvllm.kernels._common import FLOAT_DTYPES, check, check_same_device
 
 FP8_DTYPE = torch.float8_e4m3fn
 

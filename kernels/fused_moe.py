@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import (
+from libvllm.kernels._common import (
     FLOAT_DTYPES,
     cdiv,
     check,
@@ -31,8 +31,8 @@ from kernels._common import (
     pdl_launch,
     pdl_wait,
 )
-from kernels.fp8_quant import FP8_DTYPE, per_token_group_quant_fp8, scaled_fp8_quant
-from kernels.launch_cache import cached_launch
+from libvllm.kernels.fp8_quant import FP8_DTYPE, per_token_group_quant_fp8, scaled_fp8_quant
+from libvllm.kernels.launch_cache import cached_launch
 
 _COMPUTE_TYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16,
                   torch.float32: tl.float32}

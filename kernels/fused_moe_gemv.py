@@ -63,7 +63,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels._common import (
+from libvllm.kernels._common import (
     cdiv,
     check,
     check_float,
@@ -72,9 +72,9 @@ from kernels._common import (
     pdl_launch,
     pdl_wait,
 )
-from kernels.launch_cache import cached_launch
-from kernels.launch_configs import GemvConfig
-from kernels.moe_topk_softmax import topk_softmax_row, topk_softmax_slot
+from libvllm.kernels.launch_cache import cached_launch
+from libvllm.kernels.launch_configs import GemvConfig
+from libvllm.kernels.moe_topk_softmax import topk_softmax_row, topk_softmax_slot
 
 
 @cached_launch

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels._common import cdiv, check, next_pow2, pdl_launch, pdl_wait
-from kernels.launch_cache import cached_launch
+from libvllm.kernels._common import cdiv, check, next_pow2, pdl_launch, pdl_wait
+from libvllm.kernels.launch_cache import cached_launch
 
 L2_EPS = 1e-6
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels._common import (
+from libvllm.kernels._common import (
     cdiv,
     check,
     check_float,
@@ -38,9 +38,9 @@ from kernels._common import (
     pdl_launch,
     pdl_wait,
 )
-from kernels.activation import silu_and_mul_ref
-from kernels.launch_cache import cached_launch
-from kernels.launch_configs import GemvConfig
+from libvllm.kernels.activation import silu_and_mul_ref
+from libvllm.kernels.launch_cache import cached_launch
+from libvllm.kernels.launch_configs import GemvConfig
 
 
 @cached_launch

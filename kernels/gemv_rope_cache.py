@@ -33,19 +33,19 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import (
+from libvllm.kernels._common import (
     check,
     check_same_device,
     next_pow2,
     pdl_launch,
     pdl_wait,
 )
-from kernels.gemv import check_one_row_gemv, dense_gemv_ref
-from kernels.launch_cache import cached_launch
-from kernels.launch_configs import GemvConfig
-from kernels.reshape_and_cache import check_kv_cache_dtype, quantize_kv_value
-from kernels.rotary import _check_cos_sin_cache, _check_positions
-from kernels.rotary_cache import rotary_embedding_and_cache_ref
+from libvllm.kernels.gemv import check_one_row_gemv, dense_gemv_ref
+from libvllm.kernels.launch_cache import cached_launch
+from libvllm.kernels.launch_configs import GemvConfig
+from libvllm.kernels.reshape_and_cache import check_kv_cache_dtype, quantize_kv_value
+from libvllm.kernels.rotary import _check_cos_sin_cache, _check_positions
+from libvllm.kernels.rotary_cache import rotary_embedding_and_cache_ref
 
 
 @cached_launch

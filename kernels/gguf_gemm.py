@@ -24,18 +24,18 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import cdiv, check, check_float, check_same_device, next_pow2
-from kernels.errors import UnsupportedError
-from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
-from kernels.gguf_kquant_mmq import (
+from libvllm.kernels._common import cdiv, check, check_float, check_same_device, next_pow2
+from libvllm.kernels.errors import UnsupportedError
+from libvllm.kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
+from libvllm.kernels.gguf_kquant_mmq import (
     kquant_dequant_config,
     kquant_dequantize,
     kquant_mmq,
     kquant_mmq_fits,
 )
-from kernels.gguf_tiles import TILE_TYPES, dequant_tile
-from kernels.launch_cache import cached_launch
-from kernels.launch_configs import GgufBlocksConfig, GgufMmqConfig
+from libvllm.kernels.gguf_tiles import TILE_TYPES, dequant_tile
+from libvllm.kernels.launch_cache import cached_launch
+from libvllm.kernels.launch_configs import GgufBlocksConfig, GgufMmqConfig
 
 # Dispatch by token count M: GEMV up to GEMV_MAX_M tokens, the fused GEMM up to MMQ_MAX_M
 # (Q4_K / Q6_K: the word-load GEMM of kernels/gguf_kquant_mmq.py up to KQUANT_MAX_M, the

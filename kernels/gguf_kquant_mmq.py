@@ -24,10 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import cdiv, check
-from kernels.ggml_types import GGMLType
-from kernels.launch_cache import cached_launch
-from kernels.launch_configs import GgufBlocksConfig, KquantMmqConfig
+from libvllm.kernels._common import cdiv, check
+from libvllm.kernels.ggml_types import GGMLType
+from libvllm.kernels.launch_cache import cached_launch
+from libvllm.kernels.launch_configs import GgufBlocksConfig, KquantMmqConfig
 
 # type -> (bytes per super-block, bytes per word loaded)
 KQUANT_MMQ_TYPES: dict[int, tuple[int, int]] = {GGMLType.Q4_K: (144, 4), GGMLType.Q6_K: (210, 2)}

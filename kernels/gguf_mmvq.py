@@ -39,18 +39,25 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import envs
-from kernels._common import cdiv, check, check_float, check_same_device, pdl_launch, pdl_wait
-from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
-from kernels.gguf_mmvq_lanes import (
+from libvllm.kernels import envs
+from libvllm.kernels._common import (
+    cdiv,
+    check,
+    check_float,
+    check_same_device,
+    pdl_launch,
+    pdl_wait,
+)
+from libvllm.kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
+from libvllm.kernels.gguf_mmvq_lanes import (
     dp4a_emulated,
     kquant_lane_step,
     legacy_lane_step,
     q6k_lane_step,
 )
-from kernels.gguf_tiles import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
-from kernels.launch_cache import cached_launch
-from kernels.launch_configs import MmvqConfig
+from libvllm.kernels.gguf_tiles import Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
+from libvllm.kernels.launch_cache import cached_launch
+from libvllm.kernels.launch_configs import MmvqConfig
 
 MMVQ_TYPES = frozenset({Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K})  # block sizes: GGML_TYPE_TRAITS
 MMVQ_MAX_M = 8  # decode rows; more go through kernels/gguf_gemm.py

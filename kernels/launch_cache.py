@@ -28,8 +28,8 @@ from typing import Any
 import triton
 from triton.runtime.jit import JITFunction
 
-from kernels import envs
-from kernels._common import compiling
+from libvllm.kernels import envs
+from libvllm.kernels._common import compiling
 
 _ENABLED = not envs.LIBVLLM_DISABLE_LAUNCH_CACHE
 

@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check
-from kernels.launch_cache import cached_launch
+from libvllm.kernels._common import check
+from libvllm.kernels.launch_cache import cached_launch
 
 # pairs scanned per step by each program
 _BLOCK_T = 512

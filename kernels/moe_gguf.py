@@ -19,10 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check, check_float, check_same_device
-from kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
-from kernels.gguf_gemm import GGUF_MMQ_CONFIG
-from kernels.gguf_tiles import TILE_TYPES, dequant_tile
+from libvllm.kernels._common import check, check_float, check_same_device
+from libvllm.kernels.ggml_types import GGML_TYPE_TRAITS, GGMLType
+from libvllm.kernels.gguf_gemm import GGUF_MMQ_CONFIG
+from libvllm.kernels.gguf_tiles import TILE_TYPES, dequant_tile
 
 # kernels/gguf_gemm.py gguf_mmq's tile, in vLLM's keys
 MOE_GGUF_CONFIG = {"BLOCK_SIZE_M": GGUF_MMQ_CONFIG.block_m, "BLOCK_SIZE_N": GGUF_MMQ_CONFIG.block_n,

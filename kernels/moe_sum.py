@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import cdiv, check, check_float, next_pow2, pdl_launch, pdl_wait
-from kernels.launch_cache import cached_launch
+from libvllm.kernels._common import cdiv, check, check_float, next_pow2, pdl_launch, pdl_wait
+from libvllm.kernels.launch_cache import cached_launch
 
 ELEMENTS = 8192  # inputs a program reads
 

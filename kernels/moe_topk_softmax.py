@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check, check_float, compiling, pdl_launch, pdl_wait
-from kernels.launch_cache import cached_launch
+from libvllm.kernels._common import check, check_float, compiling, pdl_launch, pdl_wait
+from libvllm.kernels.launch_cache import cached_launch
 
 MAX_EXPERTS = 4096
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels._common import (
+from libvllm.kernels._common import (
     cdiv,
     check,
     check_float,
@@ -39,9 +39,9 @@ from kernels._common import (
     pdl_launch,
     pdl_wait,
 )
-from kernels._common import num_sms as _num_sms
-from kernels.launch_cache import cached_launch
-from kernels.reshape_and_cache import check_kv_cache_dtype, dequantize_kv_ref
+from libvllm.kernels._common import num_sms as _num_sms
+from libvllm.kernels.launch_cache import cached_launch
+from libvllm.kernels.reshape_and_cache import check_kv_cache_dtype, dequantize_kv_ref
 
 LOG2E = 1.4426950408889634
 

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import (
+from libvllm.kernels._common import (
     cdiv,
     check,
     check_float,
@@ -33,7 +33,7 @@ from kernels._common import (
     pdl_launch,
     pdl_wait,
 )
-from kernels.launch_cache import cached_launch
+from libvllm.kernels.launch_cache import cached_launch
 
 FP8_KV_DTYPE = torch.float8_e4m3fn  # vLLM's fp8 / fp8_e4m3 KV cache
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max: the store saturates there

@@ -15,8 +15,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check, check_float, check_same_device, next_pow2, pdl_launch, pdl_wait
-from kernels.launch_cache import cached_launch
+from libvllm.kernels._common import (
+    check,
+    check_float,
+    check_same_device,
+    next_pow2,
+    pdl_launch,
+    pdl_wait,
+)
+from libvllm.kernels.launch_cache import cached_launch
 
 
 @triton.jit

@@ -19,8 +19,15 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels._common import check, check_float, check_same_device, next_pow2, pdl_launch, pdl_wait
-from kernels.launch_cache import cached_launch
+from libvllm.kernels._common import (
+    check,
+    check_float,
+    check_same_device,
+    next_pow2,
+    pdl_launch,
+    pdl_wait,
+)
+from libvllm.kernels.launch_cache import cached_launch
 
 
 def rms_norm_gated_ref(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,

@@ -23,10 +23,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import cdiv, check, check_same_device, next_pow2, pdl_launch, pdl_wait
-from kernels.gemv import check_one_row_gemv, dense_gemv_config, dense_gemv_ref
-from kernels.launch_cache import cached_launch
-from kernels.rms_norm import check_norm_weight, norm_warps, rms_norm_ref, rms_norm_row
+from libvllm.kernels._common import cdiv, check, check_same_device, next_pow2, pdl_launch, pdl_wait
+from libvllm.kernels.gemv import check_one_row_gemv, dense_gemv_config, dense_gemv_ref
+from libvllm.kernels.launch_cache import cached_launch
+from libvllm.kernels.rms_norm import check_norm_weight, norm_warps, rms_norm_ref, rms_norm_row
 
 MAX_N, MAX_HIDDEN = 513, 8192  # E + 1 router rows; one row held in registers
 

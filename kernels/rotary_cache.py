@@ -31,11 +31,22 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check, check_float, check_same_device, next_pow2, pdl_launch, pdl_wait
-from kernels.launch_cache import cached_launch
-from kernels.reshape_and_cache import check_kv_cache_dtype, quantize_kv, reshape_and_cache_ref
-from kernels.rms_norm import rms_norm_ref
-from kernels.rotary import (
+from libvllm.kernels._common import (
+    check,
+    check_float,
+    check_same_device,
+    next_pow2,
+    pdl_launch,
+    pdl_wait,
+)
+from libvllm.kernels.launch_cache import cached_launch
+from libvllm.kernels.reshape_and_cache import (
+    check_kv_cache_dtype,
+    quantize_kv,
+    reshape_and_cache_ref,
+)
+from libvllm.kernels.rms_norm import rms_norm_ref
+from libvllm.kernels.rotary import (
     _check_cos_sin_cache,
     _check_positions,
     _heads_view,

@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import envs
-from kernels._common import (
+from libvllm.kernels import envs
+from libvllm.kernels._common import (
     cdiv,
     check,
     check_float,
@@ -39,8 +39,8 @@ from kernels._common import (
     pdl_launch,
     pdl_wait,
 )
-from kernels._common import num_sms as _num_sms
-from kernels.launch_cache import cached_launch
+from libvllm.kernels._common import num_sms as _num_sms
+from libvllm.kernels.launch_cache import cached_launch
 
 BLOCK = 512  # values a stage-1 program loads per step: 4 per thread of 4 warps
 PER_SM = 2  # stage-1 programs per SM a launch aims for (all rows together)

@@ -33,8 +33,8 @@ from typing import TypeVar
 
 import torch
 
-from kernels.errors import InvalidArgumentError
-from kernels.launch_configs import LaunchConfig
+from libvllm.kernels.errors import InvalidArgumentError
+from libvllm.kernels.launch_configs import LaunchConfig
 
 logger = logging.getLogger(__name__)
 CONFIG_ROOT = os.path.join(os.path.dirname(os.path.realpath(__file__)), "configs")

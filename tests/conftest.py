@@ -185,8 +185,8 @@ def model_path() -> str:
 @pytest.fixture(scope="session")
 def gguf_tokenizer(model_path):
     """The default model's tokenizer, from its GGUF metadata (read once per session)."""
-    from engine.gguf.reader import GGUFReader
-    from engine.tokenizer import Tokenizer
+    from libvllm.engine.gguf.reader import GGUFReader
+    from libvllm.engine.tokenizer import Tokenizer
 
     with GGUFReader(model_path) as reader:
         return Tokenizer.from_gguf_metadata(reader.metadata)

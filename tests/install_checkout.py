@@ -14,8 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTION = "What is the capital of France?"
-SOURCES = ["Makefile", "pyproject.toml", "setup.py", "capi", "engine", "kernels", "include",
-           "examples/c", "examples/cli"]
+SOURCES = ["Makefile", "pyproject.toml", "setup.py", "libvllm", "capi", "engine", "kernels",
+           "include", "examples/c", "examples/cli"]
 
 
 def bare_env(**extra: str) -> dict[str, str]:
@@ -28,7 +28,8 @@ def copy_sources(dest: Path) -> Path:
     for name in SOURCES:
         source, target = ROOT / name, dest / name
         if source.is_dir():
-            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(source, target, symlinks=True,  # libvllm/: the links
+                            ignore=shutil.ignore_patterns("__pycache__"))
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)

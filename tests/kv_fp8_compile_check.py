@@ -11,11 +11,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-import kernels.decode_attention as da
-import kernels.gemv_rope_cache as gr
-import kernels.paged_attention as pa
-import kernels.reshape_and_cache as rc
-import kernels.rotary_cache as ro
+import libvllm.kernels.decode_attention as da
+import libvllm.kernels.gemv_rope_cache as gr
+import libvllm.kernels.paged_attention as pa
+import libvllm.kernels.reshape_and_cache as rc
+import libvllm.kernels.rotary_cache as ro
 
 _FLOATS = {"qk_scale", "eps", "weight_offset"}
 _ROPE = {"pos_ptr": "*i64", "slot_ptr": "*i64", "cos_sin_ptr": "*fp32"}

@@ -22,7 +22,7 @@ import subprocess
 
 import pytest
 
-from capi.abi import (
+from libvllm.capi.abi import (
     ABI_DIR,
     broken_names,
     describe,
@@ -30,7 +30,7 @@ from capi.abi import (
     incompatibilities,
     last_of_major,
 )
-from capi.header import HEADER, ROOT, abi_version
+from libvllm.capi.header import HEADER, ROOT, abi_version
 
 
 @pytest.fixture(scope="module")

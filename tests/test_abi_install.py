@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from capi.header import abi_version
+from libvllm.capi.header import abi_version
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,7 +66,7 @@ def test_install_layout(prefix):
 
 def test_pkg_config_builds_a_program_against_the_installed_library(prefix, tmp_path,
                                                                     child_env, model_path):
-    import engine
+    from libvllm import engine
 
     assert _pkg_config(prefix, "--modversion") == engine.__version__
     flags = _pkg_config(prefix, "--cflags", "--libs").split()
@@ -86,7 +86,7 @@ def test_one_version_in_pkg_config_the_library_and_the_package_metadata(prefix):
     import cffi
     from setuptools.config.pyprojecttoml import read_configuration
 
-    from capi.header import api_cdef
+    from libvllm.capi.header import api_cdef
 
     metadata = read_configuration(ROOT / "pyproject.toml")["project"]["version"]
     ffi = cffi.FFI()

@@ -26,9 +26,9 @@ import pytest
 from agent_server import KEY, LOGS, MODEL, WEATHER_PARAMETERS, post, server_fixture, sse_frames
 from hostile_server import no_traceback
 
-from engine.entrypoints.anthropic.protocol import MessagesRequest, translate_error_type
-from engine.entrypoints.anthropic.serving import content_blocks, to_chat_request
-from engine.entrypoints.anthropic.stream import stream_events
+from libvllm.engine.entrypoints.anthropic.protocol import MessagesRequest, translate_error_type
+from libvllm.engine.entrypoints.anthropic.serving import content_blocks, to_chat_request
+from libvllm.engine.entrypoints.anthropic.stream import stream_events
 
 anthropic = pytest.importorskip("anthropic")
 

@@ -20,12 +20,16 @@ from collections import deque
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.core.async_scheduler import AsyncScheduler
-from engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from engine.llm_engine import LLMEngine
-from engine.request import Request, RequestStatus
-from engine.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.core.async_scheduler import AsyncScheduler
+from libvllm.engine.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.request import Request, RequestStatus
+from libvllm.engine.sampling_params import (
+    RequestOutputKind,
+    SamplingParams,
+    StructuredOutputsParams,
+)
 from tests.test_scheduler import create_requests, create_scheduler
 
 

@@ -16,10 +16,10 @@ import torch
 from test_kernels_common import ON_CUDA, gpu
 from test_kernels_paged_attention import _case, _close
 
-import kernels.decode_attention as da
-from engine.layers import attention
-from engine.layers.attention import Attention, AttentionMetadata, num_leading_decodes
-from kernels.paged_attention import paged_attention_prefill, paged_attention_prefill_ref
+import libvllm.kernels.decode_attention as da
+from libvllm.engine.layers import attention
+from libvllm.engine.layers.attention import Attention, AttentionMetadata, num_leading_decodes
+from libvllm.kernels.paged_attention import paged_attention_prefill, paged_attention_prefill_ref
 
 
 @pytest.mark.parametrize("num_scheduled,want", [

@@ -14,15 +14,15 @@ from __future__ import annotations
 import pytest
 from test_openai_api import Spy, call, client, err, ok  # noqa: F401 - client: the fixture
 
-from engine.beam_search import (
+from libvllm.engine.beam_search import (
     BeamSearchParams,
     beam_search,
     get_beam_search_eos_token_ids,
     get_beam_search_score,
 )
-from engine.entrypoints.openai.serving_beam import BeamSteps
-from engine.errors import InvalidArgumentError
-from engine.logprobs import Logprob
+from libvllm.engine.entrypoints.openai.serving_beam import BeamSteps
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.logprobs import Logprob
 
 
 def _fake_step(table):
@@ -65,7 +65,7 @@ def test_sort_key_orders_as_the_score():
     score is representable (random lengths, cumulative logprobs and penalties)."""
     import random
 
-    from engine.beam_search import BeamSearchSequence, create_sort_beams_key_function
+    from libvllm.engine.beam_search import BeamSearchSequence, create_sort_beams_key_function
 
     rng = random.Random(0)
     for penalty in (-2.0, 0.0, 0.5, 1.0, 3.0):

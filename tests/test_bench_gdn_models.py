@@ -11,9 +11,9 @@ import json
 import pytest
 import torch
 
-from engine.model_loader.hf_config import arch_config_from_hf, read_json_object
-from engine.models.registry import resolve_model_cls
 from examples.bench import suite
+from libvllm.engine.model_loader.hf_config import arch_config_from_hf, read_json_object
+from libvllm.engine.models.registry import resolve_model_cls
 
 # directory: (architecture, model_type, parameters lo/hi, GDN layers, attention layers)
 SHAPES = {"qwen3.5-27b": ("Qwen3_5ForCausalLM", "qwen3_5_text", 26.5e9, 27.5e9, 48, 16),

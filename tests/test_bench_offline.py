@@ -227,9 +227,9 @@ def test_startup_phases_times_the_engine_core(tiny, capsys):
     no memory profile, no graphs, the interpreter compiles nothing); its patches undone."""
     import os
 
-    from engine.engine_core import engine_core
-    from engine.worker import cudagraph
     from examples.bench import startup_phases
+    from libvllm.engine.engine_core import engine_core
+    from libvllm.engine.worker import cudagraph
 
     init, warmups = engine_core.EngineCore.__init__, cudagraph._WARMUP_RUNS
     env = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")

@@ -8,11 +8,11 @@ import pytest
 
 pytest.importorskip("triton", reason="kernels/ need triton")
 
-import kernels.decode_attention as decode_attention  # noqa: E402
-import kernels.fused_moe_gemv as fused_moe_gemv  # noqa: E402
-import kernels.gemv as gemv  # noqa: E402
+import libvllm.kernels.decode_attention as decode_attention  # noqa: E402
+import libvllm.kernels.fused_moe_gemv as fused_moe_gemv  # noqa: E402
+import libvllm.kernels.gemv as gemv  # noqa: E402
 from examples.bench import override  # noqa: E402
-from kernels.launch_configs import GemvConfig  # noqa: E402
+from libvllm.kernels.launch_configs import GemvConfig  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

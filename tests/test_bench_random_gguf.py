@@ -8,7 +8,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from engine.model_loader import load_gguf_model
+from libvllm.engine.model_loader import load_gguf_model
 
 ROOT = Path(__file__).resolve().parents[1]
 Q = gguf.GGMLQuantizationType

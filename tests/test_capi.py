@@ -77,7 +77,7 @@ def python_host(library: str, model: str) -> None:
     import torch  # noqa: F401  (before the library starts: the hang this guards against)
 
     sys.path.insert(0, str(TESTS.parent))
-    from capi.header import api_cdef
+    from libvllm.capi.header import api_cdef
 
     ffi = cffi.FFI()
     ffi.cdef(api_cdef())
@@ -92,12 +92,12 @@ def python_host(library: str, model: str) -> None:
     assert status == lib.VLLM_ERR_BUFFER_TOO_SMALL
     assert n[0] > 0
 
-    import engine.llm_engine  # the library's engine lives in this interpreter
+    import libvllm.engine.llm_engine  # the library's engine lives in this interpreter
 
     def broken_step(self):
         raise RuntimeError("boom")
 
-    engine.llm_engine.LLMEngine.step = broken_step
+    libvllm.engine.llm_engine.LLMEngine.step = broken_step
     assert lib.vllm_request_add(handle[0], b"r", b"Hello", ffi.NULL, 0, ffi.NULL) == lib.VLLM_OK
     outputs, n_outputs = ffi.new("vllm_request_output **"), ffi.new("size_t *")
     assert lib.vllm_engine_step(handle[0], outputs, n_outputs) == lib.VLLM_ERR_INTERNAL

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import InvalidArgumentError
-from engine.gguf.reader import GGUFReader
-from engine.tokenizer import Tokenizer
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.tokenizer import Tokenizer
 from tests.test_capi_stream import open_library
 
 pytestmark = [pytest.mark.capi, pytest.mark.slow]
@@ -159,7 +159,7 @@ def _failing_request_step(real_step, failing: str):
 def test_caller_driven_output_carries_the_error_of_a_failed_request(api, model_path,
                                                                     monkeypatch):
     ffi, lib = api.ffi, api.lib
-    from engine.llm_engine import LLMEngine
+    from libvllm.engine.llm_engine import LLMEngine
 
     e = api.create(model_path)
     monkeypatch.setattr(LLMEngine, "step", _failing_request_step(LLMEngine.step, "bad"))

@@ -29,8 +29,8 @@ from test_capi_engine_core import _core_children
 from test_capi_stream import open_library
 from test_dummy_loader import write_config
 
-import engine
-from capi.header import ROOT, abi_version
+from libvllm import engine
+from libvllm.capi.header import ROOT, abi_version
 
 pytestmark = [pytest.mark.capi]
 api = pytest.fixture(scope="module")(open_library)
@@ -143,7 +143,7 @@ def test_valid_values_and_model_info_weight_format(api, dummy):
 
 @pytest.mark.slow
 def test_gguf_weight_format_is_its_file_type(api, model_path):
-    from engine.gguf.reader import GGUFReader
+    from libvllm.engine.gguf.reader import GGUFReader
 
     with GGUFReader(model_path) as r:
         file_type = r.metadata["general.file_type"]
@@ -203,7 +203,7 @@ def test_reset_refused_while_a_request_holds_blocks(api, dummy):
 
 def _session(api, e):
     """The engine's session inside the library (this process runs its Python side)."""
-    return sys.modules["capi.plumbing"].engines[int(api.ffi.cast("uintptr_t", e))].session
+    return sys.modules["libvllm.capi.plumbing"].engines[int(api.ffi.cast("uintptr_t", e))].session
 
 
 def test_check_health_in_process_never_waits_for_the_engine_lock(api, dummy):
@@ -327,7 +327,7 @@ def test_version_is_abi_major_minor_and_the_package_version(api, built):
     assert version == f"{major}.{minor}.0" == engine.__version__
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {
-        "attr": "engine.__version__"}
+        "attr": "libvllm.engine.__version__"}
     modversion = subprocess.run(
         ["pkg-config", "--modversion", "libvllm"], capture_output=True, text=True,
         env={**os.environ, "PKG_CONFIG_PATH": str(built)}, check=True).stdout.strip()
@@ -344,7 +344,7 @@ def test_version_is_abi_major_minor_and_the_package_version(api, built):
     (None, {}, True, "gguf"),  # no general.file_type
 ], ids=["none", "fp8-ckpt", "compressed-tensors", "online-fp8", "gguf", "gguf-untyped"])
 def test_weight_format_names(configured, kv, is_gguf, want):
-    from engine.session import weight_format
+    from libvllm.engine.session import weight_format
 
     assert weight_format.quantization(configured, kv, is_gguf) == want
     assert weight_format.kv_cache_dtype("auto", "bfloat16") == "bfloat16"

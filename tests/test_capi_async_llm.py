@@ -17,11 +17,11 @@ import time
 
 import pytest
 
-from engine.async_llm import AsyncLLM, EngineClosedError, EngineDeadError
-from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import RequestOutputKind, SamplingParams
+from libvllm.engine.async_llm import AsyncLLM, EngineClosedError, EngineDeadError
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.sampling_params import RequestOutputKind, SamplingParams
 
 PROMPT = "The capital of France is"
 

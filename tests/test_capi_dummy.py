@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.sampling_params import SamplingParams
+from libvllm.engine.sampling_params import SamplingParams
 from tests.test_capi_stream import open_library
 from tests.test_dummy_loader import dummy_engine, write_config
 

@@ -31,7 +31,7 @@ def _core_children() -> list[int]:
     for entry in Path("/proc").iterdir():
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if b"engine.engine_core.engine_core_proc" in argv and \
+            if b"libvllm.engine.engine_core.engine_core_proc" in argv and \
                     argv[argv.index(b"--parent-pid") + 1] == me:
                 found.append(int(entry.name))
         except (OSError, ValueError, IndexError):

@@ -4,7 +4,7 @@ failure (vllm.h's conventions), so a caller that frees them frees nothing."""
 
 import re
 
-from capi.forwarders import forwarders_source
+from libvllm.capi.forwarders import forwarders_source
 
 
 def _not_loaded_branch(source: str, name: str) -> str:

@@ -9,9 +9,9 @@ from pathlib import Path
 import cffi
 import pytest
 
-from capi.header import HEADER, abi_version, api_cdef, api_functions
-from engine import errors
-from engine.sampling_params import SamplingParams
+from libvllm.capi.header import HEADER, abi_version, api_cdef, api_functions
+from libvllm.engine import errors
+from libvllm.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.capi
 
@@ -69,7 +69,7 @@ def test_abi_version_matches_header_macros(abi):
 
 
 def test_version_is_the_package_version(abi):
-    import engine
+    from libvllm import engine
 
     ffi, lib = abi
     assert ffi.string(lib.vllm_version()).decode() == engine.__version__

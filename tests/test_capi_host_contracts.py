@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.capi, pytest.mark.slow]
 _HOST = r"""
 import json, os, sys, time
 import cffi
-from capi.header import api_cdef
+from libvllm.capi.header import api_cdef
 ffi = cffi.FFI()
 ffi.cdef(api_cdef())
 lib = ffi.dlopen(sys.argv[1])

@@ -72,9 +72,10 @@ def test_openmp_threads_wait_passively_unless_the_user_chose(host, child_env, pr
 
 
 def test_a_system_exit_while_loading_the_glue_does_not_end_the_host(host, child_env, tmp_path):
-    (tmp_path / "capi").mkdir()
-    (tmp_path / "capi/__init__.py").write_text("")
-    (tmp_path / "capi/glue.py").write_text("raise SystemExit(3)\n")
+    (tmp_path / "libvllm/capi").mkdir(parents=True)
+    (tmp_path / "libvllm/__init__.py").write_text("")
+    (tmp_path / "libvllm/capi/__init__.py").write_text("")
+    (tmp_path / "libvllm/capi/glue.py").write_text("raise SystemExit(3)\n")
     run = _run([host, "init"], {**child_env, "LIBVLLM_SOURCE_DIR": str(tmp_path)})
     assert run.returncode == 0, run.stderr
     status, message = run.stdout.split("\n")[:2]
@@ -97,7 +98,7 @@ _N_THREADS = """
 import sys
 import cffi
 import torch
-from capi.header import api_cdef
+from libvllm.capi.header import api_cdef
 ffi = cffi.FFI()
 ffi.cdef(api_cdef())
 lib = ffi.dlopen(sys.argv[1])

@@ -57,9 +57,9 @@ def fake_openai(monkeypatch):
             return OpenAIResult(200, None, made[-1])
         return OpenAIResult(400, '{"error": {"message": "bad"}}', None)
 
-    module = types.ModuleType("engine.entrypoints.openai.api")
+    module = types.ModuleType("libvllm.engine.entrypoints.openai.api")
     module.handle_openai_request = handle_openai_request
-    monkeypatch.setitem(sys.modules, "engine.entrypoints.openai.api", module)
+    monkeypatch.setitem(sys.modules, "libvllm.engine.entrypoints.openai.api", module)
     return calls, made
 
 

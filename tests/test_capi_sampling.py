@@ -15,8 +15,8 @@ import json
 
 import pytest
 
-from engine.gguf.reader import GGUFReader
-from engine.tokenizer import Tokenizer
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.tokenizer import Tokenizer
 from tests.test_capi_stream import PROMPT, open_library
 
 pytestmark = [pytest.mark.capi, pytest.mark.slow]

@@ -22,7 +22,7 @@ import time
 import cffi
 import pytest
 
-from capi.header import api_cdef
+from libvllm.capi.header import api_cdef
 
 pytestmark = [pytest.mark.capi, pytest.mark.slow]
 
@@ -267,7 +267,7 @@ def test_submit_needs_the_loop(api, model_path):
 
 
 def test_engine_failure_is_a_last_error_event(api, model_path, monkeypatch):
-    import engine.llm_engine
+    import libvllm.engine.llm_engine
 
     lib = api.lib
     engine_handle = api.create(model_path)
@@ -276,7 +276,7 @@ def test_engine_failure_is_a_last_error_event(api, model_path, monkeypatch):
     def broken_step(self):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(engine.llm_engine.LLMEngine, "step", broken_step)
+    monkeypatch.setattr(libvllm.engine.llm_engine.LLMEngine, "step", broken_step)
     request = api.submit(engine_handle, "doomed", api.greedy(4))
     events = api.pull_all(request)
     assert len(events) == 1 and events[0]["finished"]
@@ -351,7 +351,7 @@ def test_token_to_piece_concatenates_to_the_text(api, looping):
 
 
 def test_chat_template_render_with_tools(api, looping, model_path):
-    from engine.chat_template import render_chat_template
+    from libvllm.engine.chat_template import render_chat_template
 
     engine, _ = looping
     lib, ffi = api.lib, api.ffi
@@ -417,13 +417,13 @@ def test_log_callback_receives_engine_logs(api, looping):
 
     lib.vllm_log_set(lib.VLLM_LOG_INFO, on_log, ffi.NULL)
     try:
-        logging.getLogger("engine.test").info("hello from the engine")
-        logging.getLogger("engine.test").debug("too detailed")
+        logging.getLogger("libvllm.engine.test").info("hello from the engine")
+        logging.getLogger("libvllm.engine.test").debug("too detailed")
     finally:
         lib.vllm_log_set(lib.VLLM_LOG_WARNING, ffi.NULL, ffi.NULL)
-    logging.getLogger("engine.test").warning("after reset")
+    logging.getLogger("libvllm.engine.test").warning("after reset")
     assert seen == [(lib.VLLM_LOG_INFO, "hello from the engine")]
-    assert logging.getLogger("engine").propagate
+    assert logging.getLogger("libvllm.engine").propagate
 
 
 def test_v0_1_sized_engine_params_are_accepted(api, model_path):

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from engine import chat_template as ct
-from engine.chat_template import ChatTemplateError, render_chat_template
-from engine.errors import InvalidArgumentError
+from libvllm.engine import chat_template as ct
+from libvllm.engine.chat_template import ChatTemplateError, render_chat_template
+from libvllm.engine.errors import InvalidArgumentError
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 USER = {"role": "user", "content": "What is 2+2? Ünïcödé 你好 😀"}
@@ -66,7 +66,7 @@ def hf(hf_test_tokenizer):
 
 @pytest.fixture(scope="module")
 def gguf_template(model_path):
-    from engine.gguf.reader import GGUFReader
+    from libvllm.engine.gguf.reader import GGUFReader
 
     return GGUFReader(model_path).metadata["tokenizer.chat_template"]
 

@@ -16,9 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
-from engine.entrypoints.openai.chat_render import render_prompt
-from engine.entrypoints.openai.protocol import TokenizeChatRequest
+from libvllm.engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
+from libvllm.engine.entrypoints.openai.chat_render import render_prompt
+from libvllm.engine.entrypoints.openai.protocol import TokenizeChatRequest
 
 TEMPLATE = ("{{ reasoning_effort }}|{{ enable_thinking }}|"
             "{{ documents|map(attribute='title')|join(',') if documents else 'none' }}|"

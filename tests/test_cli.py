@@ -101,9 +101,9 @@ def test_penalties_and_min_p_reach_the_engine(cli, model_path):
     """llama.cpp's flag names (--repeat-penalty, --presence-penalty, --frequency-penalty,
     --min-p) as vLLM's SamplingParams: greedy text equal to the engine's with the same
     values (oracle: LLMEngine), and different from the text without them."""
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-    from engine.sampling_params import SamplingParams
+    from libvllm.engine.config import EngineConfig
+    from libvllm.engine.llm_engine import LLMEngine
+    from libvllm.engine.sampling_params import SamplingParams
 
     prompt = "one two three one two three one two three one two"
     penalties = {"repetition_penalty": 1.8, "presence_penalty": 0.8, "frequency_penalty": 0.6,

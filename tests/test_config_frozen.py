@@ -19,10 +19,10 @@ from pathlib import Path
 import cffi
 import pytest
 
-from capi.header import api_cdef
-from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError, UnsupportedError
-from engine.resolved_config import (
+from libvllm.capi.header import api_cdef
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import InvalidArgumentError, UnsupportedError
+from libvllm.engine.resolved_config import (
     CacheConfig,
     CompilationConfig,
     DeviceFacts,
@@ -157,7 +157,7 @@ def test_env_scan_sees_reads(tmp_path: Path):
 
 
 def test_envs_read_lazily_with_vllms_parsers(monkeypatch):
-    from engine import envs
+    from libvllm.engine import envs
 
     monkeypatch.setenv("VLLM_ENFORCE_STRICT_TOOL_CALLING", "0")
     assert envs.VLLM_ENFORCE_STRICT_TOOL_CALLING is False
@@ -298,8 +298,8 @@ def test_resolve_pooling():
 
 def test_resolved_config_crosses_the_wire():
     """The ready message carries it (msgpack, engine/serial_utils.py) unchanged."""
-    from engine.engine_core.engine_core_messages import EngineCoreReady
-    from engine.serial_utils import MsgpackDecoder, MsgpackEncoder
+    from libvllm.engine.engine_core.engine_core_messages import EngineCoreReady
+    from libvllm.engine.serial_utils import MsgpackDecoder, MsgpackEncoder
 
     r = resolve_config(EngineConfig("m", enforce_eager=True), 4096, H200)
     ready = EngineCoreReady("llama", "m", 10, 5, r, 0.0, {}, {}, "float32", [2])

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.llm_engine import LLMEngine
 
 
 def _blocks(model_path: str, max_model_len: int) -> tuple[int, int]:
@@ -38,7 +38,7 @@ def test_the_default_takes_no_more_than_the_batch_needs(model_path, monkeypatch)
 
 @pytest.mark.parametrize("value", ["x", "1.5"])
 def test_a_bad_value_is_a_clear_error(model_path, monkeypatch, value):
-    from engine.errors import InvalidArgumentError
+    from libvllm.engine.errors import InvalidArgumentError
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", value)
     with pytest.raises(InvalidArgumentError, match="VLLM_CPU_KVCACHE_SPACE"):

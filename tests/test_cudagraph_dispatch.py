@@ -11,17 +11,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.compilation_config import (
+from libvllm.engine.compilation_config import (
     CaptureSizes,
     CUDAGraphMode,
     cudagraph_capture_sizes,
     resolve_cudagraph_mode,
 )
-from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError
-from engine.resolved_config import DeviceFacts, batch_defaults, resolve_config
-from engine.worker.cudagraph_dispatcher import BatchDescriptor, CudagraphDispatcher
-from engine.worker.model_runner import _graph_rows
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.resolved_config import DeviceFacts, batch_defaults, resolve_config
+from libvllm.engine.worker.cudagraph_dispatcher import BatchDescriptor, CudagraphDispatcher
+from libvllm.engine.worker.model_runner import _graph_rows
 
 M = CUDAGraphMode
 

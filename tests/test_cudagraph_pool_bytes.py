@@ -15,8 +15,8 @@ import gc
 
 import torch
 
-from engine.worker import cudagraph
-from engine.worker.cudagraph_dispatcher import BatchDescriptor
+from libvllm.engine.worker import cudagraph
+from libvllm.engine.worker.cudagraph_dispatcher import BatchDescriptor
 
 
 class _FakeAllocator:

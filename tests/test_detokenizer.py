@@ -19,14 +19,14 @@ from tokenizers import AddedToken, decoders, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import WordLevel
 
-from engine.detokenizer import (
+from libvllm.engine.detokenizer import (
     FastIncrementalDetokenizer,
     IncrementalDetokenizer,
     check_stop_strings,
 )
-from engine.gguf.reader import GGUFReader
-from engine.sampling_params import SamplingParams
-from engine.tokenizer import Tokenizer
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.sampling_params import SamplingParams
+from libvllm.engine.tokenizer import Tokenizer
 
 
 @pytest.mark.parametrize("stop", [["a", "is"], ["is", "a"]])

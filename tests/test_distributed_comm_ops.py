@@ -16,20 +16,20 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from engine.distributed.communication_op import (
+from libvllm.engine.distributed.communication_op import (
     broadcast_bytes,
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
-from engine.distributed.parallel_state import (
+from libvllm.engine.distributed.parallel_state import (
     destroy_distributed_environment,
     init_distributed_environment,
     initialize_model_parallel,
 )
-from engine.executor.multiproc_executor import get_open_port
-from engine.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from engine.layers.logits_processor import LogitsProcessor
-from engine.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from libvllm.engine.executor.multiproc_executor import get_open_port
+from libvllm.engine.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from libvllm.engine.layers.logits_processor import LogitsProcessor
+from libvllm.engine.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
 pytestmark = pytest.mark.slow
 TP = 2

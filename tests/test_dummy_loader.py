@@ -12,12 +12,12 @@ import json
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError, ModelLoadError
-from engine.llm_engine import LLMEngine
-from engine.model_loader.dummy_loader import DUMMY_HIGH, DUMMY_LOW
-from engine.resolved_config import DeviceFacts, resolve_config
-from engine.sampling_params import SamplingParams
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import InvalidArgumentError, ModelLoadError
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.model_loader.dummy_loader import DUMMY_HIGH, DUMMY_LOW
+from libvllm.engine.resolved_config import DeviceFacts, resolve_config
+from libvllm.engine.sampling_params import SamplingParams
 
 _BASE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,

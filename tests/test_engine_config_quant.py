@@ -4,8 +4,8 @@ vllm/config/model.py quantization)."""
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import InvalidArgumentError
 
 
 def test_defaults_are_vllms():

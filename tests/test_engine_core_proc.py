@@ -16,13 +16,13 @@ import time
 
 import pytest
 
-from engine.async_llm import AsyncLLM
-from engine.config import EngineConfig
-from engine.errors import ModelLoadError
-from engine.exceptions import EngineDeadError
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
-from engine.structured_output.params import StructuredOutputsParams
+from libvllm.engine.async_llm import AsyncLLM
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import ModelLoadError
+from libvllm.engine.exceptions import EngineDeadError
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.sampling_params import SamplingParams
+from libvllm.engine.structured_output.params import StructuredOutputsParams
 
 pytestmark = pytest.mark.slow
 
@@ -107,7 +107,7 @@ def test_peak_memory_bytes_is_the_cores_allocator_peak(monkeypatch) -> None:
 
     import torch
 
-    from engine.engine_core.engine_core import EngineCore
+    from libvllm.engine.engine_core.engine_core import EngineCore
 
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 123 << 20)
     core = types.SimpleNamespace(device=torch.device("cuda"))
@@ -171,7 +171,7 @@ def test_freeze_gc_heap_freezes_what_start_up_left() -> None:
     permanent generation, which collections never scan."""
     import gc
 
-    from engine.engine_core.engine_core_proc import freeze_gc_heap
+    from libvllm.engine.engine_core.engine_core_proc import freeze_gc_heap
 
     keep = [[i] for i in range(1000)]  # tracked objects alive at start-up
     try:

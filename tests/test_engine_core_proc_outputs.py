@@ -18,13 +18,13 @@ import threading
 import pytest
 import zmq
 
-from engine.engine_core.engine_core_messages import (
+from libvllm.engine.engine_core.engine_core_messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequestType,
 )
-from engine.engine_core.engine_core_proc import EngineCoreProc
-from engine.serial_utils import MsgpackDecoder, MsgpackEncoder
+from libvllm.engine.engine_core.engine_core_proc import EngineCoreProc
+from libvllm.engine.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 
 class _StandInCore:
@@ -108,7 +108,7 @@ def test_dead_goes_out_after_the_last_steps_outputs(sockets):
     On the output thread's socket, DEAD could overtake the loop's outputs."""
     import time
 
-    from engine.engine_core.engine_core_proc import DEAD
+    from libvllm.engine.engine_core.engine_core_proc import DEAD
 
     ctx, push, pull, input_address, output_address = sockets
     proc = EngineCoreProc(_FailingCore(3), input_address, output_address, ctx)
@@ -137,7 +137,7 @@ def test_worker_death_with_a_stuck_loop_sends_dead_and_ends(tmp_path):
     import textwrap
     from pathlib import Path
 
-    from engine.engine_core.engine_core_proc import DEAD, READY
+    from libvllm.engine.engine_core.engine_core_proc import DEAD, READY
 
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
@@ -147,7 +147,7 @@ def test_worker_death_with_a_stuck_loop_sends_dead_and_ends(tmp_path):
         pull.bind(address)
         child = textwrap.dedent(f"""
             import queue, threading, zmq
-            from engine.engine_core import engine_core_proc as ecp
+            from libvllm.engine.engine_core import engine_core_proc as ecp
             ecp._STUCK_GRACE_S = 0.0
             ctx = zmq.Context()
             q = queue.Queue()
@@ -172,7 +172,7 @@ def test_worker_death_with_a_stuck_loop_sends_dead_and_ends(tmp_path):
 
 def test_stuck_check_stands_down_once_the_loop_has_ended():
     """The loop returned (its own DEAD or a shutdown went out): the callback does nothing."""
-    from engine.engine_core.engine_core_proc import end_if_stuck
+    from libvllm.engine.engine_core.engine_core_proc import end_if_stuck
 
     output_queue: queue.Queue = queue.Queue()
     loop_done = threading.Event()

@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 import torch
 
-from engine.engine_core.engine_core_messages import (
+from libvllm.engine.engine_core.engine_core_messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     error_from_wire,
 )
-from engine.errors import ModelLoadError, VllmError
-from engine.metrics import PrefixCacheStats, SchedulerStats
-from engine.sample.outputs import LogprobsLists
-from engine.sampling_params import RequestOutputKind, SamplingParams
-from engine.serial_utils import MsgpackDecoder, MsgpackEncoder
-from engine.structured_output.params import StructuredOutputsParams
+from libvllm.engine.errors import ModelLoadError, VllmError
+from libvllm.engine.metrics import PrefixCacheStats, SchedulerStats
+from libvllm.engine.sample.outputs import LogprobsLists
+from libvllm.engine.sampling_params import RequestOutputKind, SamplingParams
+from libvllm.engine.serial_utils import MsgpackDecoder, MsgpackEncoder
+from libvllm.engine.structured_output.params import StructuredOutputsParams
 
 
 def _round_trip(obj, t=None):

@@ -90,7 +90,8 @@ def _core_children(parent_pid: int) -> list[int]:
             parent = argv[argv.index(b"--parent-pid") + 1]
         except (OSError, ValueError, IndexError):
             continue
-        if b"engine.engine_core.engine_core_proc" in argv and parent == str(parent_pid).encode():
+        if b"libvllm.engine.engine_core.engine_core_proc" in argv and \
+                parent == str(parent_pid).encode():
             found.append(int(entry.name))
     return found
 
@@ -171,7 +172,7 @@ def test_python_ctypes_structs_match_the_header(folder, module, structs):
 
     import cffi
 
-    from capi.header import api_cdef
+    from libvllm.capi.header import api_cdef
 
     sys.path.insert(0, str(ROOT / folder))
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from engine.fair_lock import FairRLock
+from libvllm.engine.fair_lock import FairRLock
 
 
 def _hog(lock: FairRLock, stop: threading.Event, fair: bool, steps: list) -> None:

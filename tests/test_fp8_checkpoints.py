@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.model_loader import load_model
+from libvllm.engine.model_loader import load_model
 from tests.fp8_reference import quant, write_fp8_pair
 from tests.test_models_hybrid_gdn import OneRequest
 from tests.test_models_hybrid_gdn import make_hf_model as make_hybrid

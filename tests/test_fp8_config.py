@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import ModelLoadError
-from engine.layers.quantization import checkpoint_quant_method, get_quant_config
-from engine.layers.quantization.compressed_tensors import CompressedTensorsConfig
-from engine.layers.quantization.fp8 import Fp8Config, Fp8OnlineConfig
+from libvllm.engine.errors import ModelLoadError
+from libvllm.engine.layers.quantization import checkpoint_quant_method, get_quant_config
+from libvllm.engine.layers.quantization.compressed_tensors import CompressedTensorsConfig
+from libvllm.engine.layers.quantization.fp8 import Fp8Config, Fp8OnlineConfig
 
 QWEN_FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
             "weight_block_size": [128, 128],

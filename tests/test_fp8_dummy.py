@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.layers.quantization import apply_quant_config
-from engine.model_loader import load_model
-from engine.model_loader.dummy_loader import initialize_dummy_weights
-from engine.model_loader.safetensors_loader import read_hf_arch
+from libvllm.engine.layers.quantization import apply_quant_config
+from libvllm.engine.model_loader import load_model
+from libvllm.engine.model_loader.dummy_loader import initialize_dummy_weights
+from libvllm.engine.model_loader.safetensors_loader import read_hf_arch
 from tests.test_models_parity import make_hf_model, prompt_logits
 
 pytest.importorskip("transformers")

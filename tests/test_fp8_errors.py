@@ -18,11 +18,11 @@ import shutil
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError, ModelLoadError, UnsupportedError
-from engine.llm_engine import LLMEngine
-from engine.model_loader import build_model, load_model
-from engine.model_loader.safetensors_loader import load_hf_model
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import InvalidArgumentError, ModelLoadError, UnsupportedError
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.model_loader import build_model, load_model
+from libvllm.engine.model_loader.safetensors_loader import load_hf_model
 from tests.fp8_reference import edit_checkpoint, edit_quant_config, write_fp8_pair
 from tests.test_models_parity import make_hf_model
 

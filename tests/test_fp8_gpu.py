@@ -17,10 +17,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.model_loader import load_model
-from engine.sampling_params import SamplingParams
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.model_loader import load_model
+from libvllm.engine.sampling_params import SamplingParams
 from tests.fp8_reference import write_fp8_pair
 from tests.test_models_hybrid_gdn import make_hf_model as make_hybrid
 from tests.test_models_parity import make_hf_model

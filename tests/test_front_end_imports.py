@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from engine import platforms
-from engine.config import EngineConfig
-from engine.engine_core.core_client import use_multiprocessing
-from engine.errors import InvalidArgumentError
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from libvllm.engine import platforms
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.engine_core.core_client import use_multiprocessing
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.sampling_params import SamplingParams
 
 PROMPTS = {"a": "The capital of France is", "b": "Hello, my name is"}
 

@@ -20,8 +20,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernels/ import
 
-from engine.errors import InvalidArgumentError
-from engine.layers.fused_moe import (
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.layers.fused_moe import (
     FusedMoE,
     config,
     fused_topk,
@@ -152,7 +152,7 @@ def test_start_up_compiles_a_forward_per_moe_config(tmp_path, monkeypatch) -> No
     each launch config the model's MoE layers pick below the step budget: a tuned table's
     nearest-key runs (ties go to the smaller key), the default's M ranges without a file,
     none for a dense model."""
-    from engine.worker.gpu_worker import _moe_config_token_counts
+    from libvllm.engine.worker.gpu_worker import _moe_config_token_counts
 
     monkeypatch.setattr(config, "get_device_name", lambda: "TEST_GPU")
     monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
@@ -182,9 +182,9 @@ def test_start_up_compiles_an_fp8_models_own_configs(tmp_path, monkeypatch) -> N
     """A block-FP8 MoE model (Fp8MoEMethod kept, as on CUDA) warms up the configs of its
     own file name (dtype=fp8_w8a8, block_shape=[128,128]) and, without one, of the
     block-FP8 default, not the bf16 ones."""
-    from engine.layers.quantization import apply_quant_config
-    from engine.layers.quantization.fp8 import Fp8Config
-    from engine.worker.gpu_worker import _moe_config_token_counts
+    from libvllm.engine.layers.quantization import apply_quant_config
+    from libvllm.engine.layers.quantization.fp8 import Fp8Config
+    from libvllm.engine.worker.gpu_worker import _moe_config_token_counts
 
     monkeypatch.setattr(config, "get_device_name", lambda: "TEST_GPU")
     monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))

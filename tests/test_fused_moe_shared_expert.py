@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from engine.layers.fused_moe import FusedMoE, SharedExpertMLP
-from engine.layers.linear import ReplicatedLinear
+from libvllm.engine.layers.fused_moe import FusedMoE, SharedExpertMLP
+from libvllm.engine.layers.linear import ReplicatedLinear
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.sampling_params import SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.capi]
 

@@ -26,8 +26,8 @@ import pytest
 import torch
 from test_models_parity import generate_greedy, prompt_logits
 
-from engine.gguf.reader import GGUFReader
-from engine.model_loader import load_model
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.model_loader import load_model
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
@@ -132,9 +132,9 @@ def test_pooling_runner_embeds_as_transformers(gemma_path, hf_model, prompts):
     fp32 on the same GGUF weights (tests/pooling_reference.py)."""
     from pooling_reference import MIN_COSINE, cosine, hf_embeddings
 
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-    from engine.pooling_params import PoolingParams
+    from libvllm.engine.config import EngineConfig
+    from libvllm.engine.llm_engine import LLMEngine
+    from libvllm.engine.pooling_params import PoolingParams
 
     engine = LLMEngine.from_config(EngineConfig(
         gemma_path, device="cpu", dtype="float32", runner="pooling", max_model_len=128))

@@ -15,10 +15,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.errors import OutOfResourcesError
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import OutOfResourcesError
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -16,10 +16,10 @@ import gguf
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.errors import ModelLoadError
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import ModelLoadError
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.sampling_params import SamplingParams
 
 transformers = pytest.importorskip("transformers")
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine.errors import InvalidArgumentError, UnsupportedError
-from engine.gguf import dequant
-from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
-from engine.gguf.dequant import GGUF_PY_TYPES, SUPPORTED_TYPES, dequantize, dequantize_rows
+from libvllm.engine.errors import InvalidArgumentError, UnsupportedError
+from libvllm.engine.gguf import dequant
+from libvllm.engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
+from libvllm.engine.gguf.dequant import GGUF_PY_TYPES, SUPPORTED_TYPES, dequantize, dequantize_rows
 
 # Byte offsets of the fp16 scale fields inside one block, per quantized type.
 FP16_FIELDS = {

@@ -199,7 +199,7 @@ def seed_from_file(name: str, path: Path, keep: int | None) -> tuple[Seed, bytes
     """The file as a Seed (arrays cut to `keep` entries, merges to those within them) and its
     real header bytes. Values and tensors come from the engine's reader, types from a walk of
     the header; the caller checks that the Seed re-serializes to the same bytes."""
-    from engine.gguf.reader import GGUFReader
+    from libvllm.engine.gguf.reader import GGUFReader
 
     with GGUFReader(path) as r:
         data_start = min(t.offset for t in r.tensors.values())
@@ -374,10 +374,10 @@ def make_case(seed: Seed, index: int, full: bool) -> tuple[bytes, int, str]:
 
 def load_case(path: Path, seed: Seed, full: bool) -> list[str]:
     """The outcome of each stage: "<stage>: ok" or "<stage>: <allowed error class>"."""
-    from engine.errors import ModelLoadError, UnsupportedError
-    from engine.gguf.reader import GGUFReader
-    from engine.model_loader.gguf_loader import arch_config_from_gguf
-    from engine.tokenizers import Tokenizer
+    from libvllm.engine.errors import ModelLoadError, UnsupportedError
+    from libvllm.engine.gguf.reader import GGUFReader
+    from libvllm.engine.model_loader.gguf_loader import arch_config_from_gguf
+    from libvllm.engine.tokenizers import Tokenizer
 
     def stage(name: str, fn) -> str:
         try:

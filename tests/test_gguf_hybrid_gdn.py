@@ -18,8 +18,8 @@ import pytest
 import torch
 from test_models_hybrid_gdn import OneRequest, make_hf_model
 
-from engine.model_loader import load_model
-from engine.model_loader.gguf_hybrid import untile_heads
+from libvllm.engine.model_loader import load_model
+from libvllm.engine.model_loader.gguf_hybrid import untile_heads
 
 pytest.importorskip("transformers")
 

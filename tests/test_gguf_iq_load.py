@@ -10,7 +10,7 @@ from __future__ import annotations
 import gguf
 import pytest
 
-from engine.model_loader import load_gguf_model
+from libvllm.engine.model_loader import load_gguf_model
 from tests.test_models_parity import make_hf_model, write_gguf_twin
 
 MXFP4 = gguf.GGMLQuantizationType.MXFP4

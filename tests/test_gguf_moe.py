@@ -26,7 +26,7 @@ pytest.importorskip("transformers")
 
 from test_models_parity import _permute, make_hf_model, make_prompts, prompt_logits  # noqa: E402
 
-from engine.model_loader import load_model  # noqa: E402
+from libvllm.engine.model_loader import load_model  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 ARCH = {"qwen3_moe": "qwen3moe", "mixtral": "llama"}

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.errors import ModelLoadError, UnsupportedError
-from engine.gguf.reader import GGUFReader, GGUFTensorInfo
+from libvllm.engine.errors import ModelLoadError, UnsupportedError
+from libvllm.engine.gguf.reader import GGUFReader, GGUFTensorInfo
 
 MODEL = Path(
     os.environ.get(

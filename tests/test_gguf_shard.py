@@ -15,15 +15,15 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from engine.distributed.parallel_state import (
+from libvllm.engine.distributed.parallel_state import (
     destroy_distributed_environment,
     init_distributed_environment,
     initialize_model_parallel,
 )
-from engine.executor.multiproc_executor import get_open_port
-from engine.gguf.dequant import dequantize
-from engine.model_loader import load_gguf_model
-from engine.model_loader.gguf_shard import shard_cols
+from libvllm.engine.executor.multiproc_executor import get_open_port
+from libvllm.engine.gguf.dequant import dequantize
+from libvllm.engine.model_loader import load_gguf_model
+from libvllm.engine.model_loader.gguf_shard import shard_cols
 from tests.test_models_parity import make_hf_model, write_gguf_twin
 from tests.test_tensor_parallel import _add_q8_0
 

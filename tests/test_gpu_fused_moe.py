@@ -11,8 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.layers.activation import SiluAndMul
-from engine.layers.fused_moe import fused_experts, fused_experts_dense, fused_experts_grouped
+from libvllm.engine.layers.activation import SiluAndMul
+from libvllm.engine.layers.fused_moe import (
+    fused_experts,
+    fused_experts_dense,
+    fused_experts_grouped,
+)
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

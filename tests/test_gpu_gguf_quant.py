@@ -21,14 +21,14 @@ import torch
 if not torch.cuda.is_available():  # as tests/test_kernels_common.py: kernels/ defined for
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the interpreter before any import
 
-from engine.config import EngineConfig
-from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
-from engine.gguf.dequant import dequantize
-from engine.layers.activation import SiluAndMul
-from engine.layers.linear import GGUFWeight
-from engine.llm_engine import LLMEngine
-from engine.model_loader import load_gguf_model, load_model
-from engine.sampling_params import SamplingParams
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
+from libvllm.engine.gguf.dequant import dequantize
+from libvllm.engine.layers.activation import SiluAndMul
+from libvllm.engine.layers.linear import GGUFWeight
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.model_loader import load_gguf_model, load_model
+from libvllm.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("in_process_core")
 

@@ -23,12 +23,12 @@ import warnings
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.layers.attention import AttentionMetadata
-from engine.llm_engine import LLMEngine
-from engine.model_loader import load_model
-from engine.sampling_params import SamplingParams
-from engine.worker.model_runner import ModelRunner
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.layers.attention import AttentionMetadata
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.model_loader import load_model
+from libvllm.engine.sampling_params import SamplingParams
+from libvllm.engine.worker.model_runner import ModelRunner
 from tests.test_models_parity import make_hf_model
 
 transformers = pytest.importorskip("transformers")
@@ -364,10 +364,10 @@ def forget_triton_variants() -> None:
 
     from triton.runtime.jit import JITFunction
 
-    from kernels.launch_cache import CachedLaunch
+    from libvllm.kernels.launch_cache import CachedLaunch
 
     for name, module in list(sys.modules.items()):
-        if name.startswith("kernels."):
+        if name.startswith("libvllm.kernels."):
             for obj in vars(module).values():
                 if isinstance(obj, CachedLaunch):
                     obj.clear()
@@ -382,7 +382,7 @@ def test_start_up_compiles_every_triton_variant_side_by_side(hf_dir, monkeypatch
     launch that waits for its compile: Llama, Qwen3 and Qwen3-MoE, FULL_AND_PIECEWISE."""
     import triton
 
-    from engine.worker.gpu_worker import determine_available_memory
+    from libvllm.engine.worker.gpu_worker import determine_available_memory
 
     _, path, _ = hf_dir
     waited: list[str] = []

@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.core.sched_output import (
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.core.sched_output import (
     CachedRequestData,
     GrammarOutput,
     NewRequestData,
     SchedulerOutput,
 )
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.sampling_params import SamplingParams
 
 VOCAB = 256
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)

@@ -12,9 +12,9 @@ import contextlib
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.resolved_config import DeviceFacts, resolve_config
-from engine.worker import gpu_worker
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.resolved_config import DeviceFacts, resolve_config
+from libvllm.engine.worker import gpu_worker
 
 ACT = 1000  # activation bytes per token of the fake forward (its peak)
 HIDDEN = 16  # hidden size of the fake forward's output rows (bfloat16: 32 bytes a row)

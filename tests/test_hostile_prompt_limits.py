@@ -12,8 +12,8 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, normalizers
 
-from engine.entrypoints.openai.errors import VLLMValidationError
-from engine.entrypoints.openai.prompt_limits import encode_prompt, longest_token_chars
+from libvllm.engine.entrypoints.openai.errors import VLLMValidationError
+from libvllm.engine.entrypoints.openai.prompt_limits import encode_prompt, longest_token_chars
 
 
 class _Tok:
@@ -51,8 +51,8 @@ def test_refused_before_tokenizing():
 
 
 def test_long_text_encoded_with_the_gil_released(model_path):
-    from engine.gguf.reader import GGUFReader
-    from engine.tokenizers.tokenizer import Tokenizer
+    from libvllm.engine.gguf.reader import GGUFReader
+    from libvllm.engine.tokenizers.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf_metadata(GGUFReader(model_path).metadata)
     text = "The capital of France is Paris. " * 40_000

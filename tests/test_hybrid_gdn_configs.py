@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.errors import ModelLoadError
-from engine.model_loader.hf_config import arch_config_from_hf
-from engine.models.registry import resolve_model_cls
+from libvllm.engine.errors import ModelLoadError
+from libvllm.engine.model_loader.hf_config import arch_config_from_hf
+from libvllm.engine.models.registry import resolve_model_cls
 
 _ROPE = {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
          "mrope_section": [11, 11, 10], "mrope_interleaved": True}

@@ -20,10 +20,10 @@ import pytest
 import torch
 from test_models_hybrid_gdn import make_hf_model
 
-from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.sampling_params import SamplingParams
 
 pytest.importorskip("transformers")
 
@@ -200,7 +200,7 @@ def test_cuda_eager_and_decode_graphs(model_dir, prefill_backend, monkeypatch):
     rows): fp32 matches transformers; decode CUDA graphs (persistent state indices, padding
     rows on the null slot) give the eager tokens, in fp32 and bf16, with prefix caching
     (align mode) on."""
-    import engine.layers.gdn as gdn
+    import libvllm.engine.layers.gdn as gdn
 
     monkeypatch.setattr(gdn, "GDN_PREFILL_BACKEND", prefill_backend)
     path, prompts, ref = model_dir
@@ -238,8 +238,8 @@ def test_triton_path_through_the_engine(kernel_model_dir, monkeypatch):
     family: both build the same GatedDeltaNetAttention with the same head layout (COMMON),
     so the kernels see the same calls; the family-specific parts (weight loading, MoE) are
     checked on the torch path above (~45 s a family under the interpreter at 8 layers)."""
-    import engine.layers.gdn as gdn
-    from kernels.gated_delta_rule import _fused_recurrent_kernel
+    import libvllm.engine.layers.gdn as gdn
+    from libvllm.kernels.gated_delta_rule import _fused_recurrent_kernel
 
     if type(_fused_recurrent_kernel.fn).__name__ != "InterpretedFunction":
         pytest.skip("kernels/ compiled for a device (the GPU test covers this path)")
@@ -257,8 +257,8 @@ def test_chunked_prefill_kernels_through_the_engine(kernel_model_dir, monkeypatc
     decode rows through the recurrent kernel in the same steps (8-token chunks beside
     decodes; the interpreter on CPU), the greedy tokens of transformers. One family, as
     above; the kernel tests cover both head layouts."""
-    import engine.layers.gdn as gdn
-    from kernels.chunk_gated_delta_rule import _chunk_wy_fwd_kernel
+    import libvllm.engine.layers.gdn as gdn
+    from libvllm.kernels.chunk_gated_delta_rule import _chunk_wy_fwd_kernel
 
     if type(_chunk_wy_fwd_kernel.fn).__name__ != "InterpretedFunction":
         pytest.skip("kernels/ compiled for a device (the GPU test covers this path)")
@@ -278,7 +278,7 @@ def test_chunked_prefill_kernels_through_the_engine(kernel_model_dir, monkeypatc
 
 
 def test_bad_prefill_backend_is_an_error(monkeypatch):
-    import engine.layers.gdn as gdn
+    import libvllm.engine.layers.gdn as gdn
 
     monkeypatch.setattr(gdn, "GDN_PREFILL_BACKEND", "flashinfer")
     with pytest.raises(InvalidArgumentError, match="LIBVLLM_GDN_PREFILL_BACKEND"):
@@ -288,7 +288,7 @@ def test_bad_prefill_backend_is_an_error(monkeypatch):
 def test_prefill_split_of_a_mixed_step():
     """GDNMetadata.prefill_split: rows of more than one token to the chunked kernels, one-token
     rows to the recurrent one (-1 in the other's indices), padding rows to neither."""
-    from engine.layers.gdn import GDNMetadata
+    from libvllm.engine.layers.gdn import GDNMetadata
 
     qsl = [0, 1, 71, 72, 75]
     md = GDNMetadata(qsl, [4, 2, 7, 3], [True, True, False, False], 70,
@@ -313,7 +313,7 @@ def test_prefill_split_of_a_mixed_step():
 def test_prefill_backend_choice(backend, lens, chunked, monkeypatch):
     """GDN_PREFILL_BACKEND "auto" takes the chunked kernels when the step's longest row has
     at least CHUNK_SIZE (64) tokens; "triton" always, for prefill steps; "recurrent" never."""
-    import engine.layers.gdn as gdn
+    import libvllm.engine.layers.gdn as gdn
 
     monkeypatch.setattr(gdn, "GDN_PREFILL_BACKEND", backend)
     qsl = [0]

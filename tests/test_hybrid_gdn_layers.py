@@ -18,13 +18,13 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, gpu  # first: the Triton interpreter on CPU
 
-import engine.layers.attention as attention
-import engine.layers.gdn as gdn
-import kernels.fused_moe_gemv as moe_gemv
-from engine.layers.attention import AttentionMetadata
-from engine.layers.fused_moe import FusedMoE
-from engine.models.config import ModelArchConfig
-from engine.models.qwen3_next import Qwen3NextAttention, Qwen3NextSparseMoeBlock
+import libvllm.engine.layers.attention as attention
+import libvllm.engine.layers.gdn as gdn
+import libvllm.kernels.fused_moe_gemv as moe_gemv
+from libvllm.engine.layers.attention import AttentionMetadata
+from libvllm.engine.layers.fused_moe import FusedMoE
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.models.qwen3_next import Qwen3NextAttention, Qwen3NextSparseMoeBlock
 
 BS = 4  # KV cache block size
 
@@ -122,8 +122,8 @@ def _md(g: gdn.GDNMetadata) -> AttentionMetadata:
 def _pooled(conv0: torch.Tensor, ssm0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Copies of the states as views of a block pool (engine/worker/mamba_utils.py): one
     padded page a slot, conv then SSM state, so the slot stride exceeds a state's size."""
-    from engine.core.kv_cache_interface import MambaSpec
-    from engine.worker.mamba_utils import state_views
+    from libvllm.engine.core.kv_cache_interface import MambaSpec
+    from libvllm.engine.worker.mamba_utils import state_views
 
     shapes = (tuple(conv0.shape[1:]), tuple(ssm0.shape[1:]))
     raw = MambaSpec(shapes, (conv0.dtype, ssm0.dtype)).page_size_bytes
@@ -179,7 +179,7 @@ def test_gdn_mixed_chunked_prefill_and_decode_equals_torch(monkeypatch) -> None:
 def test_in_proj_loads_shards_and_grouped_parts() -> None:
     """One in_proj [q | k | v | z | b | a]: Qwen3.5's four shards and Qwen3-Next's grouped
     in_proj_qkvz / in_proj_ba (rows interleaved per key head) give the same weight."""
-    from engine.errors import ModelLoadError
+    from libvllm.engine.errors import ModelLoadError
 
     hk, hv, dk, dv, hidden = 2, 4, 2, 3, 8
     r = hv // hk
@@ -248,9 +248,9 @@ def test_moe_block_decode_kernel_path_equals_torch(monkeypatch, m, shared, dtype
 
 def test_moe_block_gate_loads_both_checkpoint_gates() -> None:
     """`mlp.gate` [E, H] and `mlp.shared_expert_gate` [1, H] fill the merged router's rows."""
-    from engine.errors import ModelLoadError
-    from engine.models.qwen3_next import MOE_GATE_PARAMS_MAPPING
-    from engine.models.utils import _route
+    from libvllm.engine.errors import ModelLoadError
+    from libvllm.engine.models.qwen3_next import MOE_GATE_PARAMS_MAPPING
+    from libvllm.engine.models.utils import _route
 
     block = Qwen3NextSparseMoeBlock(_moe_cfg(24), True)
     param = block.gate.weight

@@ -14,13 +14,13 @@ from __future__ import annotations
 import pytest
 from test_scheduler import create_requests, mock_output
 
-from engine.config import EngineConfig
-from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.kv_cache_utils import get_num_kv_blocks
-from engine.core.scheduler import Scheduler
-from engine.errors import OutOfResourcesError
-from engine.request import RequestStatus
-from engine.resolved_config import SchedulerConfig
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.core.kv_cache_manager import KVCacheManager
+from libvllm.engine.core.kv_cache_utils import get_num_kv_blocks
+from libvllm.engine.core.scheduler import Scheduler
+from libvllm.engine.errors import OutOfResourcesError
+from libvllm.engine.request import RequestStatus
+from libvllm.engine.resolved_config import SchedulerConfig
 
 GROUPS = 3
 

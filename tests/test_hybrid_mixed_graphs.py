@@ -19,13 +19,13 @@ import pytest
 import torch
 from test_hybrid_gdn_engine import KERNEL_LAYERS, _engine, _run, _saved_model
 
-from engine.breakable_cudagraph import BreakableCapture, eager_break, weak_ref_tensor
-from engine.compilation_config import CUDAGraphMode
-from engine.layers import attention as attention_layer
-from engine.layers.gdn import GatedDeltaNetAttention
-from engine.worker.cudagraph import CudaGraphs
-from engine.worker.cudagraph_runner import eager_mixed_lens
-from engine.worker.mamba_utils import capture_lens, profile_gdn_core, profile_lens
+from libvllm.engine.breakable_cudagraph import BreakableCapture, eager_break, weak_ref_tensor
+from libvllm.engine.compilation_config import CUDAGraphMode
+from libvllm.engine.layers import attention as attention_layer
+from libvllm.engine.layers.gdn import GatedDeltaNetAttention
+from libvllm.engine.worker.cudagraph import CudaGraphs
+from libvllm.engine.worker.cudagraph_runner import eager_mixed_lens
+from libvllm.engine.worker.mamba_utils import capture_lens, profile_gdn_core, profile_lens
 
 pytest.importorskip("transformers")
 
@@ -200,7 +200,7 @@ def test_cuda_profile_peak_holds_the_gdn_core(hybrid_dir, monkeypatch):
     ([16, Hv, 64, 64] fp32), the largest of the chunked kernels' temporaries."""
     import contextlib
 
-    from engine.worker import model_runner
+    from libvllm.engine.worker import model_runner
 
     engine = _engine(hybrid_dir[0], device="cuda", max_num_batched_tokens=1024,
                      max_model_len=512, kv_cache_memory_bytes=64 << 20)

@@ -40,10 +40,11 @@ def _make(src: Path, *args: str) -> None:
 def _hidden_package_dirs() -> list[Path]:
     """The checkout's packages and those of an editable install of this environment."""
     dirs = [ROOT / p for p in ("capi", "engine", "kernels")]
-    found = subprocess.run([sys.executable, "-c", "import engine; print(engine.__file__)"],
+    found = subprocess.run([sys.executable, "-c",
+                            "from libvllm import engine; print(engine.__file__)"],
                            cwd="/", capture_output=True, text=True, env=bare_env())
     if found.returncode == 0:
-        editable_root = Path(found.stdout.strip()).parent.parent
+        editable_root = Path(found.stdout.strip()).resolve().parent.parent
         dirs += [editable_root / p for p in ("capi", "engine", "kernels")]
     return [d for d in dict.fromkeys(dirs) if d.is_dir()]
 
@@ -89,7 +90,7 @@ def test_installed_files_hold_no_source_path(moved_prefix):
     assert not [s for s in settings if str(ROOT) in s and not s.startswith("python =")]
     assert str(work_src(moved_prefix)) not in cfg
     assert "${pcfiledir}" in (moved_prefix / "lib/pkgconfig/libvllm.pc").read_text()
-    assert (moved_prefix / "lib/libvllm/python/capi/glue.py").is_file()
+    assert (moved_prefix / "lib/libvllm/python/libvllm/capi/glue.py").is_file()
     assert not _pyc_files(moved_prefix)
 
 
@@ -98,7 +99,7 @@ def test_moved_prefix_answers_with_only_pkg_config(moved_prefix, model_path, tmp
     run = _run_hidden([str(exe), model_path, QUESTION])
     assert run.returncode == 0, run.stderr
     assert "Paris" in run.stdout
-    assert _pyc_files(moved_prefix / "lib/libvllm/python/engine")  # the installed side ran
+    assert _pyc_files(moved_prefix / "lib/libvllm/python/libvllm/engine")  # the installed side ran
 
 
 def test_installed_cli_runs_from_the_moved_prefix(moved_prefix, model_path):
@@ -109,19 +110,19 @@ def test_installed_cli_runs_from_the_moved_prefix(moved_prefix, model_path):
 
 
 def test_python_m_capi_points_at_the_checkout_build(built):
-    run = subprocess.run([sys.executable, "-m", "capi", "--cflags", "--libs"], cwd=ROOT,
+    run = subprocess.run([sys.executable, "-m", "libvllm.capi", "--cflags", "--libs"], cwd=ROOT,
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == [f"-I{ROOT / 'include'}", f"-L{built}", "-lvllm",
                                   f"-Wl,-rpath,{built}"]
-    pc = subprocess.run([sys.executable, "-m", "capi", "--pkg-config-path"], cwd=ROOT,
+    pc = subprocess.run([sys.executable, "-m", "libvllm.capi", "--pkg-config-path"], cwd=ROOT,
                         capture_output=True, text=True)
     assert Path(pc.stdout.strip()) == built and (built / "libvllm.pc").is_file()
 
 
 def test_wheel_in_a_fresh_environment(tmp_path, model_path):
     """pip wheel + pip install into a new virtual environment (its site-packages layered
-    on this one's for torch by a .pth line); `python -m capi --pkg-config-path` guides
+    on this one's for torch by a .pth line); `python -m libvllm.capi --pkg-config-path` guides
     pkg-config."""
     if shutil.which("pkg-config") is None:
         pytest.skip("pkg-config is absent")
@@ -139,12 +140,13 @@ def test_wheel_in_a_fresh_environment(tmp_path, model_path):
                               *map(str, (tmp_path / "wheels").glob("*.whl"))],
                              capture_output=True, text=True)
     assert install.returncode == 0, install.stderr
-    pc_dir = subprocess.run([str(python), "-m", "capi", "--pkg-config-path"], cwd="/",
+    pc_dir = subprocess.run([str(python), "-m", "libvllm.capi", "--pkg-config-path"], cwd="/",
                             capture_output=True, text=True, env=bare_env())
     assert pc_dir.returncode == 0, pc_dir.stderr
-    assert Path(pc_dir.stdout.strip()) == site / "capi/lib/pkgconfig"
+    assert Path(pc_dir.stdout.strip()) == site / "libvllm/capi/lib/pkgconfig"
     exe = build_chat(Path(pc_dir.stdout.strip()), tmp_path / "chat")
     run = _run_hidden([str(exe), model_path, QUESTION])
     assert run.returncode == 0, run.stderr
     assert "Paris" in run.stdout
-    assert _pyc_files(site / "engine")
+    assert _pyc_files(site / "libvllm/engine")
+    assert not [p for p in ("engine", "capi", "kernels") if (site / p).exists()]

@@ -12,9 +12,9 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, DTYPES, assert_close, gpu
 
-from engine.errors import InvalidArgumentError
-from engine.layers.activation import SiluAndMul
-from kernels.activation import silu_and_mul, silu_and_mul_ref
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.layers.activation import SiluAndMul
+from libvllm.kernels.activation import silu_and_mul, silu_and_mul_ref
 
 
 @pytest.mark.parametrize("num_tokens,d", [(1, 8), (7, 37), (3, 512), (37, 768), (5, 5000)])

@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 from test_kernels_common import DEVICE, gpu
 
-from engine.errors import InvalidArgumentError
-from kernels.chunk_gated_delta_rule import (
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.kernels.chunk_gated_delta_rule import (
     chunk_gated_delta_rule,
     chunk_sigmoid_gating_delta_rule,
     prepare_chunk_indices,
 )
-from kernels.gated_delta_rule import (
+from libvllm.kernels.gated_delta_rule import (
     fused_sigmoid_gating_delta_rule,
     gated_delta_rule_varlen_torch,
 )

@@ -25,16 +25,16 @@ pytest.importorskip("triton", reason="kernels/ need triton (pip install triton)"
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from engine.entrypoints.openai.errors import error_response  # noqa: E402
-from engine.errors import InvalidArgumentError, UnsupportedError, VllmError  # noqa: E402
-from kernels._common import (  # noqa: E402
+from libvllm.engine.entrypoints.openai.errors import error_response  # noqa: E402
+from libvllm.engine.errors import InvalidArgumentError, UnsupportedError, VllmError  # noqa: E402
+from libvllm.kernels._common import (  # noqa: E402
     check,
     check_float,
     check_same_device,
     compiling,
     precompile_triton,
 )
-from kernels.activation import _silu_and_mul_kernel  # noqa: E402
+from libvllm.kernels.activation import _silu_and_mul_kernel  # noqa: E402
 
 DEVICE = "cuda" if ON_CUDA else "cpu"
 if not ON_CUDA and type(_silu_and_mul_kernel.fn).__name__ != "InterpretedFunction":
@@ -80,7 +80,7 @@ def decode_metadata(positions: list[int], block_size: int):
     """AttentionMetadata of one request decoding len(positions) tokens at the end of its
     context; block table [1, 3]: position p goes to slot (1 or 3) * block_size + p %
     block_size."""
-    from engine.layers.attention import AttentionMetadata
+    from libvllm.engine.layers.attention import AttentionMetadata
 
     n, seq_len = len(positions), positions[-1] + 1
     bt = torch.tensor([[1, 3]], dtype=torch.int32, device=DEVICE)
@@ -146,10 +146,11 @@ def test_kernel_errors_are_the_engines() -> None:
     """kernels/errors.py defines the classes engine/errors.py re-exports, so a launcher's
     error carries the engine's vllm.h status (capi/plumbing.py maps VllmError.status) and
     the OpenAI layer's HTTP status: 400 for a bad argument, 501 for an unsupported type."""
-    import kernels.errors
+    import libvllm.kernels.errors
 
-    assert (kernels.errors.VllmError, kernels.errors.InvalidArgumentError,
-            kernels.errors.UnsupportedError) == (VllmError, InvalidArgumentError, UnsupportedError)
+    errors = libvllm.kernels.errors
+    assert (errors.VllmError, errors.InvalidArgumentError,
+            errors.UnsupportedError) == (VllmError, InvalidArgumentError, UnsupportedError)
     with pytest.raises(InvalidArgumentError) as bad:
         check(False, "bad shape")
     assert bad.value.status == 1 and error_response(bad.value)[0] == 400
@@ -237,8 +238,8 @@ def test_compile_only_expert_ids_are_valid_indices() -> None:
     hands back is filled with out-of-range ids first, so skipped memory would show."""
     import threading
 
-    from kernels.moe_align_block_size import moe_align_block_size
-    from kernels.moe_topk_softmax import topk_softmax
+    from libvllm.kernels.moe_align_block_size import moe_align_block_size
+    from libvllm.kernels.moe_topk_softmax import topk_softmax
 
     garbage = [torch.full((2048, 8), 1 << 30, dtype=torch.int32, device=DEVICE)
                for _ in range(2)]  # the sizes of topk_softmax's weights and ids

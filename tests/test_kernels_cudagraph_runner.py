@@ -20,12 +20,12 @@ from __future__ import annotations
 import pytest
 from test_kernels_common import ON_CUDA
 
-from engine.compilation_config import CUDAGraphMode
-from engine.config import EngineConfig
-from engine.layers import attention as attention_layer
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
-from engine.worker.cudagraph import CudaGraphs
+from libvllm.engine.compilation_config import CUDAGraphMode
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.layers import attention as attention_layer
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.sampling_params import SamplingParams
+from libvllm.engine.worker.cudagraph import CudaGraphs
 from tests.test_models_parity import make_hf_model
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="CPU simulation (tests/test_gpu_model_runner.py "

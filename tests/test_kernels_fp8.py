@@ -20,17 +20,17 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, ON_CUDA, cuda_only, gpu
 
-from engine.errors import InvalidArgumentError
-from kernels import fp8_block_gemm
-from kernels._common import cdiv
-from kernels.fp8_block_gemm import (
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.kernels import fp8_block_gemm
+from libvllm.kernels._common import cdiv
+from libvllm.kernels.fp8_block_gemm import (
     get_config,
     get_config_file_name,
     w8a8_block_fp8_matmul,
     w8a8_block_fp8_matmul_ref,
 )
-from kernels.fp8_gemv import w8a8_block_fp8_gemv
-from kernels.fp8_quant import (
+from libvllm.kernels.fp8_gemv import w8a8_block_fp8_gemv
+from libvllm.kernels.fp8_quant import (
     FP8_DTYPE,
     FP8_MAX,
     per_token_group_quant_fp8,
@@ -38,14 +38,14 @@ from kernels.fp8_quant import (
     scaled_fp8_quant,
     scaled_fp8_quant_ref,
 )
-from kernels.fp8_scaled_mm import (
+from libvllm.kernels.fp8_scaled_mm import (
     BLOCK_ROWS,
     block_scaled_mm_supported,
     fp8_block_scaled_mm,
     fp8_scaled_mm,
     fp8_scaled_mm_ref,
 )
-from kernels.launch_configs import GemmConfig, GemvConfig
+from libvllm.kernels.launch_configs import GemmConfig, GemvConfig
 
 FP8_ON_CUDA = ON_CUDA and torch.cuda.get_device_capability() >= (8, 9)
 if ON_CUDA and not FP8_ON_CUDA:

@@ -19,25 +19,25 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, DTYPES, ON_CUDA, gpu
 
-from engine.errors import InvalidArgumentError
-from engine.layers.activation import SiluAndMul
-from engine.layers.fused_moe import fused_experts, fused_experts_triton, fused_topk
-from kernels import fused_moe
-from kernels._common import cdiv
-from kernels.activation import silu_and_mul_ref
-from kernels.fp8_quant import (
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.layers.activation import SiluAndMul
+from libvllm.engine.layers.fused_moe import fused_experts, fused_experts_triton, fused_topk
+from libvllm.kernels import fused_moe
+from libvllm.kernels._common import cdiv
+from libvllm.kernels.activation import silu_and_mul_ref
+from libvllm.kernels.fp8_quant import (
     FP8_DTYPE,
     FP8_MAX,
     dequantize_fp8,
     per_token_group_quant_fp8_ref,
     scaled_fp8_quant_ref,
 )
-from kernels.fused_moe import (
+from libvllm.kernels.fused_moe import (
     invoke_fused_moe_kernel,
     invoke_fused_moe_kernel_ref,
     quantize_moe_input,
 )
-from kernels.moe_align_block_size import moe_align_block_size
+from libvllm.kernels.moe_align_block_size import moe_align_block_size
 
 if ON_CUDA and torch.cuda.get_device_capability() < (8, 9):
     pytest.skip("the FP8 kernels need an sm_89+ GPU", allow_module_level=True)

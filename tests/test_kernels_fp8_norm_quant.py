@@ -15,10 +15,13 @@ import torch
 from test_kernels_common import DEVICE, DTYPES, ON_CUDA
 from test_kernels_fp8 import assert_fp8_equal
 
-from engine.errors import InvalidArgumentError
-from kernels.fp8_quant import per_token_group_quant_fp8
-from kernels.fp8_rms_norm_quant import rms_norm_per_block_quant, rms_norm_per_block_quant_ref
-from kernels.rms_norm import fused_add_rms_norm, rms_norm
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.kernels.fp8_quant import per_token_group_quant_fp8
+from libvllm.kernels.fp8_rms_norm_quant import (
+    rms_norm_per_block_quant,
+    rms_norm_per_block_quant_ref,
+)
+from libvllm.kernels.rms_norm import fused_add_rms_norm, rms_norm
 
 
 def norm_inputs(t, h, dtype, seed=0):

@@ -14,13 +14,13 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, DTYPES, assert_close, cuda_only, gpu
 
-from engine.errors import InvalidArgumentError
-from engine.layers.activation import GeluAndMul, SiluAndMul
-from engine.layers.fused_moe import fused_experts, fused_experts_triton, fused_topk
-from kernels.activation import silu_and_mul_ref
-from kernels.fused_moe import invoke_fused_moe_kernel, invoke_fused_moe_kernel_ref
-from kernels.moe_align_block_size import moe_align_block_size
-from kernels.moe_topk_softmax import MAX_EXPERTS, topk_softmax, topk_softmax_ref
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.layers.activation import GeluAndMul, SiluAndMul
+from libvllm.engine.layers.fused_moe import fused_experts, fused_experts_triton, fused_topk
+from libvllm.kernels.activation import silu_and_mul_ref
+from libvllm.kernels.fused_moe import invoke_fused_moe_kernel, invoke_fused_moe_kernel_ref
+from libvllm.kernels.moe_align_block_size import moe_align_block_size
+from libvllm.kernels.moe_topk_softmax import MAX_EXPERTS, topk_softmax, topk_softmax_ref
 
 CONFIG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1,
           "num_warps": 4, "num_stages": 2}

@@ -17,17 +17,17 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, DTYPES, assert_close, cuda_only, gpu
 
-import kernels.fused_moe_gemv as moe_gemv
-from engine.errors import InvalidArgumentError
-from engine.layers.activation import GeluAndMul, SiluAndMul
-from engine.layers.fused_moe import (
+import libvllm.kernels.fused_moe_gemv as moe_gemv
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.layers.activation import GeluAndMul, SiluAndMul
+from libvllm.engine.layers.fused_moe import (
     FusedMoE,
     fused_experts,
     fused_experts_triton,
     fused_moe_triton,
     fused_topk,
 )
-from kernels.fused_moe_gemv import (
+from libvllm.kernels.fused_moe_gemv import (
     fused_moe_gemv_config,
     fused_moe_gemv_w2,
     fused_moe_gemv_w2_ref,
@@ -36,8 +36,8 @@ from kernels.fused_moe_gemv import (
     fused_moe_gemv_w13_ref,
     fused_moe_gemv_w13_routed,
 )
-from kernels.launch_configs import GemvConfig
-from kernels.moe_topk_softmax import topk_softmax, topk_softmax_ref
+from libvllm.kernels.launch_configs import GemvConfig
+from libvllm.kernels.moe_topk_softmax import topk_softmax, topk_softmax_ref
 
 
 def inputs(m, e, h, i, topk, dtype, ids_dtype=torch.int32, seed=0):
@@ -306,7 +306,7 @@ def test_fused_moe_layer_routed_gemv_equals_the_unfused_path_cuda(shape, m, reno
 def test_fused_moe_layer_routed_gemv_under_a_cuda_graph() -> None:
     """Router GEMV, then the routed w13 and w2 (which reads the logits before its PDL wait),
     replayed from a CUDA graph on new inputs: the eager unfused result every time."""
-    from engine.layers.linear import dense_linear
+    from libvllm.engine.layers.linear import dense_linear
 
     e, topk, h, i = QWEN3_30B["e"], QWEN3_30B["topk"], QWEN3_30B["h"], QWEN3_30B["i"]
     layer = moe_layer(e, topk, h, i)
@@ -429,7 +429,7 @@ def test_shared_epilogue_checks_its_arguments() -> None:
 def test_engine_routed_expert_limit_is_the_kernels() -> None:
     """engine/layers/fused_moe/triton_experts.py keeps its own copy (kernels/ is imported
     lazily there): the two must not drift."""
-    from engine.layers.fused_moe.triton_experts import ROUTED_MAX_EXPERTS as engine_limit
-    from kernels.fused_moe_gemv import ROUTED_MAX_EXPERTS
+    from libvllm.engine.layers.fused_moe.triton_experts import ROUTED_MAX_EXPERTS as engine_limit
+    from libvllm.kernels.fused_moe_gemv import ROUTED_MAX_EXPERTS
 
     assert engine_limit == ROUTED_MAX_EXPERTS

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from test_kernels_common import DEVICE, DTYPES, gpu
 
-from engine.errors import InvalidArgumentError
-from kernels.causal_conv1d import causal_conv1d_fn, causal_conv1d_ref
-from kernels.gated_delta_rule import (
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.kernels.causal_conv1d import causal_conv1d_fn, causal_conv1d_ref
+from libvllm.kernels.gated_delta_rule import (
     chunk_gated_delta_rule_torch,
     fused_recurrent_gated_delta_rule,
     fused_sigmoid_gating_delta_rule,

@@ -15,20 +15,20 @@ import torch
 import torch.nn.functional as F
 from test_kernels_common import DEVICE, ON_CUDA, assert_close, cuda_only, gpu
 
-import kernels.gemv
-from engine.errors import InvalidArgumentError
-from engine.layers.activation import SiluAndMul
-from engine.layers.linear import (
+import libvllm.kernels.gemv
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.layers.activation import SiluAndMul
+from libvllm.engine.layers.linear import (
     MergedColumnParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
     gated_mlp,
 )
-from engine.layers.logits_processor import LogitsProcessor
-from engine.layers.vocab_parallel_embedding import ParallelLMHead
-from kernels.activation import silu_and_mul
-from kernels.gemv import dense_gemv, dense_gemv_config, dense_gemv_ref
-from kernels.launch_configs import GemvConfig
+from libvllm.engine.layers.logits_processor import LogitsProcessor
+from libvllm.engine.layers.vocab_parallel_embedding import ParallelLMHead
+from libvllm.kernels.activation import silu_and_mul
+from libvllm.kernels.gemv import dense_gemv, dense_gemv_config, dense_gemv_ref
+from libvllm.kernels.launch_configs import GemvConfig
 
 # bf16 too on CPU: the interpreter truncates to bf16 (1 ulp), inside the bf16 tolerance
 ALL_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -158,13 +158,13 @@ def test_dense_gemv_rejects_bad_bias_and_strides() -> None:
 def gemv_calls(monkeypatch) -> list[tuple[int, ...]]:
     """Shapes of the x each dense_gemv call got (the layers import it lazily, per call)."""
     calls: list[tuple[int, ...]] = []
-    real = kernels.gemv.dense_gemv
+    real = libvllm.kernels.gemv.dense_gemv
 
     def spy(x, w, bias=None, silu_and_mul=False):
         calls.append(tuple(x.shape) + (("silu_and_mul",) if silu_and_mul else ()))
         return real(x, w, bias, silu_and_mul)
 
-    monkeypatch.setattr(kernels.gemv, "dense_gemv", spy)
+    monkeypatch.setattr(libvllm.kernels.gemv, "dense_gemv", spy)
     return calls
 
 

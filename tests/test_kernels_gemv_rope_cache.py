@@ -21,16 +21,16 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, ON_CUDA, assert_close, cuda_only, gpu
 
-from engine.errors import InvalidArgumentError
-from engine.layers.rotary_embedding import RotaryEmbedding
-from kernels.gemv import dense_gemv
-from kernels.gemv_rope_cache import (
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.layers.rotary_embedding import RotaryEmbedding
+from libvllm.kernels.gemv import dense_gemv
+from libvllm.kernels.gemv_rope_cache import (
     gemv_rope_cache_config,
     qkv_gemv_rope_cache,
     qkv_gemv_rope_cache_ref,
 )
-from kernels.launch_configs import GemvConfig
-from kernels.rotary_cache import rotary_embedding_and_cache
+from libvllm.kernels.launch_configs import GemvConfig
+from libvllm.kernels.rotary_cache import rotary_embedding_and_cache
 
 # bf16 too on CPU: the interpreter truncates to bf16 (1 ulp), inside the bf16 tolerance
 ALL_DTYPES = [torch.float32, torch.float16, torch.bfloat16]

@@ -13,13 +13,15 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, gpu
 
-from engine.errors import InvalidArgumentError, UnsupportedError
-from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
-from engine.gguf.dequant import dequantize_rows as gguf_dequantize_ref  # the oracle, per row
-from kernels import gguf_gemm as gguf_gemm_module
-from kernels.gguf_gemm import gguf_dequantize, gguf_gemm, gguf_gemv, gguf_mmq
-from kernels.gguf_kquant_mmq import kquant_dequantize, kquant_mmq
-from kernels.launch_configs import GgufBlocksConfig, GgufMmqConfig, KquantMmqConfig
+from libvllm.engine.errors import InvalidArgumentError, UnsupportedError
+from libvllm.engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
+from libvllm.engine.gguf.dequant import (
+    dequantize_rows as gguf_dequantize_ref,  # the oracle, per row
+)
+from libvllm.kernels import gguf_gemm as gguf_gemm_module
+from libvllm.kernels.gguf_gemm import gguf_dequantize, gguf_gemm, gguf_gemv, gguf_mmq
+from libvllm.kernels.gguf_kquant_mmq import kquant_dequantize, kquant_mmq
+from libvllm.kernels.launch_configs import GgufBlocksConfig, GgufMmqConfig, KquantMmqConfig
 
 TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
          GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]

@@ -16,10 +16,10 @@ import torch
 from test_kernels_common import DEVICE, cuda_only
 from test_kernels_gguf_gemm import gguf_gemm_ref, random_weight
 
-from engine.errors import InvalidArgumentError
-from engine.gguf.constants import GGMLType
-from kernels.activation import silu_and_mul
-from kernels.gguf_mmvq import (
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.gguf.constants import GGMLType
+from libvllm.kernels.activation import silu_and_mul
+from libvllm.kernels.gguf_mmvq import (
     MMVQ_MAX_M,
     gguf_mmvq,
     gguf_mmvq_q8_1,
@@ -27,7 +27,7 @@ from kernels.gguf_mmvq import (
     quantize_q8_1,
     quantize_q8_1_ref,
 )
-from kernels.launch_configs import MmvqConfig
+from libvllm.kernels.launch_configs import MmvqConfig
 
 TYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K,
          GGMLType.Q6_K]
@@ -141,8 +141,8 @@ def test_gguf_weight_shards_share_one_quantization() -> None:
     """engine/layers/linear.py GGUFWeight: up to MMVQ_MAX_M tokens, int8-dot shards (Q4_K,
     Q6_K) and a shard of another type (Q5_0, kernels/gguf_gemm.py) fill one output; the
     down projection's SiLU-and-mul goes into the quantization (forward_act_and_mul)."""
-    from engine.layers.activation import SiluAndMul
-    from engine.layers.linear import GGUFWeight, ReplicatedLinear
+    from libvllm.engine.layers.activation import SiluAndMul
+    from libvllm.engine.layers.linear import GGUFWeight, ReplicatedLinear
 
     types = [GGMLType.Q4_K, GGMLType.Q5_0, GGMLType.Q6_K]
     shards = [(random_weight(t, n, 256, seed=i), t) for i, (t, n) in enumerate(zip(types,

@@ -18,8 +18,8 @@ import triton.language as tl
 from test_kernels_common import DEVICE, ON_CUDA, gpu
 from triton.runtime.jit import JITFunction
 
-from kernels._common import precompile_triton
-from kernels.launch_cache import CachedLaunch, cached_launch
+from libvllm.kernels._common import precompile_triton
+from libvllm.kernels.launch_cache import CachedLaunch, cached_launch
 
 
 @cached_launch

@@ -13,8 +13,8 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, cuda_only
 
-from engine.errors import InvalidArgumentError
-from kernels.moe_align_block_size import (
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.kernels.moe_align_block_size import (
     TRITON_MAX_PAIRS,
     max_num_tokens_padded,
     moe_align_block_size,

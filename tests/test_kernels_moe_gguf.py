@@ -18,14 +18,14 @@ import torch
 from test_kernels_common import DEVICE, ON_CUDA, cuda_only, gpu
 from test_kernels_gguf_gemm import TYPES, gguf_dequantize_ref, random_weight
 
-from engine.errors import InvalidArgumentError
-from engine.gguf.constants import GGMLType
-from engine.layers.activation import SiluAndMul
-from engine.layers.fused_moe import fused_experts, fused_topk
-from engine.layers.fused_moe.gguf_experts import GGUFExperts
-from kernels.fused_moe import invoke_fused_moe_kernel_ref
-from kernels.moe_align_block_size import moe_align_block_size
-from kernels.moe_gguf import invoke_fused_moe_gguf_kernel
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.gguf.constants import GGMLType
+from libvllm.engine.layers.activation import SiluAndMul
+from libvllm.engine.layers.fused_moe import fused_experts, fused_topk
+from libvllm.engine.layers.fused_moe.gguf_experts import GGUFExperts
+from libvllm.kernels.fused_moe import invoke_fused_moe_kernel_ref
+from libvllm.kernels.moe_align_block_size import moe_align_block_size
+from libvllm.kernels.moe_gguf import invoke_fused_moe_gguf_kernel
 
 CPU_TYPES = [GGMLType.Q8_0, GGMLType.Q4_K]
 
@@ -136,7 +136,7 @@ def test_loader_keeps_gguf_experts_quantized(case, tmp_path) -> None:
     gguf = pytest.importorskip("gguf")
     from test_gguf_moe import _hf, write_moe_gguf
 
-    from engine.model_loader import load_gguf_model
+    from libvllm.engine.model_loader import load_gguf_model
 
     hf = _hf(case)
     write_moe_gguf(hf, tmp_path / "q8.gguf", expert_type=gguf.GGMLQuantizationType.Q8_0)

@@ -11,8 +11,8 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, DTYPES, assert_close
 
-from engine.errors import InvalidArgumentError
-from kernels.moe_sum import moe_sum
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.kernels.moe_sum import moe_sum
 
 
 @pytest.mark.parametrize("m,top_k,h", [(1, 1, 8), (3, 2, 37), (5, 8, 2048), (2, 6, 9000)])

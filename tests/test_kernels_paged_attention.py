@@ -18,12 +18,12 @@ import triton
 import triton.language as tl
 from test_kernels_common import DEVICE, ON_CUDA, cuda_only, gpu
 
-import kernels.decode_attention as da
-import kernels.paged_attention as pa
-from engine.errors import InvalidArgumentError
-from kernels._common import pdl_launch, pdl_wait
-from kernels.decode_attention import paged_attention_decode, paged_attention_decode_ref
-from kernels.paged_attention import paged_attention_prefill, paged_attention_prefill_ref
+import libvllm.kernels.decode_attention as da
+import libvllm.kernels.paged_attention as pa
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.kernels._common import pdl_launch, pdl_wait
+from libvllm.kernels.decode_attention import paged_attention_decode, paged_attention_decode_ref
+from libvllm.kernels.paged_attention import paged_attention_prefill, paged_attention_prefill_ref
 
 NUM_HEADS = [(4, 4), (8, 2), (5, 1)]
 TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -421,7 +421,7 @@ def test_attention_64bit_cache_offsets() -> None:
 @pytest.mark.parametrize("window", [None, 3])
 def test_prefill_ref_is_the_engine_torch_path(window) -> None:
     """The kernels' plain-torch reference equals engine/layers/attention.py, bit for bit."""
-    from engine.layers.attention import AttentionMetadata, paged_attention_ref
+    from libvllm.engine.layers.attention import AttentionMetadata, paged_attention_ref
 
     q, kv, qsl, lens, bt = _case([(1, 13), (5, 18), (9, 9)], 8, 2, 32, 4, torch.float32)
     md = AttentionMetadata(num_actual_tokens=q.shape[0], slot_mapping=torch.empty(0),

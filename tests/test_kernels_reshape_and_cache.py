@@ -12,9 +12,9 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, DTYPES, gpu
 
-from engine.errors import InvalidArgumentError
-from engine.layers.attention import reshape_and_cache as engine_reshape_and_cache
-from kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.layers.attention import reshape_and_cache as engine_reshape_and_cache
+from libvllm.kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
 
 
 def _case(n: int, blocks: int, bs: int, nkv: int, hd: int, dtype, cache_dtype=None):

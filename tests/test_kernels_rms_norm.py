@@ -12,9 +12,9 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, DTYPES, gpu
 
-from engine.errors import InvalidArgumentError
-from engine.layers.layernorm import GemmaRMSNorm, RMSNorm
-from kernels.rms_norm import fused_add_rms_norm, rms_norm, rms_norm_ref
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.layers.layernorm import GemmaRMSNorm, RMSNorm
+from libvllm.kernels.rms_norm import fused_add_rms_norm, rms_norm, rms_norm_ref
 
 TOL = {"atol": 1e-2, "rtol": 1e-2}
 

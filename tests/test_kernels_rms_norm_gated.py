@@ -12,9 +12,9 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, DTYPES, gpu
 
-from engine.errors import InvalidArgumentError
-from engine.layers.gdn import RMSNormGated
-from kernels.rms_norm_gated import rms_norm_gated, rms_norm_gated_ref
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.layers.gdn import RMSNormGated
+from libvllm.kernels.rms_norm_gated import rms_norm_gated, rms_norm_gated_ref
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 

@@ -18,10 +18,10 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, DTYPES, assert_close
 
-from engine.errors import InvalidArgumentError
-from kernels.gemv import dense_gemv_ref
-from kernels.rms_norm import fused_add_rms_norm
-from kernels.rms_norm_gemv import fused_add_rms_norm_gemv, fused_add_rms_norm_gemv_ref
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.kernels.gemv import dense_gemv_ref
+from libvllm.kernels.rms_norm import fused_add_rms_norm
+from libvllm.kernels.rms_norm_gemv import fused_add_rms_norm_gemv, fused_add_rms_norm_gemv_ref
 
 EPS = 1e-6
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, DTYPES, assert_close, gpu
 
-from engine.errors import InvalidArgumentError
-from engine.layers.rotary_embedding import RotaryEmbedding
-from kernels.rotary import rotary_embedding, rotary_embedding_ref
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.layers.rotary_embedding import RotaryEmbedding
+from libvllm.kernels.rotary import rotary_embedding, rotary_embedding_ref
 
 
 def _check(n: int, nq: int, nkv: int, hs: int, rot: int, dtype: torch.dtype) -> None:

@@ -16,11 +16,11 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, DTYPES, assert_close, gpu
 
-from engine.errors import InvalidArgumentError
-from engine.layers.attention import Attention, AttentionMetadata
-from engine.layers.layernorm import GemmaRMSNorm, RMSNorm
-from engine.layers.rotary_embedding import RotaryEmbedding
-from kernels.rotary_cache import rotary_embedding_and_cache, rotary_embedding_and_cache_ref
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.layers.attention import Attention, AttentionMetadata
+from libvllm.engine.layers.layernorm import GemmaRMSNorm, RMSNorm
+from libvllm.engine.layers.rotary_embedding import RotaryEmbedding
+from libvllm.kernels.rotary_cache import rotary_embedding_and_cache, rotary_embedding_and_cache_ref
 
 
 @pytest.mark.parametrize("nq,nkv", [(4, 4), (8, 2), (5, 1)])

@@ -18,12 +18,12 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, ON_CUDA, gpu
 
-import kernels.sampling
-from engine.errors import InvalidArgumentError
-from engine.sample.metadata import SamplingMetadata
-from engine.sample.ops import topk_topp_sampler
-from engine.sample.sampler import Sampler
-from kernels.sampling import _chunking, argmax_rows, argmax_rows_ref
+import libvllm.kernels.sampling
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.sample.metadata import SamplingMetadata
+from libvllm.engine.sample.ops import topk_topp_sampler
+from libvllm.engine.sample.sampler import Sampler
+from libvllm.kernels.sampling import _chunking, argmax_rows, argmax_rows_ref
 
 ALL_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 NAN, INF = float("nan"), float("inf")
@@ -112,7 +112,7 @@ def test_no_rows() -> None:
 def test_chunking_spreads_a_row_over_the_sms(monkeypatch) -> None:
     """(steps of 512 a chunk, chunks a row) for about 2 programs per SM of a 132-SM H200:
     batch 1 takes 251 chunks of one step; 64 rows 5 chunks a row; a small row one chunk."""
-    monkeypatch.setattr(kernels.sampling, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(libvllm.kernels.sampling, "_num_sms", lambda device: 132)
     assert _chunking(1, 128256, torch.device(DEVICE)) == (1, 251)
     assert _chunking(64, 128256, torch.device(DEVICE)) == (51, 5)
     assert _chunking(512, 128256, torch.device(DEVICE)) == (251, 1)
@@ -149,13 +149,13 @@ def kernel_calls(monkeypatch) -> list[bool]:
     """Whether each kernels/sampling.py argmax_rows call had noise (the engine imports it
     lazily, per call)."""
     calls: list[bool] = []
-    real = kernels.sampling.argmax_rows
+    real = libvllm.kernels.sampling.argmax_rows
 
     def spy(x, noise_q=None):
         calls.append(noise_q is not None)
         return real(x, noise_q)
 
-    monkeypatch.setattr(kernels.sampling, "argmax_rows", spy)
+    monkeypatch.setattr(libvllm.kernels.sampling, "argmax_rows", spy)
     return calls
 
 
@@ -253,8 +253,8 @@ def test_warm_up_compiles_every_variant(monkeypatch) -> None:
     """warm_up_sampling_kernels (the profile run's) takes the kernel greedy and random, at one
     row and at all rows (the merge's two lane counts on an H200), and nothing off CUDA."""
     calls: list[tuple[int, bool]] = []
-    real = kernels.sampling.argmax_rows
-    monkeypatch.setattr(kernels.sampling, "argmax_rows", lambda x, noise_q=None: (
+    real = libvllm.kernels.sampling.argmax_rows
+    monkeypatch.setattr(libvllm.kernels.sampling, "argmax_rows", lambda x, noise_q=None: (
         calls.append((x.shape[0], noise_q is not None)), real(x, noise_q))[1])
     x, _ = _inputs(6, 1000, torch.bfloat16)  # [6, 1000]
     topk_topp_sampler.warm_up_sampling_kernels(x)

@@ -19,10 +19,10 @@ import re
 import pytest
 import torch
 
-from engine.errors import InvalidArgumentError
-from kernels import fp8_block_gemm, tuned_configs
-from kernels.launch_configs import GemmConfig, GemvConfig, MmvqConfig
-from kernels.tuned_configs import (
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.kernels import fp8_block_gemm, tuned_configs
+from libvllm.kernels.launch_configs import GemmConfig, GemvConfig, MmvqConfig
+from libvllm.kernels.tuned_configs import (
     CONFIG_ROOT,
     config_file_name,
     device_name,
@@ -90,7 +90,7 @@ def test_nearest_batch_size_first_of_equals() -> None:
 
 
 def test_missing_file_falls_back_to_the_rule(fp8_dir, caplog) -> None:
-    with caplog.at_level(logging.WARNING, logger="kernels.tuned_configs"):
+    with caplog.at_level(logging.WARNING, logger="libvllm.kernels.tuned_configs"):
         assert fp8_block_gemm.get_w8a8_block_fp8_configs(64, 64, 32, 32) is None
         assert fp8_block_gemm.get_config(5, 64, 64, 32, 32) == \
             fp8_block_gemm.default_config(32, 32)
@@ -102,7 +102,7 @@ def test_found_file_is_read_and_logged(tmp_path, caplog) -> None:
     (tmp_path / "E=2,N=8,device_name=X.json").write_text(
         json.dumps({"triton_version": "3.6.0", "4": GEMM, "1": dict(GEMM, SPLIT_K=1),
                     "8": dict(GEMM, num_ctas=1)}))  # num_ctas: in some of vLLM's files
-    with caplog.at_level(logging.INFO, logger="kernels.tuned_configs"):
+    with caplog.at_level(logging.INFO, logger="libvllm.kernels.tuned_configs"):
         got = find_configs("E=2,N=8,device_name=X.json", [str(tmp_path / "none"),
                                                           str(tmp_path)],
                            GemmConfig, "MoE layer", "MoE")

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core.block_pool import BlockPool
-from engine.core.kv_cache_utils import KVCacheBlock, get_num_kv_blocks
-from engine.core.single_type_kv_cache_manager import FullAttentionManager
-from engine.errors import OutOfResourcesError
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from libvllm.engine.core.block_pool import BlockPool
+from libvllm.engine.core.kv_cache_utils import KVCacheBlock, get_num_kv_blocks
+from libvllm.engine.core.single_type_kv_cache_manager import FullAttentionManager
+from libvllm.engine.errors import OutOfResourcesError
+from libvllm.engine.request import Request
+from libvllm.engine.sampling_params import SamplingParams
 
 SKIP_SWA = "sliding-window / chunked-local / mamba managers do not exist here"
 

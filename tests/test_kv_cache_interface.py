@@ -20,16 +20,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.core.kv_cache_interface import (
+from libvllm.engine.core.kv_cache_interface import (
     FullAttentionSpec,
     MambaSpec,
     gated_delta_net_state_dtype,
     unify_hybrid_specs,
 )
-from engine.core.kv_cache_utils import group_hybrid_layers
-from engine.model_loader.hf_config import arch_config_from_hf
-from engine.models.config import ModelArchConfig
-from engine.worker.mamba_utils import (
+from libvllm.engine.core.kv_cache_utils import group_hybrid_layers
+from libvllm.engine.model_loader.hf_config import arch_config_from_hf
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.worker.mamba_utils import (
     allocate_hybrid_kv_cache,
     attention_view,
     gdn_mamba_spec,

@@ -15,17 +15,17 @@ import struct
 
 import pytest
 
-from engine.core import kv_cache_utils
-from engine.core.kv_cache_utils import (
+from libvllm.engine.core import kv_cache_utils
+from libvllm.engine.core.kv_cache_utils import (
     FreeKVCacheBlockQueue,
     KVCacheBlock,
     generate_block_hash_extra_keys,
     hash_block_tokens,
 )
-from engine.errors import InvalidArgumentError
-from engine.metrics import CachingMetrics, PrefixCacheStats
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.metrics import CachingMetrics, PrefixCacheStats
+from libvllm.engine.request import Request
+from libvllm.engine.sampling_params import SamplingParams
 
 NO_INPUT = "this engine has no multimodal / LoRA / prompt-embeds inputs (not built)"
 

@@ -23,17 +23,17 @@ import test_models_parity as parity  # noqa: E402
 from kv_fp8_oracle import fp8_round, seen_kv_max, use_fp8_kv  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from engine.errors import InvalidArgumentError, ModelLoadError  # noqa: E402
-from engine.layers.attention import Attention  # noqa: E402
-from engine.layers.kv_cache_dtype import (  # noqa: E402
+from libvllm.engine.errors import InvalidArgumentError, ModelLoadError  # noqa: E402
+from libvllm.engine.layers.attention import Attention  # noqa: E402
+from libvllm.engine.layers.kv_cache_dtype import (  # noqa: E402
     calc_kv_scales,
     dequantize_kv,
     kv_cache_torch_dtype,
     quantize_kv,
 )
-from engine.layers.kv_scales import configure_kv_cache, load_kv_scale  # noqa: E402
-from engine.model_loader import load_model  # noqa: E402
-from engine.worker.model_runner import ModelRunner  # noqa: E402
+from libvllm.engine.layers.kv_scales import configure_kv_cache, load_kv_scale  # noqa: E402
+from libvllm.engine.model_loader import load_model  # noqa: E402
+from libvllm.engine.worker.model_runner import ModelRunner  # noqa: E402
 
 STEPS = 32
 CKPT_SCALES = {0: (0.02, 0.015), 1: (0.03, 0.011)}  # k, v per layer (some v saturate)
@@ -84,7 +84,7 @@ def test_kv_cache_dtype_resolution() -> None:
 
 
 def test_engine_rule_equals_the_kernels_and_the_oracle() -> None:
-    from kernels.reshape_and_cache import dequantize_kv_ref, quantize_kv_ref
+    from libvllm.kernels.reshape_and_cache import dequantize_kv_ref, quantize_kv_ref
 
     torch.manual_seed(0)
     x = torch.randn(4096) * 40

@@ -21,11 +21,11 @@ from test_dummy_loader import write_config  # noqa: E402
 from test_hybrid_gdn_engine import _hf_greedy, _saved_model  # noqa: E402
 from test_kv_fp8 import _attn_layers, _fp8_runner, save_with_scales  # noqa: E402
 
-from engine.config import EngineConfig  # noqa: E402
-from engine.layers.attention import Attention  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.model_loader import load_model  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
+from libvllm.engine.config import EngineConfig  # noqa: E402
+from libvllm.engine.layers.attention import Attention  # noqa: E402
+from libvllm.engine.llm_engine import LLMEngine  # noqa: E402
+from libvllm.engine.model_loader import load_model  # noqa: E402
+from libvllm.engine.sampling_params import SamplingParams  # noqa: E402
 
 
 def _greedy(engine: LLMEngine, prompts: list[list[int]], n: int) -> list[list[int]]:

@@ -16,11 +16,11 @@ import math
 import pytest
 import torch
 
-import engine.layers.attention as attention
-from engine.layers.attention import Attention, AttentionMetadata
-from engine.layers.kv_scales import configure_kv_cache
-from engine.model_loader import load_model
-from engine.worker.model_runner import ModelRunner
+import libvllm.engine.layers.attention as attention
+from libvllm.engine.layers.attention import Attention, AttentionMetadata
+from libvllm.engine.layers.kv_scales import configure_kv_cache
+from libvllm.engine.model_loader import load_model
+from libvllm.engine.worker.model_runner import ModelRunner
 from tests.test_gpu_model_runner import (
     PROMPTS,
     check_logprobs_close,

@@ -19,19 +19,19 @@ import pytest
 import torch
 from test_kernels_common import DEVICE, ON_CUDA, gpu
 
-from engine.errors import InvalidArgumentError
-from engine.layers.rotary_embedding import RotaryEmbedding
-from kernels.decode_attention import paged_attention_decode, paged_attention_decode_ref
-from kernels.gemv_rope_cache import qkv_gemv_rope_cache, qkv_gemv_rope_cache_ref
-from kernels.paged_attention import paged_attention_prefill, paged_attention_prefill_ref
-from kernels.reshape_and_cache import (
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.layers.rotary_embedding import RotaryEmbedding
+from libvllm.kernels.decode_attention import paged_attention_decode, paged_attention_decode_ref
+from libvllm.kernels.gemv_rope_cache import qkv_gemv_rope_cache, qkv_gemv_rope_cache_ref
+from libvllm.kernels.paged_attention import paged_attention_prefill, paged_attention_prefill_ref
+from libvllm.kernels.reshape_and_cache import (
     FP8_KV_DTYPE,
     dequantize_kv_ref,
     quantize_kv_ref,
     reshape_and_cache,
     reshape_and_cache_ref,
 )
-from kernels.rotary_cache import rotary_embedding_and_cache, rotary_embedding_and_cache_ref
+from libvllm.kernels.rotary_cache import rotary_embedding_and_cache, rotary_embedding_and_cache_ref
 
 ACT = torch.bfloat16 if ON_CUDA else torch.float32  # the interpreter truncates bf16
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}

@@ -27,9 +27,10 @@ def _engine_imports(path: Path, root: Path = ROOT) -> list[str]:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         else:
             continue
+        names = [n.removeprefix("libvllm.") for n in names]  # one namespace, same rule
         if any(n == "engine" or n.startswith("engine.") for n in names):
             hits.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
     return hits
@@ -43,18 +44,20 @@ def test_kernel_module_imports_no_engine(path: Path):
 
 def test_scan_sees_lazy_imports(tmp_path: Path):
     src = tmp_path / "k.py"
-    src.write_text("import torch\nimport engine\n\n\ndef f():\n"
-                   "    from engine.errors import X\n    from kernels import engine_like\n")
+    src.write_text("import torch\nimport libvllm.engine\n\n\ndef f():\n"
+                   "    from libvllm.engine.errors import X\n    from libvllm.kernels import "
+                   "engine_like\n    from libvllm import engine\n    import engine.x\n")
     assert [h.split(": ")[0].rsplit(":", 1)[1] for h in _engine_imports(src, tmp_path)] == \
-        ["2", "6"]
+        ["2", "6", "8", "9"]
 
 
 def test_importing_kernels_leaves_engine_unloaded():
-    modules = [f"kernels.{p.stem}" for p in KERNEL_FILES]
+    modules = [f"libvllm.kernels.{p.stem}" for p in KERNEL_FILES]
     code = ("import importlib, sys\n"
             f"for m in {modules!r}:\n"
             "    importlib.import_module(m)\n"
-            "    if 'engine' in sys.modules: sys.exit(f'{m} imports engine')\n")
+            "    if {'engine', 'libvllm.engine'} & set(sys.modules):\n"
+            "        sys.exit(f'{m} imports engine')\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -98,7 +101,7 @@ def _imports(path: Path, modules: set[str], root: Path = ROOT) -> list[tuple[str
         else:
             continue
         for t in targets:
-            hit = _resolve(t, modules)
+            hit = _resolve(t.removeprefix("libvllm."), modules)  # module names: engine.x
             if hit and hit != me and hit.split(".")[0] in PACKAGES:
                 found.append((hit, node.lineno))
                 break
@@ -208,9 +211,10 @@ def test_graph_tools_find_cycles_lazy_and_relative(tmp_path: Path):
     (tmp_path / "engine" / "b").mkdir()
     (tmp_path / "engine" / "__init__.py").write_text("")
     (tmp_path / "engine" / "a" / "__init__.py").write_text('"""face"""\nfrom .x import X\n')
-    (tmp_path / "engine" / "a" / "x.py").write_text("X = 1\n\ndef f():\n    import engine.b.y\n")
+    (tmp_path / "engine" / "a" / "x.py").write_text(
+        "X = 1\n\ndef f():\n    import libvllm.engine.b.y\n")
     (tmp_path / "engine" / "b" / "__init__.py").write_text("")
-    (tmp_path / "engine" / "b" / "y.py").write_text("from engine.a import X\n")
+    (tmp_path / "engine" / "b" / "y.py").write_text("from libvllm.engine.a import X\n")
     edges = _graph(tmp_path)
     assert edges["engine.b.y"] == {"engine.a.x"}
     assert _cycles(edges) == [["engine.a.x", "engine.b.y"]]
@@ -248,7 +252,7 @@ def test_capi_rule_sees_lazy_and_submodule_imports(tmp_path: Path):
     (tmp_path / "engine" / "session" / "s.py").write_text("S = 1\n")
     (tmp_path / "engine" / "llm_engine.py").write_text("X = 1\n")
     (tmp_path / "capi" / "g.py").write_text(
-        "import engine\nfrom engine.session import S\n\n\ndef f():\n"
-        "    from engine.llm_engine import X\n    from engine.session import s\n")
+        "import libvllm.engine\nfrom libvllm.engine.session import S\n\n\ndef f():\n"
+        "    from libvllm.engine.llm_engine import X\n    from libvllm.engine.session import s\n")
     assert [h.split(": ", 1)[1] for h in _capi_violations(tmp_path)] == [
         "imports engine.llm_engine", "imports engine.session.s"]

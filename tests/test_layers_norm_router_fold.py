@@ -28,14 +28,14 @@ from test_kernels_common import (
     tiny_model,
 )
 
-import engine.layers.attention as attention
-import engine.layers.linear as linear
-import engine.models.qwen3_moe as qwen3_moe
-import kernels.gemv
-import kernels.rms_norm_gemv
-from engine.layers.layernorm import RMSNorm
-from engine.models.config import ModelArchConfig
-from engine.models.qwen3_moe import Qwen3MoeForCausalLM
+import libvllm.engine.layers.attention as attention
+import libvllm.engine.layers.linear as linear
+import libvllm.engine.models.qwen3_moe as qwen3_moe
+import libvllm.kernels.gemv
+import libvllm.kernels.rms_norm_gemv
+from libvllm.engine.layers.layernorm import RMSNorm
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.models.qwen3_moe import Qwen3MoeForCausalLM
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="the interpreter on CPU")
 
@@ -47,9 +47,9 @@ SPARSE = [0, 2]  # layer 1 is in mlp_only_layers
 def calls(monkeypatch) -> dict[str, list]:
     """x shapes of each fused-kernel call ("fold") and of each router GEMV ("router")."""
     seen: dict[str, list] = {"fold": [], "router": []}
-    spy_calls(monkeypatch, kernels.rms_norm_gemv, "fused_add_rms_norm_gemv",
+    spy_calls(monkeypatch, libvllm.kernels.rms_norm_gemv, "fused_add_rms_norm_gemv",
               lambda x, *a, **kw: seen["fold"].append(tuple(x.shape)))
-    spy_calls(monkeypatch, kernels.gemv, "dense_gemv", lambda x, w, *a, **kw: (
+    spy_calls(monkeypatch, libvllm.kernels.gemv, "dense_gemv", lambda x, w, *a, **kw: (
         seen["router"].append(tuple(x.shape)) if w.shape == (E, 64) else None))
     return seen
 

@@ -27,20 +27,20 @@ from test_kernels_common import (
     tiny_model,
 )
 
-import engine.layers.attention as attention
-import engine.layers.linear as linear
-import kernels.gemv_rope_cache
-import kernels.rotary_cache
-from engine.layers.attention import Attention
-from engine.layers.layernorm import RMSNorm
-from engine.layers.linear import QKVParallelLinear
-from engine.layers.rotary_embedding import RotaryEmbedding
-from engine.models.config import ModelArchConfig
-from engine.models.gemma3 import Gemma3ForCausalLM
-from engine.models.llama import LlamaForCausalLM
-from engine.models.mixtral import MixtralForCausalLM
-from engine.models.qwen2 import Qwen2ForCausalLM
-from engine.models.qwen3 import Qwen3ForCausalLM
+import libvllm.engine.layers.attention as attention
+import libvllm.engine.layers.linear as linear
+import libvllm.kernels.gemv_rope_cache
+import libvllm.kernels.rotary_cache
+from libvllm.engine.layers.attention import Attention
+from libvllm.engine.layers.layernorm import RMSNorm
+from libvllm.engine.layers.linear import QKVParallelLinear
+from libvllm.engine.layers.rotary_embedding import RotaryEmbedding
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.models.gemma3 import Gemma3ForCausalLM
+from libvllm.engine.models.llama import LlamaForCausalLM
+from libvllm.engine.models.mixtral import MixtralForCausalLM
+from libvllm.engine.models.qwen2 import Qwen2ForCausalLM
+from libvllm.engine.models.qwen3 import Qwen3ForCausalLM
 
 pytestmark = pytest.mark.skipif(ON_CUDA, reason="the interpreter on CPU")
 
@@ -55,9 +55,9 @@ BS, NQ, NKV, HD = 4, 4, 2, 16  # KV block size; the tiny models' heads
 def calls(monkeypatch) -> dict[str, list]:
     """x shapes of each fused-kernel call ("fold") and each rotary_cache call ("rope")."""
     seen: dict[str, list] = {"fold": [], "rope": []}
-    spy_calls(monkeypatch, kernels.gemv_rope_cache, "qkv_gemv_rope_cache",
+    spy_calls(monkeypatch, libvllm.kernels.gemv_rope_cache, "qkv_gemv_rope_cache",
               lambda x, *a, **kw: seen["fold"].append(tuple(x.shape)))
-    spy_calls(monkeypatch, kernels.rotary_cache, "rotary_embedding_and_cache",
+    spy_calls(monkeypatch, libvllm.kernels.rotary_cache, "rotary_embedding_and_cache",
               lambda positions, q, *a, **kw: seen["rope"].append(tuple(q.shape)))
     return seen
 

@@ -17,11 +17,11 @@ import subprocess
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.engine_core import core_client_mp
-from engine.llm_engine import LLMEngine
-from engine.load_progress import TENSORS_END, LoadCancelledError, reporting
-from engine.sampling_params import SamplingParams
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.engine_core import core_client_mp
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.load_progress import TENSORS_END, LoadCancelledError, reporting
+from libvllm.engine.sampling_params import SamplingParams
 from tests.test_runtime_progress import _n_tensors
 
 pytestmark = pytest.mark.slow

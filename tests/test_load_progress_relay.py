@@ -17,10 +17,10 @@ import threading
 import pytest
 import zmq
 
-from engine import load_progress
-from engine.engine_core.engine_core_utils import PROGRESS
-from engine.engine_core.load_progress_relay import LoadProgressRelay, answer
-from engine.load_progress import TENSORS_END, LoadCancelledError, track
+from libvllm.engine import load_progress
+from libvllm.engine.engine_core.engine_core_utils import PROGRESS
+from libvllm.engine.engine_core.load_progress_relay import LoadProgressRelay, answer
+from libvllm.engine.load_progress import TENSORS_END, LoadCancelledError, track
 
 N = 5000  # tensors of the load: many more than the round trips allowed
 MAX_ROUND_TRIPS = 100 + 2  # one per 1% of the load, the first and the last tensor

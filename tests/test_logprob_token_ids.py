@@ -18,14 +18,14 @@ import math
 import pytest
 import torch
 
-from engine.async_llm import AsyncLLM
-from engine.config import EngineConfig
-from engine.entrypoints.openai.api import handle_openai_request
-from engine.errors import InvalidArgumentError
-from engine.llm_engine import LLMEngine
-from engine.sample.metadata import build_sampling_metadata
-from engine.sample.sampler import Sampler
-from engine.sampling_params import SamplingParams
+from libvllm.engine.async_llm import AsyncLLM
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.entrypoints.openai.api import handle_openai_request
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.sample.metadata import build_sampling_metadata
+from libvllm.engine.sample.sampler import Sampler
+from libvllm.engine.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")
 

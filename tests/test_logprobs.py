@@ -15,17 +15,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.engine_core.engine_core_messages import EngineCoreOutput
-from engine.gguf.reader import GGUFReader
-from engine.logprobs import Logprob, append_logprobs_for_next_position
-from engine.logprobs_processor import LogprobsProcessor
-from engine.output_processor import OutputProcessor
-from engine.request import Request, RequestStatus
-from engine.sample.metadata import build_sampling_metadata
-from engine.sample.ops.logprobs import gather_logprobs
-from engine.sample.sampler import Sampler
-from engine.sampling_params import RequestOutputKind, SamplingParams
-from engine.tokenizer import Tokenizer
+from libvllm.engine.engine_core.engine_core_messages import EngineCoreOutput
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.logprobs import Logprob, append_logprobs_for_next_position
+from libvllm.engine.logprobs_processor import LogprobsProcessor
+from libvllm.engine.output_processor import OutputProcessor
+from libvllm.engine.request import Request, RequestStatus
+from libvllm.engine.sample.metadata import build_sampling_metadata
+from libvllm.engine.sample.ops.logprobs import gather_logprobs
+from libvllm.engine.sample.sampler import Sampler
+from libvllm.engine.sampling_params import RequestOutputKind, SamplingParams
+from libvllm.engine.tokenizer import Tokenizer
 
 
 def _core_out(req, new_ids, new_logprobs=None, new_prompt_logprobs=None):
@@ -104,7 +104,7 @@ def test_split_character_is_repaired_from_context(tokenizer):
 
 
 def _lists(token_ids, logprobs, ranks):
-    from engine.sample.outputs import LogprobsLists
+    from libvllm.engine.sample.outputs import LogprobsLists
     return LogprobsLists(token_ids, logprobs, ranks)
 
 

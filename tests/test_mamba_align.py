@@ -8,10 +8,10 @@ engine-level hits and tokens are in test_hybrid_gdn_engine.py.
 
 from __future__ import annotations
 
-from engine.core.block_pool import BlockPool
-from engine.core.mamba_align import MambaAlignCache, make_block_hash_with_group_id
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from libvllm.engine.core.block_pool import BlockPool
+from libvllm.engine.core.mamba_align import MambaAlignCache, make_block_hash_with_group_id
+from libvllm.engine.request import Request
+from libvllm.engine.sampling_params import SamplingParams
 
 
 def _req(n: int, rid: str = "r", first: int = 0) -> Request:

@@ -15,9 +15,9 @@ import logging
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError
-from engine.resolved_config import (
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.resolved_config import (
     MAMBA_CACHE_MODE_DEPRECATION_MESSAGE,
     DeviceFacts,
     resolve_config,
@@ -37,7 +37,7 @@ def test_hybrid_mode_follows_prefix_caching(user, prefix_caching, want, caplog):
     """A hybrid model: "align" with prefix caching, "none" without, whatever the user
     asked; a value the user sets logs vLLM's deprecation warning, an unset one nothing."""
     config = EngineConfig("m", enable_prefix_caching=prefix_caching, mamba_cache_mode=user)
-    with caplog.at_level(logging.WARNING, logger="engine.resolved_config"):
+    with caplog.at_level(logging.WARNING, logger="libvllm.engine.resolved_config"):
         cache = resolve_config(config, 4096, CPU, _hybrid).cache
     assert cache.mamba_cache_mode == want
     assert cache.block_size == _hybrid(want, 4096)  # the hook got the derived mode
@@ -53,7 +53,7 @@ def test_attention_only_model_keeps_none(user, prefix_caching, caplog):
     """Not a hybrid: CacheConfig's default "none" stays, even with prefix caching and a
     user's "align"; the user's value still logs the warning."""
     config = EngineConfig("m", enable_prefix_caching=prefix_caching, mamba_cache_mode=user)
-    with caplog.at_level(logging.WARNING, logger="engine.resolved_config"):
+    with caplog.at_level(logging.WARNING, logger="libvllm.engine.resolved_config"):
         cache = resolve_config(config, 4096, CPU).cache
     assert cache.mamba_cache_mode == "none" and cache.block_size == 16
     assert any(r.getMessage() == MAMBA_CACHE_MODE_DEPRECATION_MESSAGE

@@ -18,10 +18,10 @@ import subprocess
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.engine_core import engine_core_utils
-from engine.llm_engine import LLMEngine
-from engine.structured_output import (
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.engine_core import engine_core_utils
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.structured_output import (
     StructuredOutputManager,
     StructuredOutputRequest,
     StructuredOutputsConfig,

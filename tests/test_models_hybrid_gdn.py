@@ -23,13 +23,13 @@ import torch
 if not torch.cuda.is_available():  # before kernels/ are imported: the Triton path on CPU
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from engine.layers.attention import AttentionMetadata  # noqa: E402
-from engine.model_loader import load_model  # noqa: E402
-from engine.worker.mamba_utils import (  # noqa: E402
+from libvllm.engine.layers.attention import AttentionMetadata  # noqa: E402
+from libvllm.engine.model_loader import load_model  # noqa: E402
+from libvllm.engine.worker.mamba_utils import (  # noqa: E402
     allocate_hybrid_kv_cache,
     hybrid_kv_cache_config,
 )
-from engine.worker.model_runner import ModelRunner  # noqa: E402
+from libvllm.engine.worker.model_runner import ModelRunner  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 
@@ -146,8 +146,8 @@ def test_chunked_prefill_continues_the_state(pair):
 def test_triton_path_matches_torch_path(pair, monkeypatch):
     """The GDN layer's kernel path (Triton, here under TRITON_INTERPRET) gives the logits
     of its torch path: prefill, then decode steps."""
-    import engine.layers.gdn as gdn
-    from kernels.gated_delta_rule import _fused_recurrent_kernel
+    import libvllm.engine.layers.gdn as gdn
+    from libvllm.kernels.gated_delta_rule import _fused_recurrent_kernel
 
     if type(_fused_recurrent_kernel.fn).__name__ != "InterpretedFunction":
         pytest.skip("kernels/ compiled for a device (or imported before TRITON_INTERPRET)")

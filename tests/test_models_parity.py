@@ -27,11 +27,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
-from engine.layers.attention import AttentionMetadata
-from engine.model_loader import load_model
-from engine.sampling_params import SamplingParams
-from engine.worker.model_runner import ModelRunner
+from libvllm.engine.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from libvllm.engine.layers.attention import AttentionMetadata
+from libvllm.engine.model_loader import load_model
+from libvllm.engine.sampling_params import SamplingParams
+from libvllm.engine.worker.model_runner import ModelRunner
 
 transformers = pytest.importorskip("transformers")
 

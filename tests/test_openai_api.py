@@ -20,14 +20,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from engine.async_llm import AsyncLLM, EngineDeadError
-from engine.config import EngineConfig
-from engine.entrypoints.openai.api import handle_openai_request
-from engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
-from engine.entrypoints.openai.completion_protocol import CompletionRequest
-from engine.entrypoints.openai.logprobs import chat_logprobs, completion_logprobs
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from libvllm.engine.async_llm import AsyncLLM, EngineDeadError
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.entrypoints.openai.api import handle_openai_request
+from libvllm.engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
+from libvllm.engine.entrypoints.openai.completion_protocol import CompletionRequest
+from libvllm.engine.entrypoints.openai.logprobs import chat_logprobs, completion_logprobs
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.sampling_params import SamplingParams
 
 MODEL = "smol"
 MAX_MODEL_LEN = 512

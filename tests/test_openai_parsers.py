@@ -21,11 +21,11 @@ from types import SimpleNamespace
 import pytest
 from tokenizers.decoders import DecodeStream
 
-from engine.config import EngineConfig
-from engine.entrypoints.openai.api import handle_openai_request
-from engine.gguf.reader import GGUFReader
-from engine.outputs import CompletionOutput, RequestOutput
-from engine.tokenizer import Tokenizer
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.entrypoints.openai.api import handle_openai_request
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.outputs import CompletionOutput, RequestOutput
+from libvllm.engine.tokenizer import Tokenizer
 from tests.test_reasoning_parsers import MARKERS
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -20,14 +20,14 @@ from concurrent.futures import ThreadPoolExecutor
 import jsonschema
 import pytest
 
-from engine.async_llm import AsyncLLM
-from engine.config import EngineConfig
-from engine.entrypoints.openai.api import handle_openai_request
-from engine.entrypoints.openai.chat_parser import check_tool_choice
-from engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
-from engine.entrypoints.openai.errors import VLLMValidationError
-from engine.errors import InvalidArgumentError
-from engine.llm_engine import LLMEngine
+from libvllm.engine.async_llm import AsyncLLM
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.entrypoints.openai.api import handle_openai_request
+from libvllm.engine.entrypoints.openai.chat_parser import check_tool_choice
+from libvllm.engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
+from libvllm.engine.entrypoints.openai.errors import VLLMValidationError
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.llm_engine import LLMEngine
 from tests.test_structured_output import LLAMA_CPP_STYLE_JSON_GBNF
 from tests.test_structured_output_model import ANSWER_GBNF, ANSWER_RE
 

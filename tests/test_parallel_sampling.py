@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import pytest
 
-from engine.engine_core.engine_core_messages import EngineCoreOutput
-from engine.gguf.reader import GGUFReader
-from engine.output_processor import OutputProcessor
-from engine.outputs import CompletionOutput
-from engine.parallel_sampling import ParentRequest
-from engine.request import Request, RequestStatus
-from engine.sampling_params import RequestOutputKind, SamplingParams
-from engine.tokenizer import Tokenizer
+from libvllm.engine.engine_core.engine_core_messages import EngineCoreOutput
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.output_processor import OutputProcessor
+from libvllm.engine.outputs import CompletionOutput
+from libvllm.engine.parallel_sampling import ParentRequest
+from libvllm.engine.request import Request, RequestStatus
+from libvllm.engine.sampling_params import RequestOutputKind, SamplingParams
+from libvllm.engine.tokenizer import Tokenizer
 
 
 def _core_out(req, new_ids, new_logprobs=None, new_prompt_logprobs=None):

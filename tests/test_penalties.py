@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.sample.metadata import SamplingMetadata, build_sampling_metadata
-from engine.sample.ops.penalties import apply_penalties
-from engine.sample.ops.torch_utils import make_tensor_with_pad
-from engine.sample.sampler import Sampler
-from engine.sampling_params import SamplingParams
+from libvllm.engine.sample.metadata import SamplingMetadata, build_sampling_metadata
+from libvllm.engine.sample.ops.penalties import apply_penalties
+from libvllm.engine.sample.ops.torch_utils import make_tensor_with_pad
+from libvllm.engine.sample.sampler import Sampler
+from libvllm.engine.sampling_params import SamplingParams
 
 VOCAB_SIZE = 1024
 NUM_OUTPUT_TOKENS = 20

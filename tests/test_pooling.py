@@ -21,13 +21,13 @@ import pytest
 import torch
 from test_dummy_loader import write_config
 
-from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError, UnsupportedError
-from engine.layers.pooler import embed_activation, pool_hidden_states
-from engine.llm_engine import EMBED_ON_GENERATE, GENERATE_ON_POOLING, LLMEngine
-from engine.pooler_config import PoolerConfig, resolve_pooler_config, resolve_runner_type
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import InvalidArgumentError, UnsupportedError
+from libvllm.engine.layers.pooler import embed_activation, pool_hidden_states
+from libvllm.engine.llm_engine import EMBED_ON_GENERATE, GENERATE_ON_POOLING, LLMEngine
+from libvllm.engine.pooler_config import PoolerConfig, resolve_pooler_config, resolve_runner_type
+from libvllm.engine.pooling_params import PoolingParams
+from libvllm.engine.sampling_params import SamplingParams
 
 PROMPTS = [list(range(3, 40)), list(range(50, 55)), [7]]  # 37, 5 and 1 tokens
 
@@ -191,7 +191,7 @@ def test_each_runner_serves_only_its_routes():
     """vLLM registers the routers of the engine's tasks only: elsewhere 404."""
     from types import SimpleNamespace
 
-    from engine.entrypoints.pooling_routes import POOLING_ROUTES, pooling_request
+    from libvllm.engine.entrypoints.pooling_routes import POOLING_ROUTES, pooling_request
 
     def client(runner_type):
         return SimpleNamespace(engine=SimpleNamespace(runner_type=runner_type))
@@ -208,8 +208,8 @@ def test_each_runner_serves_only_its_routes():
 
 def test_openai_layer_of_each_runner(llama_dir):
     """handle_openai_request (vllm_openai_request's Python side) over an AsyncLLM."""
-    from engine.async_llm import AsyncLLM
-    from engine.entrypoints.openai.api import handle_openai_request
+    from libvllm.engine.async_llm import AsyncLLM
+    from libvllm.engine.entrypoints.openai.api import handle_openai_request
 
     body = json.dumps({"input": [PROMPTS[1], PROMPTS[2]], "encoding_format": "float"})
     generate = AsyncLLM(LLMEngine.from_config(EngineConfig(

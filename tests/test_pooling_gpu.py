@@ -11,9 +11,9 @@ import pytest
 import torch
 from pooling_reference import MIN_COSINE, TEXTS, cosine, hf_embeddings
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.pooling_params import PoolingParams
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.pooling_params import PoolingParams
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core import kv_cache_utils
-from engine.core.block_pool import BlockHashToBlockMap, BlockPool
-from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.kv_cache_utils import KVCacheBlock, hash_block_tokens
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from libvllm.engine.core import kv_cache_utils
+from libvllm.engine.core.block_pool import BlockHashToBlockMap, BlockPool
+from libvllm.engine.core.kv_cache_manager import KVCacheManager
+from libvllm.engine.core.kv_cache_utils import KVCacheBlock, hash_block_tokens
+from libvllm.engine.request import Request
+from libvllm.engine.sampling_params import SamplingParams
 
 NOT_HERE = "one full-attention KV group and no multimodal/LoRA/KV events here (not built)"
 

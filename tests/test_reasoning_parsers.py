@@ -14,15 +14,15 @@ from __future__ import annotations
 import pytest
 from tokenizers.decoders import DecodeStream
 
-from engine.errors import InvalidArgumentError
-from engine.gguf.reader import GGUFReader
-from engine.reasoning import ReasoningParserManager
-from engine.structured_output import (
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.reasoning import ReasoningParserManager
+from libvllm.engine.structured_output import (
     StructuredOutputManager,
     StructuredOutputRequest,
     StructuredOutputsParams,
 )
-from engine.tokenizer import Tokenizer
+from libvllm.engine.tokenizer import Tokenizer
 
 MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
 

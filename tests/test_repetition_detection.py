@@ -16,14 +16,14 @@ import json
 
 import pytest
 
-from engine.async_llm import AsyncLLM
-from engine.config import EngineConfig
-from engine.core.sched_utils import check_sequence_repetition, check_stop
-from engine.entrypoints.openai.api import handle_openai_request
-from engine.errors import InvalidArgumentError
-from engine.llm_engine import LLMEngine
-from engine.request import Request, RequestStatus
-from engine.sampling_params import RepetitionDetectionParams, SamplingParams
+from libvllm.engine.async_llm import AsyncLLM
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.core.sched_utils import check_sequence_repetition, check_stop
+from libvllm.engine.entrypoints.openai.api import handle_openai_request
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.request import Request, RequestStatus
+from libvllm.engine.sampling_params import RepetitionDetectionParams, SamplingParams
 
 RD = RepetitionDetectionParams
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.async_llm import RequestStream
-from engine.outputs import CompletionOutput, RequestOutput
+from libvllm.engine.async_llm import RequestStream
+from libvllm.engine.outputs import CompletionOutput, RequestOutput
 
 NUM_REQS = 3
 TEXT = "a"

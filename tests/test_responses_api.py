@@ -36,9 +36,9 @@ from agent_server import (
 )
 from hostile_server import no_traceback
 
-from engine.entrypoints.openai.responses.serving import output_items
-from engine.entrypoints.openai.responses.store import ResponseStore
-from engine.entrypoints.openai.responses.stream import ResponseEvents
+from libvllm.engine.entrypoints.openai.responses.serving import output_items
+from libvllm.engine.entrypoints.openai.responses.store import ResponseStore
+from libvllm.engine.entrypoints.openai.responses.stream import ResponseEvents
 
 openai = pytest.importorskip("openai")
 

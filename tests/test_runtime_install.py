@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from install_checkout import QUESTION, bare_env, build_chat, copy_sources, layered_venv
 
-from capi.header import abi_version
+from libvllm.capi.header import abi_version
 
 MAJOR = abi_version()[0]
 

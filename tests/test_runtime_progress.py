@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.gguf.reader import GGUFReader
-from engine.load_progress import TENSORS_END, LoadCancelledError, reporting, track
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.load_progress import TENSORS_END, LoadCancelledError, reporting, track
 from tests.test_capi_stream import open_library
 
 api = pytest.fixture(scope="module")(open_library)

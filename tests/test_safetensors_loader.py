@@ -19,9 +19,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.errors import ModelLoadError, UnsupportedError
-from engine.model_loader import load_model
-from engine.models.config import get_diff_sampling_param
+from libvllm.engine.errors import ModelLoadError, UnsupportedError
+from libvllm.engine.model_loader import load_model
+from libvllm.engine.models.config import get_diff_sampling_param
 
 transformers = pytest.importorskip("transformers")
 
@@ -286,7 +286,7 @@ def test_directory_without_model(tmp_path):
 def test_transformers4_style_configs_are_normalized():
     """Hub configs written by transformers 4 (rope_theta / rope_scaling / rope_local_base_freq,
     legacy "type", use_sliding_window) give transformers 5's rope_parameters / windows."""
-    from engine.model_loader.hf_config import arch_config_from_hf
+    from libvllm.engine.model_loader.hf_config import arch_config_from_hf
 
     base = dict(TINY, head_dim=None)
     gemma = arch_config_from_hf(dict(base, rope_theta=1e6, rope_local_base_freq=1e4,

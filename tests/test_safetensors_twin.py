@@ -16,13 +16,13 @@ import json
 import pytest
 from safetensors.torch import save_file
 
-from engine.async_llm import AsyncLLM
-from engine.config import EngineConfig
-from engine.entrypoints.openai.api import handle_openai_request
-from engine.gguf.reader import GGUFReader
-from engine.llm_engine import LLMEngine
-from engine.model_loader.gguf_loader import arch_config_from_gguf, gguf_weights_iterator
-from engine.sampling_params import SamplingParams
+from libvllm.engine.async_llm import AsyncLLM
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.entrypoints.openai.api import handle_openai_request
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.model_loader.gguf_loader import arch_config_from_gguf, gguf_weights_iterator
+from libvllm.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.sample.logits_processor import apply_logit_bias, apply_min_p
-from engine.sample.metadata import SamplingMetadata, build_sampling_metadata
-from engine.sample.ops.topk_topp_sampler import apply_top_k_top_p
-from engine.sample.sampler import Sampler
-from engine.sampling_params import SamplingParams
+from libvllm.engine.sample.logits_processor import apply_logit_bias, apply_min_p
+from libvllm.engine.sample.metadata import SamplingMetadata, build_sampling_metadata
+from libvllm.engine.sample.ops.topk_topp_sampler import apply_top_k_top_p
+from libvllm.engine.sample.sampler import Sampler
+from libvllm.engine.sampling_params import SamplingParams
 
 VOCAB = 64
 VOCAB_SIZE = 1024  # the upstream-ported cases

@@ -17,10 +17,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError, NotFoundError
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import RequestOutputKind, SamplingParams
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import InvalidArgumentError, NotFoundError
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.sampling_params import RequestOutputKind, SamplingParams
 
 pytestmark = pytest.mark.slow
 TOL = 1e-4

@@ -14,10 +14,10 @@ import math
 
 import pytest
 
-from engine.errors import InvalidArgumentError
-from engine.gguf.reader import GGUFReader
-from engine.sampling_params import RequestOutputKind, SamplingParams, SamplingType
-from engine.tokenizer import Tokenizer
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.sampling_params import RequestOutputKind, SamplingParams, SamplingType
+from libvllm.engine.tokenizer import Tokenizer
 
 VOCAB = 1024
 

@@ -18,17 +18,17 @@ import random
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.core.async_scheduler import AsyncScheduler
-from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.sched_output import CachedRequestData, ModelRunnerOutput, SchedulerOutput
-from engine.core.sched_utils import check_stop
-from engine.core.scheduler import Scheduler
-from engine.errors import InvalidArgumentError, OutOfResourcesError
-from engine.request import Request, RequestStatus
-from engine.resolved_config import SchedulerConfig
-from engine.sampling_params import SamplingParams
-from engine.stats_aggregator import StatsAggregator
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.core.async_scheduler import AsyncScheduler
+from libvllm.engine.core.kv_cache_manager import KVCacheManager
+from libvllm.engine.core.sched_output import CachedRequestData, ModelRunnerOutput, SchedulerOutput
+from libvllm.engine.core.sched_utils import check_stop
+from libvllm.engine.core.scheduler import Scheduler
+from libvllm.engine.errors import InvalidArgumentError, OutOfResourcesError
+from libvllm.engine.request import Request, RequestStatus
+from libvllm.engine.resolved_config import SchedulerConfig
+from libvllm.engine.sampling_params import SamplingParams
+from libvllm.engine.stats_aggregator import StatsAggregator
 
 EOS_TOKEN_ID = 50256
 

@@ -52,8 +52,8 @@ def mp_server(built, model_path, child_env, tmp_path_factory, c_api):  # noqa: F
 
 def _core_pid(server_pid: int) -> int:
     (pid,) = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-              and _ppid(int(p.name)) == server_pid and b"engine.engine_core.engine_core_proc"
-              in _cmdline(int(p.name))]
+              and _ppid(int(p.name)) == server_pid
+              and b"libvllm.engine.engine_core.engine_core_proc" in _cmdline(int(p.name))]
     return pid
 
 

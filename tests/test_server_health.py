@@ -73,10 +73,10 @@ class _FailingEngine:
 
 
 def test_check_health_raises_engine_dead_once_the_loop_failed():
-    from engine.async_llm import AsyncLLM
-    from engine.entrypoints.openai.api import handle_openai_request
-    from engine.exceptions import EngineDeadError
-    from engine.sampling_params import SamplingParams
+    from libvllm.engine.async_llm import AsyncLLM
+    from libvllm.engine.entrypoints.openai.api import handle_openai_request
+    from libvllm.engine.exceptions import EngineDeadError
+    from libvllm.engine.sampling_params import SamplingParams
 
     client = AsyncLLM(_FailingEngine())
     client.check_health()  # alive

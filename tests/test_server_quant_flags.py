@@ -1,6 +1,6 @@
 """examples/server's vllm.h 1.3 flags (`vllm serve`'s --quantization/-q, --kv-cache-dtype,
 --calculate-kv-scales, --mamba-cache-dtype, --mamba-ssm-cache-dtype, --mamba-cache-mode):
-argparse -> engine_fields -> the ctypes EngineParams of examples/server/libvllm.py -> the
+argparse -> engine_fields -> the ctypes EngineParams of examples/server/libvllm_ctypes.py -> the
 library's EngineConfig. Oracle: the engine's own messages for invalid values (each field
 reaches its own EngineConfig field) and a healthy engine for valid ones, on a tiny Llama
 config directory with dummy weights (tests/test_dummy_loader.py)."""
@@ -15,7 +15,7 @@ from test_dummy_loader import write_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "server"))
 import server  # noqa: E402
-from libvllm import LibVLLM, VllmError  # noqa: E402
+from libvllm_ctypes import LibVLLM, VllmError  # noqa: E402
 
 FLAGS = ["-q", "fp8", "--kv-cache-dtype", "fp8_e4m3", "--calculate-kv-scales",
          "--mamba-cache-dtype", "float32", "--mamba-ssm-cache-dtype", "bfloat16",

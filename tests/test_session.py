@@ -13,8 +13,8 @@ import threading
 
 import pytest
 
-from engine.outputs import CompletionOutput, RequestOutput
-from engine.session import (
+from libvllm.engine.outputs import CompletionOutput, RequestOutput
+from libvllm.engine.session import (
     EngineConfig,
     EngineSession,
     InvalidArgumentError,
@@ -22,8 +22,8 @@ from engine.session import (
     LoadCancelledError,
     SamplingParams,
 )
-from engine.session.request_times import RequestTimes
-from engine.session.routing import OutputRouter
+from libvllm.engine.session.request_times import RequestTimes
+from libvllm.engine.session.routing import OutputRouter
 
 
 def _output(rid: str, token_ids: list[int], finished: bool) -> RequestOutput:

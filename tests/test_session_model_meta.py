@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.gguf.reader import GGUFReader
-from engine.session import EngineSession, model_meta
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.session import EngineSession, model_meta
 from tests.test_dummy_loader import dummy_engine, write_config
 
 
@@ -32,7 +32,7 @@ def test_session_model_meta_imports_no_model_file_reader():
     tree = ast.parse(Path(model_meta.__file__).read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert not imported & {"engine.gguf.reader", "engine.model_source", "struct",
+    assert not imported & {"libvllm.engine.gguf.reader", "libvllm.engine.model_source", "struct",
                            "safetensors"}, imported
 
 

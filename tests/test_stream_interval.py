@@ -16,16 +16,16 @@ import json
 
 import pytest
 
-from engine.async_llm import AsyncLLM
-from engine.config import EngineConfig
-from engine.entrypoints.openai.api import handle_openai_request
-from engine.errors import InvalidArgumentError
-from engine.gguf.reader import GGUFReader
-from engine.llm_engine import LLMEngine
-from engine.output_processor import OutputProcessor
-from engine.request import Request, RequestStatus
-from engine.sampling_params import RequestOutputKind, SamplingParams
-from engine.tokenizer import Tokenizer
+from libvllm.engine.async_llm import AsyncLLM
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.entrypoints.openai.api import handle_openai_request
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.output_processor import OutputProcessor
+from libvllm.engine.request import Request, RequestStatus
+from libvllm.engine.sampling_params import RequestOutputKind, SamplingParams
+from libvllm.engine.tokenizer import Tokenizer
 from tests.test_parallel_sampling import _core_out
 
 TEXTS = ["The quick brown fox jumps over the lazy dog, again and again, until dusk.",

@@ -20,34 +20,34 @@ import torch
 from xgrammar import Grammar
 from xgrammar.testing import _is_grammar_accept_string
 
-from engine.errors import InvalidArgumentError
-from engine.structured_output import (
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.structured_output import (
     StructuredOutputManager,
     StructuredOutputRequest,
     StructuredOutputsConfig,
     StructuredOutputsParams,
 )
-from engine.structured_output.backend_guidance import (
+from libvllm.engine.structured_output.backend_guidance import (
     GuidanceBackend,
     process_for_additional_properties,
 )
-from engine.structured_output.backend_types import StructuredOutputOptions
-from engine.structured_output.backend_xgrammar import (
+from libvllm.engine.structured_output.backend_types import StructuredOutputOptions
+from libvllm.engine.structured_output.backend_xgrammar import (
     XgrammarBackend,
     has_xgrammar_unsupported_json_features,
     validate_xgrammar_grammar,
 )
-from engine.structured_output.json_nesting import (
+from libvllm.engine.structured_output.json_nesting import (
     MAX_STRUCTURED_OUTPUT_JSON_NESTING,
     STRUCTURAL_TAG_WRAPPER_NESTING,
 )
-from engine.structured_output.response_format import structured_outputs_from_response_format
-from engine.structured_output.utils import (
+from libvllm.engine.structured_output.response_format import structured_outputs_from_response_format
+from libvllm.engine.structured_output.utils import (
     apply_grammar_bitmask,
     choice_as_grammar,
     compile_regex_with_timeout,
 )
-from engine.structured_output.validation import validate_structured_outputs
+from libvllm.engine.structured_output.validation import validate_structured_outputs
 
 
 @pytest.fixture(scope="module")

@@ -20,16 +20,16 @@ import jsonschema
 import pytest
 import torch
 
-from engine.errors import InvalidArgumentError
-from engine.layers.attention import Attention, AttentionMetadata
-from engine.model_loader import load_model
-from engine.structured_output import (
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.layers.attention import Attention, AttentionMetadata
+from libvllm.engine.model_loader import load_model
+from libvllm.engine.structured_output import (
     StructuredOutputManager,
     StructuredOutputRequest,
     StructuredOutputsParams,
 )
-from engine.structured_output.utils import apply_grammar_bitmask
-from engine.tokenizer import Tokenizer
+from libvllm.engine.structured_output.utils import apply_grammar_bitmask
+from libvllm.engine.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow
 BLOCK = 16

@@ -32,13 +32,13 @@ import gguf
 import pytest
 import torch
 
-from engine.async_llm import AsyncLLM
-from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError, VllmError
-from engine.exceptions import EngineDeadError
-from engine.executor.multiproc_executor import get_distributed_init_method, get_open_port
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from libvllm.engine.async_llm import AsyncLLM
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import InvalidArgumentError, VllmError
+from libvllm.engine.exceptions import EngineDeadError
+from libvllm.engine.executor.multiproc_executor import get_distributed_init_method, get_open_port
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 12
@@ -256,7 +256,7 @@ def test_row_parallel_shard_with_quantized_gguf_blocks_uses_them() -> None:
     """On CUDA a GGUF shard keeps its blocks (gguf_weight) and has no dense weight: the
     row-parallel forward at tp > 1 multiplies with the blocks, then adds the bias on rank 0
     (it used to call dense_linear on the missing weight)."""
-    from engine.layers.linear import RowParallelLinear
+    from libvllm.engine.layers.linear import RowParallelLinear
 
     layer = RowParallelLinear(8, 4, bias=True, reduce_results=False)
     layer.tp_size, layer.tp_rank = 2, 0  # a rank-0 shard, no process group needed
@@ -271,7 +271,7 @@ def test_row_parallel_shard_with_quantized_gguf_blocks_uses_them() -> None:
 def test_monitor_calls_the_failure_callback_with_the_reason():
     """vLLM's register_failure_callback: the monitor thread reports a worker that exits
     outside shutdown (the engine-core child ends itself with it if its loop is stuck)."""
-    from engine.executor.multiproc_executor import MultiprocExecutor
+    from libvllm.engine.executor.multiproc_executor import MultiprocExecutor
 
     executor = MultiprocExecutor.__new__(MultiprocExecutor)  # no process group: monitor only
     worker = subprocess.Popen([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"])

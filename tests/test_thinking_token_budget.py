@@ -20,16 +20,16 @@ import random
 import pytest
 import torch
 
-from engine.async_llm import AsyncLLM
-from engine.config import EngineConfig
-from engine.entrypoints.openai.api import handle_openai_request
-from engine.errors import InvalidArgumentError
-from engine.llm_engine import LLMEngine
-from engine.reasoning.config import resolve_reasoning_token_ids
-from engine.sample.metadata import build_sampling_metadata, reads_output_token_ids
-from engine.sample.ops.thinking_budget import NO_FORCE, ThinkingScan, forced_tokens
-from engine.sample.sampler import Sampler
-from engine.sampling_params import SamplingParams
+from libvllm.engine.async_llm import AsyncLLM
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.entrypoints.openai.api import handle_openai_request
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.reasoning.config import resolve_reasoning_token_ids
+from libvllm.engine.sample.metadata import build_sampling_metadata, reads_output_token_ids
+from libvllm.engine.sample.ops.thinking_budget import NO_FORCE, ThinkingScan, forced_tokens
+from libvllm.engine.sample.sampler import Sampler
+from libvllm.engine.sampling_params import SamplingParams
 
 START, END, END_A, END_B = 90, 91, 92, 93
 VOCAB = 128
@@ -372,7 +372,7 @@ def test_async_budget_rows_equal_sync_without_waiting(model_path):
 def test_a_front_end_failure_shuts_the_core_down(model_path, monkeypatch):
     """LLMEngine.from_config: when the front end's set-up fails after the core started
     (here the reasoning markers' vocabulary check), the core client is shut down."""
-    import engine.llm_engine as llm_engine
+    import libvllm.engine.llm_engine as llm_engine
 
     shut = []
     real = llm_engine.make_client
@@ -387,7 +387,7 @@ def test_a_front_end_failure_shuts_the_core_down(model_path, monkeypatch):
         raise InvalidArgumentError("ReasoningConfig: the reasoning strings' token ids")
 
     monkeypatch.setattr(llm_engine, "make_client", make_client)
-    monkeypatch.setattr("engine.input_processor.resolve_reasoning_token_ids", refuse)
+    monkeypatch.setattr("libvllm.engine.input_processor.resolve_reasoning_token_ids", refuse)
     with pytest.raises(InvalidArgumentError, match="reasoning strings"):
         LLMEngine.from_config(EngineConfig(model=model_path, device="cpu", max_model_len=64,
                                            reasoning_start_str="<", reasoning_end_str=">"))

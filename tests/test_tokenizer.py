@@ -16,8 +16,8 @@ import unicodedata
 import pytest
 from tokenizers.decoders import DecodeStream
 
-from engine.errors import InvalidArgumentError, ModelLoadError, UnsupportedError
-from engine.tokenizer import Tokenizer
+from libvllm.engine.errors import InvalidArgumentError, ModelLoadError, UnsupportedError
+from libvllm.engine.tokenizer import Tokenizer
 
 CORPUS = [
     "",
@@ -50,7 +50,7 @@ CORPUS = [
 
 @pytest.fixture(scope="module")
 def metadata(model_path):
-    from engine.gguf.reader import GGUFReader
+    from libvllm.engine.gguf.reader import GGUFReader
 
     return GGUFReader(model_path).metadata
 
@@ -215,7 +215,7 @@ def test_llama3_pre_adds_bos_when_unsaid():
 
 
 def test_unknown_pre_falls_back_to_gpt2_with_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="engine.tokenizers.gguf_bpe"):
+    with caplog.at_level(logging.WARNING, logger="libvllm.engine.tokenizers.gguf_bpe"):
         tok = Tokenizer.from_gguf_metadata(tiny_metadata(**{"tokenizer.ggml.pre": "martian"}))
     assert "martian" in caplog.text
     ref = Tokenizer.from_gguf_metadata(tiny_metadata())

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from test_tokenizer_spm import CORPUS, train_sentencepiece, write_spm_gguf
 
-from engine.errors import ModelLoadError, UnsupportedError
-from engine.gguf.reader import GGUFReader
-from engine.tokenizers import Tokenizer, hf
+from libvllm.engine.errors import ModelLoadError, UnsupportedError
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.tokenizers import Tokenizer, hf
 
 transformers = pytest.importorskip("transformers")
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"

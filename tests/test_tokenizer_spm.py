@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from tokenizers.decoders import DecodeStream
 
-from engine.errors import ModelLoadError, UnsupportedError
-from engine.gguf.reader import GGUFReader
-from engine.tokenizers import Tokenizer
+from libvllm.engine.errors import ModelLoadError, UnsupportedError
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.tokenizers import Tokenizer
 
 GEMMA = Path.home() / ".cache/libvllm/models/gemma-3-270m-Q4_K_M.gguf"
 USER_DEFINED = ["<think>", "</think>", "▁▁", "▁▁▁"]

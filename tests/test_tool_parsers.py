@@ -23,11 +23,11 @@ from unittest.mock import MagicMock, patch
 import pytest
 from tokenizers.decoders import DecodeStream
 
-from engine.errors import InvalidArgumentError
-from engine.gguf.reader import GGUFReader
-from engine.tokenizer import Tokenizer
-from engine.tool_parsers import ToolParser, ToolParserManager
-from engine.tool_parsers.protocol import DeltaMessage, FunctionCall, ToolCall
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.tokenizer import Tokenizer
+from libvllm.engine.tool_parsers import ToolParser, ToolParserManager
+from libvllm.engine.tool_parsers.protocol import DeltaMessage, FunctionCall, ToolCall
 
 MARKERS = [
     "<think>",

@@ -16,13 +16,13 @@ import pytest
 from xgrammar import Grammar
 from xgrammar.testing import _is_grammar_accept_string
 
-from engine.errors import InvalidArgumentError
-from engine.tool_parsers.streaming import (
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.tool_parsers.streaming import (
     extract_named_tool_call_streaming,
     extract_required_tool_call_streaming,
 )
-from engine.tool_parsers.tool_choice import extract_forced_tool_calls
-from engine.tool_parsers.tool_choice_schema import get_json_schema_from_tools
+from libvllm.engine.tool_parsers.tool_choice import extract_forced_tool_calls
+from libvllm.engine.tool_parsers.tool_choice_schema import get_json_schema_from_tools
 
 EXAMPLE_TOOLS = [
     {

@@ -22,9 +22,9 @@ import pytest
 from xgrammar import Grammar
 from xgrammar.testing import _is_grammar_accept_string
 
-from engine.errors import InvalidArgumentError
-from engine.structured_output.params import StructuredOutputsParams
-from engine.tool_parsers.structural_tag import (
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.structured_output.params import StructuredOutputsParams
+from libvllm.engine.tool_parsers.structural_tag import (
     ToolStrictLevel,
     get_function_parameters,
     get_model_structural_tag,

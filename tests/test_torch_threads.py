@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.worker.torch_threads import set_torch_threads_for_runtime
+from libvllm.engine.worker.torch_threads import set_torch_threads_for_runtime
 
 MODELS = Path(__file__).resolve().parent.parent / "examples/bench/models"
 
@@ -45,8 +45,8 @@ def test_n_threads_is_kept(two_threads):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_engine_core_serves_with_one_thread(two_threads, tmp_path):
-    from engine.config import EngineConfig
-    from engine.engine_core.engine_core import EngineCore
+    from libvllm.engine.config import EngineConfig
+    from libvllm.engine.engine_core.engine_core import EngineCore
 
     config = json.loads((MODELS / "llama-3.1-8b/config.json").read_text())
     config.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -14,9 +14,9 @@ Penalties and a thinking budget read the token in flight on the device (vLLM's M
 
 from __future__ import annotations
 
-from engine.core.sched_output import SchedulerOutput
-from engine.core.scheduler import Scheduler
-from engine.sample.metadata import reads_output_token_ids
+from libvllm.engine.core.sched_output import SchedulerOutput
+from libvllm.engine.core.scheduler import Scheduler
+from libvllm.engine.sample.metadata import reads_output_token_ids
 
 
 class AsyncScheduler(Scheduler):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from engine.core.kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
-from engine.request import Request
+from libvllm.engine.core.kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
+from libvllm.engine.request import Request
 
 
 class BlockHashToBlockMap:

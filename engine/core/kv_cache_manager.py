@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.core.block_pool import BlockPool
-from engine.core.kv_cache_utils import KVCacheBlock
-from engine.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
-from engine.metrics import PrefixCacheStats
-from engine.request import Request, RequestStatus
+from libvllm.engine.core.block_pool import BlockPool
+from libvllm.engine.core.kv_cache_utils import KVCacheBlock
+from libvllm.engine.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
+from libvllm.engine.metrics import PrefixCacheStats
+from libvllm.engine.request import Request, RequestStatus
 
 
 @dataclass

@@ -18,8 +18,8 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Any, NewType, Protocol
 
-from engine import envs
-from engine.errors import OutOfResourcesError
+from libvllm.engine import envs
+from libvllm.engine.errors import OutOfResourcesError
 
 BlockHash = NewType("BlockHash", bytes)
 

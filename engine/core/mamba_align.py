@@ -23,9 +23,9 @@ written before its next owner touches it.
 
 from __future__ import annotations
 
-from engine.core.block_pool import BlockPool
-from engine.core.kv_cache_utils import BlockHash, KVCacheBlock
-from engine.request import Request
+from libvllm.engine.core.block_pool import BlockPool
+from libvllm.engine.core.kv_cache_utils import BlockHash, KVCacheBlock
+from libvllm.engine.request import Request
 
 
 def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHash:

@@ -11,7 +11,7 @@ import heapq
 from collections import deque
 from collections.abc import Iterable, Iterator
 
-from engine.request import Request
+from libvllm.engine.request import Request
 
 
 class SchedulingPolicy(enum.Enum):

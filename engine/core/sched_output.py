@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.sampling_params import SamplingParams
+from libvllm.engine.sampling_params import SamplingParams
 
 
 @dataclass

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.request import Request, RequestStatus
-from engine.sampling_params import RepetitionDetectionParams
+from libvllm.engine.request import Request, RequestStatus
+from libvllm.engine.sampling_params import RepetitionDetectionParams
 
 
 def remove_all(lst: list, items_to_remove: set) -> list:

@@ -21,24 +21,24 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from engine.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
-from engine.core.mamba_align import MambaAlignCache
-from engine.core.request_queue import SchedulingPolicy, create_request_queue
-from engine.core.sched_output import (
+from libvllm.engine.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from libvllm.engine.core.mamba_align import MambaAlignCache
+from libvllm.engine.core.request_queue import SchedulingPolicy, create_request_queue
+from libvllm.engine.core.sched_output import (
     CachedRequestData,
     GrammarOutput,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
 )
-from engine.core.sched_utils import check_stop, remove_all
-from engine.errors import OutOfResourcesError, VllmError
-from engine.metrics import SchedulerStats
-from engine.request import Request, RequestStatus
-from engine.resolved_config import SchedulerConfig
+from libvllm.engine.core.sched_utils import check_stop, remove_all
+from libvllm.engine.errors import OutOfResourcesError, VllmError
+from libvllm.engine.metrics import SchedulerStats
+from libvllm.engine.request import Request, RequestStatus
+from libvllm.engine.resolved_config import SchedulerConfig
 
 if TYPE_CHECKING:
-    from engine.structured_output import StructuredOutputManager
+    from libvllm.engine.structured_output import StructuredOutputManager
 
 
 class Scheduler:

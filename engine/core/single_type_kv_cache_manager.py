@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from engine.core.block_pool import BlockPool
-from engine.core.kv_cache_utils import BlockHash, KVCacheBlock
-from engine.request import Request
+from libvllm.engine.core.block_pool import BlockPool
+from libvllm.engine.core.kv_cache_utils import BlockHash, KVCacheBlock
+from libvllm.engine.request import Request
 
 
 def cdiv(a: int, b: int) -> int:

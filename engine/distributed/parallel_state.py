@@ -27,7 +27,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from engine.errors import InvalidArgumentError
+from libvllm.engine.errors import InvalidArgumentError
 
 
 @dataclass

@@ -7,16 +7,20 @@ child core imports no torch: the in-process core is imported only when chosen.
 
 from __future__ import annotations
 
-from engine.config import EngineConfig
-from engine.engine_core.core_client import EngineCoreClient, InprocClient, use_multiprocessing
-from engine.tokenizer import Tokenizer
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.engine_core.core_client import (
+    EngineCoreClient,
+    InprocClient,
+    use_multiprocessing,
+)
+from libvllm.engine.tokenizer import Tokenizer
 
 
 def make_client(config: EngineConfig) -> tuple[EngineCoreClient, Tokenizer | None]:
     """The client for config's mode, and the front end's tokenizer."""
     if use_multiprocessing(config):
-        from engine.engine_core.core_client_mp import SyncMPClient
-        from engine.model_source import load_tokenizer
+        from libvllm.engine.engine_core.core_client_mp import SyncMPClient
+        from libvllm.engine.model_source import load_tokenizer
 
         client = SyncMPClient(config)
         try:
@@ -26,7 +30,7 @@ def make_client(config: EngineConfig) -> tuple[EngineCoreClient, Tokenizer | Non
         except BaseException:
             client.shutdown()
             raise
-    from engine.engine_core.engine_core import EngineCore
+    from libvllm.engine.engine_core.engine_core import EngineCore
 
     core, tokenizer = EngineCore.from_config(config)
     return InprocClient(core), tokenizer

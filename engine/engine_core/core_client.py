@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine import envs, platforms
-from engine.config import EngineConfig
-from engine.engine_core.engine_core_messages import (
+from libvllm.engine import envs, platforms
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.engine_core.engine_core_messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreReady,
@@ -27,7 +27,7 @@ from engine.engine_core.engine_core_messages import (
 )
 
 if TYPE_CHECKING:
-    from engine.engine_core.engine_core import EngineCore
+    from libvllm.engine.engine_core.engine_core import EngineCore
 
 
 def use_multiprocessing(config: EngineConfig) -> bool:

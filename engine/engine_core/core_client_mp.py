@@ -31,10 +31,10 @@ from concurrent.futures import Future
 import msgspec
 import zmq
 
-from engine import envs
-from engine.config import EngineConfig
-from engine.engine_core.core_client import EngineCoreClient
-from engine.engine_core.engine_core_messages import (
+from libvllm.engine import envs
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.engine_core.core_client import EngineCoreClient
+from libvllm.engine.engine_core.engine_core_messages import (
     EngineCoreOutputs,
     EngineCoreReady,
     EngineCoreRequest,
@@ -42,7 +42,7 @@ from engine.engine_core.engine_core_messages import (
     EngineCoreStartupFailure,
     error_from_wire,
 )
-from engine.engine_core.engine_core_utils import (
+from libvllm.engine.engine_core.engine_core_utils import (
     DEAD,
     FAILED,
     LOAD_ABORT,
@@ -52,12 +52,12 @@ from engine.engine_core.engine_core_utils import (
     ipc_addresses,
     launch_core_process,
 )
-from engine.engine_core.load_progress_relay import answer
-from engine.errors import VllmError
-from engine.exceptions import INVALID_STATE, EngineDeadError
-from engine.load_progress import LoadCancelledError, Reporter, current
-from engine.process_utils import describe_exit
-from engine.serial_utils import MsgpackDecoder, MsgpackEncoder
+from libvllm.engine.engine_core.load_progress_relay import answer
+from libvllm.engine.errors import VllmError
+from libvllm.engine.exceptions import INVALID_STATE, EngineDeadError
+from libvllm.engine.load_progress import LoadCancelledError, Reporter, current
+from libvllm.engine.process_utils import describe_exit
+from libvllm.engine.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 _POLL_MS = 100
 _SHUTDOWN_WAIT_S = 5.0

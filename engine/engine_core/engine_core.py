@@ -26,52 +26,56 @@ from dataclasses import replace
 
 import torch
 
-from engine import envs
-from engine.config import EngineConfig
-from engine.core.async_scheduler import AsyncScheduler
-from engine.core.kv_cache_interface import HybridKVCacheConfig
-from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.kv_cache_utils import get_num_kv_blocks
-from engine.core.mamba_align import MambaAlignCache
-from engine.core.sched_output import SchedulerOutput
-from engine.core.scheduler import Scheduler
-from engine.distributed.parallel_state import device_backend
-from engine.engine_core.engine_core_messages import (
+from libvllm.engine import envs
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.core.async_scheduler import AsyncScheduler
+from libvllm.engine.core.kv_cache_interface import HybridKVCacheConfig
+from libvllm.engine.core.kv_cache_manager import KVCacheManager
+from libvllm.engine.core.kv_cache_utils import get_num_kv_blocks
+from libvllm.engine.core.mamba_align import MambaAlignCache
+from libvllm.engine.core.sched_output import SchedulerOutput
+from libvllm.engine.core.scheduler import Scheduler
+from libvllm.engine.distributed.parallel_state import device_backend
+from libvllm.engine.engine_core.engine_core_messages import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreReady,
     EngineCoreRequest,
 )
-from engine.errors import InvalidArgumentError, VllmError
-from engine.executor.external_launcher import ExternalLauncherExecutor
-from engine.executor.kv_heads import kv_cache_shape, num_kv_heads_per_rank, verify_tensor_parallel
-from engine.executor.multiproc_executor import MultiprocExecutor
-from engine.layers.kv_cache_dtype import kv_cache_torch_dtype
-from engine.layers.kv_scales import configure_kv_cache
-from engine.models.config import ModelArchConfig, get_diff_sampling_param
-from engine.request import Request, RequestStatus
-from engine.resolved_config import DeviceFacts, ResolvedConfig, resolve_config
-from engine.structured_output import (
+from libvllm.engine.errors import InvalidArgumentError, VllmError
+from libvllm.engine.executor.external_launcher import ExternalLauncherExecutor
+from libvllm.engine.executor.kv_heads import (
+    kv_cache_shape,
+    num_kv_heads_per_rank,
+    verify_tensor_parallel,
+)
+from libvllm.engine.executor.multiproc_executor import MultiprocExecutor
+from libvllm.engine.layers.kv_cache_dtype import kv_cache_torch_dtype
+from libvllm.engine.layers.kv_scales import configure_kv_cache
+from libvllm.engine.models.config import ModelArchConfig, get_diff_sampling_param
+from libvllm.engine.request import Request, RequestStatus
+from libvllm.engine.resolved_config import DeviceFacts, ResolvedConfig, resolve_config
+from libvllm.engine.structured_output import (
     StructuredOutputManager,
     StructuredOutputRequest,
     StructuredOutputsConfig,
 )
-from engine.tokenizer import Tokenizer
-from engine.worker.gpu_worker import determine_available_memory
-from engine.worker.mamba_utils import (
+from libvllm.engine.tokenizer import Tokenizer
+from libvllm.engine.worker.gpu_worker import determine_available_memory
+from libvllm.engine.worker.mamba_utils import (
     allocate_hybrid_kv_cache,
     hybrid_kv_cache_config,
     num_attention_layers,
     num_gdn_layers,
 )
-from engine.worker.model_load import load_model_and_tokenizer, resolve_device
-from engine.worker.model_runner import (
+from libvllm.engine.worker.model_load import load_model_and_tokenizer, resolve_device
+from libvllm.engine.worker.model_runner import (
     AsyncModelRunnerOutput,
     ModelRunner,
     SampledModelRunnerOutput,
 )
-from engine.worker.pooling_runner import PoolingModelRunner
-from engine.worker.torch_threads import set_torch_threads_for_runtime
+from libvllm.engine.worker.pooling_runner import PoolingModelRunner
+from libvllm.engine.worker.torch_threads import set_torch_threads_for_runtime
 
 _CPU_KV_CACHE_GIB = 4  # vLLM's VLLM_CPU_KVCACHE_SPACE default
 
@@ -364,7 +368,7 @@ def _structured_output_manager(config: EngineConfig, tokenizer: Tokenizer,
                                vocab_size: int) -> StructuredOutputManager:
     reasoner_cls = None
     if config.reasoning_parser:
-        from engine.reasoning import ReasoningParserManager
+        from libvllm.engine.reasoning import ReasoningParserManager
 
         reasoner_cls = ReasoningParserManager.get_reasoning_parser(config.reasoning_parser)
         reasoner_cls(tokenizer)  # fails now if the vocab lacks its markers, not per request

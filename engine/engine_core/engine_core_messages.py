@@ -14,18 +14,18 @@ import enum
 
 import msgspec
 
-from engine.errors import (
+from libvllm.engine.errors import (
     InvalidArgumentError,
     ModelLoadError,
     OutOfResourcesError,
     UnsupportedError,
     VllmError,
 )
-from engine.metrics import SchedulerStats
-from engine.pooling_params import PoolingParams
-from engine.resolved_config import ResolvedConfig
-from engine.sample.outputs import LogprobsLists
-from engine.sampling_params import SamplingParams
+from libvllm.engine.metrics import SchedulerStats
+from libvllm.engine.pooling_params import PoolingParams
+from libvllm.engine.resolved_config import ResolvedConfig
+from libvllm.engine.sample.outputs import LogprobsLists
+from libvllm.engine.sampling_params import SamplingParams
 
 
 class EngineCoreRequestType(enum.Enum):

@@ -2,7 +2,7 @@
 (EngineCoreProc: run_engine_core, run_busy_loop, process_input_sockets,
 process_output_sockets).
 
-`python -m engine.engine_core.engine_core_proc --input ADDR --output ADDR --config JSON ...`
+`python -m libvllm.engine.engine_core.engine_core_proc --input ADDR --output ADDR --config JSON ...`
 (started by engine/engine_core/engine_core_utils.py; JSON: the user's EngineConfig, which
 this process resolves, as the in-process core does, and returns in its ready message).
 Three threads:
@@ -47,19 +47,19 @@ import traceback
 
 import zmq
 
-from engine.config import EngineConfig
-from engine.engine_core.engine_core_messages import (
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.engine_core.engine_core_messages import (
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineCoreRequestType,
     EngineCoreStartupFailure,
     UtilityOutput,
 )
-from engine.engine_core.engine_core_utils import DEAD, FAILED, READY
-from engine.engine_core.load_progress_relay import LoadProgressRelay
-from engine.errors import VllmError
-from engine.executor.multiproc_executor import MultiprocExecutor
-from engine.serial_utils import MsgpackDecoder, MsgpackEncoder
+from libvllm.engine.engine_core.engine_core_utils import DEAD, FAILED, READY
+from libvllm.engine.engine_core.load_progress_relay import LoadProgressRelay
+from libvllm.engine.errors import VllmError
+from libvllm.engine.executor.multiproc_executor import MultiprocExecutor
+from libvllm.engine.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 UTILITY_METHODS = frozenset({"make_stats", "reset_prefix_cache", "peak_memory_bytes"})
 _PARENT_POLL_S = 0.5
@@ -258,13 +258,13 @@ def run_engine_core(argv: list[str] | None = None) -> int:
     sender = threading.Thread(target=process_output_socket,
                               args=(ctx, args.output, output_queue), name="vllm-core-output")
     sender.start()
-    engine_logger = logging.getLogger("engine")
+    engine_logger = logging.getLogger("libvllm.engine")
     engine_logger.addHandler(_ForwardHandler(output_queue))
     engine_logger.setLevel(args.log_level)
     engine_logger.propagate = False
     relay = LoadProgressRelay(ctx, args.input, output_queue)  # this thread's load reporter
     try:
-        from engine.engine_core.engine_core import EngineCore
+        from libvllm.engine.engine_core.engine_core import EngineCore
 
         try:
             core, _ = EngineCore.from_config(EngineConfig(**json.loads(args.config)))

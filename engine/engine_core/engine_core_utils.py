@@ -26,9 +26,9 @@ import subprocess
 import sys
 import tempfile
 
-from engine import envs
-from engine.config import EngineConfig
-from engine.process_utils import python_executable
+from libvllm.engine import envs
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.process_utils import python_executable
 
 # the first frame of the child's messages on the output socket (engine_core_proc.py)
 READY, FAILED, DEAD = b"READY", b"FAILED", b"DEAD"
@@ -62,8 +62,8 @@ def launch_core_process(config: EngineConfig, ipc_dir: str, input_address: str,
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the child is the core
     env.setdefault("MALLOC_ARENA_MAX", CORE_MALLOC_ARENA_MAX)
-    log_level = logging.getLogger("engine").getEffectiveLevel()
-    argv = [python_executable(), "-m", "engine.engine_core.engine_core_proc",
+    log_level = logging.getLogger("libvllm.engine").getEffectiveLevel()
+    argv = [python_executable(), "-m", "libvllm.engine.engine_core.engine_core_proc",
             "--input", input_address, "--output", output_address,
             "--parent-pid", str(os.getpid()), "--log-level", str(log_level),
             "--config", json.dumps(dataclasses.asdict(config))]

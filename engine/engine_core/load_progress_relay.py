@@ -26,15 +26,15 @@ import queue
 
 import zmq
 
-from engine import load_progress
-from engine.engine_core.engine_core_utils import (
+from libvllm.engine import load_progress
+from libvllm.engine.engine_core.engine_core_utils import (
     LOAD_ABORT,
     LOAD_CONTINUE,
     LOAD_UNWATCHED,
     PROGRESS,
 )
-from engine.errors import VllmError
-from engine.load_progress import TENSORS_END
+from libvllm.engine.errors import VllmError
+from libvllm.engine.load_progress import TENSORS_END
 
 REPORT_STEP = 0.01  # the least progress between two values passed to the front end
 

@@ -17,18 +17,18 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from engine.entrypoints.anthropic import protocol as anthropic
-from engine.entrypoints.anthropic.serving import MessagesJob, count_tokens
-from engine.entrypoints.openai.chunk_stream import ChunkStream
-from engine.entrypoints.openai.errors import error_json
-from engine.entrypoints.openai.responses.protocol import ResponsesRequest
-from engine.entrypoints.openai.responses.serving import (
+from libvllm.engine.entrypoints.anthropic import protocol as anthropic
+from libvllm.engine.entrypoints.anthropic.serving import MessagesJob, count_tokens
+from libvllm.engine.entrypoints.openai.chunk_stream import ChunkStream
+from libvllm.engine.entrypoints.openai.errors import error_json
+from libvllm.engine.entrypoints.openai.responses.protocol import ResponsesRequest
+from libvllm.engine.entrypoints.openai.responses.serving import (
     ResponsesJob,
     cancel_response,
     retrieve_response,
 )
-from engine.entrypoints.openai.responses.store import store_for
-from engine.entrypoints.openai.serving_engine import ServingContext
+from libvllm.engine.entrypoints.openai.responses.store import store_for
+from libvllm.engine.entrypoints.openai.serving_engine import ServingContext
 
 PREFIXES = ("/v1/responses", "/v1/messages")
 _JSON = TypeAdapter(Any)

@@ -16,15 +16,15 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from engine.entrypoints.openai.errors import error_json
-from engine.entrypoints.openai.pooling_protocol import (
+from libvllm.engine.entrypoints.openai.errors import error_json
+from libvllm.engine.entrypoints.openai.pooling_protocol import (
     EmbeddingRequest,
     PoolingRequest,
     RerankRequest,
     ScoreRequest,
 )
-from engine.entrypoints.openai.serving_engine import ServingContext
-from engine.entrypoints.openai.serving_pooling import (
+from libvllm.engine.entrypoints.openai.serving_engine import ServingContext
+from libvllm.engine.entrypoints.openai.serving_pooling import (
     create_embedding,
     create_pooling,
     create_rerank,

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import torch
 
-from engine import envs
-from engine.config import EngineConfig
-from engine.core.sched_output import GrammarOutput, SchedulerOutput
-from engine.distributed.parallel_state import (
+from libvllm.engine import envs
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.core.sched_output import GrammarOutput, SchedulerOutput
+from libvllm.engine.distributed.parallel_state import (
     destroy_distributed_environment,
     init_distributed_environment,
     initialize_model_parallel,
 )
-from engine.errors import InvalidArgumentError
-from engine.executor.multiproc_executor import dist_timeout
-from engine.resolved_config import ResolvedConfig
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.executor.multiproc_executor import dist_timeout
+from libvllm.engine.resolved_config import ResolvedConfig
 
 _ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 

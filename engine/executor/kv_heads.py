@@ -5,8 +5,8 @@ there are fewer kv heads than ranks. Also the architectures whose layers are TP-
 
 from __future__ import annotations
 
-from engine.errors import InvalidArgumentError
-from engine.models.config import ModelArchConfig
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.models.config import ModelArchConfig
 
 # architectures built only from engine/layers' parallel layers (attention + MLP / MoE)
 TP_ARCHITECTURES = frozenset({

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.core.sched_output import GrammarOutput, SchedulerOutput
-from engine.distributed.communication_op import broadcast_bytes
-from engine.resolved_config import ResolvedConfig
-from engine.serial_utils import MsgpackDecoder, MsgpackEncoder
+from libvllm.engine.core.sched_output import GrammarOutput, SchedulerOutput
+from libvllm.engine.distributed.communication_op import broadcast_bytes
+from libvllm.engine.resolved_config import ResolvedConfig
+from libvllm.engine.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 _INLINE = 1 << 62  # every buffer inline: the message is one byte string
 

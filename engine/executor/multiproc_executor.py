@@ -3,7 +3,7 @@ vllm/v1/executor/multiproc_executor.py.
 
 Rank 0 runs in the engine core's own process (vLLM's driver worker): it joins the process
 group, loads its shard and drives its ModelRunner as the engine core always did. Ranks
-1..tp-1 are worker processes (`python -m engine.executor.multiproc_worker`, started with the
+1..tp-1 are worker processes (`python -m libvllm.engine.executor.multiproc_worker`, started with the
 environment's python as the engine-core child is, engine/engine_core/engine_core_utils.py) that
 mirror its start-up and run every step on the scheduler output rank 0 broadcasts
 (engine/executor/messages.py); rank 0's sampled tokens are the step's output. Rendezvous:
@@ -34,18 +34,18 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from engine import envs
-from engine.config import EngineConfig
-from engine.core.sched_output import GrammarOutput, SchedulerOutput
-from engine.distributed.parallel_state import (
+from libvllm.engine import envs
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.core.sched_output import GrammarOutput, SchedulerOutput
+from libvllm.engine.distributed.parallel_state import (
     destroy_distributed_environment,
     init_distributed_environment,
     initialize_model_parallel,
 )
-from engine.errors import VllmError
-from engine.executor import messages
-from engine.process_utils import describe_exit, python_executable
-from engine.resolved_config import ResolvedConfig
+from libvllm.engine.errors import VllmError
+from libvllm.engine.executor import messages
+from libvllm.engine.process_utils import describe_exit, python_executable
+from libvllm.engine.resolved_config import ResolvedConfig
 
 logger = logging.getLogger(__name__)
 _MONITOR_POLL_S = 0.2
@@ -86,7 +86,7 @@ class MultiprocExecutor:
         # in WorkerInit
         cfg = json.dumps({**dataclasses.asdict(config), "skip_tokenizer_init": True})
         for rank in range(1, self.world_size):
-            argv = [python_executable(), "-m", "engine.executor.multiproc_worker",
+            argv = [python_executable(), "-m", "libvllm.engine.executor.multiproc_worker",
                     "--rank", str(rank), "--backend", backend, "--parent-pid",
                     str(os.getpid()), "--distributed-init-method", self.init_method,
                     "--config", cfg]

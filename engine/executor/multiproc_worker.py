@@ -5,7 +5,7 @@ graphs), then run every step rank 0 broadcasts until the shutdown message. Its s
 tokens are discarded (rank 0's are the output; all ranks sample from the same gathered
 logits with the same seeds). Exits when its parent (the engine core) does.
 
-`python -m engine.executor.multiproc_worker --rank R --backend gloo|nccl --parent-pid P
+`python -m libvllm.engine.executor.multiproc_worker --rank R --backend gloo|nccl --parent-pid P
 --distributed-init-method tcp://HOST:PORT --config JSON` (world size: the config's
 tensor_parallel_size).
 """
@@ -20,21 +20,21 @@ import time
 
 import torch
 
-from engine import envs
-from engine.config import EngineConfig
-from engine.distributed.parallel_state import (
+from libvllm.engine import envs
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.distributed.parallel_state import (
     destroy_distributed_environment,
     init_distributed_environment,
     initialize_model_parallel,
 )
-from engine.executor import messages
-from engine.executor.kv_heads import kv_cache_shape
-from engine.executor.multiproc_executor import dist_timeout
-from engine.layers.kv_scales import configure_kv_cache
-from engine.worker.gpu_worker import determine_available_memory
-from engine.worker.model_load import load_model_and_tokenizer
-from engine.worker.model_runner import ModelRunner
-from engine.worker.torch_threads import set_torch_threads_for_runtime
+from libvllm.engine.executor import messages
+from libvllm.engine.executor.kv_heads import kv_cache_shape
+from libvllm.engine.executor.multiproc_executor import dist_timeout
+from libvllm.engine.layers.kv_scales import configure_kv_cache
+from libvllm.engine.worker.gpu_worker import determine_available_memory
+from libvllm.engine.worker.model_load import load_model_and_tokenizer
+from libvllm.engine.worker.model_runner import ModelRunner
+from libvllm.engine.worker.torch_threads import set_torch_threads_for_runtime
 
 
 def run_worker(config: EngineConfig, rank: int, backend: str, init_method: str) -> None:

@@ -8,7 +8,7 @@ need too, so they live in kernels/ggml_types.py (the bottom layer) and are re-ex
 
 from enum import IntEnum
 
-from kernels.ggml_types import GGML_TYPE_TRAITS, QK_K, GGMLType, TypeTraits
+from libvllm.kernels.ggml_types import GGML_TYPE_TRAITS, QK_K, GGMLType, TypeTraits
 
 __all__ = ["GGML_MAX_DIMS", "GGML_MAX_NAME", "GGML_TYPE_TRAITS", "GGUF_ALIGNMENT_KEY",
            "GGUF_DEFAULT_ALIGNMENT", "GGUF_MAGIC", "QK_K", "REMOVED_GGML_TYPES",

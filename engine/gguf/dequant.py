@@ -16,8 +16,8 @@ import gguf.quants
 import numpy as np
 import torch
 
-from engine.errors import InvalidArgumentError, UnsupportedError
-from engine.gguf.constants import GGML_TYPE_TRAITS, QK_K, GGMLType
+from libvllm.engine.errors import InvalidArgumentError, UnsupportedError
+from libvllm.engine.gguf.constants import GGML_TYPE_TRAITS, QK_K, GGMLType
 
 # Blocks are dequantized in chunks of about this many elements to bound temporaries.
 _CHUNK_ELEMENTS = 1 << 24

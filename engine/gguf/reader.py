@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.errors import ModelLoadError, UnsupportedError
-from engine.gguf.constants import (
+from libvllm.engine.errors import ModelLoadError, UnsupportedError
+from libvllm.engine.gguf.constants import (
     GGML_MAX_DIMS,
     GGML_MAX_NAME,
     GGML_TYPE_TRAITS,
@@ -393,7 +393,7 @@ class GGUFReader:
         fresh memory."""
         import torch
 
-        from engine.gguf.dequant import SUPPORTED_TYPES, dequantize
+        from libvllm.engine.gguf.dequant import SUPPORTED_TYPES, dequantize
 
         info = self._info(name)
         if info.ggml_type not in SUPPORTED_TYPES:

@@ -12,14 +12,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.errors import UnsupportedError
+from libvllm.engine.errors import UnsupportedError
 
 
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, 2 * d] -> [num_tokens, d]
         if x.is_cuda and x.dim() == 2:
-            from kernels.activation import silu_and_mul  # lazy: kernels import this module
+            from libvllm.kernels.activation import silu_and_mul  # lazy: kernels import this module
 
             return silu_and_mul(x)
         return self.forward_native(x)

@@ -40,9 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import envs
-from engine.layers import linear
-from engine.layers.kv_cache_dtype import (
+from libvllm.engine import envs
+from libvllm.engine.layers import linear
+from libvllm.engine.layers.kv_cache_dtype import (
     FP8_KV_DTYPE,
     calc_kv_scales,
     dequantize_kv,
@@ -148,7 +148,7 @@ class Attention(nn.Module):
                 and rotary_emb.rotary_dim == hd and qkv_proj.gguf_weight is None
                 and linear._one_row_gemv(x, qkv_proj.weight, qkv_proj.bias)
                 and _qkv_rope_fold_enabled() and not self.calculate_kv_scales):
-            from kernels.gemv_rope_cache import qkv_gemv_rope_cache
+            from libvllm.kernels.gemv_rope_cache import qkv_gemv_rope_cache
 
             q = qkv_gemv_rope_cache(x, qkv_proj.weight, qkv_proj.bias, positions,
                                     rotary_emb.cos_sin_cache_on(x.device), self.kv_cache,
@@ -215,8 +215,8 @@ class Attention(nn.Module):
                       qk_norm: tuple[nn.Module, nn.Module] | None,
                       output_gate: torch.Tensor | None) -> torch.Tensor:
         # q, output_gate: [n, nq, hd]; k, v: [n, nkv, hd] -> [n, nq * hd]
-        from kernels.reshape_and_cache import reshape_and_cache as cache_kernel
-        from kernels.rotary_cache import rotary_embedding_and_cache
+        from libvllm.kernels.reshape_and_cache import reshape_and_cache as cache_kernel
+        from libvllm.kernels.rotary_cache import rotary_embedding_and_cache
 
         if rotary_emb is not None:
             # the q/k norms: weights [hd] each; one eps and form (models build both alike)
@@ -234,8 +234,8 @@ class Attention(nn.Module):
     def _attend_cuda(self, q: torch.Tensor, md: AttentionMetadata,
                      output_gate: torch.Tensor | None) -> torch.Tensor:
         # q, output_gate: [n, nq, hd], this step's K/V in the cache -> [n, nq * hd]
-        from kernels.decode_attention import paged_attention_decode
-        from kernels.paged_attention import paged_attention_prefill
+        from libvllm.kernels.decode_attention import paged_attention_decode
+        from libvllm.kernels.paged_attention import paged_attention_prefill
 
         scales = {"k_scale": self.k_scale, "v_scale": self.v_scale}
         if md.max_query_len == 1 and md.seq_lens_t.shape[0] == q.shape[0]:  # a row per token

@@ -46,20 +46,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import envs
-from engine.breakable_cudagraph import eager_break
-from engine.errors import InvalidArgumentError, ModelLoadError
-from engine.layers.attention import use_kernels
-from engine.layers.linear import MergedReplicatedLinear, RowParallelLinear
-from engine.sample.ops.torch_utils import async_tensor_h2d
-from kernels.causal_conv1d import causal_conv1d_fn, causal_conv1d_ref
-from kernels.chunk_gated_delta_rule import (
+from libvllm.engine import envs
+from libvllm.engine.breakable_cudagraph import eager_break
+from libvllm.engine.errors import InvalidArgumentError, ModelLoadError
+from libvllm.engine.layers.attention import use_kernels
+from libvllm.engine.layers.linear import MergedReplicatedLinear, RowParallelLinear
+from libvllm.engine.sample.ops.torch_utils import async_tensor_h2d
+from libvllm.kernels.causal_conv1d import causal_conv1d_fn, causal_conv1d_ref
+from libvllm.kernels.chunk_gated_delta_rule import (
     CHUNK_SIZE,
     chunk_sigmoid_gating_delta_rule,
     prepare_chunk_indices,
 )
-from kernels.gated_delta_rule import fused_sigmoid_gating_delta_rule, gated_delta_rule_varlen_torch
-from kernels.rms_norm_gated import rms_norm_gated, rms_norm_gated_ref
+from libvllm.kernels.gated_delta_rule import (
+    fused_sigmoid_gating_delta_rule,
+    gated_delta_rule_varlen_torch,
+)
+from libvllm.kernels.rms_norm_gated import rms_norm_gated, rms_norm_gated_ref
 
 GDN_PREFILL_BACKENDS = ("auto", "recurrent", "triton")
 GDN_PREFILL_BACKEND = envs.LIBVLLM_GDN_PREFILL_BACKEND

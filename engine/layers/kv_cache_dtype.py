@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.errors import InvalidArgumentError
+from libvllm.engine.errors import InvalidArgumentError
 
 FP8_KV_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max

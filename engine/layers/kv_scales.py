@@ -23,9 +23,9 @@ import re
 import torch
 from torch import nn
 
-from engine.errors import ModelLoadError
-from engine.layers.attention import Attention
-from engine.layers.kv_cache_dtype import is_quantized_kv_cache, kv_cache_torch_dtype
+from libvllm.engine.errors import ModelLoadError
+from libvllm.engine.layers.attention import Attention
+from libvllm.engine.layers.kv_cache_dtype import is_quantized_kv_cache, kv_cache_torch_dtype
 
 logger = logging.getLogger(__name__)
 

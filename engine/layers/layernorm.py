@@ -50,7 +50,7 @@ class RMSNorm(nn.Module):
 
     def _forward_cuda(self, x: torch.Tensor, residual: torch.Tensor | None
                       ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        from kernels.rms_norm import fused_add_rms_norm, rms_norm  # lazy: import cycle
+        from libvllm.kernels.rms_norm import fused_add_rms_norm, rms_norm  # lazy: import cycle
 
         if residual is None:  # x: [..., hidden]; per-head norms (Qwen3 q/k) flatten the rows
             shape = x.shape

@@ -30,13 +30,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.distributed.communication_op import tensor_model_parallel_all_reduce
-from engine.distributed.parallel_state import (
+from libvllm.engine.distributed.communication_op import tensor_model_parallel_all_reduce
+from libvllm.engine.distributed.parallel_state import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
 )
-from engine.errors import InvalidArgumentError, ModelLoadError
-from engine.layers.activation import SiluAndMul
+from libvllm.engine.errors import InvalidArgumentError, ModelLoadError
+from libvllm.engine.layers.activation import SiluAndMul
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -59,7 +59,7 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor,
     """F.linear, or kernels/gemv.py dense_gemv for one bf16/fp16 row on CUDA."""
     # x: [num_tokens, in], weight: [out, in] -> [num_tokens, out]
     if _one_row_gemv(x, weight, bias):
-        from kernels.gemv import dense_gemv  # lazy: CUDA path only
+        from libvllm.kernels.gemv import dense_gemv  # lazy: CUDA path only
 
         return dense_gemv(x, weight, bias)
     return F.linear(x, weight, bias)
@@ -74,7 +74,7 @@ def gated_mlp(x: torch.Tensor, gate_up_proj: nn.Module, down_proj: nn.Module,
     # x: [num_tokens, hidden] -> [num_tokens, hidden]
     if isinstance(act_fn, SiluAndMul) and gate_up_proj.gguf_weight is None and \
             _one_row_gemv(x, gate_up_proj.weight, gate_up_proj.bias):
-        from kernels.gemv import dense_gemv  # lazy: CUDA path only
+        from libvllm.kernels.gemv import dense_gemv  # lazy: CUDA path only
 
         return down_proj(dense_gemv(x, gate_up_proj.weight, gate_up_proj.bias,
                                     silu_and_mul=True))
@@ -146,9 +146,9 @@ class GGUFWeight(nn.Module):
     def forward(self, x: torch.Tensor, silu_and_mul: bool = False) -> torch.Tensor:
         # x: [num_tokens, in] ([num_tokens, 2 * in] gate | up with silu_and_mul)
         # -> [num_tokens, sum N_i]
-        from kernels.activation import silu_and_mul as act  # lazy: CUDA path only
-        from kernels.gguf_gemm import gguf_gemm
-        from kernels.gguf_mmvq import MMVQ_MAX_M, MMVQ_TYPES, gguf_mmvq_q8_1, quantize_q8_1
+        from libvllm.kernels.activation import silu_and_mul as act  # lazy: CUDA path only
+        from libvllm.kernels.gguf_gemm import gguf_gemm
+        from libvllm.kernels.gguf_mmvq import MMVQ_MAX_M, MMVQ_TYPES, gguf_mmvq_q8_1, quantize_q8_1
 
         mmvq = [x.shape[0] <= MMVQ_MAX_M and qtype in MMVQ_TYPES for qtype in self.qtypes]
         xq8 = quantize_q8_1(x, silu_and_mul) if any(mmvq) else None

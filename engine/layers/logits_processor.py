@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.distributed.communication_op import tensor_model_parallel_all_gather
-from engine.layers.linear import dense_linear
-from engine.layers.vocab_parallel_embedding import VocabParallelEmbedding
+from libvllm.engine.distributed.communication_op import tensor_model_parallel_all_gather
+from libvllm.engine.layers.linear import dense_linear
+from libvllm.engine.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
 
 class LogitsProcessor(nn.Module):

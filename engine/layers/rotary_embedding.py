@@ -23,7 +23,7 @@ import math
 import torch
 from torch import nn
 
-from engine.errors import ModelLoadError, UnsupportedError
+from libvllm.engine.errors import ModelLoadError, UnsupportedError
 
 MAX_TABLE_ELEMENTS = 1 << 28  # 1 GiB of fp32: 1M positions x 256 rotary dims
 
@@ -86,7 +86,7 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: [num_tokens]; query: [num_tokens, nq * head]; key: [num_tokens, nkv * head]
         if query.is_cuda:
-            from kernels.rotary import rotary_embedding  # lazy: kernels import this module
+            from libvllm.kernels.rotary import rotary_embedding  # lazy: kernels import this module
 
             rotary_embedding(positions, query, key, self.cos_sin_cache_on(positions.device),
                              self.head_size)

@@ -15,13 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.distributed.communication_op import tensor_model_parallel_all_reduce
-from engine.distributed.parallel_state import (
+from libvllm.engine.distributed.communication_op import tensor_model_parallel_all_reduce
+from libvllm.engine.distributed.parallel_state import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
 )
-from engine.errors import ModelLoadError
-from engine.layers.linear import default_weight_loader
+from libvllm.engine.errors import ModelLoadError
+from libvllm.engine.layers.linear import default_weight_loader
 
 
 class VocabParallelEmbedding(nn.Module):

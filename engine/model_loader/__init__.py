@@ -23,16 +23,16 @@ import os
 import torch
 from torch import nn
 
-from engine.errors import InvalidArgumentError, ModelLoadError
-from engine.gguf.reader import GGUFReader
-from engine.load_progress import track
-from engine.model_loader import gguf_hybrid, gguf_loader
-from engine.model_loader.dummy_loader import load_dummy_model
-from engine.model_loader.gguf_quant import keep_gguf_quantized
-from engine.model_loader.safetensors_loader import load_hf_model
-from engine.model_source import resolve_model_path
-from engine.models.config import ModelArchConfig
-from engine.models.registry import resolve_model_cls
+from libvllm.engine.errors import InvalidArgumentError, ModelLoadError
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.load_progress import track
+from libvllm.engine.model_loader import gguf_hybrid, gguf_loader
+from libvllm.engine.model_loader.dummy_loader import load_dummy_model
+from libvllm.engine.model_loader.gguf_quant import keep_gguf_quantized
+from libvllm.engine.model_loader.safetensors_loader import load_hf_model
+from libvllm.engine.model_source import resolve_model_path
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.models.registry import resolve_model_cls
 
 
 def build_model(cls: type[nn.Module], cfg: ModelArchConfig, checkpoint_numel: int

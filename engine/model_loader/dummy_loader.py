@@ -22,11 +22,11 @@ import os
 import torch
 from torch import nn
 
-from engine.errors import ModelLoadError
-from engine.layers.linear import dense_weights_on, materialize_meta_weights
-from engine.layers.quantization import apply_quant_config, process_weights_after_loading
-from engine.model_loader.safetensors_loader import read_hf_arch
-from engine.models.config import ModelArchConfig
+from libvllm.engine.errors import ModelLoadError
+from libvllm.engine.layers.linear import dense_weights_on, materialize_meta_weights
+from libvllm.engine.layers.quantization import apply_quant_config, process_weights_after_loading
+from libvllm.engine.model_loader.safetensors_loader import read_hf_arch
+from libvllm.engine.models.config import ModelArchConfig
 
 DUMMY_LOW, DUMMY_HIGH, DUMMY_SEED = -1e-3, 1e-3, 1234
 

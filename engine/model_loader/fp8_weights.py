@@ -19,10 +19,10 @@ from collections.abc import Iterator
 
 import torch
 
-from engine.errors import ModelLoadError
-from engine.layers.quantization import QuantizationConfig, WeightScheme
-from engine.layers.quantization.fp8_utils import cdiv
-from engine.model_loader.weight_utils import open_safetensors, safetensors_weights_iterator
+from libvllm.engine.errors import ModelLoadError
+from libvllm.engine.layers.quantization import QuantizationConfig, WeightScheme
+from libvllm.engine.layers.quantization.fp8_utils import cdiv
+from libvllm.engine.model_loader.weight_utils import open_safetensors, safetensors_weights_iterator
 
 SCALE_SUFFIXES = ("weight_scale_inv", "weight_scale", "input_scale")
 _SCALE_DTYPES = {torch.float32, torch.bfloat16, torch.float16}

@@ -27,10 +27,10 @@ from collections.abc import Iterator
 
 import torch
 
-from engine.errors import ModelLoadError, UnsupportedError
-from engine.gguf.reader import GGUFReader
-from engine.models.config import ModelArchConfig
-from engine.models.registry import GGUF_ARCHITECTURES
+from libvllm.engine.errors import ModelLoadError, UnsupportedError
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.models.registry import GGUF_ARCHITECTURES
 
 HYBRID_GGUF_ARCHITECTURES = ("qwen3next", "qwen35", "qwen35moe")
 _TILED = ("qwen35", "qwen35moe")  # value heads in tiled order

@@ -18,11 +18,11 @@ from collections.abc import Iterator
 
 import torch
 
-from engine.errors import ModelLoadError, UnsupportedError
-from engine.gguf.reader import GGUFReader
-from engine.model_loader import gguf_hybrid
-from engine.models.config import ModelArchConfig
-from engine.models.registry import GGUF_ARCHITECTURES
+from libvllm.engine.errors import ModelLoadError, UnsupportedError
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.model_loader import gguf_hybrid
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.models.registry import GGUF_ARCHITECTURES
 
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",

@@ -22,16 +22,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.errors import ModelLoadError
-from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
-from engine.gguf.reader import GGUFReader
-from engine.layers.fused_moe import FusedMoE
-from engine.layers.fused_moe.gguf_experts import GGUFExperts
-from engine.layers.linear import GGUFWeight, ReplicatedLinear, RowParallelLinear
-from engine.layers.vocab_parallel_embedding import ParallelLMHead
-from engine.model_loader.gguf_loader import _hf_name, _reverse_permute
-from engine.model_loader.gguf_shard import shard_cols, shard_linear, shard_rows
-from engine.models.config import ModelArchConfig
+from libvllm.engine.errors import ModelLoadError
+from libvllm.engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
+from libvllm.engine.gguf.reader import GGUFReader
+from libvllm.engine.layers.fused_moe import FusedMoE
+from libvllm.engine.layers.fused_moe.gguf_experts import GGUFExperts
+from libvllm.engine.layers.linear import GGUFWeight, ReplicatedLinear, RowParallelLinear
+from libvllm.engine.layers.vocab_parallel_embedding import ParallelLMHead
+from libvllm.engine.model_loader.gguf_loader import _hf_name, _reverse_permute
+from libvllm.engine.model_loader.gguf_shard import shard_cols, shard_linear, shard_rows
+from libvllm.engine.models.config import ModelArchConfig
 
 # fused module -> checkpoint projections, in output order (models/utils.py's mapping)
 _SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -63,7 +63,7 @@ def keep_gguf_quantized(model: nn.Module, reader: GGUFReader, cfg: ModelArchConf
                         ) -> set[str]:
     """Swap dense weights for GGUF blocks where kernels exist; returns the GGUF tensor
     names now held quantized (the dense load skips them)."""
-    from kernels.gguf_tiles import TILE_TYPES  # lazy: triton, CUDA path only
+    from libvllm.kernels.gguf_tiles import TILE_TYPES  # lazy: triton, CUDA path only
 
     by_hf = {hf: name for name in reader.tensors if (hf := _hf_name(name, cfg)) is not None}
     absorbed: set[str] = set()
@@ -140,9 +140,9 @@ def precompile_gguf_kernels(model: nn.Module) -> None:
     capture, a Q4_K_M Llama-8B's 63 compiles took 135 s on the H200 (docs/BENCHMARKS.md). The
     activations take the dtype of the model's dense weights (embeddings, norms: one dtype,
     engine/worker/model_load.py). CUDA only."""
-    from kernels._common import precompile_triton  # lazy: triton, CUDA path only
-    from kernels.gguf_gemm import GEMV_MAX_M, KQUANT_MAX_M, MMQ_MAX_M
-    from kernels.gguf_mmvq import MMVQ_MAX_M
+    from libvllm.kernels._common import precompile_triton  # lazy: triton, CUDA path only
+    from libvllm.kernels.gguf_gemm import GEMV_MAX_M, KQUANT_MAX_M, MMQ_MAX_M
+    from libvllm.kernels.gguf_mmvq import MMVQ_MAX_M
 
     rows = max(GEMV_MAX_M, MMQ_MAX_M, MMVQ_MAX_M, *KQUANT_MAX_M.values()) + 1
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)

@@ -14,9 +14,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
-from engine.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, RowParallelLinear
-from engine.layers.vocab_parallel_embedding import VocabParallelEmbedding
+from libvllm.engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType
+from libvllm.engine.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+)
+from libvllm.engine.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
 
 def shard_rows(raw: torch.Tensor, start: int, size: int, dim: int = 0) -> torch.Tensor:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import os
 
-from engine.errors import ModelLoadError, UnsupportedError
-from engine.models.config import HYBRID_LAYER_TYPES, LAYER_TYPES, ModelArchConfig
+from libvllm.engine.errors import ModelLoadError, UnsupportedError
+from libvllm.engine.models.config import HYBRID_LAYER_TYPES, LAYER_TYPES, ModelArchConfig
 
 MAX_CONFIG_BYTES = 4 << 20
 _REQUIRED = object()

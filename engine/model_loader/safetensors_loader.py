@@ -20,26 +20,26 @@ import os
 import torch
 from torch import nn
 
-from engine.errors import ModelLoadError
-from engine.layers.linear import dense_weights_on, materialize_meta_weights
-from engine.layers.quantization import (
+from libvllm.engine.errors import ModelLoadError
+from libvllm.engine.layers.linear import dense_weights_on, materialize_meta_weights
+from libvllm.engine.layers.quantization import (
     QuantizationConfig,
     apply_quant_config,
     get_quant_config,
     process_weights_after_loading,
 )
-from engine.model_loader.fp8_weights import fp8_weights_iterator
-from engine.model_loader.hf_config import (
+from libvllm.engine.model_loader.fp8_weights import fp8_weights_iterator
+from libvllm.engine.model_loader.hf_config import (
     arch_config_from_hf,
     read_generation_config,
     read_json_object,
 )
-from engine.model_loader.weight_utils import (
+from libvllm.engine.model_loader.weight_utils import (
     checkpoint_numel,
     safetensors_files,
 )
-from engine.models.config import ModelArchConfig
-from engine.models.registry import resolve_model_cls
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.models.registry import resolve_model_cls
 
 MAX_ARCHITECTURES = 16
 

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import torch
 from safetensors import SafetensorError, safe_open
 
-from engine.errors import ModelLoadError, UnsupportedError
-from engine.load_progress import track
-from engine.model_loader.hf_config import read_json_object
+from libvllm.engine.errors import ModelLoadError, UnsupportedError
+from libvllm.engine.load_progress import track
+from libvllm.engine.model_loader.hf_config import read_json_object
 
 INDEX_FILE = "model.safetensors.index.json"
 MAX_INDEX_BYTES = 64 << 20

@@ -12,12 +12,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.layers.attention import AttentionMetadata
-from engine.layers.layernorm import GemmaRMSNorm
-from engine.layers.logits_processor import LogitsProcessor
-from engine.models.config import ModelArchConfig
-from engine.models.llama import LlamaForCausalLM, LlamaMLP, LlamaModel
-from engine.models.qwen3 import Qwen3Attention
+from libvllm.engine.layers.attention import AttentionMetadata
+from libvllm.engine.layers.layernorm import GemmaRMSNorm
+from libvllm.engine.layers.logits_processor import LogitsProcessor
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.models.llama import LlamaForCausalLM, LlamaMLP, LlamaModel
+from libvllm.engine.models.qwen3 import Qwen3Attention
 
 
 class Gemma3Attention(Qwen3Attention):

@@ -16,20 +16,20 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from engine.layers.activation import get_act_and_mul_fn
-from engine.layers.attention import Attention, AttentionMetadata
-from engine.layers.layernorm import RMSNorm
-from engine.layers.linear import (
+from libvllm.engine.layers.activation import get_act_and_mul_fn
+from libvllm.engine.layers.attention import Attention, AttentionMetadata
+from libvllm.engine.layers.layernorm import RMSNorm
+from libvllm.engine.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
     gated_mlp,
 )
-from engine.layers.logits_processor import LogitsProcessor
-from engine.layers.rotary_embedding import get_rope
-from engine.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-from engine.models.config import ModelArchConfig
-from engine.models.utils import load_weights
+from libvllm.engine.layers.logits_processor import LogitsProcessor
+from libvllm.engine.layers.rotary_embedding import get_rope
+from libvllm.engine.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.models.utils import load_weights
 
 
 class LlamaMLP(nn.Module):

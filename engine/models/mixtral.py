@@ -13,11 +13,11 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from engine.layers.fused_moe import FusedMoE
-from engine.layers.linear import ReplicatedLinear
-from engine.models.config import ModelArchConfig
-from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
-from engine.models.utils import load_weights
+from libvllm.engine.layers.fused_moe import FusedMoE
+from libvllm.engine.layers.linear import ReplicatedLinear
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from libvllm.engine.models.utils import load_weights
 
 
 class MixtralMoE(nn.Module):

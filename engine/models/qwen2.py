@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from engine.models.config import ModelArchConfig
-from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 
 
 class Qwen2DecoderLayer(LlamaDecoderLayer):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from engine.layers.layernorm import RMSNorm
-from engine.models.config import ModelArchConfig
-from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
+from libvllm.engine.layers.layernorm import RMSNorm
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 
 
 class Qwen3Attention(LlamaAttention):

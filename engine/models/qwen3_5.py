@@ -17,9 +17,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from engine.models.config import ModelArchConfig
-from engine.models.llama import LlamaMLP
-from engine.models.qwen3_next import Qwen3NextDecoderLayer, Qwen3NextForCausalLM
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.models.llama import LlamaMLP
+from libvllm.engine.models.qwen3_next import Qwen3NextDecoderLayer, Qwen3NextForCausalLM
 
 _LM_PREFIX = "model.language_model."
 

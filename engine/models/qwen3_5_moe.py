@@ -16,9 +16,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from engine.models.config import ModelArchConfig
-from engine.models.qwen3_5 import Qwen3_5ForCausalLM
-from engine.models.qwen3_next import Qwen3NextDecoderLayer, Qwen3NextSparseMoeBlock
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.models.qwen3_5 import Qwen3_5ForCausalLM
+from libvllm.engine.models.qwen3_next import Qwen3NextDecoderLayer, Qwen3NextSparseMoeBlock
 
 
 class Qwen3_5MoeDecoderLayer(Qwen3NextDecoderLayer):

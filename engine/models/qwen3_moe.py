@@ -15,14 +15,14 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from engine import envs
-from engine.layers import linear
-from engine.layers.fused_moe import FusedMoE
-from engine.layers.linear import ReplicatedLinear
-from engine.models.config import ModelArchConfig
-from engine.models.llama import LlamaForCausalLM, LlamaMLP
-from engine.models.qwen3 import Qwen3DecoderLayer
-from engine.models.utils import load_weights
+from libvllm.engine import envs
+from libvllm.engine.layers import linear
+from libvllm.engine.layers.fused_moe import FusedMoE
+from libvllm.engine.layers.linear import ReplicatedLinear
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.models.llama import LlamaForCausalLM, LlamaMLP
+from libvllm.engine.models.qwen3 import Qwen3DecoderLayer
+from libvllm.engine.models.utils import load_weights
 
 
 class Qwen3MoeSparseMoeBlock(nn.Module):
@@ -64,7 +64,7 @@ class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
                 and moe.gate.gguf_weight is None
                 and linear._one_row_gemv(hidden_states, moe.gate.weight, None)
                 and _norm_router_fold_enabled()):
-            from kernels import rms_norm_gemv  # lazy: CUDA path only
+            from libvllm.kernels import rms_norm_gemv  # lazy: CUDA path only
 
             if (moe.gate.weight.shape[0] > rms_norm_gemv.MAX_N
                     or hidden_states.shape[-1] > rms_norm_gemv.MAX_HIDDEN):

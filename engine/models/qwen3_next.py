@@ -21,20 +21,20 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from engine.errors import ModelLoadError
-from engine.layers.attention import Attention, AttentionMetadata
-from engine.layers.fused_moe import FusedMoE, SharedExpertMLP
-from engine.layers.gdn import GDN_PARAMS_MAPPING, GatedDeltaNetAttention
-from engine.layers.layernorm import GemmaRMSNorm
-from engine.layers.linear import (
+from libvllm.engine.errors import ModelLoadError
+from libvllm.engine.layers.attention import Attention, AttentionMetadata
+from libvllm.engine.layers.fused_moe import FusedMoE, SharedExpertMLP
+from libvllm.engine.layers.gdn import GDN_PARAMS_MAPPING, GatedDeltaNetAttention
+from libvllm.engine.layers.layernorm import GemmaRMSNorm
+from libvllm.engine.layers.linear import (
     MergedReplicatedLinear,
     QKVParallelLinear,
     RowParallelLinear,
 )
-from engine.layers.rotary_embedding import get_rope
-from engine.models.config import ModelArchConfig
-from engine.models.llama import LlamaForCausalLM, LlamaMLP, LlamaModel
-from engine.models.utils import load_weights
+from libvllm.engine.layers.rotary_embedding import get_rope
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.models.llama import LlamaForCausalLM, LlamaMLP, LlamaModel
+from libvllm.engine.models.utils import load_weights
 
 
 class Qwen3NextAttention(nn.Module):

@@ -12,7 +12,7 @@ import importlib
 
 from torch import nn
 
-from engine.errors import UnsupportedError
+from libvllm.engine.errors import UnsupportedError
 
 # HF architecture -> (module under engine.models, class name)
 _TEXT_GENERATION_MODELS = {
@@ -54,6 +54,6 @@ def resolve_model_cls(architectures: list[str]) -> tuple[type[nn.Module], str]:
     for arch in architectures:
         if arch in _TEXT_GENERATION_MODELS:
             module, cls = _TEXT_GENERATION_MODELS[arch]
-            return getattr(importlib.import_module(f"engine.models.{module}"), cls), arch
+            return getattr(importlib.import_module(f"libvllm.engine.models.{module}"), cls), arch
     raise UnsupportedError(f"Model architectures {list(architectures)} are not supported for "
                            f"now. Supported architectures: {get_supported_archs()}")

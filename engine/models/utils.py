@@ -18,10 +18,10 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from engine.errors import ModelLoadError
-from engine.layers.kv_scales import load_kv_scale
-from engine.layers.linear import default_weight_loader
-from engine.layers.quantization.fp8_utils import dequantize_checkpoint_weight
+from libvllm.engine.errors import ModelLoadError
+from libvllm.engine.layers.kv_scales import load_kv_scale
+from libvllm.engine.layers.linear import default_weight_loader
+from libvllm.engine.layers.quantization.fp8_utils import dequantize_checkpoint_weight
 
 # (param fragment, checkpoint fragment, shard id), as vLLM's stacked_params_mapping
 STACKED_PARAMS_MAPPING = [

@@ -4,7 +4,7 @@ Mirrors vllm/reasoning/__init__.py (`_REASONING_PARSERS_TO_REGISTER`, vLLM 0.33)
 parsers we ship.
 """
 
-from engine.reasoning.abs_reasoning_parsers import ReasoningParser, ReasoningParserManager
+from libvllm.engine.reasoning.abs_reasoning_parsers import ReasoningParser, ReasoningParserManager
 
 __all__ = ["ReasoningParser", "ReasoningParserManager"]
 
@@ -14,4 +14,4 @@ _REASONING_PARSERS_TO_REGISTER = {
 }
 
 for _name, (_file, _cls) in _REASONING_PARSERS_TO_REGISTER.items():
-    ReasoningParserManager.register_lazy_module(_name, f"engine.reasoning.{_file}", _cls)
+    ReasoningParserManager.register_lazy_module(_name, f"libvllm.engine.reasoning.{_file}", _cls)

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from functools import cached_property
 from typing import Any
 
-from engine.tool_parsers.protocol import DeltaMessage
+from libvllm.engine.tool_parsers.protocol import DeltaMessage
 
 
 class ReasoningParser:

@@ -11,9 +11,9 @@ from collections.abc import Iterable, Sequence
 from itertools import islice
 from typing import Any
 
-from engine.errors import InvalidArgumentError
-from engine.reasoning.abs_reasoning_parsers import ReasoningParser
-from engine.tool_parsers.protocol import DeltaMessage
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.reasoning.abs_reasoning_parsers import ReasoningParser
+from libvllm.engine.tool_parsers.protocol import DeltaMessage
 
 
 class BaseThinkingReasoningParser(ReasoningParser):

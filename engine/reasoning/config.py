@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import logging
 
-from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError
-from engine.reasoning import ReasoningParserManager
-from engine.sampling_params import ReasoningTokenIds
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.reasoning import ReasoningParserManager
+from libvllm.engine.sampling_params import ReasoningTokenIds
 
 logger = logging.getLogger(__name__)
 

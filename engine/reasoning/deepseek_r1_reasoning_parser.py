@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.reasoning.basic_parsers import BaseThinkingReasoningParser
-from engine.tool_parsers.protocol import DeltaMessage
+from libvllm.engine.reasoning.basic_parsers import BaseThinkingReasoningParser
+from libvllm.engine.tool_parsers.protocol import DeltaMessage
 
 
 class DeepSeekR1ReasoningParser(BaseThinkingReasoningParser):

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from engine.reasoning.basic_parsers import BaseThinkingReasoningParser
-from engine.tool_parsers.protocol import DeltaMessage
-from engine.tool_parsers.utils import partial_tag_overlap
+from libvllm.engine.reasoning.basic_parsers import BaseThinkingReasoningParser
+from libvllm.engine.tool_parsers.protocol import DeltaMessage
+from libvllm.engine.tool_parsers.utils import partial_tag_overlap
 
 TOOL_CALL_START = "<tool_call>"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sample.ops.torch_utils import async_tensor_h2d
+from libvllm.engine.sample.ops.torch_utils import async_tensor_h2d
 
 
 def apply_min_tokens(logits: torch.Tensor, min_tokens: dict[int, set[int]]) -> torch.Tensor:

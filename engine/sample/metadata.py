@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.sample.ops.thinking_budget import (
+from libvllm.engine.sample.ops.thinking_budget import (
     ThinkingBudgetTargets,
     ThinkingScan,
     thinking_budget_targets,
 )
-from engine.sample.ops.torch_utils import async_tensor_h2d, make_tensor_with_pad
-from engine.sampling_params import SamplingParams, SamplingType
+from libvllm.engine.sample.ops.torch_utils import async_tensor_h2d, make_tensor_with_pad
+from libvllm.engine.sampling_params import SamplingParams, SamplingType
 
 
 @dataclass

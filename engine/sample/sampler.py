@@ -16,18 +16,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.sample.logits_processor import apply_logit_bias, apply_min_p, apply_min_tokens
-from engine.sample.metadata import SamplingMetadata
-from engine.sample.ops.bad_words import apply_bad_words
-from engine.sample.ops.logprobs import (
+from libvllm.engine.sample.logits_processor import apply_logit_bias, apply_min_p, apply_min_tokens
+from libvllm.engine.sample.metadata import SamplingMetadata
+from libvllm.engine.sample.ops.bad_words import apply_bad_words
+from libvllm.engine.sample.ops.logprobs import (
     compute_logprobs,
     gather_logprobs,
     gather_logprobs_with_ids,
 )
-from engine.sample.ops.penalties import apply_all_penalties
-from engine.sample.ops.thinking_budget import apply_thinking_budget
-from engine.sample.ops.topk_topp_sampler import apply_top_k_top_p, argmax_rows, random_sample
-from engine.sample.outputs import SamplerOutput
+from libvllm.engine.sample.ops.penalties import apply_all_penalties
+from libvllm.engine.sample.ops.thinking_budget import apply_thinking_budget
+from libvllm.engine.sample.ops.topk_topp_sampler import (
+    apply_top_k_top_p,
+    argmax_rows,
+    random_sample,
+)
+from libvllm.engine.sample.outputs import SamplerOutput
 
 _SAMPLING_EPS = 1e-5
 

@@ -3,9 +3,9 @@ and the types and errors of its methods. Front ends (capi/, a Python program) im
 this face only; the OpenAI layer is engine/entrypoints/openai/api.py.
 """
 
-from engine.async_llm import RequestStream
-from engine.config import EngineConfig
-from engine.errors import (
+from libvllm.engine.async_llm import RequestStream
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import (
     InvalidArgumentError,
     ModelLoadError,
     NotFoundError,
@@ -13,21 +13,21 @@ from engine.errors import (
     UnsupportedError,
     VllmError,
 )
-from engine.exceptions import EngineDeadError
-from engine.load_progress import LoadCancelledError
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import (
+from libvllm.engine.exceptions import EngineDeadError
+from libvllm.engine.load_progress import LoadCancelledError
+from libvllm.engine.pooling_params import PoolingParams
+from libvllm.engine.sampling_params import (
     RepetitionDetectionParams,
     RequestOutputKind,
     SamplingParams,
     check_num_logprob_token_ids,
 )
-from engine.session.errors import InvalidStateError
-from engine.session.model_meta import SessionModelInfo
-from engine.session.request_times import RequestTimes
-from engine.session.routing import RoutedOutput
-from engine.session.session import EngineSession, SubmittedRequest
-from engine.structured_output.params import StructuredOutputsParams
+from libvllm.engine.session.errors import InvalidStateError
+from libvllm.engine.session.model_meta import SessionModelInfo
+from libvllm.engine.session.request_times import RequestTimes
+from libvllm.engine.session.routing import RoutedOutput
+from libvllm.engine.session.session import EngineSession, SubmittedRequest
+from libvllm.engine.structured_output.params import StructuredOutputsParams
 
 __all__ = [
     "EngineConfig", "EngineDeadError", "EngineSession", "InvalidArgumentError",

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import stat
 
-from engine.chat_template import check_chat_template
-from engine.errors import InvalidArgumentError, ModelLoadError
+from libvllm.engine.chat_template import check_chat_template
+from libvllm.engine.errors import InvalidArgumentError, ModelLoadError
 
 
 def load_chat_template(value: str) -> str:

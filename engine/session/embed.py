@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import secrets
 
-from engine.async_llm import AsyncLLM
-from engine.errors import VllmError
-from engine.llm_engine import LLMEngine
-from engine.outputs import PoolingRequestOutput
-from engine.pooling_params import PoolingParams
+from libvllm.engine.async_llm import AsyncLLM
+from libvllm.engine.errors import VllmError
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.outputs import PoolingRequestOutput
+from libvllm.engine.pooling_params import PoolingParams
 
 
 def run_caller_driven(engine: LLMEngine, prompts: list, params: PoolingParams

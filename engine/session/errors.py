@@ -9,8 +9,8 @@ gives them one class so every front end maps them to one status.
 
 from __future__ import annotations
 
-from engine.errors import VllmError
-from engine.exceptions import INVALID_STATE
+from libvllm.engine.errors import VllmError
+from libvllm.engine.exceptions import INVALID_STATE
 
 
 class InvalidStateError(VllmError):

@@ -18,9 +18,9 @@ import json
 import os
 from dataclasses import dataclass
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.session.weight_format import kv_cache_dtype, quantization
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.llm_engine import LLMEngine
+from libvllm.engine.session.weight_format import kv_cache_dtype, quantization
 
 
 @dataclass(frozen=True)

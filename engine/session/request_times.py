@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from engine.sampling_params import SamplingParams
+from libvllm.engine.sampling_params import SamplingParams
 
 
 @dataclass

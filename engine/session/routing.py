@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from engine.errors import InvalidArgumentError
-from engine.outputs import CompletionOutput, RequestOutput
-from engine.session.request_times import RequestTimes
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.outputs import CompletionOutput, RequestOutput
+from libvllm.engine.session.request_times import RequestTimes
 
 
 class RoutedOutput(NamedTuple):

@@ -26,22 +26,22 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-from engine import load_progress
-from engine.async_llm import AsyncLLM, RequestStream, StatsCollector
-from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError, NotFoundError, UnsupportedError
-from engine.exceptions import EngineDeadError
-from engine.fair_lock import FairRLock
-from engine.llm_engine import EMBED_ON_GENERATE, LLMEngine
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import RequestOutputKind, SamplingParams
-from engine.session import model_meta, plain_text
-from engine.session.create_checks import check_create_inputs, load_chat_template
-from engine.session.embed import run_caller_driven, run_loop, vectors
-from engine.session.errors import InvalidStateError
-from engine.session.request_times import RequestTimes
-from engine.session.routing import OutputRouter, RoutedOutput
-from engine.tokenizer import Tokenizer
+from libvllm.engine import load_progress
+from libvllm.engine.async_llm import AsyncLLM, RequestStream, StatsCollector
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import InvalidArgumentError, NotFoundError, UnsupportedError
+from libvllm.engine.exceptions import EngineDeadError
+from libvllm.engine.fair_lock import FairRLock
+from libvllm.engine.llm_engine import EMBED_ON_GENERATE, LLMEngine
+from libvllm.engine.pooling_params import PoolingParams
+from libvllm.engine.sampling_params import RequestOutputKind, SamplingParams
+from libvllm.engine.session import model_meta, plain_text
+from libvllm.engine.session.create_checks import check_create_inputs, load_chat_template
+from libvllm.engine.session.embed import run_caller_driven, run_loop, vectors
+from libvllm.engine.session.errors import InvalidStateError
+from libvllm.engine.session.request_times import RequestTimes
+from libvllm.engine.session.routing import OutputRouter, RoutedOutput
+from libvllm.engine.tokenizer import Tokenizer
 
 Progress = Callable[[float], bool]  # fraction -> False to abort the load
 

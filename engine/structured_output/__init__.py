@@ -23,16 +23,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from engine.errors import InvalidArgumentError, VllmError
-from engine.structured_output.backend_types import StructuredOutputBackend
-from engine.structured_output.config import StructuredOutputsConfig
-from engine.structured_output.params import StructuredOutputsParams
-from engine.structured_output.request import StructuredOutputRequest
+from libvllm.engine.errors import InvalidArgumentError, VllmError
+from libvllm.engine.structured_output.backend_types import StructuredOutputBackend
+from libvllm.engine.structured_output.config import StructuredOutputsConfig
+from libvllm.engine.structured_output.params import StructuredOutputsParams
+from libvllm.engine.structured_output.request import StructuredOutputRequest
 
 if TYPE_CHECKING:
     import torch
 
-    from engine.reasoning import ReasoningParser
+    from libvllm.engine.reasoning import ReasoningParser
 
 __all__ = [
     "StructuredOutputManager",
@@ -45,10 +45,10 @@ __all__ = [
 def _backend_class(name: str) -> type[StructuredOutputBackend]:
     """Imported on first use: xgrammar / llguidance take seconds to import."""
     if name == "guidance":
-        from engine.structured_output.backend_guidance import GuidanceBackend
+        from libvllm.engine.structured_output.backend_guidance import GuidanceBackend
 
         return GuidanceBackend
-    from engine.structured_output.backend_xgrammar import XgrammarBackend
+    from libvllm.engine.structured_output.backend_xgrammar import XgrammarBackend
 
     return XgrammarBackend
 
@@ -73,7 +73,7 @@ class StructuredOutputManager:
 
     def validate(self, params: StructuredOutputsParams) -> StructuredOutputsParams:
         """Check a request's constraint and resolve its backend (InvalidArgumentError)."""
-        from engine.structured_output.validation import validate_structured_outputs
+        from libvllm.engine.structured_output.validation import validate_structured_outputs
 
         return validate_structured_outputs(params, self.config)
 

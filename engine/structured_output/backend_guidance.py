@@ -17,16 +17,16 @@ from dataclasses import dataclass
 import llguidance
 import torch
 
-from engine import envs
-from engine.errors import InvalidArgumentError
-from engine.structured_output.backend_types import (
+from libvllm.engine import envs
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.structured_output.backend_types import (
     StructuredOutputBackend,
     StructuredOutputGrammar,
     StructuredOutputOptions,
 )
-from engine.structured_output.params import StructuredOutputsParams
-from engine.structured_output.request import get_structured_output_key
-from engine.structured_output.utils import CompiledGrammarCache
+from libvllm.engine.structured_output.params import StructuredOutputsParams
+from libvllm.engine.structured_output.request import get_structured_output_key
+from libvllm.engine.structured_output.utils import CompiledGrammarCache
 
 logger = logging.getLogger(__name__)
 _O = StructuredOutputOptions

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from engine.structured_output.config import StructuredOutputsConfig
-    from engine.tokenizer import Tokenizer
+    from libvllm.engine.structured_output.config import StructuredOutputsConfig
+    from libvllm.engine.tokenizer import Tokenizer
 
 
 class StructuredOutputOptions(enum.Enum):

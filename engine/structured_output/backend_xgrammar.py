@@ -18,15 +18,15 @@ from dataclasses import dataclass
 import torch
 import xgrammar as xgr
 
-from engine.errors import InvalidArgumentError
-from engine.structured_output.backend_types import (
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.structured_output.backend_types import (
     StructuredOutputBackend,
     StructuredOutputGrammar,
     StructuredOutputOptions,
 )
-from engine.structured_output.json_nesting import check_json_nesting
-from engine.structured_output.params import StructuredOutputsParams
-from engine.structured_output.utils import (
+from libvllm.engine.structured_output.json_nesting import check_json_nesting
+from libvllm.engine.structured_output.params import StructuredOutputsParams
+from libvllm.engine.structured_output.utils import (
     choice_as_grammar,
     compile_regex_with_timeout,
     grammar_is_likely_lark,

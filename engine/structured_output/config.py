@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine import envs
-from engine.errors import InvalidArgumentError, UnsupportedError
+from libvllm.engine import envs
+from libvllm.engine.errors import InvalidArgumentError, UnsupportedError
 
 BACKENDS = ("auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer")
 SHIPPED_BACKENDS = ("auto", "xgrammar", "guidance")

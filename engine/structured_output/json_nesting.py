@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.errors import InvalidArgumentError
+from libvllm.engine.errors import InvalidArgumentError
 
 MAX_STRUCTURED_OUTPUT_JSON_NESTING = 64
 STRUCTURAL_TAG_WRAPPER_NESTING = 16

@@ -16,13 +16,13 @@ from collections.abc import Callable
 from concurrent.futures import Future, wait
 from typing import Any
 
-from engine.errors import InvalidArgumentError
-from engine.structured_output.backend_types import (
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.structured_output.backend_types import (
     StructuredOutputGrammar,
     StructuredOutputKey,
     StructuredOutputOptions,
 )
-from engine.structured_output.params import StructuredOutputsParams
+from libvllm.engine.structured_output.params import StructuredOutputsParams
 
 
 @dataclasses.dataclass

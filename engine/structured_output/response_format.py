@@ -14,8 +14,8 @@ import dataclasses
 import json
 from typing import Any
 
-from engine.errors import InvalidArgumentError
-from engine.structured_output.params import StructuredOutputsParams
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.structured_output.params import StructuredOutputsParams
 
 _FIELDS = {f.name for f in dataclasses.fields(StructuredOutputsParams) if f.init}
 

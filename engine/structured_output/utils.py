@@ -19,7 +19,7 @@ from typing import TypeVar
 import regex as re
 import torch
 
-from engine.errors import InvalidArgumentError
+from libvllm.engine.errors import InvalidArgumentError
 
 _T = TypeVar("_T")
 

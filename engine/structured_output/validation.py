@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 
-from engine.errors import InvalidArgumentError
-from engine.structured_output.config import StructuredOutputsConfig
-from engine.structured_output.json_nesting import check_json_nesting
-from engine.structured_output.params import StructuredOutputsParams
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.structured_output.config import StructuredOutputsConfig
+from libvllm.engine.structured_output.json_nesting import check_json_nesting
+from libvllm.engine.structured_output.params import StructuredOutputsParams
 
 
 def _check_degenerate(p: StructuredOutputsParams) -> None:
@@ -39,11 +39,11 @@ def _check_degenerate(p: StructuredOutputsParams) -> None:
 
 
 def _auto(p: StructuredOutputsParams, config: StructuredOutputsConfig) -> str:
-    from engine.structured_output.backend_guidance import (
+    from libvllm.engine.structured_output.backend_guidance import (
         has_guidance_unsupported_json_features,
         validate_guidance_grammar,
     )
-    from engine.structured_output.backend_xgrammar import validate_xgrammar_grammar
+    from libvllm.engine.structured_output.backend_xgrammar import validate_xgrammar_grammar
 
     try:
         validate_xgrammar_grammar(p, config.regex_compilation_timeout_s)
@@ -87,11 +87,11 @@ def validate_structured_outputs(
     _check_degenerate(p)
     # the backends are imported when a request uses one (as vLLM's SamplingParams)
     if backend == "xgrammar":
-        from engine.structured_output.backend_xgrammar import validate_xgrammar_grammar
+        from libvllm.engine.structured_output.backend_xgrammar import validate_xgrammar_grammar
 
         validate_xgrammar_grammar(p, config.regex_compilation_timeout_s)
     elif backend == "guidance":
-        from engine.structured_output.backend_guidance import validate_guidance_grammar
+        from libvllm.engine.structured_output.backend_guidance import validate_guidance_grammar
 
         validate_guidance_grammar(p)
     else:

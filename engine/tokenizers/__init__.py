@@ -5,6 +5,6 @@ Modules: tokenizer (the Tokenizer class), gguf_metadata (checked tokenizer.* key
 tokens), gguf_bpe (byte-level BPE), gguf_spm (SentencePiece), hf (Hugging Face directories).
 """
 
-from engine.tokenizers.tokenizer import Tokenizer
+from libvllm.engine.tokenizers.tokenizer import Tokenizer
 
 __all__ = ["Tokenizer"]

@@ -19,8 +19,8 @@ from tokenizers import Regex, decoders, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import BPE
 
-from engine.errors import ModelLoadError
-from engine.tokenizers import gguf_metadata
+from libvllm.engine.errors import ModelLoadError
+from libvllm.engine.tokenizers import gguf_metadata
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from tokenizers import AddedToken, processors
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.errors import ModelLoadError
+from libvllm.engine.errors import ModelLoadError
 
 TOKEN_TYPE_NORMAL = 1  # llama.cpp LLAMA_TOKEN_TYPE_*
 TOKEN_TYPE_CONTROL = 3

@@ -25,8 +25,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 
-from engine.errors import ModelLoadError, UnsupportedError
-from engine.tokenizers import gguf_metadata
+from libvllm.engine.errors import ModelLoadError, UnsupportedError
+from libvllm.engine.tokenizers import gguf_metadata
 
 SPIECE_UNDERLINE = "▁"
 # Architectures whose sentencepiece vocab transformers builds as GemmaTokenizer.

@@ -26,7 +26,7 @@ import stat
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.errors import ModelLoadError, UnsupportedError
+from libvllm.engine.errors import ModelLoadError, UnsupportedError
 
 logger = logging.getLogger(__name__)
 

@@ -16,10 +16,15 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.errors import InvalidArgumentError, ModelLoadError, UnsupportedError
-from engine.tokenizers import gguf_metadata, hf
-from engine.tokenizers.gguf_bpe import CHAR_BYTES, LLAMA3_PRES, build_bpe_backend, to_byte_level
-from engine.tokenizers.gguf_spm import SPIECE_UNDERLINE, build_spm_backend
+from libvllm.engine.errors import InvalidArgumentError, ModelLoadError, UnsupportedError
+from libvllm.engine.tokenizers import gguf_metadata, hf
+from libvllm.engine.tokenizers.gguf_bpe import (
+    CHAR_BYTES,
+    LLAMA3_PRES,
+    build_bpe_backend,
+    to_byte_level,
+)
+from libvllm.engine.tokenizers.gguf_spm import SPIECE_UNDERLINE, build_spm_backend
 
 NamedTokens = dict[str, tuple[str, int] | None]  # "bos"/"eos"/"unk"/"pad" -> (text, id)
 _GIL_FREE_CHARS = 1 << 14  # longer texts are encoded with the GIL released

@@ -4,7 +4,7 @@ Mirrors vllm/tool_parsers/__init__.py (`_TOOL_PARSERS_TO_REGISTER`, vLLM 0.33) f
 parsers we ship; names are user-facing, keep them as upstream spells them.
 """
 
-from engine.tool_parsers.abstract_tool_parser import ToolParser, ToolParserManager
+from libvllm.engine.tool_parsers.abstract_tool_parser import ToolParser, ToolParserManager
 
 __all__ = ["ToolParser", "ToolParserManager"]
 
@@ -20,4 +20,4 @@ _TOOL_PARSERS_TO_REGISTER = {
 }
 
 for _name, (_file, _cls) in _TOOL_PARSERS_TO_REGISTER.items():
-    ToolParserManager.register_lazy_module(_name, f"engine.tool_parsers.{_file}", _cls)
+    ToolParserManager.register_lazy_module(_name, f"libvllm.engine.tool_parsers.{_file}", _cls)

@@ -16,15 +16,15 @@ from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any
 
-from engine.structured_output.params import StructuredOutputsParams
-from engine.tool_parsers.protocol import (
+from libvllm.engine.structured_output.params import StructuredOutputsParams
+from libvllm.engine.tool_parsers.protocol import (
     DeltaFunctionCall,
     DeltaMessage,
     DeltaToolCall,
     ExtractedToolCallInformation,
     make_tool_call_id,
 )
-from engine.tool_parsers.tool_choice_schema import get_json_schema_from_tools
+from libvllm.engine.tool_parsers.tool_choice_schema import get_json_schema_from_tools
 
 
 def request_field(request: Any, name: str, default: Any = None) -> Any:

@@ -16,8 +16,8 @@ from typing import Any
 
 import regex as re
 
-from engine.tool_parsers.abstract_tool_parser import ToolParser
-from engine.tool_parsers.protocol import (
+from libvllm.engine.tool_parsers.abstract_tool_parser import ToolParser
+from libvllm.engine.tool_parsers.protocol import (
     DeltaFunctionCall,
     DeltaMessage,
     DeltaToolCall,
@@ -26,7 +26,7 @@ from engine.tool_parsers.protocol import (
     ToolCall,
     make_tool_call_id,
 )
-from engine.tool_parsers.utils import is_complete_json, partial_tag_overlap
+from libvllm.engine.tool_parsers.utils import is_complete_json, partial_tag_overlap
 
 logger = logging.getLogger(__name__)
 

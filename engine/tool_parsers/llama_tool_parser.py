@@ -19,9 +19,9 @@ import partial_json_parser
 import regex as re
 from partial_json_parser.core.options import Allow
 
-from engine.errors import InvalidArgumentError
-from engine.tool_parsers.abstract_tool_parser import ToolParser
-from engine.tool_parsers.protocol import (
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.tool_parsers.abstract_tool_parser import ToolParser
+from libvllm.engine.tool_parsers.protocol import (
     DeltaFunctionCall,
     DeltaMessage,
     DeltaToolCall,
@@ -30,7 +30,11 @@ from engine.tool_parsers.protocol import (
     ToolCall,
     make_tool_call_id,
 )
-from engine.tool_parsers.utils import find_common_prefix, is_complete_json, partial_json_loads
+from libvllm.engine.tool_parsers.utils import (
+    find_common_prefix,
+    is_complete_json,
+    partial_json_loads,
+)
 
 logger = logging.getLogger(__name__)
 REGEX_TIMEOUT_S = 1  # VLLM_TOOL_PARSE_REGEX_TIMEOUT_SECONDS

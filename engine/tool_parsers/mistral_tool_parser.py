@@ -19,17 +19,17 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
-from engine.structured_output.params import StructuredOutputsParams
-from engine.tool_parsers.abstract_tool_parser import ToolParser, request_field
-from engine.tool_parsers.protocol import (
+from libvllm.engine.structured_output.params import StructuredOutputsParams
+from libvllm.engine.tool_parsers.abstract_tool_parser import ToolParser, request_field
+from libvllm.engine.tool_parsers.protocol import (
     DeltaMessage,
     ExtractedToolCallInformation,
     FunctionCall,
     ToolCall,
 )
-from engine.tool_parsers.streaming import CallScanner
-from engine.tool_parsers.tool_choice import named_tool_choice
-from engine.tool_parsers.utils import partial_tag_overlap, tool_name_and_parameters
+from libvllm.engine.tool_parsers.streaming import CallScanner
+from libvllm.engine.tool_parsers.tool_choice import named_tool_choice
+from libvllm.engine.tool_parsers.utils import partial_tag_overlap, tool_name_and_parameters
 
 logger = logging.getLogger(__name__)
 BOT, ARGS = "[TOOL_CALLS]", "[ARGS]"

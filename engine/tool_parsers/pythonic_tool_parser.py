@@ -17,8 +17,8 @@ from typing import Any
 
 import regex as re
 
-from engine.tool_parsers.abstract_tool_parser import ToolParser
-from engine.tool_parsers.protocol import (
+from libvllm.engine.tool_parsers.abstract_tool_parser import ToolParser
+from libvllm.engine.tool_parsers.protocol import (
     DeltaFunctionCall,
     DeltaMessage,
     DeltaToolCall,

@@ -26,14 +26,14 @@ from typing import Any
 
 import regex as re
 
-from engine.tool_parsers.abstract_tool_parser import ToolParser
-from engine.tool_parsers.protocol import (
+from libvllm.engine.tool_parsers.abstract_tool_parser import ToolParser
+from libvllm.engine.tool_parsers.protocol import (
     DeltaMessage,
     ExtractedToolCallInformation,
     FunctionCall,
     ToolCall,
 )
-from engine.tool_parsers.utils import (
+from libvllm.engine.tool_parsers.utils import (
     coerce_to_schema_type,
     extract_types_from_schema,
     find_tool_properties,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from engine.tool_parsers.protocol import (
+from libvllm.engine.tool_parsers.protocol import (
     DeltaFunctionCall,
     DeltaMessage,
     DeltaToolCall,

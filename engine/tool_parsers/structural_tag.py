@@ -27,10 +27,10 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from engine import envs
-from engine.errors import InvalidArgumentError
-from engine.structured_output.json_nesting import check_json_nesting
-from engine.structured_output.params import StructuredOutputsParams
+from libvllm.engine import envs
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.structured_output.json_nesting import check_json_nesting
+from libvllm.engine.structured_output.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 _LAX_BOOL = TypeAdapter(bool)
@@ -187,7 +187,7 @@ def structured_outputs_to_format(params: StructuredOutputsParams) -> Any:
         StructuralTag,
     )
 
-    from engine.structured_output.utils import grammar_is_likely_lark
+    from libvllm.engine.structured_output.utils import grammar_is_likely_lark
 
     if params.json_object:
         return JSONSchemaFormat(json_schema={"type": "object"})
@@ -259,7 +259,7 @@ def _own_format(own: StructuredOutputsParams) -> Any:
     from xgrammar import Grammar
     from xgrammar.structural_tag import StructuralTag
 
-    from engine.structured_output.backend_xgrammar import validate_xgrammar_grammar
+    from libvllm.engine.structured_output.backend_xgrammar import validate_xgrammar_grammar
 
     check_json_nesting(own.json)
     check_json_nesting(own.structural_tag, structural_tag=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.tool_parsers.protocol import FunctionCall, ToolCall
+from libvllm.engine.tool_parsers.protocol import FunctionCall, ToolCall
 
 
 def named_tool_choice(tool_choice: Any) -> str | None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from engine.errors import InvalidArgumentError
-from engine.tool_parsers.tool_choice import named_tool_choice
-from engine.tool_parsers.utils import tool_name_and_parameters
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.tool_parsers.tool_choice import named_tool_choice
+from libvllm.engine.tool_parsers.utils import tool_name_and_parameters
 
 
 def _params_or_empty_object(params: dict | None) -> dict:

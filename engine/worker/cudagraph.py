@@ -38,9 +38,9 @@ from unittest import mock
 
 import torch
 
-from engine.breakable_cudagraph import BreakableCapture
-from engine.worker.cudagraph_dispatcher import BatchDescriptor, CudagraphDispatcher
-from kernels._common import precompile_triton
+from libvllm.engine.breakable_cudagraph import BreakableCapture
+from libvllm.engine.worker.cudagraph_dispatcher import BatchDescriptor, CudagraphDispatcher
+from libvllm.kernels._common import precompile_triton
 
 logger = logging.getLogger(__name__)
 

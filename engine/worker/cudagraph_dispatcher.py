@@ -13,8 +13,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from engine.compilation_config import CUDAGraphMode
-from engine.errors import InvalidArgumentError
+from libvllm.engine.compilation_config import CUDAGraphMode
+from libvllm.engine.errors import InvalidArgumentError
 
 
 @dataclass(frozen=True)

@@ -23,13 +23,13 @@ import itertools
 
 import torch
 
-from engine.compilation_config import CUDAGraphMode
-from engine.layers.attention import Attention, AttentionMetadata
-from engine.layers.gdn import dummy_gdn_metadata
-from engine.model_loader.gguf_quant import precompile_gguf_kernels
-from engine.worker.cudagraph import CudaGraphs
-from engine.worker.cudagraph_dispatcher import BatchDescriptor, CudagraphDispatcher
-from kernels._common import precompile_triton
+from libvllm.engine.compilation_config import CUDAGraphMode
+from libvllm.engine.layers.attention import Attention, AttentionMetadata
+from libvllm.engine.layers.gdn import dummy_gdn_metadata
+from libvllm.engine.model_loader.gguf_quant import precompile_gguf_kernels
+from libvllm.engine.worker.cudagraph import CudaGraphs
+from libvllm.engine.worker.cudagraph_dispatcher import BatchDescriptor, CudagraphDispatcher
+from libvllm.kernels._common import precompile_triton
 
 PAD_SLOT_ID = -1  # slot of a padding token: the cache kernel skips it
 

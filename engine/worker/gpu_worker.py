@@ -34,13 +34,13 @@ from collections.abc import Callable
 
 import torch
 
-from engine.compilation_config import CaptureSizes
-from engine.layers.fused_moe.config import get_config_dtype_str, try_get_optimal_moe_config
-from engine.layers.fused_moe.layer import FusedMoE
-from engine.layers.quantization.fp8 import Fp8MoEMethod
-from engine.worker.cudagraph_dispatcher import BatchDescriptor, CudagraphDispatcher
-from engine.worker.model_runner import ModelRunner
-from kernels._common import precompile_triton
+from libvllm.engine.compilation_config import CaptureSizes
+from libvllm.engine.layers.fused_moe.config import get_config_dtype_str, try_get_optimal_moe_config
+from libvllm.engine.layers.fused_moe.layer import FusedMoE
+from libvllm.engine.layers.quantization.fp8 import Fp8MoEMethod
+from libvllm.engine.worker.cudagraph_dispatcher import BatchDescriptor, CudagraphDispatcher
+from libvllm.engine.worker.model_runner import ModelRunner
+from libvllm.kernels._common import precompile_triton
 
 logger = logging.getLogger(__name__)
 

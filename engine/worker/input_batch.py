@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.errors import OutOfResourcesError
+from libvllm.engine.errors import OutOfResourcesError
 
 
 class CpuGpuBuffer:

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from engine.core.kv_cache_interface import (
+from libvllm.engine.core.kv_cache_interface import (
     FullAttentionSpec,
     HybridKVCacheConfig,
     MambaSpec,
@@ -37,17 +37,17 @@ from engine.core.kv_cache_interface import (
     gated_delta_net_state_shape,
     unify_hybrid_specs,
 )
-from engine.core.kv_cache_utils import group_hybrid_layers
-from engine.errors import InvalidArgumentError, ModelLoadError
-from engine.layers.gdn import (
+from libvllm.engine.core.kv_cache_utils import group_hybrid_layers
+from libvllm.engine.errors import InvalidArgumentError, ModelLoadError
+from libvllm.engine.layers.gdn import (
     GatedDeltaNetAttention,
     GDNMetadata,
     GDNStepRef,
     dummy_gdn_metadata,
 )
-from engine.models.config import ModelArchConfig
-from engine.sample.ops.torch_utils import async_tensor_h2d
-from engine.worker.input_batch import CpuGpuBuffer
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.sample.ops.torch_utils import async_tensor_h2d
+from libvllm.engine.worker.input_batch import CpuGpuBuffer
 
 NULL_BLOCK = 0
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import EngineConfig
-from engine.errors import InvalidArgumentError
-from engine.model_loader import load_model
-from engine.model_source import load_tokenizer
-from engine.models.config import ModelArchConfig
-from engine.tokenizer import Tokenizer
+from libvllm.engine.config import EngineConfig
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.model_loader import load_model
+from libvllm.engine.model_source import load_tokenizer
+from libvllm.engine.models.config import ModelArchConfig
+from libvllm.engine.tokenizer import Tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

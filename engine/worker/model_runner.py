@@ -28,27 +28,27 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.core.sched_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
-from engine.errors import InvalidArgumentError
-from engine.layers.attention import Attention, AttentionMetadata, num_leading_decodes
-from engine.sample.metadata import (
+from libvllm.engine.core.sched_output import GrammarOutput, ModelRunnerOutput, SchedulerOutput
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.layers.attention import Attention, AttentionMetadata, num_leading_decodes
+from libvllm.engine.sample.metadata import (
     SamplingMetadata,
     build_sampling_metadata,
     reads_output_token_ids,
 )
-from engine.sample.ops.logprobs import compute_logprobs, gather_logprobs
-from engine.sample.ops.thinking_budget import ThinkingScan
-from engine.sample.ops.topk_topp_sampler import warm_up_sampling_kernels
-from engine.sample.ops.torch_utils import async_tensor_h2d
-from engine.sample.outputs import LogprobsLists, LogprobsTensors
-from engine.sample.sampler import Sampler
-from engine.sampling_params import SamplingParams, SamplingType
-from engine.structured_output.utils import apply_grammar_bitmask
-from engine.worker.cudagraph import CudaGraphs
-from engine.worker.cudagraph_dispatcher import BatchDescriptor
-from engine.worker.cudagraph_runner import PAD_SLOT_ID, CudaGraphRunnerMixin, _graph_rows
-from engine.worker.input_batch import BlockTable, CpuGpuBuffer
-from engine.worker.mamba_utils import HybridKVCacheConfig, MambaStateCache, profile_gdn_core
+from libvllm.engine.sample.ops.logprobs import compute_logprobs, gather_logprobs
+from libvllm.engine.sample.ops.thinking_budget import ThinkingScan
+from libvllm.engine.sample.ops.topk_topp_sampler import warm_up_sampling_kernels
+from libvllm.engine.sample.ops.torch_utils import async_tensor_h2d
+from libvllm.engine.sample.outputs import LogprobsLists, LogprobsTensors
+from libvllm.engine.sample.sampler import Sampler
+from libvllm.engine.sampling_params import SamplingParams, SamplingType
+from libvllm.engine.structured_output.utils import apply_grammar_bitmask
+from libvllm.engine.worker.cudagraph import CudaGraphs
+from libvllm.engine.worker.cudagraph_dispatcher import BatchDescriptor
+from libvllm.engine.worker.cudagraph_runner import PAD_SLOT_ID, CudaGraphRunnerMixin, _graph_rows
+from libvllm.engine.worker.input_batch import BlockTable, CpuGpuBuffer
+from libvllm.engine.worker.mamba_utils import HybridKVCacheConfig, MambaStateCache, profile_gdn_core
 
 _PROMPT_LOGITS_ROWS = 512  # prompt positions per logits matmul (bounds [rows, vocab] memory)
 PLACEHOLDER_TOKEN_ID = -1  # a sampled token still in flight (async scheduling)

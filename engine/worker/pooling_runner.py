@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.core.sched_output import GrammarOutput, SchedulerOutput
-from engine.layers.pooler import embed_activation, pool_hidden_states
-from engine.pooler_config import PoolerConfig
-from engine.pooling_params import PoolingParams
-from engine.worker.model_runner import ModelRunner, SampledModelRunnerOutput
+from libvllm.engine.core.sched_output import GrammarOutput, SchedulerOutput
+from libvllm.engine.layers.pooler import embed_activation, pool_hidden_states
+from libvllm.engine.pooler_config import PoolerConfig
+from libvllm.engine.pooling_params import PoolingParams
+from libvllm.engine.worker.model_runner import ModelRunner, SampledModelRunnerOutput
 
 POOLED_TOKEN_ID = 0  # the placeholder token a finished pooling request reports
 

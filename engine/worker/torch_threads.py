@@ -17,7 +17,7 @@ import logging
 
 import torch
 
-from engine import envs
+from libvllm.engine import envs
 
 logger = logging.getLogger(__name__)
 

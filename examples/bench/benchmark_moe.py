@@ -47,8 +47,9 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from engine.layers.activation import SiluAndMul  # noqa: E402
-from engine.layers.fused_moe import (  # noqa: E402
+from examples.bench.kernels import gpu_time  # noqa: E402
+from libvllm.engine.layers.activation import SiluAndMul  # noqa: E402
+from libvllm.engine.layers.fused_moe import (  # noqa: E402
     fused_experts_grouped,
     fused_experts_triton,
     fused_moe_triton,
@@ -57,7 +58,6 @@ from engine.layers.fused_moe import (  # noqa: E402
     override_config,
     try_get_optimal_moe_config,
 )
-from examples.bench.kernels import gpu_time  # noqa: E402
 
 BW = 4.28e12  # measured H200 copy bandwidth, B/s
 BATCH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072,
@@ -187,12 +187,12 @@ def _descend(timed, start: tuple, rows: int, deadline: float) -> tuple[tuple, fl
 def sweep_gemv(case: Case, deadline: float) -> dict:
     """Each routed GEMV kernel alone over the case's routings: fused_moe_gemv_config's
     config and the best descent from it and from each of GEMV_SEEDS."""
-    from kernels.fused_moe_gemv import (
+    from libvllm.kernels.fused_moe_gemv import (
         fused_moe_gemv_config,
         fused_moe_gemv_w2_routed,
         fused_moe_gemv_w13_routed,
     )
-    from kernels.launch_configs import GemvConfig
+    from libvllm.kernels.launch_configs import GemvConfig
 
     h, i, k = case.x.shape[1], case.w2.shape[2], case.topk
     acts = [fused_moe_gemv_w13_routed(case.x, case.w13, lg, k) for lg in case.logits]
@@ -229,8 +229,8 @@ def time_router(e: int, h: int, sweep: bool) -> dict:
     """The router GEMV at M=1 (dense_gemv on [E, hidden] bf16; 192 weight copies so they
     come from HBM as in a model step): dense_gemv_config's config, with sweep also
     ROUTER_CONFIGS."""
-    from kernels.gemv import dense_gemv, dense_gemv_config
-    from kernels.launch_configs import GemvConfig
+    from libvllm.kernels.gemv import dense_gemv, dense_gemv_config
+    from libvllm.kernels.launch_configs import GemvConfig
 
     x = torch.randn(1, h, device="cuda", dtype=torch.bfloat16)
     ws = [torch.randn(e, h, device="cuda", dtype=torch.bfloat16) for _ in range(192)]
@@ -301,7 +301,7 @@ def main() -> None:
 
 def save_configs(tuned: dict[int, dict], e: int, n: int, out: Path) -> None:
     """Tuned sizes over the shipped file's entries for the others; upstream's layout."""
-    from engine.layers.fused_moe.config import CONFIG_DIR
+    from libvllm.engine.layers.fused_moe.config import CONFIG_DIR
 
     name = get_config_file_name(e, n, None)
     merged: dict[int, dict] = {}

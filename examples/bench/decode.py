@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from engine.config import EngineConfig  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
+from libvllm.engine.config import EngineConfig  # noqa: E402
+from libvllm.engine.llm_engine import LLMEngine  # noqa: E402
+from libvllm.engine.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
 
 DEFAULT_MODEL = Path.home() / ".cache/libvllm/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -78,14 +78,14 @@ _FIELDS = ("tokenizer", "skip_tokenizer_init", "load_format", "device", "dtype",
 
 def engine_config(args: argparse.Namespace):
     """EngineConfig from the parsed flags; a flag left at None keeps the engine's default."""
-    from engine.config import EngineConfig
+    from libvllm.engine.config import EngineConfig
 
     kwargs = {f: getattr(args, f) for f in _FIELDS if getattr(args, f, None) is not None}
     return EngineConfig(model=args.model, **kwargs)
 
 
 def build_engine(args: argparse.Namespace):
-    from engine.llm_engine import LLMEngine
+    from libvllm.engine.llm_engine import LLMEngine
 
     return LLMEngine.from_config(engine_config(args))
 
@@ -105,7 +105,7 @@ def sampling_params(max_tokens: int, temperature: float = 1.0, ignore_eos: bool 
                     detokenize: bool = True, n: int = 1):
     """vLLM's offline-benchmark SamplingParams: temperature 1.0, top_p 1.0, ignore_eos,
     max_tokens = the expected output length; outputs only when finished (LLM.generate)."""
-    from engine.sampling_params import RequestOutputKind, SamplingParams
+    from libvllm.engine.sampling_params import RequestOutputKind, SamplingParams
 
     return SamplingParams(n=n, temperature=temperature, top_p=1.0, ignore_eos=ignore_eos,
                           max_tokens=max_tokens, detokenize=detokenize,

@@ -39,16 +39,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.bench.kernels import copies, gpu_time, rel_err  # noqa: E402
-from kernels.fp8_block_gemm import get_config, w8a8_block_fp8_matmul  # noqa: E402
-from kernels.fp8_gemv import fp8_gemv_config, w8a8_block_fp8_gemv  # noqa: E402
-from kernels.fp8_quant import per_token_group_quant_fp8, scaled_fp8_quant  # noqa: E402
-from kernels.fp8_scaled_mm import (  # noqa: E402
+from libvllm.kernels.fp8_block_gemm import get_config, w8a8_block_fp8_matmul  # noqa: E402
+from libvllm.kernels.fp8_gemv import fp8_gemv_config, w8a8_block_fp8_gemv  # noqa: E402
+from libvllm.kernels.fp8_quant import per_token_group_quant_fp8, scaled_fp8_quant  # noqa: E402
+from libvllm.kernels.fp8_scaled_mm import (  # noqa: E402
     BLOCK_ROWS,
     block_scaled_mm_supported,
     fp8_block_scaled_mm,
     fp8_scaled_mm,
 )
-from kernels.launch_configs import GemvConfig  # noqa: E402
+from libvllm.kernels.launch_configs import GemvConfig  # noqa: E402
 
 BLOCK = [128, 128]
 # (N, K) per linear; Qwen3.5-35B-A3B (hidden 2048): full attention qkv (16 gated q heads

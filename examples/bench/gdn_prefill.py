@@ -22,11 +22,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from kernels.chunk_gated_delta_rule import (  # noqa: E402
+from libvllm.kernels.chunk_gated_delta_rule import (  # noqa: E402
     chunk_sigmoid_gating_delta_rule,
     prepare_chunk_indices,
 )
-from kernels.gated_delta_rule import fused_sigmoid_gating_delta_rule  # noqa: E402
+from libvllm.kernels.gated_delta_rule import fused_sigmoid_gating_delta_rule  # noqa: E402
 
 
 def timed(fn, dev: str, reps: int) -> float:

@@ -30,8 +30,6 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from engine.gguf.constants import GGMLType  # noqa: E402
-from engine.gguf.dequant import dequantize_rows  # noqa: E402
 from examples.bench.kernels import (  # noqa: E402
     BF16,
     DEV,
@@ -44,14 +42,16 @@ from examples.bench.kernels import (  # noqa: E402
     rel_err,
     row,
 )
-from kernels import gguf_gemm as gg  # noqa: E402
-from kernels.gguf_kquant_mmq import (  # noqa: E402
+from libvllm.engine.gguf.constants import GGMLType  # noqa: E402
+from libvllm.engine.gguf.dequant import dequantize_rows  # noqa: E402
+from libvllm.kernels import gguf_gemm as gg  # noqa: E402
+from libvllm.kernels.gguf_kquant_mmq import (  # noqa: E402
     KQUANT_MMQ_TYPES,
     kquant_config,
     kquant_dequantize,
     kquant_mmq,
 )
-from kernels.launch_configs import GgufBlocksConfig, KquantMmqConfig  # noqa: E402
+from libvllm.kernels.launch_configs import GgufBlocksConfig, KquantMmqConfig  # noqa: E402
 
 H = LLAMA_LINEARS["o"][1]
 SHAPES = dict(LLAMA_LINEARS, lm_head=(128256, H))

@@ -25,7 +25,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from engine.gguf.constants import GGMLType  # noqa: E402
 from examples.bench.kernels import (  # noqa: E402
     BF16,
     DEV,
@@ -38,8 +37,9 @@ from examples.bench.kernels import (  # noqa: E402
     rel_err,
     row,
 )
-from kernels.gguf_mmvq import gguf_mmvq, gguf_mmvq_q8_1, mmvq_config, quantize_q8_1  # noqa: E402
-from kernels.launch_configs import MmvqConfig  # noqa: E402
+from libvllm.engine.gguf.constants import GGMLType  # noqa: E402
+from libvllm.kernels.gguf_mmvq import gguf_mmvq, gguf_mmvq_q8_1, mmvq_config, quantize_q8_1  # noqa: E402
+from libvllm.kernels.launch_configs import MmvqConfig  # noqa: E402
 
 TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 _LEGACY = [(1, 8, 1), (1, 16, 1), (1, 32, 1), (1, 64, 1), (2, 32, 1), (1, 32, 2), (1, 64, 2),

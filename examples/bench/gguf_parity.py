@@ -24,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from engine.config import EngineConfig  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
 from examples.bench.engine_args import generate  # noqa: E402
+from libvllm.engine.config import EngineConfig  # noqa: E402
+from libvllm.engine.llm_engine import LLMEngine  # noqa: E402
+from libvllm.engine.sampling_params import SamplingParams  # noqa: E402
 
 PROMPTS = ["The capital of France is", "The quick brown fox",
            "Write a short poem about the sea.", "def fibonacci(n):"]

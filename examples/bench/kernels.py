@@ -29,26 +29,26 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType  # noqa: E402
-from engine.gguf.dequant import dequantize_rows as gguf_dequantize_ref  # noqa: E402
-from kernels import gguf_gemm as gg  # noqa: E402
-from kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
-from kernels.decode_attention import (  # noqa: E402
+from libvllm.engine.gguf.constants import GGML_TYPE_TRAITS, GGMLType  # noqa: E402
+from libvllm.engine.gguf.dequant import dequantize_rows as gguf_dequantize_ref  # noqa: E402
+from libvllm.kernels import gguf_gemm as gg  # noqa: E402
+from libvllm.kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
+from libvllm.kernels.decode_attention import (  # noqa: E402
     paged_attention_decode,
     paged_attention_decode_ref,
 )
-from kernels.gemv import dense_gemv, dense_gemv_config, dense_gemv_ref  # noqa: E402
-from kernels.gemv_rope_cache import qkv_gemv_rope_cache, qkv_gemv_rope_cache_ref  # noqa: E402
-from kernels.launch_configs import GemvConfig, GgufBlocksConfig  # noqa: E402
-from kernels.moe_sum import moe_sum  # noqa: E402
-from kernels.paged_attention import (  # noqa: E402
+from libvllm.kernels.gemv import dense_gemv, dense_gemv_config, dense_gemv_ref  # noqa: E402
+from libvllm.kernels.gemv_rope_cache import qkv_gemv_rope_cache, qkv_gemv_rope_cache_ref  # noqa: E402
+from libvllm.kernels.launch_configs import GemvConfig, GgufBlocksConfig  # noqa: E402
+from libvllm.kernels.moe_sum import moe_sum  # noqa: E402
+from libvllm.kernels.paged_attention import (  # noqa: E402
     paged_attention_prefill,
     paged_attention_prefill_ref,
 )
-from kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref  # noqa: E402
-from kernels.rms_norm import fused_add_rms_norm, rms_norm_ref  # noqa: E402
-from kernels.rotary import rotary_embedding, rotary_embedding_ref  # noqa: E402
-from kernels.rotary_cache import (  # noqa: E402
+from libvllm.kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref  # noqa: E402
+from libvllm.kernels.rms_norm import fused_add_rms_norm, rms_norm_ref  # noqa: E402
+from libvllm.kernels.rotary import rotary_embedding, rotary_embedding_ref  # noqa: E402
+from libvllm.kernels.rotary_cache import (  # noqa: E402
     rotary_embedding_and_cache,
     rotary_embedding_and_cache_ref,
 )

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from kernels.gemv import _dense_gemv_kernel, dense_gemv  # noqa: E402
-from kernels.launch_cache import CachedLaunch  # noqa: E402
-from kernels.rms_norm import _rms_norm_kernel, rms_norm  # noqa: E402
+from libvllm.kernels.gemv import _dense_gemv_kernel, dense_gemv  # noqa: E402
+from libvllm.kernels.launch_cache import CachedLaunch  # noqa: E402
+from libvllm.kernels.rms_norm import _rms_norm_kernel, rms_norm  # noqa: E402
 
 
 def per_launch_us(fn, iters: int, repeats: int) -> float:

@@ -35,7 +35,7 @@ def _ints(text: str, count: int, name: str) -> tuple[int, ...]:
 
 def _gemv_config(text: str, name: str):
     """A GemvConfig from "BN,BK,WARPS,STAGES"; a SystemExit naming `name` if invalid."""
-    from kernels.launch_configs import GemvConfig
+    from libvllm.kernels.launch_configs import GemvConfig
 
     try:
         return GemvConfig(*_ints(text, 4, name))
@@ -45,9 +45,9 @@ def _gemv_config(text: str, name: str):
 
 def apply(env: Mapping[str, str]) -> None:
     """Replace the config functions the BENCH_* entries of env name (the others stay)."""
-    import kernels.decode_attention as decode_attention
-    import kernels.fused_moe_gemv as fused_moe_gemv
-    import kernels.gemv as gemv
+    import libvllm.kernels.decode_attention as decode_attention
+    import libvllm.kernels.fused_moe_gemv as fused_moe_gemv
+    import libvllm.kernels.gemv as gemv
 
     if env.get("BENCH_GEMV"):
         shapes = {}

@@ -17,7 +17,7 @@ import tracemalloc
 
 import msgspec
 
-from engine.gguf.reader import GGUFReader
+from libvllm.engine.gguf.reader import GGUFReader
 
 
 def measure(path: str) -> dict:

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from kernels.sampling import argmax_rows  # noqa: E402
+from libvllm.kernels.sampling import argmax_rows  # noqa: E402
 
 
 def torch_argmax(x: torch.Tensor, chunks: int = 64) -> torch.Tensor:

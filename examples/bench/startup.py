@@ -75,7 +75,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 def timed_start(args: argparse.Namespace, input_len: int = 32) -> tuple[object, dict]:
     """(engine, phase times): imports, engine construction, one request's first token."""
     t0 = time.perf_counter()
-    import engine.llm_engine  # noqa: F401  (timed: the import is part of the start-up)
+    import libvllm.engine.llm_engine  # noqa: F401  (timed: the import is part of the start-up)
 
     t1 = time.perf_counter()
     engine = engine_args.build_engine(args)

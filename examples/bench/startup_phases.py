@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import triton  # noqa: E402
 
-import engine.engine_core.engine_core as engine_core  # noqa: E402
-import engine.worker.cudagraph as cudagraph  # noqa: E402
-import engine.worker.gpu_worker as gpu_worker  # noqa: E402
-from engine.worker.model_runner import ModelRunner  # noqa: E402
+import libvllm.engine.engine_core.engine_core as engine_core  # noqa: E402
+import libvllm.engine.worker.cudagraph as cudagraph  # noqa: E402
+import libvllm.engine.worker.gpu_worker as gpu_worker  # noqa: E402
 from examples.bench import startup  # noqa: E402
+from libvllm.engine.worker.model_runner import ModelRunner  # noqa: E402
 
 phases: dict[str, float] = {}
 compiles = {"pool": 0, "waited": 0}

@@ -37,15 +37,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.bench.fp8_gemm import MODELS  # noqa: E402
 from examples.bench.kernels import copies, gpu_time  # noqa: E402
-from kernels._common import next_pow2, precompile_triton  # noqa: E402
-from kernels.fp8_block_gemm import (  # noqa: E402
+from libvllm.kernels._common import next_pow2, precompile_triton  # noqa: E402
+from libvllm.kernels.fp8_block_gemm import (  # noqa: E402
     CONFIG_DIR,
     get_config,
     get_config_file_name,
     get_w8a8_block_fp8_configs,
     w8a8_block_fp8_matmul,
 )
-from kernels.launch_configs import GemmConfig  # noqa: E402
+from libvllm.kernels.launch_configs import GemmConfig  # noqa: E402
 
 BLOCK = [128, 128]
 # upstream's 18 sizes run past a device call here: a subset to the bench's largest

@@ -3,7 +3,7 @@
 // them as they arrive.
 //
 // It finds libvllm through pkg-config: an installed one (make install, or pip install
-// with PKG_CONFIG_PATH=$(python -m capi --pkg-config-path)), or a checkout's build/:
+// with PKG_CONFIG_PATH=$(python -m libvllm.capi --pkg-config-path)), or a checkout's build/:
 //
 //	make build/libvllm.so
 //	cd examples/go && PKG_CONFIG_PATH=../../build go build -o generate .

@@ -1,5 +1,5 @@
 // Finds libvllm through pkg-config (`pkg-config --libs libvllm`): an installed one
-// (make install, or pip install with PKG_CONFIG_PATH=$(python -m capi --pkg-config-path)),
+// (make install, or pip install with PKG_CONFIG_PATH=$(python -m libvllm.capi --pkg-config-path)),
 // else this checkout's build/ (its libvllm.pc), and bakes the library's folder into the
 // binary's rpath. No crates: pkg-config is run as a program.
 use std::path::PathBuf;

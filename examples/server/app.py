@@ -1,7 +1,7 @@
 """The ASGI app: routing, API keys, admission, SSE framing, /health, /version, /metrics.
 
 HTTP only: the OpenAI work happens in libvllm (vllm_openai_request), reached through
-libvllm.py. Mirrors the HTTP behaviour of vllm/entrypoints/serve/** (routes, error body
+libvllm_ctypes.py. Mirrors the HTTP behaviour of vllm/entrypoints/serve/** (routes, error body
 {"error": {message, type, param, code}}, 503 "Service Unavailable" for a full queue as
 vLLM's QueueOverflowError, SSE `data: <chunk>\\n\\n` ... `data: [DONE]\\n\\n`) with the
 auth rule of llama.cpp: default-deny, every path needs the key except PUBLIC_PATHS.
@@ -17,7 +17,7 @@ from http import HTTPStatus
 
 import anyio
 from idle_trim import IdleTrim
-from libvllm import LibVLLM, VllmError
+from libvllm_ctypes import LibVLLM, VllmError
 from limits import BodyError, read_body
 from metrics import render
 from starlette.applications import Starlette

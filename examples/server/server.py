@@ -27,7 +27,7 @@ import anyio
 import uvicorn
 from app import ServerState, build_app
 from idle_trim import limit_arenas
-from libvllm import LibVLLM
+from libvllm_ctypes import LibVLLM
 from limits import MAX_HEAD_BYTES, HeadLimitH11Protocol
 from load_progress_log import LoadProgressLog
 

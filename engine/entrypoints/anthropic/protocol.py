@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from engine.entrypoints.openai.errors import error_response
+from libvllm.engine.entrypoints.openai.errors import error_response
 
 _ERROR_TYPE_BY_STATUS = {
     HTTPStatus.BAD_REQUEST.value: "invalid_request_error",

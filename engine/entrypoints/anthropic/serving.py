@@ -17,19 +17,19 @@ import json
 import time
 import uuid
 
-from engine.entrypoints.anthropic.protocol import (
+from libvllm.engine.entrypoints.anthropic.protocol import (
     ContentBlock,
     CountTokensRequest,
     MessagesRequest,
     stop_reason,
     usage,
 )
-from engine.entrypoints.anthropic.stream import stream_events
-from engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
-from engine.entrypoints.openai.chat_render import render_prompt
-from engine.entrypoints.openai.errors import not_supported
-from engine.entrypoints.openai.serving_chat import ChatJob
-from engine.entrypoints.openai.serving_engine import ServingContext
+from libvllm.engine.entrypoints.anthropic.stream import stream_events
+from libvllm.engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
+from libvllm.engine.entrypoints.openai.chat_render import render_prompt
+from libvllm.engine.entrypoints.openai.errors import not_supported
+from libvllm.engine.entrypoints.openai.serving_chat import ChatJob
+from libvllm.engine.entrypoints.openai.serving_engine import ServingContext
 
 _BILLING = "x-anthropic-billing-header"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from engine.entrypoints.anthropic.protocol import error_body, stop_reason, usage
+from libvllm.engine.entrypoints.anthropic.protocol import error_body, stop_reason, usage
 
 
 class _Blocks:

@@ -19,19 +19,19 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from engine.entrypoints.agent_routes import PREFIXES as AGENT_PREFIXES
-from engine.entrypoints.agent_routes import agent_request
-from engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
-from engine.entrypoints.openai.chunk_stream import ChunkStream
-from engine.entrypoints.openai.completion_protocol import CompletionRequest
-from engine.entrypoints.openai.errors import error_json
-from engine.entrypoints.openai.serving_chat import ChatJob
-from engine.entrypoints.openai.serving_completion import CompletionJob
-from engine.entrypoints.openai.serving_engine import ServingContext
-from engine.entrypoints.openai.serving_models import show_available_models
-from engine.entrypoints.openai.serving_tokenize import create_detokenize, create_tokenize
-from engine.entrypoints.pooling_routes import pooling_request
-from engine.exceptions import EngineDeadError
+from libvllm.engine.entrypoints.agent_routes import PREFIXES as AGENT_PREFIXES
+from libvllm.engine.entrypoints.agent_routes import agent_request
+from libvllm.engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
+from libvllm.engine.entrypoints.openai.chunk_stream import ChunkStream
+from libvllm.engine.entrypoints.openai.completion_protocol import CompletionRequest
+from libvllm.engine.entrypoints.openai.errors import error_json
+from libvllm.engine.entrypoints.openai.serving_chat import ChatJob
+from libvllm.engine.entrypoints.openai.serving_completion import CompletionJob
+from libvllm.engine.entrypoints.openai.serving_engine import ServingContext
+from libvllm.engine.entrypoints.openai.serving_models import show_available_models
+from libvllm.engine.entrypoints.openai.serving_tokenize import create_detokenize, create_tokenize
+from libvllm.engine.entrypoints.pooling_routes import pooling_request
+from libvllm.engine.exceptions import EngineDeadError
 
 _JSON = TypeAdapter(Any)
 _GENERATE = {"/v1/completions": (CompletionRequest, CompletionJob),

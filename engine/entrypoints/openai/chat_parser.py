@@ -16,19 +16,19 @@ content: named / required from the JSON that structured outputs forced, auto by 
 
 from __future__ import annotations
 
-from engine.entrypoints.openai.chat_render import chat_template_kwargs
-from engine.entrypoints.openai.errors import VLLMValidationError
-from engine.structured_output.params import StructuredOutputsParams
-from engine.tool_parsers.protocol import DeltaMessage, ToolCall
-from engine.tool_parsers.streaming import (
+from libvllm.engine.entrypoints.openai.chat_render import chat_template_kwargs
+from libvllm.engine.entrypoints.openai.errors import VLLMValidationError
+from libvllm.engine.structured_output.params import StructuredOutputsParams
+from libvllm.engine.tool_parsers.protocol import DeltaMessage, ToolCall
+from libvllm.engine.tool_parsers.streaming import (
     extract_named_tool_call_streaming,
     extract_required_tool_call_streaming,
 )
-from engine.tool_parsers.structural_tag import (
+from libvllm.engine.tool_parsers.structural_tag import (
     strict_tool_calling_enforced,
     tool_structural_tag,
 )
-from engine.tool_parsers.tool_choice import extract_forced_tool_calls, named_tool_choice
+from libvllm.engine.tool_parsers.tool_choice import extract_forced_tool_calls, named_tool_choice
 
 
 def check_tool_choice(request, tool_parser_cls, enable_auto_tools: bool) -> None:

@@ -13,14 +13,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, TypeAdapter, ValidationError, model_validator
 
-from engine.entrypoints.openai.completion_protocol import (
+from libvllm.engine.entrypoints.openai.completion_protocol import (
     check_numeric,
     check_prompt_logprobs,
     check_response_format,
     check_structured_outputs_count,
 )
-from engine.entrypoints.openai.errors import VLLMValidationError
-from engine.entrypoints.openai.protocol import (
+from libvllm.engine.entrypoints.openai.errors import VLLMValidationError
+from libvllm.engine.entrypoints.openai.protocol import (
     INT64_MAX,
     INT64_MIN,
     OpenAIBaseModel,
@@ -36,7 +36,7 @@ from engine.entrypoints.openai.protocol import (
     random_uuid,
     validate_cache_salt,
 )
-from engine.tool_parsers.protocol import DeltaMessage, OmitEmptyToolCalls, ToolCall
+from libvllm.engine.tool_parsers.protocol import DeltaMessage, OmitEmptyToolCalls, ToolCall
 
 
 class FunctionDefinition(OpenAIBaseModel):

@@ -11,9 +11,9 @@ Needs no engine lock (the tokenizer and the compiled template are read-only).
 
 from __future__ import annotations
 
-from engine.chat_template import render_chat_template
-from engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
-from engine.entrypoints.openai.errors import VLLMValidationError
+from libvllm.engine.chat_template import render_chat_template
+from libvllm.engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
+from libvllm.engine.entrypoints.openai.errors import VLLMValidationError
 
 _NO_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you "
                 "must provide a chat template if the tokenizer does not define one.")

@@ -13,8 +13,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from engine.entrypoints.openai.accumulate import StreamClock
-from engine.entrypoints.openai.errors import error_json
+from libvllm.engine.entrypoints.openai.accumulate import StreamClock
+from libvllm.engine.entrypoints.openai.errors import error_json
 
 
 def _openai_error_chunk(exc: BaseException) -> str:

@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from engine.entrypoints.openai.errors import VLLMValidationError
-from engine.entrypoints.openai.protocol import (
+from libvllm.engine.entrypoints.openai.errors import VLLMValidationError
+from libvllm.engine.entrypoints.openai.protocol import (
     INT64_MAX,
     INT64_MIN,
     MAX_COMPLETION_PROMPTS,

@@ -17,8 +17,8 @@ from http import HTTPStatus
 
 from pydantic import ValidationError
 
-from engine.entrypoints.openai.validation_errors import format_validation_error
-from engine.errors import (
+from libvllm.engine.entrypoints.openai.validation_errors import format_validation_error
+from libvllm.engine.errors import (
     InvalidArgumentError,
     NotFoundError,
     OutOfResourcesError,

@@ -13,12 +13,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 
-from engine.entrypoints.openai.chat_protocol import (
+from libvllm.engine.entrypoints.openai.chat_protocol import (
     ChatCompletionLogProb,
     ChatCompletionLogProbs,
     ChatCompletionLogProbsContent,
 )
-from engine.entrypoints.openai.completion_protocol import CompletionLogProbs
+from libvllm.engine.entrypoints.openai.completion_protocol import CompletionLogProbs
 
 Decode = Callable[[int], str]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import weakref
 
-from engine.entrypoints.openai.errors import VLLMValidationError
+from libvllm.engine.entrypoints.openai.errors import VLLMValidationError
 
 _LONGEST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Tokenizer -> int | None
 

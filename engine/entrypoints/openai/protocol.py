@@ -21,9 +21,9 @@ from pydantic import (
     model_validator,
 )
 
-from engine.entrypoints.openai.errors import VLLMValidationError
-from engine.errors import InvalidArgumentError
-from engine.sampling_params import validate_thinking_token_budget
+from libvllm.engine.entrypoints.openai.errors import VLLMValidationError
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.sampling_params import validate_thinking_token_budget
 
 MAX_STOP_STRINGS = 4  # VLLM_MAX_STOP_STRINGS
 MAX_COMPLETION_PROMPTS = 1024  # VLLM_MAX_COMPLETION_PROMPTS

@@ -12,11 +12,11 @@ from __future__ import annotations
 import itertools
 import math
 
-from engine.beam_search import BeamSearchParams, beam_search, get_beam_search_eos_token_ids
-from engine.entrypoints.openai.accumulate import FinalOutput, collect
-from engine.entrypoints.openai.errors import VLLMValidationError
-from engine.errors import InvalidArgumentError
-from engine.sampling_params import SamplingParams
+from libvllm.engine.beam_search import BeamSearchParams, beam_search, get_beam_search_eos_token_ids
+from libvllm.engine.entrypoints.openai.accumulate import FinalOutput, collect
+from libvllm.engine.entrypoints.openai.errors import VLLMValidationError
+from libvllm.engine.errors import InvalidArgumentError
+from libvllm.engine.sampling_params import SamplingParams
 
 
 def beam_search_params(req, structured_outputs, max_tokens: int, defaults: dict,

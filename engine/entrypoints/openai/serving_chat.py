@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import time
 
-from engine.entrypoints.openai.accumulate import StreamClock, collect, include_usage
-from engine.entrypoints.openai.chat_parser import (
+from libvllm.engine.entrypoints.openai.accumulate import StreamClock, collect, include_usage
+from libvllm.engine.entrypoints.openai.chat_parser import (
     ChatParser,
     check_tool_choice,
     resolve_finish_reason,
 )
-from engine.entrypoints.openai.chat_protocol import (
+from libvllm.engine.entrypoints.openai.chat_protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatCompletionResponseChoice,
@@ -32,19 +32,23 @@ from engine.entrypoints.openai.chat_protocol import (
     ChatCompletionStreamResponse,
     ChatMessage,
 )
-from engine.entrypoints.openai.chat_render import chat_template_kwargs, render_prompt
-from engine.entrypoints.openai.logprobs import chat_logprobs
-from engine.entrypoints.openai.prompt_limits import encode_prompt
-from engine.entrypoints.openai.protocol import CompletionTokenUsageInfo, UsageInfo
-from engine.entrypoints.openai.serving_beam import BeamSteps, beam_finals, beam_search_params
-from engine.entrypoints.openai.serving_engine import (
+from libvllm.engine.entrypoints.openai.chat_render import chat_template_kwargs, render_prompt
+from libvllm.engine.entrypoints.openai.logprobs import chat_logprobs
+from libvllm.engine.entrypoints.openai.prompt_limits import encode_prompt
+from libvllm.engine.entrypoints.openai.protocol import CompletionTokenUsageInfo, UsageInfo
+from libvllm.engine.entrypoints.openai.serving_beam import (
+    BeamSteps,
+    beam_finals,
+    beam_search_params,
+)
+from libvllm.engine.entrypoints.openai.serving_engine import (
     ServingContext,
     build_sampling_params,
     common_sampling_values,
     refuse_unsupported,
 )
-from engine.structured_output.response_format import structured_outputs_from_response_format
-from engine.tool_parsers.protocol import DeltaMessage
+from libvllm.engine.structured_output.response_format import structured_outputs_from_response_format
+from libvllm.engine.tool_parsers.protocol import DeltaMessage
 
 _UNSUPPORTED = {"mm_processor_kwargs": None, "media_io_kwargs": None,
                 "kv_transfer_params": None}

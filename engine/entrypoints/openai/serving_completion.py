@@ -12,25 +12,29 @@ from __future__ import annotations
 
 import time
 
-from engine.entrypoints.openai.accumulate import StreamClock, collect, include_usage
-from engine.entrypoints.openai.completion_protocol import (
+from libvllm.engine.entrypoints.openai.accumulate import StreamClock, collect, include_usage
+from libvllm.engine.entrypoints.openai.completion_protocol import (
     CompletionRequest,
     CompletionResponse,
     CompletionResponseChoice,
     CompletionResponseStreamChoice,
     CompletionStreamResponse,
 )
-from engine.entrypoints.openai.logprobs import completion_logprobs
-from engine.entrypoints.openai.prompt_limits import encode_prompt
-from engine.entrypoints.openai.protocol import UsageInfo
-from engine.entrypoints.openai.serving_beam import BeamSteps, beam_finals, beam_search_params
-from engine.entrypoints.openai.serving_engine import (
+from libvllm.engine.entrypoints.openai.logprobs import completion_logprobs
+from libvllm.engine.entrypoints.openai.prompt_limits import encode_prompt
+from libvllm.engine.entrypoints.openai.protocol import UsageInfo
+from libvllm.engine.entrypoints.openai.serving_beam import (
+    BeamSteps,
+    beam_finals,
+    beam_search_params,
+)
+from libvllm.engine.entrypoints.openai.serving_engine import (
     ServingContext,
     build_sampling_params,
     common_sampling_values,
     refuse_unsupported,
 )
-from engine.structured_output.response_format import structured_outputs_from_response_format
+from libvllm.engine.structured_output.response_format import structured_outputs_from_response_format
 
 # Fields whose feature this engine does not have yet: any non-default value is a 400.
 _UNSUPPORTED = {"suffix": None, "prompt_embeds": None, "kv_transfer_params": None}

@@ -13,13 +13,17 @@ import inspect
 import secrets
 from typing import Any
 
-from engine.entrypoints.openai.errors import VLLMNotFoundError, VLLMValidationError, not_supported
-from engine.entrypoints.openai.prompt_limits import too_long_error
-from engine.entrypoints.openai.stream_merge import MergedStream
-from engine.reasoning import ReasoningParserManager
-from engine.sampling_params import RequestOutputKind, SamplingParams
-from engine.tool_parsers import ToolParserManager
-from engine.tool_parsers.structural_tag import ToolStrictLevel
+from libvllm.engine.entrypoints.openai.errors import (
+    VLLMNotFoundError,
+    VLLMValidationError,
+    not_supported,
+)
+from libvllm.engine.entrypoints.openai.prompt_limits import too_long_error
+from libvllm.engine.entrypoints.openai.stream_merge import MergedStream
+from libvllm.engine.reasoning import ReasoningParserManager
+from libvllm.engine.sampling_params import RequestOutputKind, SamplingParams
+from libvllm.engine.tool_parsers import ToolParserManager
+from libvllm.engine.tool_parsers.structural_tag import ToolStrictLevel
 
 # the SamplingParams defaults the OpenAI layer fills in (the fields' own defaults)
 _DEFAULT_SAMPLING = {name: getattr(SamplingParams, name) for name in (

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from engine.entrypoints.openai.protocol import ModelCard, ModelList, ModelPermission
-from engine.entrypoints.openai.serving_engine import ServingContext
+from libvllm.engine.entrypoints.openai.protocol import ModelCard, ModelList, ModelPermission
+from libvllm.engine.entrypoints.openai.serving_engine import ServingContext
 
 
 def show_available_models(ctx: ServingContext) -> str:

@@ -15,8 +15,8 @@ import secrets
 
 import numpy as np
 
-from engine.entrypoints.openai.errors import VLLMValidationError
-from engine.entrypoints.openai.pooling_protocol import (
+from libvllm.engine.entrypoints.openai.errors import VLLMValidationError
+from libvllm.engine.entrypoints.openai.pooling_protocol import (
     EmbeddingRequest,
     EmbeddingResponse,
     EmbeddingResponseData,
@@ -33,11 +33,11 @@ from engine.entrypoints.openai.pooling_protocol import (
     ScoreResponse,
     ScoreResponseData,
 )
-from engine.entrypoints.openai.protocol import UsageInfo
-from engine.entrypoints.openai.serving_engine import ServingContext
-from engine.outputs import PoolingRequestOutput
-from engine.pooler_config import POOLING_TASKS
-from engine.pooling_params import PoolingParams
+from libvllm.engine.entrypoints.openai.protocol import UsageInfo
+from libvllm.engine.entrypoints.openai.serving_engine import ServingContext
+from libvllm.engine.outputs import PoolingRequestOutput
+from libvllm.engine.pooler_config import POOLING_TASKS
+from libvllm.engine.pooling_params import PoolingParams
 
 
 def _prompts(value) -> list[str | list[int]]:

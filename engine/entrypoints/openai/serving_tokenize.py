@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.entrypoints.openai.chat_render import render_prompt
-from engine.entrypoints.openai.protocol import (
+from libvllm.engine.entrypoints.openai.chat_render import render_prompt
+from libvllm.engine.entrypoints.openai.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
     TokenizeResponse,
 )
-from engine.entrypoints.openai.serving_engine import ServingContext
+from libvllm.engine.entrypoints.openai.serving_engine import ServingContext
 
 
 def create_tokenize(ctx: ServingContext, data: Any) -> str:

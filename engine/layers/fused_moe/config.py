@@ -23,10 +23,10 @@ from contextlib import contextmanager
 
 import torch
 
-from engine import envs
-from kernels.launch_configs import GemmConfig
-from kernels.tuned_configs import config_dir, config_file_name, find_configs, nearest
-from kernels.tuned_configs import device_name as get_device_name
+from libvllm.engine import envs
+from libvllm.kernels.launch_configs import GemmConfig
+from libvllm.kernels.tuned_configs import config_dir, config_file_name, find_configs, nearest
+from libvllm.kernels.tuned_configs import device_name as get_device_name
 
 CONFIG_DIR = config_dir("fused_moe")
 _override: dict | None = None

@@ -16,7 +16,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.layers.fused_moe.triton_experts import _prepare_expert_assignment, fused_experts_triton
+from libvllm.engine.layers.fused_moe.triton_experts import (
+    _prepare_expert_assignment,
+    fused_experts_triton,
+)
 
 # pairs per expert up to which the quantized kernel runs (one 16-row block per expert)
 QUANTIZED_MAX_PAIRS_PER_EXPERT = 16
@@ -40,7 +43,7 @@ class GGUFExperts(nn.Module):
 
     def dequantized(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(w13 [E, 2I, H], w2 [E, H, I]) in `dtype`."""
-        from kernels.gguf_gemm import gguf_dequantize  # lazy: CUDA path only
+        from libvllm.kernels.gguf_gemm import gguf_dequantize  # lazy: CUDA path only
 
         def dense(raw: torch.Tensor, qtype: int) -> torch.Tensor:
             e, n, _ = raw.shape
@@ -52,7 +55,7 @@ class GGUFExperts(nn.Module):
     def forward(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor, act: nn.Module) -> torch.Tensor:
         # hidden_states: [M, H]; topk_*: [M, k] -> [M, H]
-        from kernels.moe_gguf import MOE_GGUF_CONFIG, invoke_fused_moe_gguf_kernel
+        from libvllm.kernels.moe_gguf import MOE_GGUF_CONFIG, invoke_fused_moe_gguf_kernel
 
         m, h = hidden_states.shape
         num_experts, top_k = self.w2_q.shape[0], topk_ids.shape[1]

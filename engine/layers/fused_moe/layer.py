@@ -28,23 +28,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine import envs
-from engine.distributed.communication_op import tensor_model_parallel_all_reduce
-from engine.distributed.parallel_state import (
+from libvllm.engine import envs
+from libvllm.engine.distributed.communication_op import tensor_model_parallel_all_reduce
+from libvllm.engine.distributed.parallel_state import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
 )
-from engine.errors import InvalidArgumentError, ModelLoadError
-from engine.layers.activation import get_act_and_mul_fn
-from engine.layers.fused_moe.gguf_experts import GGUFExperts
-from engine.layers.fused_moe.router import fused_topk
-from engine.layers.fused_moe.torch_experts import (
+from libvllm.engine.errors import InvalidArgumentError, ModelLoadError
+from libvllm.engine.layers.activation import get_act_and_mul_fn
+from libvllm.engine.layers.fused_moe.gguf_experts import GGUFExperts
+from libvllm.engine.layers.fused_moe.router import fused_topk
+from libvllm.engine.layers.fused_moe.torch_experts import (
     fused_experts,
     fused_experts_dense,
     fused_experts_grouped,
 )
-from engine.layers.fused_moe.triton_experts import fused_moe_triton
-from engine.layers.linear import apply_keeping_dtypes, new_weight
+from libvllm.engine.layers.fused_moe.triton_experts import fused_moe_triton
+from libvllm.engine.layers.linear import apply_keeping_dtypes, new_weight
 
 MOE_BACKENDS = ("triton", "torch")
 

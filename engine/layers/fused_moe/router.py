@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.errors import InvalidArgumentError
+from libvllm.engine.errors import InvalidArgumentError
 
 
 def _scores(gating_output: torch.Tensor, scoring_func: str) -> torch.Tensor:
@@ -34,7 +34,7 @@ def fused_topk(gating_output: torch.Tensor, topk: int, renormalize: bool,
     """gating_output [M, E] -> topk_weights [M, topk] fp32, topk_ids [M, topk] int32."""
     _check_topk(gating_output, topk)
     if gating_output.is_cuda and scoring_func == "softmax":
-        from kernels.moe_topk_softmax import topk_softmax  # lazy: triton, CUDA path only
+        from libvllm.kernels.moe_topk_softmax import topk_softmax  # lazy: triton, CUDA path only
 
         if gating_output.stride(1) != 1:  # the kernel takes strided rows
             gating_output = gating_output.contiguous()

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.layers.activation import get_act_and_mul_fn
-from engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear, gated_mlp
+from libvllm.engine.layers.activation import get_act_and_mul_fn
+from libvllm.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear, gated_mlp
 
 
 class SharedExpertMLP(nn.Module):

@@ -29,9 +29,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.layers.activation import SiluAndMul
-from engine.layers.fused_moe.config import get_config_dtype_str, try_get_optimal_moe_config
-from engine.layers.fused_moe.router import fused_topk
+from libvllm.engine.layers.activation import SiluAndMul
+from libvllm.engine.layers.fused_moe.config import get_config_dtype_str, try_get_optimal_moe_config
+from libvllm.engine.layers.fused_moe.router import fused_topk
 
 ROUTED_MAX_EXPERTS = 512  # kernels/fused_moe_gemv.py's (kernels/ is imported lazily)
 
@@ -50,7 +50,7 @@ def _prepare_expert_assignment(topk_ids: torch.Tensor, config: dict, num_experts
                                ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
     """(sorted_token_ids, expert_ids, num_tokens_post_padded) for the kernel; upstream's
     naive assignment is (None, topk_ids flattened, None)."""
-    from kernels.moe_align_block_size import moe_align_block_size  # lazy: triton
+    from libvllm.kernels.moe_align_block_size import moe_align_block_size  # lazy: triton
 
     m, top_k = topk_ids.shape
     if _is_sparse(m, top_k, num_experts):  # one pair per block, nothing to align
@@ -72,8 +72,8 @@ def fused_experts_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: tor
     use_fp8_w8a8: fp8 w13 / w2 with scales w1_scale / w2_scale (upstream's names and
     layouts, kernels/fused_moe.py invoke_fused_moe_kernel), each GEMM's activations
     quantized in its launcher (a1_scale / a2_scale static, None dynamic); no GEMV path."""
-    from kernels.fused_moe import invoke_fused_moe_kernel  # lazy: triton
-    from kernels.moe_sum import moe_sum
+    from libvllm.kernels.fused_moe import invoke_fused_moe_kernel  # lazy: triton
+    from libvllm.kernels.moe_sum import moe_sum
 
     m, h = hidden_states.shape
     num_experts, n2, _ = w13.shape
@@ -115,7 +115,7 @@ def fused_experts_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: tor
 def _fused_experts_gemv(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                         topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
     """fused_experts_triton's sparse SiLU path in two launches. Shapes as there."""
-    from kernels.fused_moe_gemv import fused_moe_gemv_w2, fused_moe_gemv_w13  # lazy: triton
+    from libvllm.kernels.fused_moe_gemv import fused_moe_gemv_w2, fused_moe_gemv_w13  # lazy: triton
 
     ids = topk_ids.contiguous()
     act = fused_moe_gemv_w13(hidden_states.contiguous(), w13, ids)  # [M * k, I]
@@ -155,7 +155,7 @@ def fused_moe_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.T
         if shared_out is not None:
             out = out + torch.sigmoid(shared_gate) * shared_out
         return out
-    from kernels.fused_moe_gemv import (  # lazy: triton
+    from libvllm.kernels.fused_moe_gemv import (  # lazy: triton
         fused_moe_gemv_w2_routed,
         fused_moe_gemv_w13_routed,
     )

@@ -20,12 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.errors import InvalidArgumentError, ModelLoadError
-from engine.layers.fused_moe import FusedMoE
-from engine.layers.linear import MergedReplicatedLinear, ReplicatedLinear
-from engine.layers.quantization.base_config import QuantizationConfig, WeightScheme
-from engine.layers.quantization.compressed_tensors import CompressedTensorsConfig
-from engine.layers.quantization.fp8 import (
+from libvllm.engine.errors import InvalidArgumentError, ModelLoadError
+from libvllm.engine.layers.fused_moe import FusedMoE
+from libvllm.engine.layers.linear import MergedReplicatedLinear, ReplicatedLinear
+from libvllm.engine.layers.quantization.base_config import QuantizationConfig, WeightScheme
+from libvllm.engine.layers.quantization.compressed_tensors import CompressedTensorsConfig
+from libvllm.engine.layers.quantization.fp8 import (
     Fp8Config,
     Fp8LinearMethod,
     Fp8MoEMethod,

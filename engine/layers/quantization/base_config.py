@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import ModelLoadError
+from libvllm.engine.errors import ModelLoadError
 
 FP8_DTYPE_NAME = "float8_e4m3fn"
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.errors import ModelLoadError
-from engine.layers.quantization.base_config import QuantizationConfig, WeightScheme
+from libvllm.engine.errors import ModelLoadError
+from libvllm.engine.layers.quantization.base_config import QuantizationConfig, WeightScheme
 
 _FORMATS = ("float-quantized", "naive-quantized")
 

@@ -23,16 +23,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.errors import ModelLoadError
-from engine.layers.fused_moe import fused_experts_triton
-from engine.layers.quantization import fp8_utils as fu
-from engine.layers.quantization.base_config import (
+from libvllm.engine.errors import ModelLoadError
+from libvllm.engine.layers.fused_moe import fused_experts_triton
+from libvllm.engine.layers.quantization import fp8_utils as fu
+from libvllm.engine.layers.quantization.base_config import (
     QuantizationConfig,
     WeightScheme,
     get_from_keys,
     get_from_keys_or,
 )
-from engine.layers.quantization.scale_loaders import (
+from libvllm.engine.layers.quantization.scale_loaders import (
     _splits,
     linear_widths,
     load_linear_scale,

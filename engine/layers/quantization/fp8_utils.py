@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.errors import ModelLoadError
-from engine.layers.quantization.base_config import FP8_MAX, WeightScheme
+from libvllm.engine.errors import ModelLoadError
+from libvllm.engine.layers.quantization.base_config import FP8_MAX, WeightScheme
 
 
 def cdiv(a: int, b: int) -> int:
@@ -103,13 +103,13 @@ def apply_fp8_linear(scheme: WeightScheme, x: torch.Tensor, weight: torch.Tensor
     block: per-token-group activation scales and kernels/fp8_block_gemm.py (vLLM's
     apply_w8a8_block_fp8_linear); channel / tensor: per-token dynamic (or the static
     per-tensor input_scale) activations and kernels/fp8_scaled_mm.py."""
-    from kernels.fp8_quant import scaled_fp8_quant  # lazy: CUDA
+    from libvllm.kernels.fp8_quant import scaled_fp8_quant  # lazy: CUDA
 
     x = x.contiguous()  # [M, K]
     if scheme.kind == "block":
         out = _apply_block_fp8(scheme.block, x, weight, scale)
         return out if bias is None else out + bias
-    from kernels.fp8_scaled_mm import fp8_scaled_mm
+    from libvllm.kernels.fp8_scaled_mm import fp8_scaled_mm
 
     if input_scale is not None:
         x_q, x_s = scaled_fp8_quant(x, input_scale)  # static per-tensor
@@ -125,9 +125,13 @@ def _apply_block_fp8(block: tuple[int, int], x: torch.Tensor, weight: torch.Tens
     (kernels/fp8_gemv.py, inside w8a8_block_fp8_matmul), more on cuBLASLt's block-scaled
     GEMM where it takes the shape, else the Triton GEMM (vLLM's dispatch order in
     W8A8BlockFp8LinearOp: CUTLASS, then Triton)."""
-    from kernels.fp8_block_gemm import w8a8_block_fp8_matmul
-    from kernels.fp8_quant import per_token_group_quant_fp8
-    from kernels.fp8_scaled_mm import BLOCK_ROWS, block_scaled_mm_supported, fp8_block_scaled_mm
+    from libvllm.kernels.fp8_block_gemm import w8a8_block_fp8_matmul
+    from libvllm.kernels.fp8_quant import per_token_group_quant_fp8
+    from libvllm.kernels.fp8_scaled_mm import (
+        BLOCK_ROWS,
+        block_scaled_mm_supported,
+        fp8_block_scaled_mm,
+    )
 
     m = x.shape[0]
     if m > 1 and block_scaled_mm_supported(x, weight, block):

@@ -16,10 +16,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.errors import ModelLoadError
-from engine.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from engine.layers.quantization.base_config import WeightScheme
-from engine.layers.quantization.fp8_utils import cdiv
+from libvllm.engine.errors import ModelLoadError
+from libvllm.engine.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from libvllm.engine.layers.quantization.base_config import WeightScheme
+from libvllm.engine.layers.quantization.fp8_utils import cdiv
 
 
 def linear_widths(layer: nn.Module) -> list[int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sample.ops.torch_utils import async_tensor_h2d
+from libvllm.engine.sample.ops.torch_utils import async_tensor_h2d
 
 
 def apply_bad_words(logits: torch.Tensor, bad_words_token_ids: dict[int, list[list[int]]],

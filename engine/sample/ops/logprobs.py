@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.sample.outputs import LogprobsTensors
+from libvllm.engine.sample.outputs import LogprobsTensors
 
 
 def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sample.ops.torch_utils import make_tensor_with_pad
+from libvllm.engine.sample.ops.torch_utils import make_tensor_with_pad
 
 IN_FLIGHT = -1  # a token the step in flight samples (the model runner's placeholder)
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sample.ops.torch_utils import async_tensor_h2d, make_tensor_with_pad
-from engine.sampling_params import ReasoningTokenIds
+from libvllm.engine.sample.ops.torch_utils import async_tensor_h2d, make_tensor_with_pad
+from libvllm.engine.sampling_params import ReasoningTokenIds
 
 FORCED_LOGIT = 1.0e9  # vLLM's value
 NO_FORCE = -1

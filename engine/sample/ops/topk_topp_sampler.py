@@ -44,7 +44,7 @@ def random_sample(logits: torch.Tensor, generators: dict[int, torch.Generator]
     for row, gen in generators.items():
         q[row].exponential_(generator=gen)
     if logits.dtype == torch.float32 and _use_sampling_kernel(logits):
-        from kernels.sampling import argmax_rows as argmax_kernel  # lazy: CUDA path only
+        from libvllm.kernels.sampling import argmax_rows as argmax_kernel  # lazy: CUDA path only
 
         return argmax_kernel(logits, q)
     return argmax_rows(logits.sub_(q.log_()))
@@ -54,7 +54,7 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """x.argmax(-1) of [rows, vocab] -> [rows] int64 (the first maximum, NaN maximal); on
     CUDA kernels/sampling.py's argmax: many programs per row, not one thread block."""
     if _use_sampling_kernel(x):
-        from kernels.sampling import argmax_rows as argmax_kernel  # lazy: CUDA path only
+        from libvllm.kernels.sampling import argmax_rows as argmax_kernel  # lazy: CUDA path only
 
         return argmax_kernel(x)
     return x.argmax(dim=-1)

@@ -24,7 +24,7 @@ def _install(prefix: str) -> None:
     import threading
     import time
 
-    import engine.engine_core.engine_core as engine_core
+    import libvllm.engine.engine_core.engine_core as engine_core
 
     child = b"engine_core_proc" in open("/proc/self/cmdline", "rb").read()
     steps: list[tuple[float, float]] = []

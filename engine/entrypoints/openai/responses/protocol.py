@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from engine.entrypoints.openai.errors import VLLMValidationError, not_supported
-from engine.entrypoints.openai.protocol import (
+from libvllm.engine.entrypoints.openai.errors import VLLMValidationError, not_supported
+from libvllm.engine.entrypoints.openai.protocol import (
     INT64_MAX,
     INT64_MIN,
     OpenAIBaseModel,

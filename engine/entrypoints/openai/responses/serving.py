@@ -15,24 +15,24 @@ from __future__ import annotations
 import json
 import time
 
-from engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
-from engine.entrypoints.openai.errors import (
+from libvllm.engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
+from libvllm.engine.entrypoints.openai.errors import (
     VLLMNotFoundError,
     VLLMValidationError,
     error_response,
     not_supported,
 )
-from engine.entrypoints.openai.protocol import random_uuid
-from engine.entrypoints.openai.responses.protocol import (
+from libvllm.engine.entrypoints.openai.protocol import random_uuid
+from libvllm.engine.entrypoints.openai.responses.protocol import (
     ResponsesRequest,
     chat_request,
     input_messages,
 )
-from engine.entrypoints.openai.responses.store import ResponseStore
-from engine.entrypoints.openai.responses.stream import ResponseEvents, item_status
-from engine.entrypoints.openai.serving_chat import ChatJob
-from engine.entrypoints.openai.serving_engine import ServingContext
-from engine.sampling_params import SamplingParams
+from libvllm.engine.entrypoints.openai.responses.store import ResponseStore
+from libvllm.engine.entrypoints.openai.responses.stream import ResponseEvents, item_status
+from libvllm.engine.entrypoints.openai.serving_chat import ChatJob
+from libvllm.engine.entrypoints.openai.serving_engine import ServingContext
+from libvllm.engine.sampling_params import SamplingParams
 
 _NO_STORE = ("This vLLM engine does not support `store=True` and therefore does not support "
              "the background mode. To enable these features, set the environment variable "

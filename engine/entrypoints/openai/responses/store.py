@@ -16,7 +16,7 @@ import threading
 import weakref
 from collections import OrderedDict
 
-from engine import envs
+from libvllm.engine import envs
 
 MAX_ENTRIES_ENV = "VLLM_RESPONSES_API_STORE_MAX_ENTRIES"
 MAX_BYTES_ENV = "VLLM_RESPONSES_API_STORE_MAX_BYTES"

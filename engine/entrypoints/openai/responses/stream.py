@@ -12,7 +12,7 @@ numbers them (sequence_number).
 
 from __future__ import annotations
 
-from engine.entrypoints.openai.protocol import random_uuid
+from libvllm.engine.entrypoints.openai.protocol import random_uuid
 
 _NONE, _CONTENT, _REASONING, _TOOL = "none", "content", "reasoning", "tool_call"
 
