@@ -109,7 +109,8 @@ def test_budget_too_small_for_max_model_len_fails_fast():
 
 
 def test_no_memory_for_kv_cache():
-    with pytest.raises(OutOfResourcesError, match="No available memory for the cache blocks"):
+    with pytest.raises(OutOfResourcesError, match="No available memory for the cache blocks. "
+                       "Try increasing `gpu_memory_utilization`"):
         get_num_kv_blocks(0, BLOCK_BYTES, 16, 64)
     with pytest.raises(OutOfResourcesError, match="max seq len") as e:
         get_num_kv_blocks(BLOCK_BYTES, BLOCK_BYTES, 16, 64)  # only the null block

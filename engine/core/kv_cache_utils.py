@@ -226,7 +226,7 @@ def get_num_kv_blocks(available_memory: int, block_bytes: int, block_size: int,
     if available_memory <= 0:
         raise OutOfResourcesError(
             "No available memory for the cache blocks. Try increasing "
-            "`kv_cache_memory_bytes` when initializing the engine.")
+            "`gpu_memory_utilization` when initializing the engine.")
     num_blocks = available_memory // block_bytes
     needed_blocks = -(-max_model_len // block_size) + state_blocks + 1  # + the null block
     if num_blocks < needed_blocks:
