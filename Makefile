@@ -7,6 +7,9 @@
 #                 (DESTDIR is honoured; capi/install.py). The installed library runs
 #                 LIBVLLM_PYTHON, else this .venv's python (named in lib/libvllm.cfg), else
 #                 PREFIX/bin/python3.X; it links no libpython (docs/c_api.md).
+#   make wheel    dist/libvllm-<version>-cpXY-cpXY-manylinux_2_NN_x86_64.whl: pip wheel, then
+#                 auditwheel repair (checks that the libraries link only what the manylinux
+#                 policy allows and retags the wheel; nothing is grafted in)
 #   make clean    remove build/
 # build/libvllm.so is rebuilt only when C sources or the header change: it imports
 # capi/ and engine/ from this source tree at run time (build/libvllm.cfg).
@@ -26,7 +29,7 @@ TORCH := torch==2.13.0
 CLI_CFLAGS := -std=c11 -O2 -Wall -Wextra -Werror -pedantic -Iinclude
 PREFIX ?= /usr/local
 
-.PHONY: run test clean install go-toolchain fetch-gemma
+.PHONY: run test clean install wheel go-toolchain fetch-gemma
 
 run: build/vllm-cli $(MODEL)
 	build/vllm-cli chat -m $(MODEL) --prompt "What is the capital of France?"
@@ -43,6 +46,12 @@ go-toolchain:
 
 install: build/libvllm.so build/vllm-cli
 	$(VPY) capi/install.py --prefix $(abspath $(PREFIX)) $(if $(DESTDIR),--destdir $(DESTDIR))
+
+wheel: $(VENV)/.stamp-test
+	rm -rf build/wheel
+	$(VPY) -m pip wheel -q --no-deps --no-build-isolation . -w build/wheel
+	rm -rf libvllm.egg-info
+	PATH=$(abspath $(VENV))/bin:$$PATH $(VPY) -m auditwheel repair build/wheel/libvllm-*.whl -w dist
 
 clean:
 	rm -rf build

@@ -12,6 +12,7 @@ Oracle: the answer of examples/c/chat.c (as `make run`), the installed file layo
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -121,9 +122,9 @@ def test_python_m_capi_points_at_the_checkout_build(built):
 
 
 def test_wheel_in_a_fresh_environment(tmp_path, model_path):
-    """pip wheel + pip install into a new virtual environment (its site-packages layered
-    on this one's for torch by a .pth line); `python -m libvllm.capi --pkg-config-path` guides
-    pkg-config."""
+    """pip wheel, auditwheel repair (a manylinux tag), pip install into a new virtual
+    environment (its site-packages layered on this one's for torch by a .pth line);
+    `python -m libvllm.capi --pkg-config-path` guides pkg-config."""
     if shutil.which("pkg-config") is None:
         pytest.skip("pkg-config is absent")
     wheel = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
@@ -132,13 +133,20 @@ def test_wheel_in_a_fresh_environment(tmp_path, model_path):
                            capture_output=True, text=True)
     assert wheel.returncode == 0, wheel.stderr
     shutil.rmtree(tmp_path / "src")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    repair = subprocess.run([sys.executable, "-m", "auditwheel", "repair", "-w",
+                             str(tmp_path / "manylinux"),
+                             *map(str, (tmp_path / "wheels").glob("*.whl"))],
+                            capture_output=True, text=True, env=env)  # make wheel's step
+    assert repair.returncode == 0, repair.stderr
+    (built,) = (tmp_path / "manylinux").glob("*.whl")
+    assert "-manylinux_2_" in built.name, built.name
     env_dir = tmp_path / "env"
     python = env_dir / "bin" / "python"
     site = layered_venv(env_dir, "torch-environment.pth")
     install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
                               "-q", "--no-deps", "--no-index",
-                              *map(str, (tmp_path / "wheels").glob("*.whl"))],
-                             capture_output=True, text=True)
+                              str(built)], capture_output=True, text=True)
     assert install.returncode == 0, install.stderr
     pc_dir = subprocess.run([str(python), "-m", "libvllm.capi", "--pkg-config-path"], cwd="/",
                             capture_output=True, text=True, env=bare_env())
