@@ -199,7 +199,12 @@ def test_suite_step_and_table(tiny, tmp_path, monkeypatch, capsys):
     rows = {line.split(" | ")[0].strip(): line for line in table.splitlines()}
     qwen = [c.strip() for c in rows["Qwen3-8B b1 decode, CUDA graphs"].split(" | ")]
     assert qwen[1:3] == ["PENDING tok/s", "PENDING: budget"]
-    assert "of 286 roofline" in rows["Llama-8B b1 decode, CUDA graphs"]
+    # no GPU measured a copy bandwidth: the H200's 4.28 TB/s over Llama's 15.01 GB a step
+    assert res["copy_tbps"] is None
+    assert "the H200's, none measured" in rows["device-to-device copy (rooflines below)"]
+    assert "of 285 roofline" in rows["Llama-8B b1 decode, CUDA graphs"]
+    measured = suite.table({"llama8b-graphs": {**res, "copy_tbps": 2.44}}, {})
+    assert "of 163 roofline" in measured  # 2.44e12 / 15.01e9: the step's own bandwidth
     assert "req/s" in rows["Llama-8B throughput 2 x (64, 4)"]
     assert "PENDING" not in rows["Llama-8B start-up to first token (graphs)"]
     assert "graph capture 0.00" in rows["Llama-8B start-up to first token (graphs)"]

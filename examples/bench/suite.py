@@ -31,7 +31,8 @@ Batch-1 decode is latency's decode throughput excluding the first step. Prefix c
 off in every step (latency's default; the random prompts share no prefix). A child writes
 $OUT/suite-<step>.json after each benchmark and its output to $OUT/suite.log, so one that
 runs out of time keeps what it measured; the parent gives each step what is left of
---budget-s and marks what did not run as PENDING. Ratios use the H200's measured ceilings
+--budget-s and marks what did not run as PENDING. Batch-1 rooflines use the copy bandwidth
+each step measures on its GPU; the throughput bound and vLLM's figures are the H200's
 (docs/BENCHMARKS.md).
 """
 
@@ -75,42 +76,46 @@ DEFAULT_STEPS = ["llama8b-graphs", "llama8b-seqs64", "llama8b-eager", "qwen3-8b"
                  "qwen3-30b-a3b"]
 RANDOM_THROUGHPUT_STEPS = {"llama8b-graphs", "qwen3-30b-a3b", "qwen3.5-35b-a3b", "qwen3.5-27b",
                            "llama8b-fp8", "qwen3.5-35b-a3b-fp8"}
-# batch-1 decode rooflines, tok/s: bytes read per step (weights less the embedding table)
-# over 4.28 TB/s; Llama-3.1-8B as the brief's 286 (15.01 GB at 4.3 TB/s)
+# batch-1 decode: bytes read per step (weights less the embedding table); the roofline is
+# the device-to-device copy bandwidth each step measures on its GPU (copy_tbps in its JSON)
+# over these bytes, BW (the H200's 4.28 TB/s) where no step measured one
 BW = 4.28e12
-ROOFLINE_B1 = {"llama-3.1-8b": 286.0, "qwen3-8b": BW / (2 * (8.191e9 - 151936 * 4096)),
-               "qwen3-30b-a3b": BW / (2 * 3.04e9),
-               # Qwen3.5-27B: all 26.896e9 parameters (meta-device count) less the embedding
-               # table 248320 x 5120: 25.625e9 x 2 B = 51.25 GB, 83.5 tok/s. The GDN state
-               # (48 x 3.2 MB, read and written) adds 0.3 GB, 0.6%, not counted.
-               "qwen3.5-27b": BW / (2 * (26_895_998_464 - 248320 * 5120)),
-               # Qwen3.5-35B-A3B, active weights per token: all 34.661e9 parameters less the
-               # embedding table (248320 x 2048) less the 248 routed experts of 256 not picked
-               # (40 layers x 248 x 3 x 2048 x 512): GDN 1.012e9 + attention 0.273e9 + routers
-               # 0.021e9 + shared experts 0.126e9 + top-8 experts 1.007e9 + lm_head 0.509e9
-               # = 2.946e9 x 2 B = 5.89 GB, 726 tok/s. State (30 x 2.1 MB) not counted.
-               "qwen3.5-35b-a3b": BW / (2 * (34_660_610_688 - 248320 * 2048
-                                             - 40 * 248 * 3 * 2048 * 512)),
-               # FP8: the quantized linear weights at 1 B, the LM head (and routers) at 2 B.
-               # Llama: 8.030e9 less embedding and LM head (2 x 128256 x 4096) at 1 B plus
-               # the LM head at 2 B = 8.03 GB, 533 tok/s. Qwen3.5-35B-A3B: of the 2.946e9
-               # active above, GDN + attention + shared + top-8 experts (2.418e9) at 1 B,
-               # routers + LM head (0.530e9) at 2 B = 3.48 GB, 1231 tok/s
-               "llama-3.1-8b-fp8": BW / (8_030_261_248 - 128256 * 4096),
-               "qwen3.5-35b-a3b-fp8": BW / (2.418e9 + 2 * 0.530e9)}
+STEP_BYTES = {"llama-3.1-8b": 15.01e9, "qwen3-8b": 2 * (8.191e9 - 151936 * 4096),
+              "qwen3-30b-a3b": 2 * 3.04e9,
+              # Qwen3.5-27B: all 26.896e9 parameters (meta-device count) less the embedding
+              # table 248320 x 5120: 25.625e9 x 2 B = 51.25 GB. The GDN state (48 x 3.2 MB,
+              # read and written) adds 0.3 GB, 0.6%, not counted.
+              "qwen3.5-27b": 2 * (26_895_998_464 - 248320 * 5120),
+              # Qwen3.5-35B-A3B, active weights per token: all 34.661e9 parameters less the
+              # embedding table (248320 x 2048) less the 248 routed experts of 256 not picked
+              # (40 layers x 248 x 3 x 2048 x 512): GDN 1.012e9 + attention 0.273e9 + routers
+              # 0.021e9 + shared experts 0.126e9 + top-8 experts 1.007e9 + lm_head 0.509e9
+              # = 2.946e9 x 2 B = 5.89 GB. State (30 x 2.1 MB) not counted.
+              "qwen3.5-35b-a3b": 2 * (34_660_610_688 - 248320 * 2048
+                                      - 40 * 248 * 3 * 2048 * 512),
+              # FP8: the quantized linear weights at 1 B, the LM head (and routers) at 2 B.
+              # Llama: 8.030e9 less embedding and LM head (2 x 128256 x 4096) at 1 B plus
+              # the LM head at 2 B = 8.03 GB. Qwen3.5-35B-A3B: of the 2.946e9 active above,
+              # GDN + attention + shared + top-8 experts (2.418e9) at 1 B, routers + LM head
+              # (0.530e9) at 2 B = 3.48 GB
+              "llama-3.1-8b-fp8": 8_030_261_248 - 128256 * 4096,
+              "qwen3.5-35b-a3b-fp8": 2.418e9 + 2 * 0.530e9}
+# per-step flags on a GPU under 100 GiB (an 80 GB H100): the bf16 hybrid's 64.6 GiB of
+# weights leave the 16,384-token profile no KV memory at vLLM's defaults; 32 seats fit
+SMALL_GPU_FLAGS = {"qwen3.5-35b-a3b": ["--max-num-seqs", "32"]}
 THROUGHPUT_BOUND = 47.7  # req/s, 1000 x (1024, 128) at 799 TFLOP/s (performance anchors)
 VLLM_H200 = 22.6  # req/s, vLLM CI throughput_llama8B_tp1 (ShareGPT, 200 prompts, H200)
 THROUGHPUT_LENS = (1024, 128)  # (input, output) tokens of the random throughput run
 SHAREGPT_PROMPTS = 200  # as vLLM CI's throughput_llama8B_tp1
 SEQS64_PROMPTS = 300  # llama8b-seqs64: 300 x THROUGHPUT_LENS at --max-num-seqs 64
-# target ratios; the hybrids' as fractions of ROOFLINE_B1
+# target ratios; the hybrids' as fractions of their batch-1 roofline
 TARGETS = {"b1": 250.0, "eager_b1": 60.0, "throughput": 34.0, "seqs64": 26.0, "startup": 20.0,
            "qwen3.5-35b-a3b": 0.5, "qwen3.5-27b": 0.8,
            "moe_vs_llama": 1.3}  # 30B-A3B offline >= 1.3x Llama-8B's, same run
 # vLLM's published Qwen3-30B-A3B figure (performance anchors A9): not like-for-like
 VLLM_QWEN3_30B = "vLLM bf16, 1xH100, concurrency 10, 2048 in / 1024 out: TPOT 13.18 ms (A9)"
-# vLLM's published figures for the hybrid GDN models (shared/reference/hybrid-gdn.md section
-# 6, P1/P5/P6/P9): (conditions and figure, batch-1 decode tok/s to compare with or None).
+# vLLM's published figures for the hybrid GDN models (the performance anchors P1/P5/P6/P9):
+# (conditions and figure, batch-1 decode tok/s to compare with or None).
 # None is on one H200 in bf16. P1 runs TP=8 on 8 H200 (batch-1 decode there splits the
 # weights over 8 GPUs), P5 is FP8, P6 FP8 on an H100: printed with no ratio. P9 (Qwen3.6-27B,
 # the same shapes) is bf16, one GPU, single stream, on an MI300X (5.3 TB/s against the
@@ -132,6 +137,9 @@ def run_step(name: str, out_dir: Path, throughput_prompts: int,
     from examples.bench import latency, startup, throughput
 
     model, extra, batches = STEPS[name]
+    bandwidth, memory = _device_bandwidth()
+    if memory < 100 * 2 ** 30:
+        extra = [*extra, *SMALL_GPU_FLAGS.get(name, [])]
     engine_flags = ["--model", str(MODELS / model), *COMMON, *extra]
     if cudagraph_mode:
         engine_flags += ["--cudagraph-mode", cudagraph_mode]
@@ -149,6 +157,7 @@ def run_step(name: str, out_dir: Path, throughput_prompts: int,
     engine, results["startup"] = startup.timed_start(parse(startup, []))
     results["memory_profile"] = dict(engine.memory_profile)
     results["device"] = _device_name()
+    results["copy_tbps"] = bandwidth / 1e12 if bandwidth else None
     save()
     for b in batches:
         print(f"[{name}] latency batch {b}", flush=True)
@@ -169,6 +178,28 @@ def run_step(name: str, out_dir: Path, throughput_prompts: int,
         results["throughput_sharegpt"] = throughput.run(engine, parse(throughput, [
             "--dataset-name", "sharegpt-synthetic", "--num-prompts", str(SHAREGPT_PROMPTS)]))
         save()
+
+
+def _device_bandwidth() -> tuple[float | None, int]:
+    """(bytes/s of a 1 GiB device-to-device copy, read + written; None without CUDA,
+    the GPU's total memory in bytes, 0 without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, 0
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / 10
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * (1 << 30) / seconds, torch.cuda.get_device_properties(0).total_memory
 
 
 def _device_name() -> str:
@@ -194,7 +225,11 @@ def table(results: dict[str, dict], status: dict[str, str]) -> str:
             node = node.get(k) if isinstance(node, dict) else None
         return node
 
-    rows = [("workload", "result", "ratio", "target / note")]
+    bw = next((r["copy_tbps"] * 1e12 for r in results.values() if r.get("copy_tbps")), BW)
+    roofline = {m: bw / b for m, b in STEP_BYTES.items()}  # batch-1 tok/s
+    rows = [("workload", "result", "ratio", "target / note"),
+            ("device-to-device copy (rooflines below)", f"{bw / 1e12:.2f} TB/s",
+             "measured" if bw != BW else "the H200's, none measured", "")]
     for step, label in (("llama8b-graphs", "Llama-8B b1 decode, CUDA graphs"),
                         ("llama8b-eager", "Llama-8B b1 decode, eager"),
                         ("qwen3-8b", "Qwen3-8B b1 decode, CUDA graphs"),
@@ -203,7 +238,7 @@ def table(results: dict[str, dict], status: dict[str, str]) -> str:
         model = STEPS[step][0]
         note = {"llama8b-graphs": f">= {TARGETS['b1']:.0f}",
                 "llama8b-eager": f">= {TARGETS['eager_b1']:.0f}"}.get(step, "")
-        ratio = f"{_ratio(v, ROOFLINE_B1[model])} of {ROOFLINE_B1[model]:.0f} roofline" \
+        ratio = f"{_ratio(v, roofline[model])} of {roofline[model]:.0f} roofline" \
             if v is not None else status.get(step, "not run")
         rows.append((label, f"{_fmt(v)} tok/s", ratio, note))
     rows += _latency_rows(get, "llama8b-graphs", "Llama-8B", (1, 8, 32))
@@ -241,8 +276,8 @@ def table(results: dict[str, dict], status: dict[str, str]) -> str:
                      "GiB pool", f"profile counted {mp.get('cudagraph_estimate', 0) / 2**30:.2f}"
                      " GiB", ""))
     rows += _moe_rows(get, status)
-    rows += _gdn_rows(get, results, status)
-    rows += _fp8_rows(get, results, status)
+    rows += _gdn_rows(get, results, status, roofline)
+    rows += _fp8_rows(get, results, status, roofline)
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return "\n".join(" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
 
@@ -275,13 +310,14 @@ def _moe_rows(get, status: dict) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def _gdn_rows(get, results: dict, status: dict) -> list[tuple[str, str, str, str]]:
+def _gdn_rows(get, results: dict, status: dict, roofline: dict[str, float]
+              ) -> list[tuple[str, str, str, str]]:
     """The hybrid rows, for the hybrid GDN steps that ran or were asked for."""
     rows = []
     for step, label in (("qwen3.5-35b-a3b", "Qwen3.5-35B-A3B"), ("qwen3.5-27b", "Qwen3.5-27B")):
         if step not in results and step not in status:
             continue
-        roof = ROOFLINE_B1[STEPS[step][0]]
+        roof = roofline[STEPS[step][0]]
         v = get(step, "latency_b1", "decode_tokens_per_second")
         ratio = f"{_ratio(v, roof)} of {roof:.0f} roofline" if v is not None \
             else status.get(step, "not run")
@@ -299,14 +335,15 @@ def _gdn_rows(get, results: dict, status: dict) -> list[tuple[str, str, str, str
     return rows
 
 
-def _fp8_rows(get, results: dict, status: dict) -> list[tuple[str, str, str, str]]:
+def _fp8_rows(get, results: dict, status: dict, roofline: dict[str, float]
+              ) -> list[tuple[str, str, str, str]]:
     """The block-FP8 steps' rows, when they ran or were asked for."""
     rows = []
     for step, label in (("llama8b-fp8", "Llama-8B FP8"),
                         ("qwen3.5-35b-a3b-fp8", "Qwen3.5-35B-A3B FP8")):
         if step not in results and step not in status:
             continue
-        roof = ROOFLINE_B1[STEPS[step][0]]
+        roof = roofline[STEPS[step][0]]
         v = get(step, "latency_b1", "decode_tokens_per_second")
         ratio = f"{_ratio(v, roof)} of {roof:.0f} roofline" if v is not None \
             else status.get(step, "not run")
