@@ -1,6 +1,7 @@
 """kernels/fused_moe.py's FP8 W8A8 path (use_fp8_w8a8: block, per-channel and per-tensor
 scales) against the dequantized reference, and engine fused_experts_triton with FP8
-experts against the torch path on the dequantized weights.
+experts against the torch path on the dequantized weights (block FP8 in the sparse regime:
+the GEMV pair, tests/test_kernels_fused_moe_gemv_fp8.py).
 
 Mirrors vLLM 0.33 tests/kernels/moe/test_block_fp8.py (test_w8a8_block_fp8_fused_moe:
 fused_experts with use_fp8_w8a8 and block_shape against torch_w8a8_block_fp8_moe, the
@@ -22,7 +23,7 @@ from test_kernels_common import DEVICE, DTYPES, ON_CUDA, gpu
 from libvllm.engine.errors import InvalidArgumentError
 from libvllm.engine.layers.activation import SiluAndMul
 from libvllm.engine.layers.fused_moe import fused_experts, fused_experts_triton, fused_topk
-from libvllm.kernels import fused_moe
+from libvllm.kernels import fused_moe, fused_moe_gemv_fp8
 from libvllm.kernels._common import cdiv
 from libvllm.kernels.activation import silu_and_mul_ref
 from libvllm.kernels.fp8_quant import (
@@ -195,10 +196,13 @@ def check_experts(m, e, h, i, topk, mode, block, dtype, config=None) -> None:
 
 @pytest.fixture
 def torch_quant_under_interpreter(monkeypatch):
-    """Under the interpreter the launcher quantizes with the torch references: the
-    interpreter's fp32 -> fp8 store halves values that round up to a power of two
+    """Under the interpreter the launchers (the GEMM's, and the block-FP8 GEMV pair's that
+    the sparse block case takes) quantize with the torch references: the interpreter's
+    fp32 -> fp8 store halves values that round up to a power of two
     (tests/test_kernels_fp8.py assert_fp8_equal), ~15% of the output's norm here."""
     if not ON_CUDA:
+        monkeypatch.setattr(fused_moe_gemv_fp8, "per_token_group_quant_fp8",
+                            per_token_group_quant_fp8_ref)
         monkeypatch.setattr(fused_moe, "per_token_group_quant_fp8",
                             per_token_group_quant_fp8_ref)
         monkeypatch.setattr(fused_moe, "scaled_fp8_quant", lambda a, s, **kw: (

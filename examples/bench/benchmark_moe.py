@@ -1,7 +1,7 @@
 """Time the fused MoE layer and tune its launch configs on a CUDA device.
 
     python examples/bench/benchmark_moe.py [--model DIR] [--batch-size M ...]
-        [--tune] [--gemv-sweep] [--budget-s S] [--save-dir DIR]
+        [--tune] [--gemv-sweep] [--fp8-gemv] [--budget-s S] [--save-dir DIR]
 
 Mirrors vLLM 0.33 benchmarks/kernels/benchmark_moe.py (model shapes from config.json,
 the same batch sizes, one fused_experts call timed per config, the best config per batch
@@ -29,6 +29,13 @@ runs from the router logits: fused_moe_triton, routed GEMVs) and "topk_then_gemv
 (fused_topk, then the GEMV pair on its ids: the layer before the top-k was folded). Writes
 benchmark_moe.json (and with --tune the config file) to --save-dir (default $OUT or .).
 Default model: examples/bench/models/qwen3-30b-a3b (E=128, top-8, N=768, hidden 2048).
+--fp8-gemv (batch sizes <= 16 of --batch-size) instead times, on the model's experts in
+block FP8 ([128, 128] scales): the bf16 GEMV pair, the FP8 GEMV pair
+(kernels/fused_moe_gemv_fp8.py fused_moe_gemv_fp8: both quantizations and both GEMVs, at
+every M, past the dispatch's regime too), the FP8 fused_moe_kernel path (allow_gemv=False)
+and what the layer runs for FP8 experts (fused_experts_triton), prints a table and writes
+benchmark_moe_fp8.json; at the sparse sizes it sweeps each FP8 GEMV kernel's (BN, BK,
+num_warps) as --gemv-sweep does ("fp8_gemv_sweep").
 """
 
 from __future__ import annotations
@@ -221,6 +228,116 @@ def sweep_gemv(case: Case, deadline: float) -> dict:
     return result
 
 
+FP8_BLOCK = [128, 128]
+
+
+def quantize_block_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[E, N, K] bf16 (N, K multiples of 128) -> fp8 [E, N, K] with [E, N / 128, K / 128]
+    block scales, as a block-FP8 checkpoint's weight_scale_inv."""
+    e, n, k = w.shape
+    wb = w.float().reshape(e, n // 128, 128, k // 128, 128)
+    s = wb.abs().amax(dim=(2, 4)).clamp(min=1e-12) / 448.0  # [E, N / 128, K / 128]
+    q = (wb / s[:, :, None, :, None]).clamp(-448, 448).reshape(e, n, k)
+    return q.to(torch.float8_e4m3fn), s
+
+
+def compare_fp8(case: Case, deadline: float) -> dict:
+    """One batch size's row of --fp8-gemv: us per call of each path, the FP8 GEMV's share of
+    4.28 TB/s (half the bf16 bytes plus scales) and, at sparse sizes, its kernels' sweep."""
+    from libvllm.kernels.fp8_quant import per_token_group_quant_fp8
+    from libvllm.kernels.fused_moe_gemv import fused_moe_gemv_w2, fused_moe_gemv_w13
+    from libvllm.kernels.fused_moe_gemv_fp8 import (
+        fused_moe_gemv_fp8,
+        fused_moe_gemv_fp8_config,
+        fused_moe_gemv_fp8_w2,
+        fused_moe_gemv_fp8_w13,
+    )
+    from libvllm.kernels.launch_configs import GemvConfig
+
+    (w13, s13), (w2, s2) = quantize_block_fp8(case.w13), quantize_block_fp8(case.w2)
+    fp8 = dict(use_fp8_w8a8=True, w1_scale=s13, w2_scale=s2, block_shape=FP8_BLOCK)
+
+    def bf16_gemv():
+        for w, ids in case.routes:
+            fused_moe_gemv_w2(fused_moe_gemv_w13(case.x, case.w13, ids), case.w2, w, ids)
+
+    def fp8_gemv():
+        for w, ids in case.routes:
+            fused_moe_gemv_fp8(case.x, w13, s13, w2, s2, w, ids, FP8_BLOCK)
+
+    def fp8_path(allow_gemv: bool):
+        for w, ids in case.routes:
+            fused_experts_triton(case.x, w13, w2, w, ids, SiluAndMul(), allow_gemv=allow_gemv,
+                                 **fp8)
+
+    us = {name: gpu_time(fn) / ROUTINGS * 1e6 for name, fn in (
+        ("bf16_gemv_us", bf16_gemv), ("fp8_gemv_us", fp8_gemv),
+        ("fp8_gemm_us", functools.partial(fp8_path, False)),
+        ("fp8_layer_us", functools.partial(fp8_path, True)))}
+    fp8_bytes = case.bytes / 2 * (1 + 4 / 128**2)  # 1-byte weights, an fp32 scale a block
+    row = {"M": case.m, "sparse": case.sparse, **us,
+           "fp8_gemv_pct_bw": 100 * fp8_bytes / (us["fp8_gemv_us"] * 1e-6) / BW,
+           "fp8_gemv_vs_bf16_gemv": us["bf16_gemv_us"] / us["fp8_gemv_us"],
+           "fp8_gemv_vs_fp8_gemm": us["fp8_gemm_us"] / us["fp8_gemv_us"]}
+    if not case.sparse:
+        return row
+    h, i, k = case.x.shape[1], case.w2.shape[2], case.topk
+    xq = per_token_group_quant_fp8(case.x, FP8_BLOCK[1])
+    acts = [per_token_group_quant_fp8(fused_moe_gemv_fp8_w13(*xq, w13, s13, ids, FP8_BLOCK,
+                                                             torch.bfloat16), FP8_BLOCK[1])
+            for _, ids in case.routes]
+
+    def k13(cfg):
+        for _, ids in case.routes:
+            fused_moe_gemv_fp8_w13(*xq, w13, s13, ids, FP8_BLOCK, torch.bfloat16,
+                                   GemvConfig(*cfg))
+
+    def k2(cfg):
+        for (w, ids), act in zip(case.routes, acts, strict=True):
+            fused_moe_gemv_fp8_w2(*act, w2, s2, w, ids, FP8_BLOCK, torch.bfloat16,
+                                  GemvConfig(*cfg))
+
+    sweep = {}
+    defaults = [dataclasses.astuple(c) for c in fused_moe_gemv_fp8_config(h, i, k, 128)]
+    for name, fn, start, rows in (("w13", k13, defaults[0], 2),
+                                  ("w2", k2, defaults[1], triton.next_power_of_2(k))):
+        timed = _timer(fn)
+        best, best_t = _descend(timed, start, rows, deadline)
+        sweep[name] = {"default": start, "default_us": timed(start) * 1e6, "best": best,
+                       "best_us": best_t * 1e6}
+    row["fp8_gemv_sweep"] = sweep
+    return row
+
+
+def print_fp8_table(rows: list[dict]) -> None:
+    cols = ["M", "sparse", "bf16_gemv_us", "fp8_gemv_us", "fp8_gemm_us", "fp8_layer_us",
+            "fp8_gemv_pct_bw", "fp8_gemv_vs_bf16_gemv", "fp8_gemv_vs_fp8_gemm"]
+    print(" | ".join(cols))
+    for r in rows:
+        print(" | ".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c])
+                         for c in cols))
+    for r in rows:
+        for name, sw in r.get("fp8_gemv_sweep", {}).items():
+            print(f"M={r['M']} fp8 {name}: default {sw['default']} {sw['default_us']:.2f} us, "
+                  f"best {sw['best']} {sw['best_us']:.2f} us")
+
+
+def main_fp8(args, e: int, topk: int, n: int, h: int, start: float) -> None:
+    rows = []
+    for m in [m for m in args.batch_size if m <= 16]:
+        case = Case(m, e, topk, n, h)
+        rows.append(compare_fp8(case, start + args.budget_s))
+        print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v)
+                          for k, v in rows[-1].items()}), flush=True)
+        del case
+    print_fp8_table(rows)
+    out = Path(args.save_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "benchmark_moe_fp8.json").write_text(json.dumps(
+        {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "E": e,
+         "top_k": topk, "N": n, "hidden": h, "rows": rows}, indent=1))
+
+
 ROUTER_CONFIGS = [(8, 512, 8, 2), (1, 1024, 4, 2), (1, 2048, 8, 1), (2, 1024, 4, 2),
                   (1, 512, 2, 2), (4, 512, 4, 2)]  # the first: the n < k rule's
 
@@ -249,6 +366,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, nargs="+", default=BATCH_SIZES)
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--gemv-sweep", action="store_true")
+    ap.add_argument("--fp8-gemv", action="store_true")
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--save-dir", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
@@ -257,6 +375,9 @@ def main() -> None:
     torch.manual_seed(0)
     print(f"device {torch.cuda.get_device_name()}  triton {triton.__version__}  "
           f"E={e} top_k={topk} N={n} hidden={h}", flush=True)
+    if args.fp8_gemv:
+        main_fp8(args, e, topk, n, h, start)
+        return
     rows, tuned = [], {}
     router = time_router(e, h, args.gemv_sweep)
     print(json.dumps({"router_M1_us": router}), flush=True)

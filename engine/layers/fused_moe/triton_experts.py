@@ -15,7 +15,11 @@ replay it at a padded M and async scheduling never waits on it. In that sparse r
 SiLU, the layer instead runs two GEMV launches (kernels/fused_moe_gemv.py: w13 with
 SiLU-and-mul fused, w2 with the weighted top-k sum fused), which stream the selected
 experts' weights nearer HBM bandwidth; `allow_gemv=False` keeps the kernels above
-(benchmarks). Every float dtype takes it: fp32 stays fp32 arithmetic throughout.
+(benchmarks). Every float dtype takes it: fp32 stays fp32 arithmetic throughout. Block-FP8
+experts (use_fp8_w8a8 with a block_shape, Fp8MoEMethod's) take the FP8 pair there
+(kernels/fused_moe_gemv_fp8.py: activations quantized per token group as the GEMM path
+quantizes them, fp8 weights read at half the bytes); per-channel / per-tensor FP8 runs the
+GEMM at every M.
 fused_moe_triton is the layer's entry (upstream's fused_moe: router logits in, fused_topk
 then fused_experts): on the GEMV path with at most 512 experts the two GEMV launches route
 their own tokens from the logits (the kernels call the top-k softmax's helper, so the
@@ -71,7 +75,9 @@ def fused_experts_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: tor
     path's). The sparse regime with SiLU takes the GEMV path unless allow_gemv is False.
     use_fp8_w8a8: fp8 w13 / w2 with scales w1_scale / w2_scale (upstream's names and
     layouts, kernels/fused_moe.py invoke_fused_moe_kernel), each GEMM's activations
-    quantized in its launcher (a1_scale / a2_scale static, None dynamic); no GEMV path."""
+    quantized in its launcher (a1_scale / a2_scale static, None dynamic); in the GEMV
+    regime block-FP8 weights (block_shape, dynamic) take the FP8 GEMV pair, per-channel and
+    per-tensor ones the GEMM."""
     from libvllm.kernels.fused_moe import invoke_fused_moe_kernel  # lazy: triton
     from libvllm.kernels.moe_sum import moe_sum
 
@@ -80,8 +86,12 @@ def fused_experts_triton(hidden_states: torch.Tensor, w13: torch.Tensor, w2: tor
     top_k = topk_ids.shape[1]
     if m == 0:
         return torch.empty_like(hidden_states)
-    if allow_gemv and not use_fp8_w8a8 and _takes_gemv(m, top_k, num_experts, act):
-        return _fused_experts_gemv(hidden_states, w13, w2, topk_weights, topk_ids)
+    if allow_gemv and _takes_gemv(m, top_k, num_experts, act):
+        if not use_fp8_w8a8:
+            return _fused_experts_gemv(hidden_states, w13, w2, topk_weights, topk_ids)
+        if _is_block_fp8_dynamic(block_shape, a1_scale, a2_scale):
+            return _fused_experts_gemv_fp8(hidden_states, w13, w2, topk_weights, topk_ids,
+                                           w1_scale, w2_scale, block_shape)
     if config is None:
         dtype_str = "fp8_w8a8" if use_fp8_w8a8 else get_config_dtype_str(hidden_states.dtype)
         config = try_get_optimal_moe_config(tuple(w13.shape), tuple(w2.shape), top_k,
@@ -120,6 +130,28 @@ def _fused_experts_gemv(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torc
     ids = topk_ids.contiguous()
     act = fused_moe_gemv_w13(hidden_states.contiguous(), w13, ids)  # [M * k, I]
     return fused_moe_gemv_w2(act, w2, topk_weights.float().contiguous(), ids)
+
+
+def _is_block_fp8_dynamic(block_shape: list[int] | None, a1_scale: torch.Tensor | None,
+                          a2_scale: torch.Tensor | None) -> bool:
+    """Block-FP8 weights with dynamic per-token-group activations (the only activation
+    scheme block FP8 has): the FP8 GEMV pair's inputs; per-channel / per-tensor FP8 keeps
+    the fused_moe_kernel path."""
+    return block_shape is not None and a1_scale is None and a2_scale is None
+
+
+def _fused_experts_gemv_fp8(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                            topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                            w1_scale: torch.Tensor, w2_scale: torch.Tensor,
+                            block_shape: list[int]) -> torch.Tensor:
+    """fused_experts_triton's sparse SiLU path for block-FP8 experts
+    (kernels/fused_moe_gemv_fp8.py: two quantizations, two GEMV launches). Shapes as
+    there; w1_scale [E, 2I / bn, H / bk], w2_scale [E, H / bn, I / bk]."""
+    from libvllm.kernels.fused_moe_gemv_fp8 import fused_moe_gemv_fp8  # lazy: triton
+
+    return fused_moe_gemv_fp8(hidden_states, w13, w1_scale, w2, w2_scale,
+                              topk_weights.float().contiguous(), topk_ids.contiguous(),
+                              list(block_shape))
 
 
 def _takes_routed_gemv(m: int, top_k: int, num_experts: int, act: nn.Module) -> bool:

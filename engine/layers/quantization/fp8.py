@@ -248,7 +248,8 @@ class Fp8MoEMethod:
               topk_ids: torch.Tensor) -> torch.Tensor:
         """CUDA: engine/layers/fused_moe/triton_experts.py fused_experts_triton with vLLM's
         fp8 keywords (scales [E, cdiv(2I, bn), cdiv(H, bk)] block, [E, N, 1] per channel,
-        [E] per tensor; a1 / a2 static [1] or None: dynamic)."""
+        [E] per tensor; a1 / a2 static [1] or None: dynamic). Block scales at decode-sized
+        batches take its FP8 GEMV pair (kernels/fused_moe_gemv_fp8.py)."""
         # x: [M, H], topk_*: [M, top_k] -> [M, H]
         s = self.scheme
         w1_scale = getattr(layer, f"w13_{s.scale_name}")
