@@ -48,7 +48,7 @@ install: build/libvllm.so build/vllm-cli
 	$(VPY) capi/install.py --prefix $(abspath $(PREFIX)) $(if $(DESTDIR),--destdir $(DESTDIR))
 
 wheel: $(VENV)/.stamp-test
-	rm -rf build/wheel
+	rm -rf build/wheel build/setuptools
 	$(VPY) -m pip wheel -q --no-deps --no-build-isolation . -w build/wheel
 	rm -rf libvllm.egg-info
 	PATH=$(abspath $(VENV))/bin:$$PATH $(VPY) -m auditwheel repair build/wheel/libvllm-*.whl -w dist

@@ -23,10 +23,13 @@ def locate() -> tuple[Path, Path, Path]:
     """(the folder of libvllm.so, of vllm.h, of libvllm.pc) of the first layout found:
     a pip-installed capi package, a `make install` prefix (PREFIX/lib/libvllm/python/libvllm/capi),
     a source checkout."""
-    prefix, root = HERE.parent.parent.parent.parent, HERE.parent
-    for lib, include, pc in ((HERE / "lib", HERE / "include", HERE / "lib" / "pkgconfig"),
-                             (prefix / "lib", prefix / "include", prefix / "lib" / "pkgconfig"),
-                             (root / "build", root / "include", root / "build")):
+    root = HERE.parent
+    layouts = [(HERE / "lib", HERE / "include", HERE / "lib" / "pkgconfig"),
+               (root / "build", root / "include", root / "build")]
+    if len(HERE.parents) > 4:  # HERE = PREFIX/lib/libvllm/python/libvllm/capi
+        prefix = HERE.parents[4]
+        layouts.insert(1, (prefix / "lib", prefix / "include", prefix / "lib" / "pkgconfig"))
+    for lib, include, pc in layouts:
         if (lib / "libvllm.so").exists() and (include / "vllm.h").is_file() and (
                 pc / "libvllm.pc").is_file():
             return lib, include, pc

@@ -39,9 +39,12 @@ def _device_has_scaled_mm(index: int) -> bool:
 
 @functools.cache
 def _device_has_block_scaled_mm(index: int) -> bool:
-    """cuBLASLt's VEC128 / BLK128x128 scale modes: CUDA 12.9+ on sm_90 (Hopper)."""
+    """cuBLASLt's VEC128 / BLK128x128 scale modes: CUDA 12.9+ on sm_90 (Hopper), reached
+    through torch._scaled_mm from torch 2.9."""
     cuda = tuple(int(v) for v in (torch.version.cuda or "0.0").split(".")[:2])
-    return cuda >= (12, 9) and torch.cuda.get_device_capability(index) == (9, 0)
+    version = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+    return (version >= (2, 9) and cuda >= (12, 9)
+            and torch.cuda.get_device_capability(index) == (9, 0))
 
 
 def block_scaled_mm_supported(x: torch.Tensor, b_q: torch.Tensor,

@@ -165,7 +165,7 @@ def test_python_ctypes_example(built, child_env, model_path, greedy_text, host):
 
 @pytest.mark.parametrize("folder,module,structs", [
     ("examples/python", "vllm_ctypes", ["EngineParams", "SamplingParams", "Event", "Metrics"]),
-    ("examples/server", "libvllm", ["EngineParams", "Metrics"])])
+    ("examples/server", "libvllm_ctypes", ["EngineParams", "Metrics"])])
 def test_python_ctypes_structs_match_the_header(folder, module, structs):
     import ctypes
     import importlib

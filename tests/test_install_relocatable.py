@@ -103,6 +103,15 @@ def test_moved_prefix_answers_with_only_pkg_config(moved_prefix, model_path, tmp
     assert _pyc_files(moved_prefix / "lib/libvllm/python/libvllm/engine")  # the installed side ran
 
 
+def test_python_m_capi_points_at_the_moved_prefix(moved_prefix):
+    """`python -m libvllm.capi` run from the installed Python side names the prefix's files."""
+    env = {**bare_env(), "PYTHONPATH": str(moved_prefix / "lib/libvllm/python")}
+    pc = subprocess.run([sys.executable, "-m", "libvllm.capi", "--pkg-config-path"], cwd="/",
+                        capture_output=True, text=True, env=env)
+    assert pc.returncode == 0, pc.stderr
+    assert Path(pc.stdout.strip()) == moved_prefix / "lib/pkgconfig"
+
+
 def test_installed_cli_runs_from_the_moved_prefix(moved_prefix, model_path):
     run = _run_hidden([str(moved_prefix / "bin/vllm-cli"), "generate", "-m", model_path,
                        "--prompt", "The capital of France is", "-n", "8", "--temp", "0"])

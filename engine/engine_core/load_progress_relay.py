@@ -54,9 +54,9 @@ class LoadProgressRelay:
     def __call__(self, progress: float) -> bool:
         if not self.watched:
             return True
-        if (self.passed is not None and progress - self.passed < REPORT_STEP
-                and progress < TENSORS_END):
-            return True  # within REPORT_STEP of the last value passed: not asked
+        if self.passed is not None and (progress <= self.passed or (
+                progress - self.passed < REPORT_STEP and progress < TENSORS_END)):
+            return True  # a repeat, or within REPORT_STEP of the last value passed: not asked
         self.passed = progress
         self.output_queue.put((PROGRESS, progress))
         answer = self.socket.recv()

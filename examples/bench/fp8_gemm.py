@@ -153,7 +153,7 @@ def table(rows: list[dict]) -> None:
     """One line per (model, linear, M): each path's us and % of roofline."""
     paths = ["bf16", "fp8_block", "fp8_block+q", "cublas_block+q", "scaled_mm_rowwise"]
     print(f"\n{'model':6}{'linear':15}{'M':>6} " + "".join(f"{p:>24}" for p in paths)
-          + f"{'block/bf16':>11}{'cublas/bf16':>12}")
+          + f"{'block+q/bf16':>13}{'cublas/bf16':>12}")
     keys = sorted({(r["model"], r["linear"], r["M"]) for r in rows},
                   key=lambda x: (x[0], x[1], x[2]))
     by = {(r["model"], r["linear"], r["M"], r["path"]): r for r in rows}
@@ -163,7 +163,7 @@ def table(rows: list[dict]) -> None:
                        else f"{'-':>24}" for c in cells)
         speed = [cells[0]["us"] / c["us"] if cells[0] and c else float("nan")
                  for c in (cells[2], cells[3])]
-        print(f"{key[0]:6}{key[1]:15}{key[2]:>6} {line}{speed[0]:10.2f}x{speed[1]:11.2f}x")
+        print(f"{key[0]:6}{key[1]:15}{key[2]:>6} {line}{speed[0]:12.2f}x{speed[1]:11.2f}x")
     print("\nM=1: the GEMV (default config, best of the sweep) against the block GEMM")
     for model, lin, _ in (k for k in keys if k[2] == 1):
         one = [r for r in rows if (r["model"], r["linear"], r["M"]) == (model, lin, 1)]

@@ -32,7 +32,8 @@ off in every step (latency's default; the random prompts share no prefix). A chi
 $OUT/suite-<step>.json after each benchmark and its output to $OUT/suite.log, so one that
 runs out of time keeps what it measured; the parent gives each step what is left of
 --budget-s and marks what did not run as PENDING. Batch-1 rooflines use the copy bandwidth
-each step measures on its GPU; the throughput bound and vLLM's figures are the H200's
+the steps measure on their GPU (one suite run, one GPU: the first step's figure); the
+throughput bound and vLLM's figures are the H200's
 (docs/BENCHMARKS.md).
 """
 
@@ -77,8 +78,9 @@ DEFAULT_STEPS = ["llama8b-graphs", "llama8b-seqs64", "llama8b-eager", "qwen3-8b"
 RANDOM_THROUGHPUT_STEPS = {"llama8b-graphs", "qwen3-30b-a3b", "qwen3.5-35b-a3b", "qwen3.5-27b",
                            "llama8b-fp8", "qwen3.5-35b-a3b-fp8"}
 # batch-1 decode: bytes read per step (weights less the embedding table); the roofline is
-# the device-to-device copy bandwidth each step measures on its GPU (copy_tbps in its JSON)
-# over these bytes, BW (the H200's 4.28 TB/s) where no step measured one
+# the device-to-device copy bandwidth the steps measure on their GPU (copy_tbps in each
+# step's JSON; the table takes the first) over these bytes, BW (the H200's 4.28 TB/s)
+# where no step measured one
 BW = 4.28e12
 STEP_BYTES = {"llama-3.1-8b": 15.01e9, "qwen3-8b": 2 * (8.191e9 - 151936 * 4096),
               "qwen3-30b-a3b": 2 * 3.04e9,
@@ -138,7 +140,7 @@ def run_step(name: str, out_dir: Path, throughput_prompts: int,
 
     model, extra, batches = STEPS[name]
     bandwidth, memory = _device_bandwidth()
-    if memory < 100 * 2 ** 30:
+    if 0 < memory < 100 * 2 ** 30:
         extra = [*extra, *SMALL_GPU_FLAGS.get(name, [])]
     engine_flags = ["--model", str(MODELS / model), *COMMON, *extra]
     if cudagraph_mode:

@@ -100,7 +100,7 @@ def apply_fp8_linear(scheme: WeightScheme, x: torch.Tensor, weight: torch.Tensor
                      scale: torch.Tensor, input_scale: torch.Tensor | None,
                      bias: torch.Tensor | None) -> torch.Tensor:
     """CUDA: x [M, K] bf16/fp16 @ weight [N, K] fp8 -> [M, N] in x's dtype.
-    block: per-token-group activation scales and kernels/fp8_block_gemm.py (vLLM's
+    block: per-token-group activation scales, then _apply_block_fp8's kernel (vLLM's
     apply_w8a8_block_fp8_linear); channel / tensor: per-token dynamic (or the static
     per-tensor input_scale) activations and kernels/fp8_scaled_mm.py."""
     from libvllm.kernels.fp8_quant import scaled_fp8_quant  # lazy: CUDA
