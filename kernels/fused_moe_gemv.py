@@ -123,12 +123,18 @@ def _fused_moe_gemv_w13_kernel(
         gp += BK
         up += BK
         xp += BK
+    _silu_mul_store(acc_g, acc_u, out_ptr + pair * INTER, rn, INTER)
+
+
+@triton.jit
+def _silu_mul_store(acc_g, acc_u, out_ptr, rn, INTER):
+    """SiLU(gate) * up from the [BN, BK] accumulators, rounded as the GEMM path rounds (each
+    sum, the SiLU and the product in the output dtype), stored at out_ptr[rn]."""
     dtype = out_ptr.dtype.element_ty
-    gate = tl.sum(acc_g, axis=1).to(dtype).to(tl.float32)  # [BN], the GEMM's rounding
+    gate = tl.sum(acc_g, axis=1).to(dtype).to(tl.float32)  # [BN]
     upv = tl.sum(acc_u, axis=1).to(dtype).to(tl.float32)
     silu = (gate / (1.0 + tl.exp(-gate))).to(dtype)  # as kernels/activation.py rounds
-    y = (silu.to(tl.float32) * upv).to(dtype)
-    tl.store(out_ptr + pair * INTER + rn, y, mask=rn < INTER)
+    tl.store(out_ptr + rn, (silu.to(tl.float32) * upv).to(dtype), mask=rn < INTER)
 
 
 @triton.jit

@@ -58,7 +58,13 @@ from libvllm.kernels.fp8_quant import (
     per_token_group_quant_fp8,
     per_token_group_quant_fp8_ref,
 )
-from libvllm.kernels.fused_moe_gemv import MoeGemvConfigs, _act_tile, _check_routing, _w2_tile
+from libvllm.kernels.fused_moe_gemv import (
+    MoeGemvConfigs,
+    _act_tile,
+    _check_routing,
+    _silu_mul_store,
+    _w2_tile,
+)
 from libvllm.kernels.launch_cache import cached_launch
 from libvllm.kernels.launch_configs import GemvConfig
 
@@ -116,12 +122,7 @@ def _fused_moe_gemv_fp8_w13_kernel(
         gp += BK
         up += BK
         xp += BK
-    dtype = out_ptr.dtype.element_ty
-    gate = tl.sum(acc_g, axis=1).to(dtype).to(tl.float32)  # [BN], the GEMM's rounding
-    upv = tl.sum(acc_u, axis=1).to(dtype).to(tl.float32)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype)  # as kernels/activation.py rounds
-    y = (silu.to(tl.float32) * upv).to(dtype)
-    tl.store(out_ptr + pair * INTER + rn, y, mask=rn < INTER)
+    _silu_mul_store(acc_g, acc_u, out_ptr + pair * INTER, rn, INTER)
 
 
 @cached_launch
