@@ -113,6 +113,20 @@ def fold_switch(monkeypatch, env: str, enabled, on: bool) -> None:
     enabled.cache_clear()
 
 
+def capture(step):
+    """step() warmed up on a side stream, then captured in a CUDA graph (as the model
+    runner captures): (the graph, step's output tensors that each replay rewrites)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out
+
+
 def tiny_model(cls, cfg) -> torch.nn.Module:
     """cls(cfg) on DEVICE in eval mode, seeded: matrices N(0, 0.2), vectors (norm weights,
     biases) U(0.5, 1.5)."""

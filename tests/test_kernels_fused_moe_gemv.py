@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels_common import DEVICE, DTYPES, assert_close, cuda_only, gpu
+from test_kernels_common import DEVICE, DTYPES, assert_close, capture, cuda_only, gpu
 
 import libvllm.kernels.fused_moe_gemv as moe_gemv
 from libvllm.engine.errors import InvalidArgumentError
@@ -316,14 +316,7 @@ def test_fused_moe_layer_routed_gemv_under_a_cuda_graph() -> None:
     def step():
         return layer(x, dense_linear(x, gate))
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = capture(step)
     for seed in range(8):
         x.copy_(torch.randn(1, h, generator=torch.Generator(DEVICE).manual_seed(seed),
                             device=DEVICE).bfloat16())

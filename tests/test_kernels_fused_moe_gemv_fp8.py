@@ -19,7 +19,7 @@ import types
 
 import pytest
 import torch
-from test_kernels_common import DEVICE, ON_CUDA, gpu
+from test_kernels_common import DEVICE, ON_CUDA, capture, gpu
 from test_kernels_fp8_moe import quantize_weight
 
 import libvllm.kernels.fused_moe_gemv_fp8 as moe_gemv_fp8
@@ -264,14 +264,7 @@ def test_fused_moe_gemv_fp8_under_a_cuda_graph_without_host_sync() -> None:
         step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = capture(step)
     for seed in range(4):
         x.copy_(torch.randn(1, q["h"], generator=torch.Generator(DEVICE).manual_seed(seed),
                             device=DEVICE).bfloat16())

@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from examples.bench.kernels import copies, gpu_time, rel_err  # noqa: E402
+from examples.bench.kernels import copies, copy_bandwidth, gpu_time, rel_err  # noqa: E402
 from libvllm.kernels.fp8_block_gemm import get_config, w8a8_block_fp8_matmul  # noqa: E402
 from libvllm.kernels.fp8_gemv import fp8_gemv_config, w8a8_block_fp8_gemv  # noqa: E402
 from libvllm.kernels.fp8_quant import per_token_group_quant_fp8, scaled_fp8_quant  # noqa: E402
@@ -63,13 +63,6 @@ MODELS = {
 MS = [1, 16, 64, 256, 1024, 4096, 16384]
 # (BN, BK, num_warps, num_stages) of the one-row GEMV timed at M = 1 beside its default
 GEMV_SWEEP = [(4, 1024, 4, 2), (8, 512, 4, 2), (2, 2048, 8, 1), (16, 512, 8, 2)]
-
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a 1 GiB device-to-device copy (read + write counted)."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * src.numel() / gpu_time(lambda: dst.copy_(src))
 
 
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

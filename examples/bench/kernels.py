@@ -91,6 +91,14 @@ def gpu_time(fn) -> float:
     return t
 
 
+def copy_bandwidth() -> float:
+    """Bytes/s of a 1 GiB device-to-device copy (read + write counted): the bandwidth the
+    benchmarks' memory-bound rooflines use on the GPU they run on."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / gpu_time(lambda: dst.copy_(src))
+
+
 def copies(nbytes: int) -> int:
     return max(1, min(16, math.ceil(L2_BYTES / max(nbytes, 1))))
 

@@ -183,25 +183,17 @@ def run_step(name: str, out_dir: Path, throughput_prompts: int,
 
 
 def _device_bandwidth() -> tuple[float | None, int]:
-    """(bytes/s of a 1 GiB device-to-device copy, read + written; None without CUDA,
-    the GPU's total memory in bytes, 0 without CUDA)."""
+    """(examples/bench/kernels.py's copy bandwidth in bytes/s, None without CUDA; the GPU's
+    total memory in bytes, 0 without CUDA)."""
     import torch
 
     if not torch.cuda.is_available():
         return None, 0
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    seconds = start.elapsed_time(end) / 1e3 / 10
-    del src, dst
+    from examples.bench.kernels import copy_bandwidth
+
+    bandwidth = copy_bandwidth()
     torch.cuda.empty_cache()
-    return 2 * (1 << 30) / seconds, torch.cuda.get_device_properties(0).total_memory
+    return bandwidth, torch.cuda.get_device_properties(0).total_memory
 
 
 def _device_name() -> str:
