@@ -319,10 +319,15 @@ def test_tuning_script_reads_the_model_and_merges_configs(tmp_path, monkeypatch)
                                            "models", "qwen3-30b-a3b")) == (128, 8, 768, 2048)
     monkeypatch.setattr(config, "get_device_name", lambda: "NVIDIA_H200")
     new = {k: 1 for k in bm.KEYS}
-    bm.save_configs({1: new, 5: new}, 128, 768, tmp_path)
+    bm.save_configs({1: new, 5: new}, 128, 768, tmp_path, None, None)
     written = json.loads((tmp_path / "E=128,N=768,device_name=NVIDIA_H200.json").read_text())
     assert "triton_version" in written and written["1"] == new and written["5"] == new
     assert written["4096"]["BLOCK_SIZE_M"] >= 16  # kept from the shipped file
+    # --dtype fp8_w8a8: upstream's block-FP8 name, merged over the shipped block-FP8 file
+    bm.save_configs({1: new}, 256, 512, tmp_path, "fp8_w8a8", bm.FP8_BLOCK)
+    fp8 = json.loads((tmp_path / "E=256,N=512,device_name=NVIDIA_H200,dtype=fp8_w8a8,"
+                                  "block_shape=[128,128].json").read_text())
+    assert fp8["1"] == new and len(fp8) > 2
     assert bm.valid({"BLOCK_SIZE_M": 16}, 1, 8, 128)
     assert not bm.valid({"BLOCK_SIZE_M": 64}, 1, 8, 128)
 

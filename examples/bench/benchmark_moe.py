@@ -1,7 +1,8 @@
 """Time the fused MoE layer and tune its launch configs on a CUDA device.
 
     python examples/bench/benchmark_moe.py [--model DIR] [--batch-size M ...]
-        [--tune] [--gemv-sweep] [--fp8-gemv] [--budget-s S] [--save-dir DIR]
+        [--dtype auto|fp8_w8a8] [--tune] [--gemv-sweep] [--fp8-gemv] [--budget-s S]
+        [--save-dir DIR]
 
 Mirrors vLLM 0.33 benchmarks/kernels/benchmark_moe.py (model shapes from config.json,
 the same batch sizes, one fused_experts call timed per config, the best config per batch
@@ -29,6 +30,10 @@ runs from the router logits: fused_moe_triton, routed GEMVs) and "topk_then_gemv
 (fused_topk, then the GEMV pair on its ids: the layer before the top-k was folded). Writes
 benchmark_moe.json (and with --tune the config file) to --save-dir (default $OUT or .).
 Default model: examples/bench/models/qwen3-30b-a3b (E=128, top-8, N=768, hidden 2048).
+--dtype fp8_w8a8 (upstream's flag) times and tunes the experts in block FP8 ([128, 128]
+scales, per-token-group activations, kernels/fused_moe.py with use_fp8_w8a8) and writes
+"E=..,N=..,device_name=..,dtype=fp8_w8a8,block_shape=[128,128].json"; no torch fallback
+column (it has no FP8 path).
 --fp8-gemv (batch sizes <= 16 of --batch-size) instead times, on the model's experts in
 block FP8 ([128, 128] scales): the bf16 GEMV pair, the FP8 GEMV pair
 (kernels/fused_moe_gemv_fp8.py fused_moe_gemv_fp8: both quantizations and both GEMVs, at
@@ -87,7 +92,7 @@ def model_params(model_dir: str) -> tuple[int, int, int, int]:
 class Case:
     """Weights and ROUTINGS routings of one batch size; run() = ROUTINGS layer calls."""
 
-    def __init__(self, m: int, e: int, topk: int, n: int, h: int) -> None:
+    def __init__(self, m: int, e: int, topk: int, n: int, h: int, fp8: bool = False) -> None:
         self.m, self.topk = m, topk
         self.x = torch.randn(m, h, device="cuda", dtype=torch.bfloat16)
         self.w13 = torch.randn(e, 2 * n, h, device="cuda", dtype=torch.bfloat16) / h**0.5
@@ -97,6 +102,13 @@ class Case:
         # distinct experts per call, averaged: what the call must read from HBM
         distinct = sum(len(set(ids.flatten().tolist())) for _, ids in self.routes) / ROUTINGS
         self.bytes13, self.bytes2 = (distinct * w[0].numel() * 2 for w in (self.w13, self.w2))
+        self.quant: dict = {}  # fused_experts_triton's FP8 arguments
+        if fp8:
+            (self.w13, s13), (self.w2, s2) = quantize_block_fp8(self.w13), \
+                quantize_block_fp8(self.w2)
+            self.quant = dict(use_fp8_w8a8=True, w1_scale=s13, w2_scale=s2,
+                              block_shape=FP8_BLOCK)
+            self.bytes13, self.bytes2 = self.bytes13 / 2, self.bytes2 / 2  # 1-byte weights
         self.bytes = self.bytes13 + self.bytes2
         self.sparse = m * topk * 4 <= e
         self.allow_gemv = True  # False: the fused_moe_kernel path at every M
@@ -105,7 +117,7 @@ class Case:
         for w, ids in self.routes:
             if experts is fused_experts_triton:
                 experts(self.x, self.w13, self.w2, w, ids, SiluAndMul(),
-                        allow_gemv=self.allow_gemv)
+                        allow_gemv=self.allow_gemv, **self.quant)
             else:
                 experts(self.x, self.w13, self.w2, w, ids.long(), SiluAndMul())
 
@@ -367,6 +379,7 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--gemv-sweep", action="store_true")
     ap.add_argument("--fp8-gemv", action="store_true")
+    ap.add_argument("--dtype", choices=["auto", "fp8_w8a8"], default="auto")
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--save-dir", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
@@ -381,29 +394,31 @@ def main() -> None:
     rows, tuned = [], {}
     router = time_router(e, h, args.gemv_sweep)
     print(json.dumps({"router_M1_us": router}), flush=True)
+    dtype, block = (None, None) if args.dtype == "auto" else (args.dtype, FP8_BLOCK)
     for m in args.batch_size:
-        case = Case(m, e, topk, n, h)
+        case = Case(m, e, topk, n, h, fp8=dtype is not None)
         cfg = try_get_optimal_moe_config(tuple(case.w13.shape), tuple(case.w2.shape), topk,
-                                         None, m)
+                                         dtype, m, block)
         t = case.time(cfg)
         row = {"M": m, "triton_us": t * 1e6, "pct_bw": 100 * case.bytes / t / BW,
                "weight_MB": case.bytes / 1e6, "config": cfg,
                "path": "gemv" if case.sparse else "fused_moe_kernel"}
         deadline = start + args.budget_s
-        if case.sparse:
+        if case.sparse and not dtype:
             row["layer_us"] = gpu_time(case.layer) / ROUTINGS * 1e6
             row["topk_then_gemv_us"] = gpu_time(
                 functools.partial(case.layer, False)) / ROUTINGS * 1e6
+        if case.sparse:
             case.allow_gemv = False  # from here on: the fused_moe_kernel path (what --tune tunes)
             row["fused_moe_kernel_us"] = case.time(cfg) * 1e6
-            if args.gemv_sweep:
+            if args.gemv_sweep and not dtype:
                 row["gemv_sweep"] = sweep_gemv(case, deadline)
         if args.tune:
             best, best_t = tune_one(case, cfg, e, deadline)
             tuned[m] = best
             row.update(tuned_us=best_t * 1e6, tuned_pct_bw=100 * case.bytes / best_t / BW,
                        tuned_config=best)
-        else:
+        elif not dtype:
             t_torch = gpu_time(functools.partial(case.run, fused_experts_grouped)) / ROUTINGS
             row["torch_grouped_us"] = t_torch * 1e6
         rows.append(row)
@@ -414,17 +429,19 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "benchmark_moe.json").write_text(json.dumps(
         {"device": torch.cuda.get_device_name(), "triton": triton.__version__,
-         "E": e, "top_k": topk, "N": n, "hidden": h, "router_M1_us": router, "rows": rows,
+         "E": e, "top_k": topk, "N": n, "hidden": h, "dtype": args.dtype,
+         "router_M1_us": router, "rows": rows,
          "seconds": time.time() - start}, indent=1))
     if tuned:
-        save_configs(tuned, e, n, out)
+        save_configs(tuned, e, n, out, dtype, block)
 
 
-def save_configs(tuned: dict[int, dict], e: int, n: int, out: Path) -> None:
+def save_configs(tuned: dict[int, dict], e: int, n: int, out: Path, dtype: str | None,
+                 block: list[int] | None) -> None:
     """Tuned sizes over the shipped file's entries for the others; upstream's layout."""
     from libvllm.engine.layers.fused_moe.config import CONFIG_DIR
 
-    name = get_config_file_name(e, n, None)
+    name = get_config_file_name(e, n, dtype, block_shape=block)
     merged: dict[int, dict] = {}
     shipped = Path(CONFIG_DIR) / name
     if shipped.exists():
