@@ -110,16 +110,22 @@ class Fp8Emulation:
         self.model.set_experts_implementation(self._experts)
 
 
-def hf_top1(model: torch.nn.Module, prompts: list[list[int]]) -> list[list[int]]:
-    """Teacher-forced argmax of a transformers model: per prompt, for tokens 1..n-1 the
-    argmax of the logits at the position before."""
+def hf_logits(model: torch.nn.Module, prompts: list[list[int]]) -> list[torch.Tensor]:
+    """Teacher-forced logits of a transformers model: per prompt of n tokens, [n - 1, V]
+    fp32, row i the logits at position i (predicting token i + 1)."""
     out = []
     with torch.no_grad():
         for p in prompts:
             ids = torch.tensor([p])  # [1, n]; an explicit mask: token 0 is the pad id
             logits = model(ids, attention_mask=torch.ones_like(ids)).logits[0]  # [n, V]
-            out.append(logits[:-1].argmax(-1).tolist())
+            out.append(logits[:-1].float())
     return out
+
+
+def hf_top1(model: torch.nn.Module, prompts: list[list[int]]) -> list[list[int]]:
+    """Teacher-forced argmax of a transformers model: per prompt, for tokens 1..n-1 the
+    argmax of the logits at the position before."""
+    return [rows.argmax(-1).tolist() for rows in hf_logits(model, prompts)]
 
 
 def engine_top1(engine, prompts: list[list[int]]) -> list[list[int]]:
