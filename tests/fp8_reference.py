@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 FP8_MAX = 448.0
+INPUT_SCALE = 0.05  # the per-tensor scheme's static activation scale, every layer
 # the linear weights Qwen's FP8 checkpoints quantize; everything else stays as it is
 QUANTIZED = re.compile(r"\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|"
                        r"in_proj_qkv|in_proj_z|out_proj)\.weight$")
@@ -73,7 +74,7 @@ def quantize_state(state: dict, scheme: str, block=(128, 128)) -> tuple[dict, di
             s = (w.abs().amax() / FP8_MAX).reshape(1)
             q = quant(w, s)
             out[base + "weight_scale"] = s
-            out[base + "input_scale"] = torch.tensor([0.05])
+            out[base + "input_scale"] = torch.tensor([INPUT_SCALE])
             twin[name] = q.float() * s
         out[name] = q
     return out, twin

@@ -39,8 +39,9 @@ CASES = [("llama", "fp8-block"), ("llama", "ct-channel"), ("llama", "ct-tensor")
          ("qwen3_moe", "fp8-block"), ("qwen3_moe", "ct-channel"), ("qwen3_5_moe", "fp8-block")]
 
 
-def _hf(family: str):
-    kw = SHAPES[family]
+def _hf(family: str, **kw):
+    """The family's model at SHAPES; kw: the builder's weight_std and config overrides."""
+    kw = {**SHAPES[family], **kw}
     return make_hybrid(family, **kw) if family == "qwen3_5_moe" else make_hf_model(family, **kw)
 
 

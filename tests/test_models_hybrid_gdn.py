@@ -48,7 +48,9 @@ DECODE_STEPS = 32
 BLOCK = 8
 
 
-def make_hf_model(family: str, **overrides):
+def make_hf_model(family: str, weight_std: float = 0.2, **overrides):
+    """The family's tiny model: matrices N(0, weight_std), A_log / dt_bias U(-1, 0.5),
+    other vectors U(-0.3, 0.3); overrides go to the config."""
     cfg_cls, model_cls, extra = FAMILIES[family]
     cfg = getattr(transformers, cfg_cls)(**{**COMMON, **extra, **overrides})
     torch.manual_seed(0)
@@ -58,7 +60,7 @@ def make_hf_model(family: str, **overrides):
             if "A_log" in name or "dt_bias" in name:
                 p.uniform_(-1.0, 0.5)
             elif p.dim() > 1:
-                p.normal_(0, 0.2)
+                p.normal_(0, weight_std)
             else:
                 p.uniform_(-0.3, 0.3)
     model.generation_config.eos_token_id = None

@@ -61,15 +61,17 @@ PROMPT_LENS = (20, 13)
 MAX_TOKENS = 16
 
 
-def make_hf_model(name: str, dtype: torch.dtype = torch.float32, **overrides):
-    """A tiny transformers model with weights large enough for clear greedy margins."""
+def make_hf_model(name: str, dtype: torch.dtype = torch.float32, weight_std: float = 0.2,
+                  **overrides):
+    """A tiny transformers model with weights large enough for clear greedy margins:
+    matrices N(0, weight_std), vectors U(0.5, 1.5); overrides go to the config."""
     kw = {**_COMMON, **CONFIGS[name], **overrides}
     cfg = transformers.AutoConfig.for_model(kw.pop("model_type"), **kw)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():
         for p in model.parameters():
-            p.normal_(0, 0.2) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+            p.normal_(0, weight_std) if p.dim() > 1 else p.uniform_(0.5, 1.5)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model.to(dtype).eval()
