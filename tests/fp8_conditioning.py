@@ -26,7 +26,12 @@ measure() runs transformers on the dequantized twin of the case's FP8 checkpoint
   rounding_off  fp32 with the rounding off vs the fp32 emulation: how many top-1s the FP8
                 activation rounding itself moves (the size of error the acceptance sees);
   current       fraction of positions whose emulation top-1 is the position's own token
-                (the tied embedding's lead: 1 - current is where the layers decide).
+                (the tied embedding's lead: 1 - current is where the layers decide);
+  lp_fp64, lp_rounding_off  mean |log-probability of the actual next token| gap to the
+                fp32 emulation of the fp64 emulation (an fp32 engine's noise) and of fp32
+                without the rounding (an error the size of the FP8 rounding): the
+                logprob criterion's bound lies between them, so it sees errors the top-1
+                agreement cannot (the tied embedding decides most top-1s).
 """
 
 from __future__ import annotations
@@ -39,11 +44,23 @@ from pathlib import Path
 import torch
 import transformers
 
-from tests.fp8_emulation import Fp8Emulation, agreement, hf_logits, random_prompts
+from tests.fp8_emulation import (
+    Fp8Emulation,
+    agreement,
+    hf_logits,
+    hf_next_logprobs,
+    mean_logprob_gap,
+    random_prompts,
+)
 from tests.fp8_reference import write_fp8_pair
 from tests.test_fp8_gpu import _hf
 
 WEIGHT_STD = {"llama": 0.0125, "qwen3_moe": 0.0125, "qwen3_5_moe": 0.0225}
+# the logprob criterion's bound per family: ~ the geometric mean of lp_fp64 (noise) and
+# lp_rounding_off (an error) as `python -m tests.fp8_conditioning` prints them: 0.7e-4 to
+# 5.1e-4 against 5.8e-3 to 8.4e-3 (Llama, Qwen3-MoE), 1.65e-2 against 5.05e-2 (Qwen3.5-MoE:
+# the GDN recurrence carries the roundings' differences)
+MAX_MEAN_LOGPROB_GAP = {"llama": 2e-3, "qwen3_moe": 2e-3, "qwen3_5_moe": 3e-2}
 BLOCK = (128, 128)
 PROMPTS, LENGTH = 8, 64
 NEAR_TIE = 0.05
@@ -78,6 +95,8 @@ class Conditioning:
     twin_ref: float
     rounding_off: float
     current: float
+    lp_fp64: float  # mean |next-token logprob| gap, fp64 emulation vs the fp32 one
+    lp_rounding_off: float  # the same, fp32 without the rounding vs the fp32 emulation
 
 
 def _top1(logits: list[torch.Tensor]) -> list[list[int]]:
@@ -103,12 +122,16 @@ def measure(family: str, scheme: str, tied: bool = True, std: float | None = Non
     top1 = {k: _top1(v) for k, v in runs.items()}
     ref = top1[torch.float32, True]
     own = [p[:-1] for p in prompts]  # the token at each scored position
+    lp = {k: hf_next_logprobs(v, prompts) for k, v in runs.items()}
+    lp_ref = lp[torch.float32, True]
     return Conditioning(
         near_ties(emulation), agreement(top1[torch.bfloat16, True], ref),
         agreement(top1[torch.float64, True], ref),
         agreement(top1[torch.bfloat16, True], top1[torch.bfloat16, False]),
         agreement(top1[torch.bfloat16, False], top1[torch.float32, False]),
-        agreement(top1[torch.float32, False], ref), agreement(ref, own))
+        agreement(top1[torch.float32, False], ref), agreement(ref, own),
+        mean_logprob_gap(lp[torch.float64, True], lp_ref),
+        mean_logprob_gap(lp[torch.float32, False], lp_ref))
 
 
 def main() -> None:
@@ -122,7 +145,8 @@ def main() -> None:
         print(f"{family} {scheme} std {std}: near-ties {c.near_ties:.4f}, "
               f"bf16 vs fp32 emulation {c.bf16:.4f}, fp64 vs fp32 emulation {c.fp64:.4f}, "
               f"twin {c.twin:.4f} vs {c.twin_ref:.4f}, rounding off {c.rounding_off:.4f}, "
-              f"top-1 = own token {c.current:.4f}",
+              f"top-1 = own token {c.current:.4f}, logprob gap fp64 {c.lp_fp64:.2e} "
+              f"rounding off {c.lp_rounding_off:.2e}",
               flush=True)
 
 

@@ -128,9 +128,30 @@ def hf_top1(model: torch.nn.Module, prompts: list[list[int]]) -> list[list[int]]
     return [rows.argmax(-1).tolist() for rows in hf_logits(model, prompts)]
 
 
+def hf_next_logprobs(logits: list[torch.Tensor], prompts: list[list[int]]
+                     ) -> list[list[float]]:
+    """From hf_logits' rows: per prompt, the log-probability of each actual next token."""
+    return [torch.log_softmax(rows.double(), -1)[torch.arange(len(p) - 1), p[1:]].tolist()
+            for rows, p in zip(logits, prompts, strict=True)]
+
+
 def engine_top1(engine, prompts: list[list[int]]) -> list[list[int]]:
     """The engine's teacher-forced argmax (prompt_logprobs=1, rank 1), aligned as hf_top1."""
-    return [[top for top, _ in rows] for rows in scored(engine, prompts)]
+    return engine_scored(engine, prompts)[0]
+
+
+def engine_scored(engine, prompts: list[list[int]]
+                  ) -> tuple[list[list[int]], list[list[float]]]:
+    """(teacher-forced argmax, log-probability of each actual next token), as hf_top1 and
+    hf_next_logprobs align them."""
+    rows = scored(engine, prompts)
+    return [[t for t, _ in r] for r in rows], [[lp for _, lp in r] for r in rows]
+
+
+def mean_logprob_gap(a: list[list[float]], b: list[list[float]]) -> float:
+    """Mean |a - b| over every position of two next-token logprob lists."""
+    pairs = [(x, y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)]
+    return sum(abs(x - y) for x, y in pairs) / len(pairs)
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> float:
