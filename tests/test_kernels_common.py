@@ -113,6 +113,18 @@ def fold_switch(monkeypatch, env: str, enabled, on: bool) -> None:
     enabled.cache_clear()
 
 
+def run_without_host_sync(step):
+    """step() once (compiles), then again with any host synchronization an error (torch's
+    sync debug mode): what a decode step inside a CUDA graph must satisfy."""
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        return step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def capture(step):
     """step() warmed up on a side stream, then captured in a CUDA graph (as the model
     runner captures): (the graph, step's output tensors that each replay rewrites)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels_common import DEVICE, DTYPES, ON_CUDA, gpu
+from test_kernels_common import DEVICE, DTYPES, ON_CUDA, gpu, run_without_host_sync
 
 from libvllm.engine.errors import InvalidArgumentError
 from libvllm.engine.layers.activation import SiluAndMul
@@ -235,10 +235,4 @@ def test_fused_experts_triton_fp8_no_host_sync() -> None:
                                     use_fp8_w8a8=True, w1_scale=w13_s, w2_scale=w2_s,
                                     block_shape=[128, 128])
 
-    run()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        run()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    run_without_host_sync(run)

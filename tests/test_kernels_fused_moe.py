@@ -12,7 +12,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels_common import DEVICE, DTYPES, assert_close, cuda_only, gpu
+from test_kernels_common import (
+    DEVICE,
+    DTYPES,
+    assert_close,
+    cuda_only,
+    gpu,
+    run_without_host_sync,
+)
 
 from libvllm.engine.errors import InvalidArgumentError
 from libvllm.engine.layers.activation import GeluAndMul, SiluAndMul
@@ -224,13 +231,7 @@ def test_fused_experts_triton_no_host_sync_and_cuda_graph_replay(m) -> None:
         w, i = fused_topk(logits, shape["topk"], True)
         return fused_experts_triton(x, w13, w2, w, i, act)
 
-    step()  # compile outside the capture
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    run_without_host_sync(step)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = step()

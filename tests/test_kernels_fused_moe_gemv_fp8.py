@@ -19,7 +19,14 @@ import types
 
 import pytest
 import torch
-from test_kernels_common import DEVICE, ON_CUDA, capture, cuda_only, gpu
+from test_kernels_common import (
+    DEVICE,
+    ON_CUDA,
+    capture,
+    cuda_only,
+    gpu,
+    run_without_host_sync,
+)
 from test_kernels_fp8_moe import quantize_weight
 
 import libvllm.kernels.fused_moe_gemv_fp8 as moe_gemv_fp8
@@ -263,13 +270,7 @@ def test_fused_moe_gemv_fp8_under_a_cuda_graph_without_host_sync() -> None:
     def step():
         return triton_fp8(x, *rest, allow_gemv=True)
 
-    step()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    run_without_host_sync(step)
     graph, out = capture(step)
     for seed in range(4):
         x.copy_(torch.randn(1, q["h"], generator=torch.Generator(DEVICE).manual_seed(seed),
