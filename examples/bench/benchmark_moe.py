@@ -143,14 +143,15 @@ def valid(cfg: dict, m: int, topk: int, e: int) -> bool:
 
 def tune_one(case: Case, start: dict, e: int, deadline: float) -> tuple[dict, float]:
     best = {k: start[k] for k in KEYS}
+    ranges = RANGES
     if case.quant:  # the block-FP8 launch clamps BLOCK_SIZE_K to block_k: search only those
+        ranges = {**RANGES, "BLOCK_SIZE_K": [k for k in RANGES["BLOCK_SIZE_K"]
+                                             if k <= FP8_BLOCK[1]]}
         best["BLOCK_SIZE_K"] = min(best["BLOCK_SIZE_K"], FP8_BLOCK[1])
     best_t = case.time(best)
     for _ in range(2):
         for key in KEYS:
-            for v in RANGES[key]:
-                if key == "BLOCK_SIZE_K" and case.quant and v > FP8_BLOCK[1]:
-                    continue
+            for v in ranges[key]:
                 cand = {**best, key: v}
                 if cand == best or not valid(cand, case.m, case.topk, e) \
                         or time.time() > deadline:
